@@ -1,0 +1,50 @@
+-- episodes: one row per episode (a contract for users' SQL; see events/README.md).
+-- status: 'scored' (a reward was assigned), 'failed' (an infrastructure failure and no reward;
+-- never a 0), 'finished' (the agent stopped, not yet scored), 'running'.
+CREATE OR REPLACE VIEW episodes AS
+WITH turn_stats AS (
+    SELECT episode_id,
+           count(*) AS n_turns,
+           arg_min(weight_version, turn) AS first_weight_version,
+           arg_max(weight_version, turn) AS last_weight_version
+    FROM turn_generated GROUP BY episode_id
+), tool_stats AS (
+    SELECT episode_id, count(*) AS n_tool_calls FROM tool_called GROUP BY episode_id
+), rewards AS (
+    SELECT episode_id, arg_max(reward, ts) AS reward, arg_max(metrics_json, ts) AS metrics_json
+    FROM reward_assigned GROUP BY episode_id
+), finished AS (
+    SELECT episode_id, arg_max(stop_reason, ts) AS stop_reason, max(ts) AS ts
+    FROM episode_finished GROUP BY episode_id
+), failures AS (
+    SELECT episode_id, arg_max(failure_kind, ts) AS failure_kind, max(ts) AS ts
+    FROM infra_failed WHERE episode_id IS NOT NULL GROUP BY episode_id
+)
+SELECT s.episode_id,
+       s.run_id,
+       s.task_id,
+       s.group_id,
+       s.sample_index,
+       s.iteration,
+       s.agent,
+       s.policy,
+       CASE WHEN r.episode_id IS NOT NULL THEN 'scored'
+            WHEN x.episode_id IS NOT NULL THEN 'failed'
+            WHEN f.episode_id IS NOT NULL THEN 'finished'
+            ELSE 'running' END AS status,
+       f.stop_reason,
+       r.reward,
+       r.metrics_json,
+       x.failure_kind,
+       coalesce(t.n_turns, 0) AS n_turns,
+       coalesce(c.n_tool_calls, 0) AS n_tool_calls,
+       t.first_weight_version,
+       t.last_weight_version,
+       s.ts AS started_ts,
+       greatest(f.ts, x.ts) AS finished_ts
+FROM (SELECT * FROM episode_started QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY _seq) = 1) s
+LEFT JOIN turn_stats t USING (episode_id)
+LEFT JOIN tool_stats c USING (episode_id)
+LEFT JOIN rewards r USING (episode_id)
+LEFT JOIN finished f USING (episode_id)
+LEFT JOIN failures x USING (episode_id);

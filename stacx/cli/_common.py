@@ -1,0 +1,60 @@
+"""Shared CLI plumbing: error policy (one line naming the cause, exit 2) and table output."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
+
+import click
+
+from stacx.errors import StacxError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn StacxError into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except StacxError as exc:
+            click.echo(f"stacx: error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def render(columns: Sequence[str], rows: Sequence[Sequence[object]], fmt: str, title: str | None = None) -> str:
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    if fmt == "json":
+        return "\n".join(json.dumps(dict(zip(columns, r, strict=True)), default=str) for r in rows)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(str(c))
+    for r in rows:
+        table.add_row(*("NULL" if v is None else _short(v) for v in r))
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    console.print(table)
+    out: str = console.file.getvalue()  # type: ignore[attr-defined]
+    return out.rstrip("\n")
+
+
+def _short(v: object, limit: int = 80) -> str:
+    s = str(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."

@@ -1,0 +1,366 @@
+"""The event catalog: every fact STACX records, as frozen, tagged msgspec Structs.
+
+A reader who knows these kinds knows the system. Every rollout step, tool call, reward,
+teacher label and weight version is one of them; they travel on NATS JetStream under
+``stacx.<run_id>.<Kind>`` and the recorder writes each kind to its own DuckDB table, whose
+columns are derived from the Struct below (see ``stacx.store.schema``).
+
+Envelope (every event): ``event_id`` (unique; the JetStream ``Nats-Msg-Id``, so a
+re-publish of the same event is dropped by the server), ``run_id``, ``ts`` (unix seconds).
+``episode_id`` and ``weight_version`` are fields of the kinds they apply to.
+
+Evolution rules (tested in tests/test_events.py):
+
+1. A new field always has a default, so an old payload (without it) still decodes.
+2. A field's name and type never change; a field is never removed. Retire a field by
+   leaving it in place with its default.
+3. A kind is never renamed; the tag (the class name) is the wire name and the table name.
+4. Unknown fields in a payload are ignored (msgspec's default), so an old reader reads a
+   newer log.
+5. New kinds are additive; a reader that meets a kind it does not know dead-letters it
+   (the recorder) or skips it (other actors), never crashes.
+
+What this module does not do: it carries no behaviour beyond construction and encoding.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import TypeAlias
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+def new_id() -> str:
+    """A fresh random id (32 hex chars)."""
+    return uuid.uuid4().hex
+
+
+_NAMESPACE = uuid.UUID("5f1d3c2a-8e55-4a8e-9a39-7b1f0c2d4e6a")
+
+
+def derive_id(*parts: object) -> str:
+    """A deterministic id from parts, for events that must be idempotent across restarts.
+
+    Re-publishing an event with the same derived id after a crash is de-duplicated by
+    JetStream (and skipped by the recorder), so an actor that redoes work cannot double-count.
+    """
+    return uuid.uuid5(_NAMESPACE, "\x1f".join(map(str, parts))).hex
+
+
+class StopReason(StrEnum):
+    """Why an episode's agent loop ended (the verifier runs after any of them)."""
+
+    SUBMITTED = "submitted"
+    MAX_TURNS = "max_turns"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    TIMEOUT = "timeout"
+    AGENT_DONE = "agent_done"  # scripted agents (oracle, null) that finish by themselves
+    ERROR = "error"  # an infrastructure failure stopped it; see InfraFailed
+
+
+class FailureKind(StrEnum):
+    """Infrastructure failure kinds. An episode with one of these is never scored 0."""
+
+    IMAGE_BUILD = "image_build"
+    START = "start"
+    EXEC_TRANSPORT = "exec_transport"
+    OOM = "oom"
+    PIDS_LIMIT = "pids_limit"
+    AGENT_TIMEOUT = "agent_timeout"
+    VERIFIER_TIMEOUT = "verifier_timeout"
+    VERIFIER_NO_REWARD = "verifier_no_reward"
+    VERIFIER_ERROR = "verifier_error"
+    ENGINE = "engine"
+    NON_DETERMINISM = "non_determinism"
+    INTERNAL = "internal"
+
+
+class TurnActor(StrEnum):
+    """Who produced a turn's action."""
+
+    STUDENT = "student"
+    TEACHER = "teacher"
+    ORACLE = "oracle"
+    NULL = "null"
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Envelope shared by every kind."""
+
+    run_id: str
+    event_id: str = msgspec.field(default_factory=new_id)
+    ts: float = msgspec.field(default_factory=time.time)
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+class _Kind(Event, frozen=True, kw_only=True, tag=True):
+    """Base for concrete kinds: tagged with the class name."""
+
+
+# ---- run lifecycle ---------------------------------------------------------------------------
+
+
+class RunStarted(_Kind, frozen=True, kw_only=True, tag=True):
+    recipe: str
+    config_json: str  # the fully resolved recipe, as JSON
+    stacx_version: str = ""
+    host: str = ""
+    schema_version: int = SCHEMA_VERSION
+    attempt: int = 0  # 0 for a fresh run, n for the n-th resume
+
+
+class RunFinished(_Kind, frozen=True, kw_only=True, tag=True):
+    status: str  # "completed" | "failed" | "interrupted"
+    message: str = ""
+
+
+# ---- tasks and episodes ----------------------------------------------------------------------
+
+
+class TaskScheduled(_Kind, frozen=True, kw_only=True, tag=True):
+    task_id: str
+    task_path: str
+    group_id: str
+    n_samples: int = 1
+    iteration: int = 0
+    split: str = "train"
+
+
+class EpisodeStarted(_Kind, frozen=True, kw_only=True, tag=True):
+    episode_id: str
+    task_id: str
+    group_id: str
+    sample_index: int = 0
+    agent: str = ""
+    policy: str = "student"  # the executing policy for the roll-in ("student", "teacher", "mixture")
+    iteration: int = 0
+    attempt: int = 0
+    image: str = ""
+    beta: float | None = None  # teacher probability per turn in a beta-mixture roll-in
+
+
+class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
+    """One model turn: the exact prompt ids the engine saw and the ids it produced."""
+
+    episode_id: str
+    turn: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float] | None = None  # one per output id; None for scripted actors
+    weight_version: int | None = None
+    finish_reason: str = ""  # "stop" | "length" | "abort"
+    actor: str = TurnActor.STUDENT
+    engine: str = ""
+    gen_ms: float = 0.0
+    queue_ms: float = 0.0
+
+
+class ToolCalled(_Kind, frozen=True, kw_only=True, tag=True):
+    episode_id: str
+    turn: int
+    call_id: str
+    tool: str
+    arguments_json: str = "{}"
+
+
+class ToolReturned(_Kind, frozen=True, kw_only=True, tag=True):
+    episode_id: str
+    turn: int
+    call_id: str
+    tool: str
+    output: str = ""  # what the agent saw (possibly truncated, visibly)
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    error: str = ""  # a malformed call or a tool error, as told to the model
+    duration_ms: float = 0.0
+
+
+class EpisodeFinished(_Kind, frozen=True, kw_only=True, tag=True):
+    episode_id: str
+    stop_reason: str  # a StopReason
+    n_turns: int = 0
+    duration_ms: float = 0.0
+
+
+class RewardAssigned(_Kind, frozen=True, kw_only=True, tag=True):
+    episode_id: str
+    reward: float
+    metrics_json: str = "{}"  # every numeric metric the verifier wrote, `reward` included
+    verifier_ms: float = 0.0
+
+
+class InfraFailed(_Kind, frozen=True, kw_only=True, tag=True):
+    """An infrastructure failure: recorded, retried by policy, never scored as reward 0."""
+
+    failure_kind: str  # a FailureKind
+    message: str = ""
+    episode_id: str | None = None
+    task_id: str | None = None
+    attempt: int = 0
+    will_retry: bool = False
+
+
+class SandboxStarted(_Kind, frozen=True, kw_only=True, tag=True):
+    sandbox_id: str
+    image: str
+    episode_id: str | None = None
+    start_ms: float = 0.0
+    warm: bool = False
+
+
+class SandboxStopped(_Kind, frozen=True, kw_only=True, tag=True):
+    sandbox_id: str
+    episode_id: str | None = None
+    reason: str = ""
+
+
+# ---- imitation and distillation --------------------------------------------------------------
+
+
+class TeacherLabeled(_Kind, frozen=True, kw_only=True, tag=True):
+    """DAgger: the teacher's own action on the student's exact prompt ids at a visited state."""
+
+    episode_id: str
+    turn: int
+    prompt_ids: list[int]
+    label_ids: list[int]
+    teacher: str = ""
+    iteration: int = 0
+    logprobs: list[float] | None = None
+
+
+class TeacherScored(_Kind, frozen=True, kw_only=True, tag=True):
+    """OPD: teacher logprobs of the student's sampled output ids, on identical prompt ids."""
+
+    episode_id: str
+    turn: int
+    teacher_logprobs: list[float]
+    teacher: str = ""
+
+
+class BranchCreated(_Kind, frozen=True, kw_only=True, tag=True):
+    """AggreVaTe: a branch of a learner episode at `turn`, explored with action `action_index`."""
+
+    branch_id: str
+    parent_episode_id: str
+    turn: int
+    action_index: int
+    episode_id: str  # the branch's own episode (its turns are recorded under it)
+    iteration: int = 0
+
+
+class CostToGoEstimated(_Kind, frozen=True, kw_only=True, tag=True):
+    branch_id: str
+    parent_episode_id: str
+    turn: int
+    action_index: int
+    cost: float  # 1 - reward
+    reward: float
+    iteration: int = 0
+
+
+# ---- training and weights --------------------------------------------------------------------
+
+
+class TrainStepFinished(_Kind, frozen=True, kw_only=True, tag=True):
+    step: int
+    algorithm: str
+    loss: float
+    weight_version: int  # the version these updated weights will be published as
+    reward_mean: float | None = None
+    n_samples: int = 0
+    n_tokens: int = 0
+    duration_ms: float = 0.0
+    metrics_json: str = "{}"
+    episode_ids: list[str] = msgspec.field(default_factory=list)  # lineage: what it trained on
+
+
+class WeightsPublished(_Kind, frozen=True, kw_only=True, tag=True):
+    version: int
+    path: str
+    sha256: str
+    step: int = 0
+
+
+class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
+    version: int
+    engine: str
+    latency_ms: float = 0.0
+
+
+# ---- replay ----------------------------------------------------------------------------------
+
+
+class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
+    """Provenance of a replayed event: `event_id` of this run came from a source run."""
+
+    imported_event_id: str
+    source_run_id: str
+    source_event_id: str
+    source_path: str = ""
+
+
+AnyEvent: TypeAlias = (
+    RunStarted
+    | RunFinished
+    | TaskScheduled
+    | EpisodeStarted
+    | TurnGenerated
+    | ToolCalled
+    | ToolReturned
+    | EpisodeFinished
+    | RewardAssigned
+    | InfraFailed
+    | SandboxStarted
+    | SandboxStopped
+    | TeacherLabeled
+    | TeacherScored
+    | BranchCreated
+    | CostToGoEstimated
+    | TrainStepFinished
+    | WeightsPublished
+    | WeightsLoaded
+    | EventImported
+)
+
+KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]
+
+Emit: TypeAlias = Callable[[Event], Awaitable[None]]
+"""How engines publish: an async callable that returns once the event is acknowledged."""
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)
+_json_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    """Wire form (msgpack) of an event."""
+    return _encoder.encode(event)
+
+
+def decode(payload: bytes) -> AnyEvent:
+    """Decode a wire payload; raises msgspec.DecodeError/ValidationError on bad input."""
+    return _decoder.decode(payload)
+
+
+def decode_json(payload: bytes | str) -> AnyEvent:
+    return _json_decoder.decode(payload)
+
+
+def subject(run_id: str, kind: str) -> str:
+    """The NATS subject of one kind of one run."""
+    return f"stacx.{run_id}.{kind}"
+
+
+def stream_name(run_id: str) -> str:
+    return f"STACX_{run_id}".replace("-", "_")

@@ -1,0 +1,157 @@
+"""Opening run directories and their trace store.
+
+A run directory holds ``trace.duckdb`` (the log: plain DuckDB, readable with no STACX code),
+``run.json`` (run id, recipe, pid of the live launcher), ``nats/`` (the embedded server's
+JetStream storage) and whatever the engines write (checkpoints/, metrics/).
+
+Views: every ``events/views/*.sql`` file (the project's, then the directories in
+``STACX_VIEWS_PATH``, colon-separated) is executed in filename order on open, so a user adds a
+view by dropping a file in. A view that fails to load is reported with its file name.
+
+DuckDB is single-writer across processes: while a run is live its recorder holds the file.
+``connect_run`` then reads a snapshot copy, so ``stacx sql`` works on live runs too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import duckdb
+
+from stacx.errors import NotARunError, StacxError
+from stacx.store.schema import create_all
+
+DB_FILE = "trace.duckdb"
+RUN_FILE = "run.json"
+VIEWS_DIR = Path(__file__).resolve().parents[2] / "events" / "views"
+
+
+def db_path(run_dir: Path | str) -> Path:
+    return Path(run_dir) / DB_FILE
+
+
+def is_run(path: Path | str) -> bool:
+    return db_path(path).is_file() or (Path(path) / RUN_FILE).is_file()
+
+
+def require_run(path: Path | str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise NotARunError(f"{p}: no such directory")
+    if not db_path(p).is_file():
+        raise NotARunError(f"{p}: not a STACX run (no {DB_FILE})")
+    return p
+
+
+def view_files() -> list[Path]:
+    dirs = [VIEWS_DIR] + [Path(d) for d in os.environ.get("STACX_VIEWS_PATH", "").split(":") if d]
+    files: dict[str, Path] = {}
+    for d in dirs:
+        if d.is_dir():
+            for f in d.glob("*.sql"):
+                files[f.name] = f  # a user's file of the same name overrides the project's
+    return [files[n] for n in sorted(files)]
+
+
+def load_views(con: duckdb.DuckDBPyConnection, schema: str | None = None) -> None:
+    if schema:
+        con.execute(f'USE "{schema}"')
+    for f in view_files():
+        try:
+            con.execute(f.read_text())
+        except duckdb.Error as exc:
+            raise StacxError(f"view file {f} failed to load: {exc}") from exc
+
+
+def open_writer(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
+    """The recorder's read-write connection; creates tables and views."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db_path(run_dir)))
+    create_all(con)
+    load_views(con)
+    return con
+
+
+def _locked(exc: duckdb.Error) -> bool:
+    msg = str(exc).lower()
+    return "lock" in msg or "conflicting" in msg
+
+
+def connect_run(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to one run with views loaded (a snapshot if the run is live)."""
+    run_dir = require_run(run_dir)
+    try:
+        con = duckdb.connect(str(db_path(run_dir)), read_only=True)
+    except duckdb.Error as exc:
+        if not _locked(exc):
+            raise
+        con = duckdb.connect(str(_snapshot(run_dir)), read_only=True)
+    load_views_readonly(con)
+    return con
+
+
+def _snapshot(run_dir: Path) -> Path:
+    """Copy a live run's file (and WAL) aside; the copy opens as it was at the last checkpoint+WAL."""
+    tmp = Path(tempfile.mkdtemp(prefix="stacx-snap-")) / DB_FILE
+    shutil.copy2(db_path(run_dir), tmp)
+    wal = db_path(run_dir).with_suffix(".duckdb.wal")
+    if wal.exists():
+        shutil.copy2(wal, tmp.with_suffix(".duckdb.wal"))
+    return tmp
+
+
+def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
+    """Views on a read-only database live in the in-memory temp schema."""
+    for f in view_files():
+        sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
+        try:
+            con.execute(sql)
+        except duckdb.Error as exc:
+            raise StacxError(f"view file {f} failed to load: {exc}") from exc
+
+
+def attach_runs(run_dirs: list[Path | str]) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection with several runs attached and views over their union.
+
+    Each run is attached as ``r0``, ``r1``, ...; every event table is then a view over the
+    union of the runs' tables (``UNION ALL BY NAME``), so the project views (and the users'
+    queries) see all runs together."""
+    con = duckdb.connect()
+    names = []
+    for i, d in enumerate(run_dirs):
+        d = require_run(d)
+        path = db_path(d)
+        try:
+            con.execute(f"ATTACH '{path}' AS r{i} (READ_ONLY)")
+        except duckdb.Error as exc:
+            if not _locked(exc):
+                raise
+            con.execute(f"ATTACH '{_snapshot(d)}' AS r{i} (READ_ONLY)")
+        names.append(f"r{i}")
+    tables = [r[0] for r in con.execute(
+        "select distinct table_name from duckdb_tables() where database_name = 'r0'").fetchall()]
+    for t in tables:
+        union = " UNION ALL BY NAME ".join(f'SELECT * FROM {n}."{t}"' for n in names)
+        con.execute(f'CREATE OR REPLACE TEMP VIEW "{t}" AS {union}')
+    load_views_readonly(con)
+    return con
+
+
+def read_run_file(run_dir: Path | str) -> dict[str, object]:
+    f = Path(run_dir) / RUN_FILE
+    if not f.is_file():
+        return {}
+    data: dict[str, object] = json.loads(f.read_text())
+    return data
+
+
+def write_run_file(run_dir: Path | str, data: dict[str, object]) -> None:
+    f = Path(run_dir) / RUN_FILE
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(f)

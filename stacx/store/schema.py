@@ -1,0 +1,141 @@
+"""DuckDB schema derived from the event catalog: the catalog is the single source of truth.
+
+One table per kind, named in snake_case (``TurnGenerated`` -> ``turn_generated``); one typed
+column per Struct field (LIST columns for token arrays) plus ``_seq`` (the JetStream stream
+sequence). Bookkeeping tables: ``_events`` (every recorded event: seq, event_id, kind, ts,
+episode_id), ``_position`` (the last committed stream sequence, written in the same
+transaction as the rows), ``_dead_letters`` (undecodable or unknown payloads, with the reason).
+
+Evolution: opening an existing file adds the columns of fields that the catalog gained since
+(rule 1 of ``stacx.events``); nothing is ever dropped or retyped.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from dataclasses import dataclass
+from enum import Enum
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from stacx.events import KINDS, Event
+
+_SCALARS: dict[type, tuple[str, pa.DataType]] = {
+    bool: ("BOOLEAN", pa.bool_()),
+    int: ("BIGINT", pa.int64()),
+    float: ("DOUBLE", pa.float64()),
+    str: ("VARCHAR", pa.string()),
+}
+_LISTS: dict[type, tuple[str, pa.DataType]] = {
+    int: ("INTEGER[]", pa.list_(pa.int32())),
+    float: ("DOUBLE[]", pa.list_(pa.float64())),
+    str: ("VARCHAR[]", pa.list_(pa.string())),
+}
+
+
+def table_name(kind: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql_type: str
+    arrow_type: pa.DataType
+
+
+def _column(name: str, hint: object) -> Column:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"field {name}: only `X | None` unions are storable, got {hint}")
+        return _column(name, args[0])
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        sql, arrow = _LISTS[item]
+        return Column(name, sql, arrow)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return Column(name, "VARCHAR", pa.string())
+    if isinstance(hint, type) and hint in _SCALARS:
+        sql, arrow = _SCALARS[hint]
+        return Column(name, sql, arrow)
+    raise TypeError(f"field {name}: no column type for {hint!r}")
+
+
+@dataclass(frozen=True)
+class KindTable:
+    kind: str
+    name: str
+    columns: tuple[Column, ...]  # the Struct's fields, then _seq
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([(c.name, c.arrow_type) for c in self.columns])
+
+    def ddl(self) -> str:
+        cols = ", ".join(f'"{c.name}" {c.sql_type}' for c in self.columns)
+        return f'CREATE TABLE IF NOT EXISTS "{self.name}" ({cols})'
+
+
+def kind_table(cls: type[Event]) -> KindTable:
+    hints = typing.get_type_hints(cls)
+    cols = [_column(f, hints[f]) for f in cls.__struct_fields__]
+    cols.append(Column("_seq", "BIGINT", pa.int64()))
+    return KindTable(cls.__name__, table_name(cls.__name__), tuple(cols))
+
+
+TABLES: dict[str, KindTable] = {kind: kind_table(cls) for kind, cls in KINDS.items()}
+
+BOOKKEEPING = [
+    "CREATE TABLE IF NOT EXISTS _position (stream VARCHAR PRIMARY KEY, seq BIGINT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS _events (
+        _seq BIGINT, event_id VARCHAR, kind VARCHAR, run_id VARCHAR, ts DOUBLE, episode_id VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS _dead_letters (
+        _seq BIGINT, subject VARCHAR, reason VARCHAR, payload BLOB, recorded_ts DOUBLE)""",
+    "CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+]
+EVENTS_SCHEMA = pa.schema(
+    [("_seq", pa.int64()), ("event_id", pa.string()), ("kind", pa.string()),
+     ("run_id", pa.string()), ("ts", pa.float64()), ("episode_id", pa.string())]
+)
+DEAD_SCHEMA = pa.schema(
+    [("_seq", pa.int64()), ("subject", pa.string()), ("reason", pa.string()),
+     ("payload", pa.binary()), ("recorded_ts", pa.float64())]
+)
+
+
+def create_all(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every table (idempotent) and add columns the catalog gained since the file was made."""
+    for stmt in BOOKKEEPING:
+        con.execute(stmt)
+    for t in TABLES.values():
+        con.execute(t.ddl())
+        have = {r[0] for r in con.execute(
+            "select column_name from information_schema.columns where table_name = ?", [t.name]
+        ).fetchall()}
+        for c in t.columns:
+            if c.name not in have:
+                con.execute(f'ALTER TABLE "{t.name}" ADD COLUMN "{c.name}" {c.sql_type}')
+    con.execute("INSERT OR IGNORE INTO _meta VALUES ('format', 'stacx-trace-v1')")
+
+
+def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:
+    """Columnar batch of one kind, in the table's column order."""
+    table = TABLES[kind]
+    arrays = []
+    for c in table.columns[:-1]:
+        values = [getattr(e, c.name) for e in events]
+        arrays.append(pa.array(values, type=c.arrow_type))
+    arrays.append(pa.array(seqs, type=pa.int64()))
+    return pa.Table.from_arrays(arrays, schema=table.arrow_schema)
+
+
+def to_builtins(event: Event) -> dict[str, object]:
+    """A plain dict of the event (with `kind`), e.g. for JSON output."""
+    out: dict[str, object] = msgspec.to_builtins(event)
+    return out

@@ -1,0 +1,131 @@
+"""The recorder: every event exactly once, dead letters for bad input, kill -9 safe."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import msgspec
+
+from stacx.bus.client import Publisher, connect, ensure_stream
+from stacx.bus.server import EmbeddedNats
+from stacx.events import stream_name
+from stacx.store import db
+from stacx.store.recorder import Recorder
+from tests.backbone.factory import episode_events
+
+
+async def _publish_all(url: str, run_id: str, events: list, pause_every: int = 0) -> None:
+    nc = await connect(url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    pub = Publisher(js, run_id, max_pending=512)
+    for i, e in enumerate(events):
+        await pub.submit(e)
+        if pause_every and i % pause_every == 0:
+            await asyncio.sleep(0.01)
+    await pub.flush()
+    await nc.drain()
+
+
+def _counts(run_dir: Path) -> tuple[int, int, dict[str, int]]:
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    total, distinct = con.execute("select count(*), count(distinct event_id) from _events").fetchone()
+    kinds = dict(con.execute("select kind, count(*) from _events group by 1").fetchall())
+    con.close()
+    return total, distinct, kinds
+
+
+async def test_records_every_event_once_with_typed_columns(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    run_id, run_dir = "r1", tmp_path / "run"
+    events = episode_events(run_id, 20)
+    await _publish_all(nats_server.url, run_id, events)
+    await _publish_all(nats_server.url, run_id, events[:30])  # re-sent: de-duplicated by id
+    nc = await connect(nats_server.url)
+    rec = Recorder(nc.jetstream(), run_id, run_dir)
+    task = asyncio.create_task(rec.run())
+    await rec.wait_for(len(events), timeout=30)
+    rec.stop()
+    await task
+    rec.close()
+    await nc.drain()
+    total, distinct, kinds = _counts(run_dir)
+    assert total == distinct == len(events)
+    assert kinds["TurnGenerated"] == 60 and kinds["EpisodeStarted"] == 20
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)  # plain duckdb, no STACX code
+    typ = con.execute("select data_type from information_schema.columns where table_name='turn_generated' "
+                      "and column_name='output_ids'").fetchone()
+    assert typ == ("INTEGER[]",)
+    first = events[1]
+    row = con.execute("select output_ids, logprobs from turn_generated where event_id = ?", [first.event_id]).fetchone()
+    assert row[0] == first.output_ids and row[1] == first.logprobs
+    assert con.execute("select count(*) from episodes").fetchone() == (20,)  # views persisted in the file
+
+
+async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    run_id, run_dir = "r2", tmp_path / "run"
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    await js.publish(f"stacx.{run_id}.Mystery", msgspec.msgpack.encode({"kind": "Mystery", "run_id": run_id}))
+    await js.publish(f"stacx.{run_id}.RewardAssigned", b"\xc1 not msgpack")
+    await js.publish(f"stacx.{run_id}.RewardAssigned", msgspec.msgpack.encode(
+        {"kind": "RewardAssigned", "run_id": run_id, "episode_id": "e", "reward": "high"}))
+    await _publish_all(nats_server.url, run_id, episode_events(run_id, 1))
+    rec = Recorder(js, run_id, run_dir)
+    task = asyncio.create_task(rec.run())
+    await rec.wait_for(3 + 12, timeout=30)
+    rec.stop()
+    await task
+    reasons = [r[0] for r in rec.con.execute("select reason from _dead_letters order by _seq").fetchall()]
+    rec.close()
+    await nc.drain()
+    assert len(reasons) == 3
+    assert "Mystery" in reasons[0] and "reward" in reasons[2]
+    total, _, _ = _counts(run_dir)
+    assert total == 12  # the good events all landed after the bad ones
+
+
+def _spawn_recorder(url: str, run_id: str, run_dir: Path, until: int | None = None) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "stacx.store.process", url, run_id, str(run_dir)]
+    if until is not None:
+        args += ["--until-seq", str(until)]
+    return subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2])
+
+
+async def test_exactly_once_under_kill_9_of_the_recorder(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    run_id, run_dir = "r3", tmp_path / "run"
+    events = episode_events(run_id, 400, tokens=64)  # 5,600 events
+    rng = random.Random(7)
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    await nc.drain()
+    publishing = asyncio.create_task(_publish_all(nats_server.url, run_id, events, pause_every=200))
+    kills = 0
+    while not publishing.done() or kills < 4:
+        proc = _spawn_recorder(nats_server.url, run_id, run_dir)
+        await asyncio.sleep(rng.uniform(0.3, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    await publishing
+    final = _spawn_recorder(nats_server.url, run_id, run_dir, until=len(events))
+    assert await asyncio.to_thread(final.wait, 120) == 0
+    total, distinct, _kinds = _counts(run_dir)
+    assert (total, distinct) == (len(events), len(events))
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    per_table = con.execute("select count(*), count(distinct event_id) from turn_generated").fetchone()
+    seq = con.execute("select seq from _position").fetchone()
+    con.close()
+    assert per_table == (1200, 1200)
+    assert seq == (len(events),)
+    nc = await connect(nats_server.url)
+    info = await nc.jetstream().stream_info(stream_name(run_id))
+    await nc.drain()
+    assert info.state.messages == len(events)

@@ -1,0 +1,39 @@
+"""Shared fixtures: a real nats-server on a free port, real DuckDB files in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from stacx.bus.server import EmbeddedNats
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(tmp_path / "nats-store") as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _no_external_nats(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests start their own servers; a developer's STACX_NATS_URL must not leak in
+    monkeypatch.delenv("STACX_NATS_URL", raising=False)
+
+
+@pytest.fixture
+async def run_ctx(tmp_path: Path) -> AsyncIterator[object]:
+    from stacx.actors.run import RunContext
+
+    async with RunContext(tmp_path / "run", recipe="test") as run:
+        yield run
+
+
+def stacx_bin() -> str:
+    venv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "stacx"
+    return str(venv) if venv.exists() else "stacx"
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")

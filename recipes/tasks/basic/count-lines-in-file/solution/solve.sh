@@ -1,0 +1,5 @@
+#!/bin/bash
+# Oracle: runs in /app.
+set -e
+cd /app
+wc -l < /app/data.txt > /app/count.txt

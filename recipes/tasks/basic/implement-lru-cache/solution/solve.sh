@@ -1,0 +1,31 @@
+#!/bin/bash
+# Oracle: runs in /app.
+set -e
+cd /app
+cat > /app/lru.py <<'EOF'
+from collections import OrderedDict
+
+
+class LRUCache:
+    def __init__(self, capacity):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._data = OrderedDict()
+
+    def get(self, key):
+        if key not in self._data:
+            return -1
+        self._data.move_to_end(key)
+        return self._data[key]
+
+    def put(self, key, value):
+        if key in self._data:
+            self._data.move_to_end(key)
+        elif len(self._data) >= self.capacity:
+            self._data.popitem(last=False)
+        self._data[key] = value
+
+    def __len__(self):
+        return len(self._data)
+EOF

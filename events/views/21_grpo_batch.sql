@@ -5,6 +5,8 @@
 -- Both are exactly 0 for a group whose rewards are all equal, and for a group of one.
 -- Only episodes with status 'scored' take part: an infra-failed episode is never a 0, it is
 -- left out of its group (group_size counts the scored episodes; group_failed the failed ones).
+-- The group statistics cover every scored episode of the group; rows are student turns only
+-- (turns a teacher or oracle produced are not the policy's samples).
 -- staleness = (latest published weight version, 0 if none) - weight_version of the turn.
 -- behavior_logprobs are the engine's logprobs of output_ids when it sampled them.
 CREATE OR REPLACE VIEW grpo_batch AS

@@ -1,0 +1,227 @@
+"""Sequence packing: many variable-length (prompt + completion) sequences in few dense rows.
+
+A GRPO batch mixes completions of 100 and 2,000 tokens; padding each to the longest wastes most
+of the compute. Packing places whole sequences one after another in rows of at most
+``row_tokens`` positions (first-fit decreasing), restarts ``position_ids`` at 0 for every
+sequence, and describes the boundaries twice:
+
+- ``cu_seqlens`` / ``max_seqlen`` (int32 cumulative lengths over the row-major flattened batch),
+  the layout of flash-attention's varlen kernels and of transformers' packed-sequence path
+  (which reads boundaries from ``position_ids`` restarting at 0 when the batch is one row);
+- :meth:`PackedBatch.block_causal_mask`, a ``[R, 1, T, T]`` boolean mask (True = may attend) for
+  attention implementations without varlen support (eager, sdpa). It costs ``R * T * T`` bytes.
+
+Targets are next-token aligned *within* each sequence: a sequence of ``L`` ids contributes
+``L - 1`` positions (inputs ``ids[:-1]``, targets ``ids[1:]``), so no position ever predicts
+the first token of the next sequence. Per-completion-token values (behavior logprobs,
+advantages, teacher logprobs) are placed on the position whose target is that token.
+
+Guarantees: every sequence lies whole in one row; padding (row tails) is its own segment with
+``loss_mask`` False and ``sequence_index`` -1. Limits: a sequence longer than ``row_tokens + 1``
+ids is an error, never silently truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from stacx.errors import StacxError
+
+
+class PackingError(StacxError):
+    """A sample cannot be packed (too long, inconsistent per-token arrays)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence: ``prompt_ids`` then ``completion_ids``.
+
+    ``loss_mask`` (optional) covers the completion only, one 0/1 per completion id; absent means
+    every completion id is trained on. ``token_values`` maps a name (``behavior_logprobs``,
+    ``advantages``, ``teacher_logprobs``...) to one float per completion id.
+    """
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    token_values: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    loss_mask: Sequence[int] | None = None
+
+    @property
+    def n_positions(self) -> int:
+        """Positions this sample occupies in a packed row (one fewer than its ids)."""
+        return len(self.prompt_ids) + len(self.completion_ids) - 1
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Rows of packed samples; every ``*_R_T`` tensor is ``[rows, row_length]``."""
+
+    input_ids_R_T: Tensor
+    position_ids_R_T: Tensor
+    targets_R_T: Tensor
+    loss_mask_R_T: Tensor  # bool
+    sequence_index_R_T: Tensor  # which sample each position belongs to; -1 for padding
+    values_R_T: dict[str, Tensor]  # float32, 0 outside completion positions
+    cu_seqlens: Tensor  # int32 [n_segments + 1], over the row-major flattened batch
+    max_seqlen: int
+    n_samples: int
+
+    @property
+    def n_tokens(self) -> int:
+        """Real (non-padding) positions."""
+        return int((self.sequence_index_R_T >= 0).sum())
+
+    @property
+    def n_loss_tokens(self) -> int:
+        return int(self.loss_mask_R_T.sum())
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return PackedBatch(
+            input_ids_R_T=self.input_ids_R_T.to(device),
+            position_ids_R_T=self.position_ids_R_T.to(device),
+            targets_R_T=self.targets_R_T.to(device),
+            loss_mask_R_T=self.loss_mask_R_T.to(device),
+            sequence_index_R_T=self.sequence_index_R_T.to(device),
+            values_R_T={k: v.to(device) for k, v in self.values_R_T.items()},
+            cu_seqlens=self.cu_seqlens.to(device),
+            max_seqlen=self.max_seqlen,
+            n_samples=self.n_samples,
+        )
+
+    def block_causal_mask(self) -> Tensor:
+        """``[R, 1, T, T]`` bool: position i may attend to j iff both are in the same segment
+        and ``j <= i``. Padding attends to itself only, so no row of the mask is empty."""
+        seg_R_T = _segment_ids(self.position_ids_R_T)
+        same = seg_R_T[:, :, None] == seg_R_T[:, None, :]
+        t = self.input_ids_R_T.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=same.device).tril()
+        return (same & causal)[:, None, :, :]
+
+    def per_sample(self, values_R_T: Tensor) -> list[Tensor]:
+        """Split a per-position tensor into each sample's completion positions (in sample order):
+        entry i has one value per completion id of sample i whose loss mask is set."""
+        flat_index = self.sequence_index_R_T.reshape(-1)
+        flat_values = values_R_T.reshape(-1)
+        flat_mask = self.loss_mask_R_T.reshape(-1)
+        return [flat_values[(flat_index == i) & flat_mask] for i in range(self.n_samples)]
+
+
+def _segment_ids(position_ids_R_T: Tensor) -> Tensor:
+    """Segment number of each position within its row: increments where position_ids == 0."""
+    return (position_ids_R_T == 0).long().cumsum(dim=1)
+
+
+def _check(sample: Sample, index: int, row_tokens: int) -> None:
+    if len(sample.completion_ids) == 0 or sample.n_positions < 1:
+        raise PackingError(f"sample {index}: needs a non-empty completion and >= 2 ids in total")
+    if sample.n_positions > row_tokens:
+        raise PackingError(
+            f"sample {index}: {sample.n_positions + 1} ids do not fit a row of {row_tokens} "
+            "positions; raise row_tokens or filter long samples"
+        )
+    n = len(sample.completion_ids)
+    if sample.loss_mask is not None and len(sample.loss_mask) != n:
+        raise PackingError(
+            f"sample {index}: loss_mask has {len(sample.loss_mask)} entries for {n} completion ids"
+        )
+    for name, values in sample.token_values.items():
+        if len(values) != n:
+            raise PackingError(
+                f"sample {index}: token_values[{name!r}] has {len(values)} entries for "
+                f"{n} completion ids"
+            )
+
+
+def assign_rows(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
+    """First-fit decreasing bin packing: lists of sample indices per row (each row's lengths sum
+    to at most ``row_tokens``). Deterministic: ties keep input order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        for r, space in enumerate(free):
+            if lengths[i] <= space:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_tokens - lengths[i])
+    return rows
+
+
+def pack(
+    samples: Sequence[Sample], row_tokens: int, *, one_per_row: bool = False, pad_to: int = 1
+) -> PackedBatch:
+    """Pack ``samples`` into rows of at most ``row_tokens`` positions.
+
+    ``one_per_row=True`` gives a plain padded batch (one sample per row, rows padded to the
+    longest) with the same fields, for baselines and for code paths that cannot pack.
+    ``pad_to`` rounds the row length up to a multiple (tensor-core friendly shapes).
+    """
+    if not samples:
+        raise PackingError("no samples to pack")
+    if row_tokens < 1 or pad_to < 1:
+        raise PackingError(f"row_tokens and pad_to must be >= 1, got {row_tokens}, {pad_to}")
+    for i, sample in enumerate(samples):
+        _check(sample, i, row_tokens)
+    names = sorted(samples[0].token_values)
+    for i, sample in enumerate(samples):
+        if sorted(sample.token_values) != names:
+            raise PackingError(
+                f"sample {i}: token_values keys {sorted(sample.token_values)} differ from "
+                f"sample 0's {names}"
+            )
+    lengths = [s.n_positions for s in samples]
+    rows = [[i] for i in range(len(samples))] if one_per_row else assign_rows(lengths, row_tokens)
+    used = max(sum(lengths[i] for i in row) for row in rows)
+    t = -(-used // pad_to) * pad_to
+    r = len(rows)
+    input_ids = torch.zeros(r, t, dtype=torch.long)
+    targets = torch.zeros(r, t, dtype=torch.long)
+    positions = torch.zeros(r, t, dtype=torch.long)
+    loss_mask = torch.zeros(r, t, dtype=torch.bool)
+    seq_index = torch.full((r, t), -1, dtype=torch.long)
+    values = {name: torch.zeros(r, t, dtype=torch.float32) for name in names}
+    seqlens: list[int] = []
+    for row, members in enumerate(rows):
+        offset = 0
+        for i in members:
+            s = samples[i]
+            ids = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
+            n = lengths[i]
+            # Completion id j sits at sequence index P + j; its predicting position is P + j - 1.
+            first = offset + len(s.prompt_ids) - 1
+            last = first + len(s.completion_ids)
+            input_ids[row, offset : offset + n] = ids[:-1]
+            targets[row, offset : offset + n] = ids[1:]
+            positions[row, offset : offset + n] = torch.arange(n)
+            seq_index[row, offset : offset + n] = i
+            mask = s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
+            loss_mask[row, first:last] = torch.tensor(mask, dtype=torch.bool)
+            for name in names:
+                values[name][row, first:last] = torch.tensor(
+                    s.token_values[name], dtype=torch.float32
+                )
+            seqlens.append(n)
+            offset += n
+        if offset < t:  # the row's padding tail is one segment of its own
+            positions[row, offset:] = torch.arange(t - offset)
+            seqlens.append(t - offset)
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seqlens, dtype=torch.int32).cumsum(0)
+    return PackedBatch(
+        input_ids_R_T=input_ids,
+        position_ids_R_T=positions,
+        targets_R_T=targets,
+        loss_mask_R_T=loss_mask,
+        sequence_index_R_T=seq_index,
+        values_R_T=values,
+        cu_seqlens=cu,
+        max_seqlen=max(seqlens),
+        n_samples=len(samples),
+    )

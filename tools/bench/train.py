@@ -1,0 +1,507 @@
+"""Trainer benchmark: a plain HF train step vs the STACX trainer step, and weight-sync latency.
+
+In one run, on one device, on the same GRPO-shaped batches (sequence lengths uniform in
+[min_len, max_len], a prompt of 1/8..1/2 of each, loss on the completion only):
+
+  1. hf: the plain transformers step — right-padded micro-batches (``--hf-micro-batch``
+     sequences each, gradients accumulated: the full batch's ``[B, T, V]`` logits do not fit),
+     ``model(input_ids, attention_mask, labels)`` (full logits, HF's own cross-entropy), AdamW;
+  2. stacx: the STACX step — sequences packed (first-fit decreasing, position_ids restarting
+     per sequence), attention per ``--variants`` (``varlen``: PyTorch's flash varlen kernel with
+     cu_seqlens, the whole batch in one row; ``sdpa``: transformers' packed-sequence mask, rows
+     as long as the longest sequence; ``+compile``: torch.compile on the decoder layers),
+     logprobs only at completion positions through the chunked lm_head (never the full logits),
+     the GRPO clipped policy-gradient loss, fused AdamW. stacx_tok_s is the best variant's.
+
+Before timing, the two forwards are checked to agree (max |logprob difference| is reported).
+
+Both use the same weights dtype (bf16 on GPU, fp32 on CPU), the same samples per step, and
+count the same real (non-padding) tokens; tokens/s = real tokens / step wall time, median over
+the measured steps. MFU = model FLOPs on real tokens / time / peak (H200 bf16 dense: 989 TF/s),
+where model FLOPs are 6 * non-embedding params per token, 6 * V * H per *loss* token for the
+lm_head, plus causal attention 6 * layers * heads * head_dim * L per token of a length-L
+sequence (each step's FLOPs are computed the same way for both, from the real tokens).
+
+Weight sync (the trainer publishes safetensors; an engine loads them):
+  sync_inproc_ms        state dict -> safetensors file (/dev/shm) -> loaded into a second model
+                        in the same process, on the device;
+  sync_inproc_copy_ms   the same handoff without a file (parameter copy, device to device);
+  sync_xproc_ms         safetensors file -> loaded by a model in another (spawned) process,
+                        measured from the start of the save until the other process replies.
+
+Usage: ``python tools/bench/train.py`` (GPU, Qwen3-0.6B shape of /work/shared/DESIGN.md) or
+``python tools/bench/train.py --tiny`` (CPU-sized smoke run). Prints the machine, versions and
+per-phase figures, then one JSON line: {hf_tok_s, stacx_tok_s, ratio, mfu, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+# before CUDA starts: the HF step's huge logits fragment the cache otherwise
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch
+import transformers
+from safetensors.torch import load_model, save_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from stacx.train.attention import use_varlen_attention  # noqa: E402
+from stacx.train.forward import packed_token_logprobs  # noqa: E402
+from stacx.train.losses import policy_gradient_loss, token_logprobs  # noqa: E402
+from stacx.train.packing import Sample, pack  # noqa: E402
+
+H200_BF16_PEAK = 989e12
+
+
+def qwen3_config(tiny: bool) -> Qwen3Config:
+    if tiny:
+        return Qwen3Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=4096,
+            tie_word_embeddings=True,
+            max_position_embeddings=4096,
+        )
+    return Qwen3Config(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    )
+
+
+def make_batches(
+    n_batches: int, n_seqs: int, lo: int, hi: int, vocab: int, seed: int
+) -> list[list[Sample]]:
+    """GRPO-shaped samples: lengths uniform in [lo, hi], prompt 1/8..1/2 of the sequence,
+    behavior logprobs near the policy's, a per-episode advantage broadcast over its tokens."""
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(n_batches):
+        batch = []
+        for _ in range(n_seqs):
+            length = rng.randint(lo, hi)
+            p = rng.randint(length // 8, length // 2)
+            ids = [rng.randrange(vocab) for _ in range(length)]
+            n = length - p
+            adv = rng.choice([-1.0, -0.5, 0.5, 1.0])
+            values = {"advantages": [adv] * n, "behavior_logprobs": [-8.0] * n}
+            batch.append(Sample(ids[:p], ids[p:], values))
+        batches.append(batch)
+    return batches
+
+
+def step_flops(config: Qwen3Config, samples: list[Sample], n_params: int) -> float:
+    v_h = config.vocab_size * config.hidden_size
+    attn_width = config.num_attention_heads * config.head_dim
+    flops = 0.0
+    for s in samples:
+        length = len(s.prompt_ids) + len(s.completion_ids)
+        flops += 6 * (n_params - v_h) * length + 6 * v_h * len(s.completion_ids)
+        # causal attention: QK^T and AV are 4 * L^2 * d forward, halved by the mask, x3 with backward
+        flops += 6 * config.num_hidden_layers * attn_width * length * length
+    return flops
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(
+    step: Callable[[list[Sample]], None],
+    batches: list[list[Sample]],
+    warmup: int,
+    device: torch.device,
+) -> list[float]:
+    times = []
+    for i, batch in enumerate(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        step(batch)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def build_model(
+    config: Qwen3Config, device: torch.device, dtype: torch.dtype, attn: str, seed: int
+) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    config = copy.deepcopy(config)
+    config._attn_implementation = attn
+    with torch.device(device):  # initialize on the device: a CPU init of 0.6B params takes long
+        model = Qwen3ForCausalLM(config)
+    return model.to(dtype=dtype).train()
+
+
+def hf_step_fn(
+    model: Qwen3ForCausalLM, device: torch.device, micro_batch: int
+) -> Callable[[list[Sample]], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step(samples: list[Sample]) -> None:
+        # gradient accumulation over micro-batches, as a plain HF loop does when the full
+        # padded batch's [B, T, V] logits would not fit
+        n_micro = -(-len(samples) // micro_batch)
+        for i in range(0, len(samples), micro_batch):
+            forward_backward(samples[i : i + micro_batch], 1.0 / n_micro)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def forward_backward(samples: list[Sample], scale: float) -> None:
+        longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        input_ids = torch.zeros(len(samples), longest, dtype=torch.long)
+        attention = torch.zeros(len(samples), longest, dtype=torch.long)
+        labels = torch.full((len(samples), longest), -100, dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids = [*s.prompt_ids, *s.completion_ids]
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attention[i, : len(ids)] = 1
+            labels[i, len(s.prompt_ids) : len(ids)] = torch.tensor(s.completion_ids)
+        out = model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            labels=labels.to(device),
+        )
+        (out.loss * scale).backward()
+
+    return step
+
+
+def stacx_step_fn(
+    model: Qwen3ForCausalLM,
+    device: torch.device,
+    row_tokens: int,
+    boundaries: str,
+    chunk_tokens: int,
+) -> Callable[[list[Sample]], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+
+    def step(samples: list[Sample]) -> None:
+        batch = pack(samples, row_tokens, pad_to=64).to(device)
+        logprobs = packed_token_logprobs(
+            model,
+            batch,
+            boundaries=boundaries,  # type: ignore[arg-type]
+            chunk_tokens=chunk_tokens,
+        )
+        out = policy_gradient_loss(
+            logprobs,
+            batch.values_R_T["behavior_logprobs"],
+            batch.values_R_T["advantages"],
+            batch.loss_mask_R_T,
+            clip_eps_low=0.2,
+            clip_eps_high=0.28,
+        )
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def configure_variant(
+    model: Qwen3ForCausalLM, variant: str, tokens: int, max_len: int
+) -> tuple[str, int]:
+    """Set up the model for a STACX variant ("varlen", "sdpa", "flex_attention", "eager",
+    optionally "+compile"); returns (boundary mode, packed row length)."""
+    attn, _, extra = variant.partition("+")
+    if attn == "varlen":
+        use_varlen_attention(model)
+        # varlen attention costs nothing per row: one row holds the whole batch (no padding)
+        mode, row_tokens = "varlen", tokens
+    elif attn in ("sdpa", "eager", "flex_attention"):
+        model.set_attn_implementation(attn)
+        # a block-causal mask is R*T*T: rows as long as the longest sequence keep it small
+        mode, row_tokens = "position_ids", max_len
+    else:
+        raise SystemExit(
+            f"unknown variant {variant!r}: varlen | sdpa | eager | flex_attention [+compile]"
+        )
+    if extra == "compile":
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)
+    elif extra:
+        raise SystemExit(f"unknown variant suffix {extra!r} (only +compile)")
+    return mode, row_tokens
+
+
+def check_equivalence(
+    config: Qwen3Config, device: torch.device, dtype: torch.dtype, samples: list[Sample], seed: int
+) -> tuple[float, float]:
+    """(max, mean) |logprob difference| between the plain HF forward of a padded batch and the
+    STACX varlen-packed forward with the chunked head, on the same weights: the two steps
+    being timed compute the same thing (up to bf16 rounding)."""
+    model = build_model(config, device, dtype, "sdpa", seed).eval()
+    with torch.no_grad():
+        padded = pack(samples, row_tokens=1 << 30, one_per_row=True).to(device)
+        logits = model(
+            input_ids=padded.input_ids_R_T,
+            attention_mask=(padded.sequence_index_R_T >= 0).long(),
+        ).logits
+        reference = padded.per_sample(token_logprobs(logits, padded.targets_R_T))
+        del logits
+        use_varlen_attention(model)
+        batch = pack(samples, row_tokens=1 << 30, pad_to=64).to(device)
+        got = batch.per_sample(packed_token_logprobs(model, batch, boundaries="varlen"))
+    diffs = torch.cat([(a - b).abs() for a, b in zip(got, reference, strict=True)])
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return float(diffs.max()), float(diffs.mean())
+
+
+# ---- weight sync -----------------------------------------------------------------------------
+
+
+def _sync_child(conn: Connection, config_dict: dict[str, object], device: str, dtype: str) -> None:
+    config = Qwen3Config(**config_dict)  # type: ignore[arg-type]
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config)
+    model = model.to(dtype=getattr(torch, dtype)).eval()
+    conn.send("ready")
+    while (path := conn.recv()) is not None:
+        t0 = time.perf_counter()
+        load_model(model, path, device=device)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        conn.send((time.perf_counter() - t0) * 1e3)
+
+
+def measure_sync(
+    src: Qwen3ForCausalLM,
+    config: Qwen3Config,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+) -> dict[str, float]:
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(prefix="stacx-sync-", dir=shm if shm.is_dir() else None))
+    path = str(folder / "model.safetensors")
+    with torch.device(device):
+        dst = Qwen3ForCausalLM(config)
+    dst = dst.to(dtype=dtype).eval()
+    file_ms, copy_ms = [], []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        save_model(src, path)
+        load_model(dst, path, device=str(device))
+        sync(device)
+        file_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for p_dst, p_src in zip(dst.parameters(), src.parameters(), strict=True):
+                p_dst.copy_(p_src, non_blocking=True)
+        sync(device)
+        copy_ms.append((time.perf_counter() - t0) * 1e3)
+    for p_dst, p_src in zip(dst.state_dict().values(), src.state_dict().values(), strict=True):
+        assert torch.equal(p_dst, p_src), "weights differ after sync"
+    del dst
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    config_dict = config.to_dict()
+    for private in ("_attn_implementation_autoset", "_attn_implementation"):
+        config_dict.pop(private, None)
+    proc = ctx.Process(
+        target=_sync_child,
+        args=(child, config_dict, str(device), str(dtype).removeprefix("torch.")),
+    )
+    proc.start()
+    assert parent.recv() == "ready"
+    xproc_ms, child_load_ms = [], []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        save_model(src, path)
+        parent.send(path)
+        child_load_ms.append(parent.recv())
+        xproc_ms.append((time.perf_counter() - t0) * 1e3)
+    parent.send(None)
+    proc.join(timeout=60)
+    os.remove(path)
+    os.rmdir(folder)
+    return {
+        "sync_inproc_ms": round(statistics.median(file_ms), 2),
+        "sync_inproc_copy_ms": round(statistics.median(copy_ms), 3),
+        "sync_xproc_ms": round(statistics.median(xproc_ms), 2),
+        "sync_xproc_load_ms": round(statistics.median(child_load_ms), 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="small model and sequences (CPU smoke run)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--seqs", type=int, default=None, help="sequences per step (default 16; tiny 8)"
+    )
+    ap.add_argument("--min-len", type=int, default=None)
+    ap.add_argument("--max-len", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="measured steps (default 5; tiny 2)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="STACX step variants to measure, comma-separated: varlen | sdpa | eager | "
+        "flex_attention, each optionally +compile (default: varlen,varlen+compile "
+        "on GPU; varlen,sdpa on CPU). stacx_tok_s is the best one.",
+    )
+    ap.add_argument("--chunk-tokens", type=int, default=4096)
+    ap.add_argument(
+        "--hf-uniform",
+        action="store_true",
+        help="also time the plain HF step on the reference shape (seqs x max_len/2, no padding)",
+    )
+    ap.add_argument(
+        "--hf-micro-batch", type=int, default=8, help="sequences per HF forward (accumulated)"
+    )
+    ap.add_argument("--sync-repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n_seqs = args.seqs or (8 if args.tiny else 16)
+    lo = args.min_len or (16 if args.tiny else 128)
+    hi = args.max_len or (256 if args.tiny else 2048)
+    steps = args.steps or (2 if args.tiny else 5)
+    if args.variants is None:
+        args.variants = "varlen,varlen+compile" if device.type == "cuda" else "varlen,sdpa"
+    config = qwen3_config(args.tiny)
+    batches = make_batches(args.warmup + steps, n_seqs, lo, hi, config.vocab_size, args.seed)
+    tokens = [sum(len(s.prompt_ids) + len(s.completion_ids) for s in b) for b in batches]
+
+    print(
+        f"machine: {platform.node()} {platform.machine()} python {platform.python_version()} "
+        f"torch {torch.__version__} transformers {transformers.__version__} device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    )
+    print(
+        f"batch: {n_seqs} seqs/step, lengths U[{lo},{hi}], {statistics.mean(tokens):.0f} "
+        f"real tokens/step, {args.warmup} warmup + {steps} measured steps, dtype {dtype}"
+    )
+
+    max_diff, mean_diff = check_equivalence(config, device, dtype, batches[0], args.seed)
+    print(
+        f"equivalence: |logprob(hf padded) - logprob(stacx varlen packed)| max {max_diff:.4f} "
+        f"mean {mean_diff:.5f}"
+    )
+    model = build_model(config, device, dtype, "sdpa", args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    hf_times = timed_steps(
+        hf_step_fn(model, device, args.hf_micro_batch), batches, args.warmup, device
+    )
+    hf_peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    hf_uniform_tok_s = 0.0
+    if args.hf_uniform:
+        # the DESIGN.md reference shape (16 x 1024, every sequence full length, no padding):
+        # shows what this harness's plain HF step gives where padding costs nothing
+        seq = hi // 2
+        uniform = make_batches(args.warmup + 2, n_seqs, seq, seq, config.vocab_size, args.seed)
+        uniform = [
+            [Sample(s.prompt_ids[:1], [*s.prompt_ids[1:], *s.completion_ids]) for s in b]
+            for b in uniform
+        ]
+        times = timed_steps(hf_step_fn(model, device, n_seqs), uniform, args.warmup, device)
+        hf_uniform_tok_s = n_seqs * seq / statistics.median(times)
+        print(f"hf reference shape ({n_seqs} x {seq}, no padding): {hf_uniform_tok_s:,.0f} tok/s")
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+    stacx_runs: dict[str, tuple[list[float], float]] = {}
+    for variant in args.variants.split(","):
+        model = build_model(config, device, dtype, "sdpa", args.seed)
+        boundaries, row_tokens = configure_variant(model, variant, max(tokens), hi)
+        step = stacx_step_fn(model, device, row_tokens, boundaries, args.chunk_tokens)
+        times = timed_steps(step, batches, args.warmup, device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        stacx_runs[variant] = (times, peak)
+        print(
+            f"stacx[{variant}]: {statistics.median(tokens[args.warmup :][i] / t for i, t in enumerate(times)):,.0f} tok/s "
+            f"(step {statistics.median(times) * 1e3:.0f} ms, peak {peak:.1f} GiB, "
+            f"boundaries {boundaries}, row_tokens {row_tokens})"
+        )
+        if variant != args.variants.split(",")[-1]:
+            del model, step
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+
+    measured = batches[args.warmup :]
+    real = [tokens[args.warmup + i] for i in range(steps)]
+    hf_tok_s = statistics.median(t / s for t, s in zip(real, hf_times, strict=True))
+    per_variant = {
+        v: statistics.median(t / s for t, s in zip(real, times, strict=True))
+        for v, (times, _) in stacx_runs.items()
+    }
+    best = max(per_variant, key=lambda v: per_variant[v])
+    stacx_times, stacx_peak = stacx_runs[best]
+    stacx_tok_s = per_variant[best]
+    flops = [step_flops(config, b, n_params) for b in measured]
+    mfu = statistics.median(f / s for f, s in zip(flops, stacx_times, strict=True)) / H200_BF16_PEAK
+    hf_mfu = statistics.median(f / s for f, s in zip(flops, hf_times, strict=True)) / H200_BF16_PEAK
+    print(
+        f"hf:    {hf_tok_s:,.0f} tok/s  (step {statistics.median(hf_times) * 1e3:.0f} ms, "
+        f"peak {hf_peak:.1f} GiB, mfu {hf_mfu:.3f})"
+    )
+    print(f"stacx: {stacx_tok_s:,.0f} tok/s with {best} (mfu {mfu:.3f})")
+
+    sync_figures = measure_sync(model, config, device, dtype, args.sync_repeats)
+    print("sync: " + ", ".join(f"{k} {v}" for k, v in sync_figures.items()))
+    result = {
+        "hf_tok_s": round(hf_tok_s),
+        "stacx_tok_s": round(stacx_tok_s),
+        "ratio": round(stacx_tok_s / hf_tok_s, 3),
+        "mfu": round(mfu, 4),
+        "hf_mfu": round(hf_mfu, 4),
+        "hf_uniform_tok_s": round(hf_uniform_tok_s),
+        **sync_figures,
+        "logprob_max_abs_diff": round(max_diff, 5),
+        "hf_peak_gib": round(hf_peak, 2),
+        "stacx_peak_gib": round(stacx_peak, 2),
+        "stacx_variant": best,
+        "stacx_tok_s_by_variant": {v: round(x) for v, x in per_variant.items()},
+        "tiny": args.tiny,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "tokens_per_step": round(statistics.mean(real)),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,18 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
     pids_limited: bool = False  # a fork was refused by the pids limit (the command was killed)
 
 
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits of one sandbox (a task's [environment] plus STACX's own pids limit);
+    every backend enforces them (see tasks.task_limits)."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 1024
+    allow_internet: bool = True
+    storage_mb: int | None = None  # applied only where the storage driver supports quotas
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class Sandbox(Protocol):
     id: str
 

@@ -1,0 +1,27 @@
+"""The environment engine: real Docker sandboxes for Harbor tasks.
+
+Modules (import what you use; this package imports nothing heavy):
+
+- protocol  the Sandbox port and ExecResult
+- docker    DockerSandbox (aiodocker) and Limits
+- pool      SandboxPool: warm containers per (image, limits), destroyed after use
+- tasks     Harbor task model: task.toml, instruction.md, task sets, tasks.jsonl
+- aliases   base-image alias map (FROM ubuntu:24.04 -> stacx/base:bookworm)
+- images    the offline base image (debootstrap + docker import)
+- build     task images cached by content hash
+- verifier  run tests/test.sh, parse reward.txt / reward.json, emit RewardAssigned/InfraFailed
+- health    a task's healthcheck
+- check     scripted oracle/null agents (`stacx tasks check`)
+- gc        find and remove orphaned sandbox containers
+- cgroups   OOM-kill and pids-limit counters of a container
+- output    bounded capture of a command's output
+- archive   tar archives for uploads
+
+An episode, as the rollout engine drives it::
+
+    image = await build_task_image(task, pool.docker)           # TaskError -> IMAGE_BUILD
+    sandbox = await pool.acquire(image, task_limits(task), episode_id=eid)  # SandboxError -> START
+    ... agent: await sandbox.exec(cmd, timeout=...) ...          # SandboxError -> EXEC_TRANSPORT
+    outcome = await verify(sandbox, task, emit, run_id, eid)     # RewardAssigned | InfraFailed
+    await pool.release(sandbox)
+"""

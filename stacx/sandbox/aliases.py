@@ -1,0 +1,181 @@
+"""The base-image alias map: FROM images that cannot be pulled here, mapped to local images.
+
+Harbor tasks say `FROM ubuntu:24.04` or `FROM python:3.11-slim@sha256:...`; with no registry,
+each such name is mapped onto a locally built image (by default the offline base,
+`stacx/base:bookworm`). Names are normalized before matching: a digest (`@sha256:...`) and a
+Docker Hub prefix (`docker.io/`, `index.docker.io/`, `registry-1.docker.io/`, `library/`) are
+dropped, a missing tag means `:latest`. Patterns are shell globs (`python:3.*`).
+
+Resolution order: the user's map (a TOML or JSON file named by `STACX_IMAGE_ALIASES` or passed
+explicitly; its entries win), then the built-in defaults, then the image as written if the local
+engine has it; anything else is a TaskError naming the image and the task.
+
+The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian bookworm, so a
+Dockerfile that needs an Ubuntu-only package or python3.12 specifically will fail its build.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from stacx.errors import ConfigError, TaskError
+from stacx.sandbox.images import BASE_IMAGE
+
+ENV_VAR = "STACX_IMAGE_ALIASES"
+
+DEFAULT_ALIASES: dict[str, str] = {
+    "ubuntu:*": BASE_IMAGE,
+    "debian:*": BASE_IMAGE,
+    "python:3": BASE_IMAGE,
+    "python:3.*": BASE_IMAGE,
+    "python:latest": BASE_IMAGE,
+    "python:slim*": BASE_IMAGE,
+    "python:bookworm": BASE_IMAGE,
+    "buildpack-deps:*": BASE_IMAGE,
+}
+
+_HUB_PREFIXES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
+
+
+def normalize(image: str) -> str:
+    """`docker.io/library/python:3.11-slim@sha256:ab..` -> `python:3.11-slim`."""
+    name = image.strip().split("@", 1)[0]
+    for prefix in _HUB_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    name = name.removeprefix("library/")
+    # A tag is a `:` after the last `/` (a `:` before it is a registry port).
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name
+
+
+def load_alias_file(path: str | Path) -> dict[str, str]:
+    """Read a TOML or JSON alias file: a flat table `pattern = "target"`, or one under `[aliases]`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"image alias file {path} ({ENV_VAR}): cannot read: {exc}") from exc
+    try:
+        data: object = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"image alias file {path}: not valid TOML/JSON: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("aliases"), dict):
+        data = data["aliases"]
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ConfigError(
+            f"image alias file {path}: expected a table of strings, pattern -> image "
+            '(e.g. `"ubuntu:*" = "stacx/base:bookworm"`), optionally under [aliases]'
+        )
+    return dict(data)
+
+
+class AliasMap:
+    """Resolves FROM images to local images (see the module docstring for the order)."""
+
+    def __init__(
+        self,
+        aliases: Mapping[str, str] | None = None,
+        *,
+        defaults: Mapping[str, str] = DEFAULT_ALIASES,
+        exists: Callable[[str], bool] | None = None,
+    ) -> None:
+        # User entries first: dicts keep insertion order and lookup takes the first match.
+        self.entries: dict[str, str] = {normalize_pattern(k): v for k, v in (aliases or {}).items()}
+        for k, v in defaults.items():
+            self.entries.setdefault(normalize_pattern(k), v)
+        self._exists = exists
+
+    @classmethod
+    def from_env(cls, path: str | Path | None = None) -> AliasMap:
+        """The map from `path`, else from $STACX_IMAGE_ALIASES, plus the built-in defaults."""
+        path = path or os.environ.get(ENV_VAR) or None
+        return cls(load_alias_file(path) if path else None)
+
+    def lookup(self, image: str) -> str | None:
+        """The alias target of `image`, or None when no pattern matches."""
+        name = normalize(image)
+        for pattern, target in self.entries.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return target
+        return None
+
+    def resolve(self, image: str, *, task: str = "?") -> str:
+        """The local image to use for `image`; raises TaskError when there is none."""
+        target = self.lookup(image)
+        if target is not None:
+            return target
+        exists = self._exists or _local_image_exists
+        if exists(image) or exists(normalize(image)):
+            return image
+        raise TaskError(
+            f"task {task}: base image {image!r} cannot be pulled here and has no alias; "
+            f"add one to the alias file (${ENV_VAR}), e.g. "
+            f'"{normalize(image)}" = "{BASE_IMAGE}", or build the image locally'
+        )
+
+
+def normalize_pattern(pattern: str) -> str:
+    """Patterns are normalized like names, except that a glob tag is kept as written."""
+    if "@" in pattern:
+        pattern = pattern.split("@", 1)[0]
+    return normalize(pattern)
+
+
+def _local_image_exists(image: str) -> bool:
+    from stacx.sandbox.images import image_exists
+
+    return image_exists(image)
+
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.IGNORECASE)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def rewrite_dockerfile(text: str, aliases: AliasMap, *, task: str = "?") -> tuple[str, list[str]]:
+    """Rewrite every FROM of a Dockerfile through the alias map.
+
+    Returns the new text and the resolved base images (in order). Stage names (`FROM base AS
+    build` ... `FROM build`) and `scratch` are left alone; `${ARG}` in a FROM is expanded from
+    ARG defaults declared before the first FROM. Line continuations in FROM are not supported.
+    """
+    args: dict[str, str] = {}
+    stages: set[str] = set()
+    resolved: list[str] = []
+    out: list[str] = []
+    seen_from = False
+    for line in text.splitlines(keepends=True):
+        arg = _ARG.match(line)
+        if arg and not seen_from:
+            args[arg.group(1)] = (arg.group(2) or "").strip("\"'")
+        m = _FROM.match(line.rstrip("\r\n"))
+        if not m:
+            out.append(line)
+            continue
+        seen_from = True
+        head, flags, image, rest = m.groups()
+        expanded = _VAR.sub(lambda v: args.get(v.group(1) or v.group(3), v.group(2) or ""), image)
+        stage = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+        if expanded.lower() == "scratch" or expanded in stages:
+            target = expanded
+        else:
+            target = aliases.resolve(expanded, task=task)
+            resolved.append(target)
+        if stage:
+            stages.add(stage.group(1))
+        ending = line[len(line.rstrip("\r\n")) :]
+        out.append(f"{head}{flags}{target}{rest}{ending}")
+    if not seen_from:
+        raise TaskError(f"task {task}: the Dockerfile has no FROM line")
+    return "".join(out), resolved

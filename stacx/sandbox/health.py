@@ -1,0 +1,33 @@
+"""A task's [environment.healthcheck], run as Docker runs HEALTHCHECK: the command is retried
+every `interval_sec` (every `start_interval_sec` during `start_period_sec`, when failures do
+not count) until it exits 0; `retries` consecutive counted failures make the sandbox unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from stacx.errors import SandboxError
+from stacx.sandbox.protocol import Sandbox
+from stacx.sandbox.tasks import Healthcheck
+
+
+async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> int:
+    """Return the number of attempts it took; SandboxError (with the last output) if unhealthy."""
+    t0 = time.monotonic()
+    failures = attempts = 0
+    while True:
+        attempts += 1
+        result = await sandbox.exec(check.command, timeout=check.timeout_sec)
+        if result.exit_code == 0:
+            return attempts
+        starting = time.monotonic() - t0 < check.start_period_sec
+        failures += 0 if starting else 1
+        if failures >= max(check.retries, 1):
+            tail = (result.stdout + result.stderr).strip()[-500:]
+            raise SandboxError(
+                f"healthcheck `{check.command}` failed {failures} time(s) "
+                f"(exit {result.exit_code}, timed out: {result.timed_out}): {tail}"
+            )
+        await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)

@@ -1,0 +1,209 @@
+"""The offline base image: a minimal Debian built with debootstrap and `docker import`.
+
+No registry is needed: packages come from the Debian mirror that apt already reaches. The
+image inherits the host's CA trust twice over, because a task Dockerfile that installs the
+`ca-certificates` package regenerates /etc/ssl/certs/ca-certificates.crt from
+/usr/local/share/ca-certificates/ (losing a copied bundle), while tools that read the bundle
+directly need it before that happens:
+
+- the host bundle is copied over the image's bundle;
+- the host's extra certificates (those in /usr/local/share/ca-certificates/, or else those in
+  the host bundle that Debian's stock bundle lacks) are copied to the image's
+  /usr/local/share/ca-certificates/.
+
+Guarantees: `bootstrap_base_image` is idempotent (an existing image is kept unless `force`);
+a failed build leaves no half-tagged image. Limits: needs root (debootstrap and chroot), the
+`debootstrap` and `docker` commands, and a reachable Debian mirror.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from stacx.errors import SandboxError
+
+BASE_IMAGE = "stacx/base:bookworm"
+SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+PACKAGES = (
+    "bash",
+    "coreutils",
+    "python3",
+    "python-is-python3",
+    "python3-pytest",
+    "python3-pip",
+    "python3-venv",
+    "procps",
+    "ca-certificates",
+)
+HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+HOST_EXTRA_CERTS = Path("/usr/local/share/ca-certificates")
+
+# What `docker import` cannot take from the root filesystem: the image config.
+IMAGE_CHANGES = (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    "ENV PYTHONUNBUFFERED=1",
+    # Debian's python is "externally managed" (PEP 668); task Dockerfiles written for
+    # python:3.x-slim or ubuntu run a plain `pip install`, which must work here too.
+    "ENV PIP_BREAK_SYSTEM_PACKAGES=1",
+    "ENV PIP_ROOT_USER_ACTION=ignore",
+    "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+    "ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt",
+    "WORKDIR /app",
+    'CMD ["bash"]',
+    "LABEL stacx.base=bookworm",
+)
+
+Log = Callable[[str], None]
+
+
+def image_exists(tag: str) -> bool:
+    """Whether the local Docker engine has an image with this tag.
+
+    Raises SandboxError when there is no `docker` command or no engine answering it.
+    """
+    if shutil.which("docker") is None:
+        raise SandboxError("the `docker` command is not installed (docker.io provides it)")
+    proc = subprocess.run(
+        ["docker", "image", "inspect", tag], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0 and "no such image" not in proc.stderr.lower():
+        raise SandboxError(f"the Docker engine does not answer: {proc.stderr.strip()[:500]}")
+    return proc.returncode == 0
+
+
+def split_pem_bundle(text: str) -> list[str]:
+    """The PEM certificates of a bundle, each normalized to its BEGIN..END block."""
+    certs: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line == "-----BEGIN CERTIFICATE-----":
+            current = [line]
+        elif line == "-----END CERTIFICATE-----" and current:
+            current.append(line)
+            certs.append("\n".join(current) + "\n")
+            current = []
+        elif current:
+            current.append(line)
+    return certs
+
+
+def extra_certificates(host_bundle: str, stock_bundle: str) -> list[str]:
+    """Certificates of the host bundle that the stock bundle lacks (order kept)."""
+    stock = set(split_pem_bundle(stock_bundle))
+    return [cert for cert in split_pem_bundle(host_bundle) if cert not in stock]
+
+
+def install_host_trust(root: Path) -> int:
+    """Copy the host's CA trust into the root filesystem; returns the number of extra certs."""
+    dest = root / "usr/local/share/ca-certificates"
+    dest.mkdir(parents=True, exist_ok=True)
+    image_bundle = root / "etc/ssl/certs/ca-certificates.crt"
+    n_extra = 0
+    host_extras = sorted(HOST_EXTRA_CERTS.glob("**/*.crt")) if HOST_EXTRA_CERTS.is_dir() else []
+    if host_extras:
+        for cert in host_extras:
+            target = dest / cert.relative_to(HOST_EXTRA_CERTS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cert, target)
+            n_extra += 1
+    elif HOST_BUNDLE.is_file() and image_bundle.is_file():
+        extras = extra_certificates(HOST_BUNDLE.read_text(), image_bundle.read_text())
+        for i, pem in enumerate(extras):
+            (dest / f"stacx-host-{i:03d}.crt").write_text(pem)
+        n_extra = len(extras)
+    if HOST_BUNDLE.is_file():
+        image_bundle.parent.mkdir(parents=True, exist_ok=True)
+        # The stock bundle is a symlink target in some layouts; replace, never write through.
+        image_bundle.unlink(missing_ok=True)
+        shutil.copyfile(HOST_BUNDLE, image_bundle)
+    return n_extra
+
+
+def _run(cmd: list[str], log: Log, **kwargs: object) -> None:
+    log("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise SandboxError(f"base image build: `{' '.join(cmd[:3])} ...` failed:\n{tail}")
+
+
+def _configure_root(root: Path, mirror: str) -> None:
+    (root / "app").mkdir(exist_ok=True)
+    (root / "etc/apt/sources.list").write_text(
+        f"deb {mirror} {SUITE} main\n"
+        f"deb {mirror} {SUITE}-updates main\n"
+        f"deb http://deb.debian.org/debian-security {SUITE}-security main\n"
+    )
+    # The container has no init and no policy for services; keep apt from starting any.
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for entry in (root / cache).glob("*"):
+            if entry.is_file():
+                entry.unlink()
+
+
+def bootstrap_base_image(
+    *,
+    tag: str = BASE_IMAGE,
+    force: bool = False,
+    mirror: str | None = None,
+    log: Log = lambda _msg: None,
+) -> bool:
+    """Build `tag` from scratch (debootstrap, host CA trust, docker import).
+
+    Returns False when the image already existed and nothing was done (unless `force`).
+    Raises SandboxError naming the failing step.
+    """
+    if not force and image_exists(tag):
+        log(f"{tag} exists; nothing to do (use --force to rebuild)")
+        return False
+    if shutil.which("debootstrap") is None:
+        raise SandboxError(
+            "`debootstrap` is not installed: `apt-get install debootstrap` (tools/setup.sh does)"
+        )
+    if os.geteuid() != 0:
+        raise SandboxError("building the base image needs root (debootstrap chroots)")
+    mirror = mirror or os.environ.get("STACX_DEBIAN_MIRROR") or DEFAULT_MIRROR
+    with tempfile.TemporaryDirectory(prefix="stacx-base-") as tmp:
+        root = Path(tmp) / "root"
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(root),
+                mirror,
+            ],
+            log,
+        )
+        n_extra = install_host_trust(root)
+        log(f"copied host CA bundle and {n_extra} extra certificate(s)")
+        _configure_root(root, mirror)
+        cmd = ["docker", "import"]
+        for change in IMAGE_CHANGES:
+            cmd += ["--change", change]
+        cmd += ["-", tag]
+        log("$ tar -C root -c . | " + " ".join(cmd[:2]) + f" ... - {tag}")
+        tar = subprocess.Popen(
+            ["tar", "--numeric-owner", "-C", str(root), "-c", "."],
+            stdout=subprocess.PIPE,
+        )
+        imp = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, check=False)
+        assert tar.stdout is not None
+        tar.stdout.close()
+        tar_rc = tar.wait()
+        if tar_rc != 0 or imp.returncode != 0:
+            raise SandboxError(f"docker import of {tag} failed: {imp.stderr[-2000:]}")
+    log(f"built {tag}")
+    return True

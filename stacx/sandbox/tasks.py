@@ -1,0 +1,300 @@
+"""Harbor tasks: task.toml (the full schema, unknown keys kept), instruction.md, and task sets.
+
+A Harbor task is a directory::
+
+    instruction.md          what the agent is told
+    task.toml               timeouts, resources, metadata (schema below)
+    environment/Dockerfile  the image the agent works in (the folder is the build context)
+    tests/test.sh           the verifier; writes /logs/verifier/reward.txt or reward.json
+    solution/solve.sh       optional reference solution (the oracle runs it)
+
+The schema mirrors Harbor's TaskConfig (schema_version 1.x: `version` is its old spelling;
+`memory`/`storage` as "2G" are the old spellings of memory_mb/storage_mb). Keys this model does
+not know are not fatal: they are kept in `Task.unknown` (dotted path -> value) so a tool can
+report them. A wrong type is a TaskError naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+from stacx.errors import TaskError
+from stacx.sandbox.protocol import Limits
+
+
+class Healthcheck(msgspec.Struct, kw_only=True, frozen=True):
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
+class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
+    timeout_sec: float = 600.0
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    user: str | int | None = None
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, frozen=True):
+    timeout_sec: float | None = None
+    user: str | int | None = None
+
+
+class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
+    build_timeout_sec: float = 600.0
+    docker_image: str | None = None
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    gpus: int = 0
+    gpu_types: list[str] | None = None
+    allow_internet: bool = True
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    healthcheck: Healthcheck | None = None
+    skills_dir: str | None = None
+
+
+class PackageInfo(msgspec.Struct, kw_only=True, frozen=True):
+    name: str = ""
+    description: str = ""
+    keywords: list[str] = msgspec.field(default_factory=list)
+
+
+class TaskConfig(msgspec.Struct, kw_only=True, frozen=True):
+    schema_version: str = "1.0"
+    task: PackageInfo | None = None
+    metadata: dict[str, object] = msgspec.field(default_factory=dict)
+    verifier: VerifierConfig = msgspec.field(default_factory=VerifierConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    environment: EnvironmentConfig = msgspec.field(default_factory=EnvironmentConfig)
+    solution: SolutionConfig = msgspec.field(default_factory=SolutionConfig)
+    source: str | None = None
+
+
+class Task(msgspec.Struct, kw_only=True, frozen=True):
+    """One task, as `stacx tasks prepare` writes it (one JSON line each)."""
+
+    task_id: str
+    path: str  # absolute path of the task directory
+    instruction: str
+    config: TaskConfig
+    unknown: dict[str, object] = msgspec.field(default_factory=dict)
+    has_solution: bool = False
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.path)
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.dir / "environment"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.dir / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.dir / "solution"
+
+
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+_SCALE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024, "": 1 / (1024 * 1024)}
+
+
+def parse_size_mb(value: str, *, where: str) -> int:
+    """`"2G"` -> 2048, `"512M"` -> 512 (Harbor's deprecated memory/storage spellings)."""
+    m = _SIZE.match(value)
+    if not m:
+        raise TaskError(f"{where}: size {value!r} is not like '512M' or '2G'")
+    return int(float(m.group(1)) * _SCALE_MB[m.group(2).upper()])
+
+
+def _known_fields(struct: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct] | None]:
+    """field name -> nested Struct type (or None for a leaf)."""
+    out: dict[str, type[msgspec.Struct] | None] = {}
+    for f in msgspec.structs.fields(struct):
+        nested = None
+        for t in (f.type, *getattr(f.type, "__args__", ())):
+            if isinstance(t, type) and issubclass(t, msgspec.Struct):
+                nested = t
+        out[f.name] = nested
+    return out
+
+
+def _split_unknown(
+    raw: dict[str, object], struct: type[msgspec.Struct], prefix: str, unknown: dict[str, object]
+) -> dict[str, object]:
+    """The part of `raw` that `struct` knows; the rest goes to `unknown` under dotted paths."""
+    known = _known_fields(struct)
+    kept: dict[str, object] = {}
+    for key, value in raw.items():
+        if key not in known:
+            unknown[prefix + key] = value
+        elif known[key] is not None and isinstance(value, dict):
+            kept[key] = _split_unknown(value, known[key], f"{prefix}{key}.", unknown)  # type: ignore[arg-type]
+        else:
+            kept[key] = value
+    return kept
+
+
+def parse_task_config(
+    text: str, *, where: str = "task.toml"
+) -> tuple[TaskConfig, dict[str, object]]:
+    """Parse task.toml text; returns the config and the unknown keys (dotted path -> value)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{where}: not valid TOML: {exc}") from exc
+    if "version" in raw:
+        raw.setdefault("schema_version", str(raw.pop("version")))
+    env = raw.get("environment")
+    if isinstance(env, dict):
+        for old, new in (("memory", "memory_mb"), ("storage", "storage_mb")):
+            if isinstance(env.get(old), str):
+                env[new] = parse_size_mb(env.pop(old), where=f"{where}: environment.{old}")
+    unknown: dict[str, object] = {}
+    known = _split_unknown(raw, TaskConfig, "", unknown)
+    try:
+        config = msgspec.convert(known, TaskConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.environment.memory_mb`".
+        raise TaskError(f"{where}: {exc}") from exc
+    return config, unknown
+
+
+def load_task(task_dir: str | Path) -> Task:
+    """Load one Harbor task directory; raises TaskError naming the missing or bad file."""
+    task_dir = Path(task_dir).resolve()
+    if not task_dir.is_dir():
+        raise TaskError(f"{task_dir}: not a directory")
+    toml_path = task_dir / "task.toml"
+    if toml_path.is_file():
+        config, unknown = parse_task_config(toml_path.read_text(), where=str(toml_path))
+    else:
+        raise TaskError(f"{task_dir}: missing task.toml (not a Harbor task)")
+    instruction_path = task_dir / "instruction.md"
+    if not instruction_path.is_file():
+        raise TaskError(f"{task_dir}: missing instruction.md")
+    if not (task_dir / "environment" / "Dockerfile").is_file() and not (
+        config.environment.docker_image
+    ):
+        raise TaskError(
+            f"{task_dir}: missing environment/Dockerfile (and no environment.docker_image)"
+        )
+    if not (task_dir / "tests" / "test.sh").is_file():
+        raise TaskError(f"{task_dir}: missing tests/test.sh")
+    return Task(
+        task_id=task_dir.name,
+        path=str(task_dir),
+        instruction=instruction_path.read_text(),
+        config=config,
+        unknown=unknown,
+        has_solution=(task_dir / "solution" / "solve.sh").is_file(),
+    )
+
+
+def discover(tasks_dir: str | Path) -> list[Task]:
+    """Every task under `tasks_dir` (a directory holding task.toml is a task), sorted by id.
+
+    `tasks_dir` may itself be one task. Task ids must be unique within the set.
+    """
+    root = Path(tasks_dir)
+    if not root.is_dir():
+        raise TaskError(f"{root}: not a directory")
+    if (root / "task.toml").is_file():
+        return [load_task(root)]
+    dirs = sorted({p.parent for p in root.rglob("task.toml")})
+    if not dirs:
+        raise TaskError(f"{root}: no task.toml found below it (not a Harbor task set)")
+    tasks = [load_task(d) for d in dirs]
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.task_id in seen:
+            raise TaskError(f"duplicate task id {t.task_id!r}: {seen[t.task_id]} and {t.path}")
+        seen[t.task_id] = t.path
+    return sorted(tasks, key=lambda t: t.task_id)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Task)
+
+
+def write_jsonl(tasks: list[Task], output: str | Path) -> None:
+    """Write tasks, one JSON object per line (atomically: a temp file renamed into place)."""
+    output = Path(output)
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+    with tmp.open("wb") as f:
+        for t in tasks:
+            f.write(_encoder.encode(t) + b"\n")
+    tmp.replace(output)
+
+
+def read_jsonl(path: str | Path) -> list[Task]:
+    """Read a tasks.jsonl written by `write_jsonl`; a bad line is a TaskError naming it."""
+    tasks = []
+    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(_decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            raise TaskError(f"{path}:{lineno}: not a task record: {exc}") from exc
+    return tasks
+
+
+def load_tasks(source: str | Path) -> list[Task]:
+    """Tasks from a task directory, a directory of tasks, or a tasks.jsonl file."""
+    source = Path(source)
+    if source.is_file():
+        return read_jsonl(source)
+    return discover(source)
+
+
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def resolve_env(env: dict[str, str], *, where: str) -> dict[str, str]:
+    """Expand Harbor's `${VAR}` / `${VAR:-default}` templates from the host environment.
+
+    A `${VAR}` with no default and no host value is a TaskError naming it (`where` says which
+    table), rather than an empty string the task never expected.
+    """
+    out: dict[str, str] = {}
+    for key, value in env.items():
+
+        def sub(m: re.Match[str], key: str = key) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise TaskError(f"{where}.{key}: ${{{name}}} is not set on the host")
+
+        out[key] = _TEMPLATE.sub(sub, value)
+    return out
+
+
+def task_limits(task: Task, *, pids: int = 1024) -> Limits:
+    """The sandbox limits a task asks for (STACX adds the pids limit). Not applied: gpus and
+    gpu_types (this backend gives none); storage_mb applies only where quotas are enabled."""
+    env = task.config.environment
+    return Limits(
+        cpus=env.cpus,
+        memory_mb=env.memory_mb,
+        pids=pids,
+        allow_internet=env.allow_internet,
+        storage_mb=env.storage_mb,
+        env=resolve_env(env.env, where=f"{task.path}/task.toml: environment.env"),
+    )

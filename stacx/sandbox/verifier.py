@@ -1,0 +1,220 @@
+"""The verifier, as Harbor runs it: after the agent, upload tests/ to /tests, run
+`bash /tests/test.sh` with the task's verifier timeout, env and user, then read
+/logs/verifier/reward.txt (a bare number) or, if absent, reward.json (flat numeric metrics;
+`reward` is canonical, a single metric of any name is taken as the reward).
+
+Guarantees: a reward is only ever a number the test script wrote. A missing, empty or garbled
+reward file is a VERIFIER_NO_REWARD failure with the reason; a script that outlives its
+timeout is VERIFIER_TIMEOUT (reported as soon as the timeout fires, not when the script ends);
+an OOM kill is OOM (even if the script went on to write a reward), a pids-limit hit is
+PIDS_LIMIT; an unreachable container is EXEC_TRANSPORT. None of these is a reward 0.
+Before the script runs, /tests and /logs/verifier are wiped, so nothing the agent planted there
+(a reward file, a conftest.py) counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import msgspec
+
+from stacx.errors import SandboxError, TaskError
+from stacx.events import Emit, FailureKind, InfraFailed, RewardAssigned
+from stacx.sandbox.protocol import Sandbox
+from stacx.sandbox.tasks import Task, resolve_env
+
+REWARD_TXT = "/logs/verifier/reward.txt"
+REWARD_JSON = "/logs/verifier/reward.json"
+
+
+class RewardParseError(ValueError):
+    """A reward file exists but does not hold a usable reward; the message says why."""
+
+
+class VerifierResult(msgspec.Struct, frozen=True, kw_only=True):
+    reward: float
+    metrics: dict[str, float]  # every metric the verifier wrote, `reward` included
+    duration_ms: float = 0.0
+    output: str = ""  # tail of test.sh's stdout+stderr
+
+
+class VerifierFailure(msgspec.Struct, frozen=True, kw_only=True):
+    kind: FailureKind
+    reason: str
+    duration_ms: float = 0.0
+    output: str = ""
+
+
+VerifierOutcome = VerifierResult | VerifierFailure
+
+
+def _number(value: object, where: str) -> float:
+    # bool is an int in Python, but `true` is not a score.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardParseError(f"{where}: {value!r} is not a number")
+    f = float(value)
+    if not math.isfinite(f):
+        raise RewardParseError(f"{where}: {value!r} is not finite")
+    return f
+
+
+def parse_reward_text(text: str) -> dict[str, float]:
+    """reward.txt: one bare number (whitespace around it allowed) -> {"reward": x}."""
+    stripped = text.strip()
+    if not stripped:
+        raise RewardParseError("reward.txt is empty")
+    try:
+        value = float(stripped)
+    except ValueError:
+        raise RewardParseError(f"reward.txt does not hold a number: {stripped[:80]!r}") from None
+    return {"reward": _number(value, "reward.txt")}
+
+
+def parse_reward_json(text: str) -> dict[str, float]:
+    """reward.json: a flat object of numbers; needs `reward` unless it has exactly one metric."""
+    if not text.strip():
+        raise RewardParseError("reward.json is empty")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RewardParseError(f"reward.json is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise RewardParseError("reward.json must be a non-empty object of numeric metrics")
+    metrics = {str(k): _number(v, f"reward.json key {k!r}") for k, v in data.items()}
+    if "reward" not in metrics:
+        if len(metrics) != 1:
+            raise RewardParseError(
+                f"reward.json has no `reward` key and several metrics: {sorted(metrics)}"
+            )
+        metrics["reward"] = next(iter(metrics.values()))
+    return metrics
+
+
+def parse_reward_files(reward_txt: str | None, reward_json: str | None) -> dict[str, float]:
+    """Harbor's precedence: reward.txt if it exists, else reward.json; neither is an error."""
+    if reward_txt is not None:
+        return parse_reward_text(reward_txt)
+    if reward_json is not None:
+        return parse_reward_json(reward_json)
+    raise RewardParseError("test.sh wrote neither /logs/verifier/reward.txt nor reward.json")
+
+
+async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
+    try:
+        return (await sandbox.read_file(path)).decode("utf-8", "replace")
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
+    """Run the task's tests in the sandbox and read the reward (no events)."""
+    cfg = task.config.verifier
+    t0 = time.perf_counter()
+
+    def ms() -> float:
+        return (time.perf_counter() - t0) * 1000
+
+    try:
+        env = resolve_env(cfg.env, where=f"{task.path}/task.toml: verifier.env")
+    except TaskError as exc:
+        return VerifierFailure(kind=FailureKind.VERIFIER_ERROR, reason=str(exc))
+    try:
+        # As root whatever the image's USER; /logs/verifier writable by whoever runs test.sh.
+        wiped = await sandbox.exec(
+            "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"
+            " && chmod 777 /logs/verifier",
+            user="0",
+        )
+        if wiped.exit_code != 0:
+            return VerifierFailure(
+                kind=FailureKind.VERIFIER_ERROR,
+                reason=f"cannot prepare /tests: {wiped.stderr.strip()[:500]}",
+                duration_ms=ms(),
+            )
+        await sandbox.upload_dir(str(task.tests_dir), "/tests")
+        result = await sandbox.exec(
+            ["bash", "/tests/test.sh"],
+            timeout=cfg.timeout_sec,
+            env=env or None,
+            user=None if cfg.user is None else str(cfg.user),
+        )
+        output = _tail(result.stdout + result.stderr)
+        if result.oom_killed:
+            return VerifierFailure(
+                kind=FailureKind.OOM,
+                reason=f"test.sh was OOM-killed (memory_mb={task.config.environment.memory_mb})",
+                duration_ms=ms(),
+                output=output,
+            )
+        if result.pids_limited:
+            return VerifierFailure(
+                kind=FailureKind.PIDS_LIMIT,
+                reason="test.sh hit the sandbox's pids limit (a fork bomb?) and was killed",
+                duration_ms=ms(),
+                output=output,
+            )
+        if result.timed_out:
+            return VerifierFailure(
+                kind=FailureKind.VERIFIER_TIMEOUT,
+                reason=f"test.sh ran past verifier.timeout_sec={cfg.timeout_sec:g}",
+                duration_ms=ms(),
+                output=output,
+            )
+        reward_txt = await _read_optional(sandbox, REWARD_TXT)
+        reward_json = None if reward_txt is not None else await _read_optional(sandbox, REWARD_JSON)
+    except SandboxError as exc:
+        return VerifierFailure(kind=FailureKind.EXEC_TRANSPORT, reason=str(exc), duration_ms=ms())
+    try:
+        metrics = parse_reward_files(reward_txt, reward_json)
+    except RewardParseError as exc:
+        return VerifierFailure(
+            kind=FailureKind.VERIFIER_NO_REWARD,
+            reason=f"{exc} (test.sh exit code {result.exit_code})",
+            duration_ms=ms(),
+            output=output,
+        )
+    return VerifierResult(
+        reward=metrics["reward"], metrics=metrics, duration_ms=ms(), output=output
+    )
+
+
+async def verify(
+    sandbox: Sandbox,
+    task: Task,
+    emit: Emit,
+    run_id: str,
+    episode_id: str,
+    *,
+    attempt: int = 0,
+) -> VerifierOutcome:
+    """Run the verifier and emit RewardAssigned (with every metric) or InfraFailed."""
+    outcome = await run_verifier(sandbox, task)
+    if isinstance(outcome, VerifierResult):
+        await emit(
+            RewardAssigned(
+                run_id=run_id,
+                episode_id=episode_id,
+                reward=outcome.reward,
+                metrics_json=json.dumps(outcome.metrics, sort_keys=True),
+                verifier_ms=outcome.duration_ms,
+            )
+        )
+    else:
+        message = outcome.reason + (f"\n{outcome.output}" if outcome.output else "")
+        await emit(
+            InfraFailed(
+                run_id=run_id,
+                failure_kind=outcome.kind,
+                message=message,
+                episode_id=episode_id,
+                task_id=task.task_id,
+                attempt=attempt,
+            )
+        )
+    return outcome

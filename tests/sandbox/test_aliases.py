@@ -1,0 +1,108 @@
+"""The base-image alias map and FROM rewriting (pure: image existence is injected)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stacx.errors import ConfigError, TaskError
+from stacx.sandbox.aliases import AliasMap, load_alias_file, normalize, rewrite_dockerfile
+from stacx.sandbox.images import BASE_IMAGE
+
+
+def no_local_images(_image: str) -> bool:
+    return False
+
+
+@pytest.mark.parametrize(
+    "image, expected",
+    [
+        ("ubuntu", "ubuntu:latest"),
+        ("docker.io/library/python:3.11-slim", "python:3.11-slim"),
+        ("python:3.12@sha256:" + "ab" * 32, "python:3.12"),
+        ("index.docker.io/library/debian:bookworm-slim@sha256:00", "debian:bookworm-slim"),
+        ("ghcr.io/org/img:1.0", "ghcr.io/org/img:1.0"),
+        ("localhost:5000/img", "localhost:5000/img:latest"),
+    ],
+)
+def test_normalize(image: str, expected: str) -> None:
+    assert normalize(image) == expected
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu:24.04",
+        "ubuntu:22.04",
+        "ubuntu",
+        "debian:bookworm-slim",
+        "python:3.11-slim",
+        "python:3.13",
+        "docker.io/library/python:3.12-slim-bookworm",
+        "python:3.11-slim@sha256:" + "0" * 64,
+    ],
+)
+def test_default_aliases_map_common_bases_to_the_offline_image(image: str) -> None:
+    assert AliasMap(exists=no_local_images).resolve(image, task="t") == BASE_IMAGE
+
+
+def test_unresolvable_base_names_image_and_task() -> None:
+    with pytest.raises(TaskError, match=r"task my-task: base image 'node:20'"):
+        AliasMap(exists=no_local_images).resolve("node:20", task="my-task")
+
+
+def test_a_local_image_resolves_to_itself() -> None:
+    amap = AliasMap(exists=lambda image: image == "mycorp/tool:1")
+    assert amap.resolve("mycorp/tool:1") == "mycorp/tool:1"
+
+
+def test_user_file_wins_over_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "aliases.toml"
+    f.write_text('[aliases]\n"ubuntu:24.04" = "my/ubuntu:local"\n"node:*" = "my/node:local"\n')
+    amap = AliasMap(load_alias_file(f), exists=no_local_images)
+    assert amap.resolve("ubuntu:24.04") == "my/ubuntu:local"
+    assert amap.resolve("docker.io/library/node:20@sha256:" + "1" * 64) == "my/node:local"
+    assert amap.resolve("ubuntu:22.04") == BASE_IMAGE  # defaults still apply
+
+
+def test_alias_file_from_env_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "aliases.json"
+    f.write_text('{"golang:*": "my/go:1"}')
+    monkeypatch.setenv("STACX_IMAGE_ALIASES", str(f))
+    assert AliasMap.from_env().lookup("golang:1.22") == "my/go:1"
+
+
+def test_bad_alias_file_names_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "aliases.toml"
+    f.write_text("ubuntu = 3\n")
+    with pytest.raises(ConfigError, match=str(f)):
+        load_alias_file(f)
+
+
+def test_rewrite_dockerfile_stages_args_platform_and_scratch() -> None:
+    text = (
+        "ARG PY=3.11\n"
+        "FROM --platform=linux/amd64 python:${PY}-slim AS build\n"
+        "RUN echo hi\n"
+        "FROM build AS test\n"
+        "FROM scratch\n"
+        "COPY --from=build /x /x\n"
+        "from ubuntu:24.04\n"
+    )
+    out, bases = rewrite_dockerfile(text, AliasMap(exists=no_local_images), task="t")
+    assert out.splitlines() == [
+        "ARG PY=3.11",
+        f"FROM --platform=linux/amd64 {BASE_IMAGE} AS build",
+        "RUN echo hi",
+        "FROM build AS test",
+        "FROM scratch",
+        "COPY --from=build /x /x",
+        f"from {BASE_IMAGE}",
+    ]
+    assert bases == [BASE_IMAGE, BASE_IMAGE]
+
+
+def test_dockerfile_without_from_is_a_task_error() -> None:
+    with pytest.raises(TaskError, match="no FROM"):
+        rewrite_dockerfile("RUN true\n", AliasMap(exists=no_local_images), task="t")

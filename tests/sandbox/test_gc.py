@@ -1,0 +1,66 @@
+"""`stacx sandbox gc`: containers whose owning process is gone are removed, live ones kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+
+import aiodocker
+import pytest
+
+from stacx.sandbox.docker import DockerSandbox, Limits
+from stacx.sandbox.gc import collect_garbage, list_sandboxes
+
+pytestmark = pytest.mark.docker
+
+ORPHAN_MAKER = textwrap.dedent(
+    """
+    import asyncio, os
+    from stacx.sandbox.docker import DockerSandbox, Limits
+    async def main():
+        sb = await DockerSandbox.create(%r, Limits(memory_mb=64), run_id="gc-orphan-run")
+        print(sb.id, flush=True)
+        os._exit(0)  # dies without closing: the container is orphaned
+    asyncio.run(main())
+    """
+)
+
+
+async def test_gc_removes_orphans_and_keeps_live_sandboxes(
+    base_image: str, docker: aiodocker.Docker
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ORPHAN_MAKER % base_image, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    orphan_id = out.decode().strip()
+    async with await DockerSandbox.create(
+        base_image, Limits(memory_mb=64), docker=docker, run_id="gc-live-run"
+    ) as live:
+        listed = {s.run_id: s for s in await list_sandboxes(docker)}
+        assert listed["gc-orphan-run"].alive is False
+        assert listed["gc-live-run"].alive is True
+        removed = await collect_garbage(docker)
+        assert orphan_id[:12] in [s.id for s in removed]
+        assert live.id[:12] not in [s.id for s in removed]
+        assert (await live.exec("echo still")).stdout == "still\n"
+        # the CLI lists it with its run and a live owner
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "stacx",
+            "sandbox",
+            "ls",
+            "--format",
+            "json",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+        rows = [json.loads(line) for line in out.decode().splitlines()]
+        assert {"run_id": "gc-live-run", "owner": "alive"}.items() <= next(
+            r for r in rows if r["id"] == live.id[:12]
+        ).items()
+    with pytest.raises(aiodocker.DockerError):
+        await docker.containers.get(orphan_id)

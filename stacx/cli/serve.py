@@ -1,0 +1,67 @@
+"""`stacx serve`: the in-process engine behind SGLang's native API and OpenAI routes."""
+
+from __future__ import annotations
+
+import click
+
+from stacx.cli._common import friendly_errors
+
+
+@click.command()
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    help="'default' (SmolLM2-135M-Instruct), an HF checkpoint directory, or a hub id.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=30000, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
+@click.option(
+    "--max-batch", default=None, type=int, help="Concurrent requests (default 32 CPU, 64 CUDA)."
+)
+@click.option(
+    "--max-len", default=8192, show_default=True, type=int, help="Longest prompt + output."
+)
+@click.option(
+    "--threads",
+    default=None,
+    type=int,
+    help="CPU threads for torch (default: 1 on <= 2 cores, else torch's).",
+)
+@friendly_errors
+def cli(model: str, host: str, port: int, device: str, max_batch: int | None, max_len: int,
+        threads: int | None) -> None:  # fmt: skip
+    """Serve a model over HTTP: POST /generate, /update_weights_from_disk, /flush_cache,
+    GET /health, /get_model_info, and OpenAI /v1/completions, /v1/chat/completions.
+
+    Prints `listening on http://HOST:PORT` once the model is loaded and the port is bound.
+    """
+    import asyncio
+
+    from aiohttp import web
+
+    from stacx.inference.server import Server
+    from stacx.inference.torch_engine import TorchEngine
+
+    async def main() -> None:
+        engine = await asyncio.to_thread(
+            TorchEngine, model, device=device, max_batch=max_batch, max_len=max_len, threads=threads
+        )
+        server = Server(engine, model_name=model)
+        runner = web.AppRunner(server.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        click.echo(f"listening on http://{host}:{bound}", err=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            await engine.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

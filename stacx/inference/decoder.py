@@ -1,0 +1,271 @@
+"""The forward pass of the in-process engine over a slotted KV cache.
+
+A transformers model supplies the weights and the per-layer modules (projections, norms, MLP,
+rotary frequencies); this module owns attention and the cache, so that requests of different
+lengths can share one batched decode step and join or leave between steps (continuous
+batching), and so that the CUDA decode step has fixed shapes that CUDA graphs can capture.
+
+Cache layout: per layer, ``k, v: [slots, kv_heads, capacity, head_dim]``. A request owns one slot
+(one row) while it runs; row r's valid keys are positions ``[0, len_r)``. Position
+``capacity - 1`` is a scratch cell: padded rows and padded prompt tokens write there, and no
+sequence may grow into it, so padding never corrupts a row. Writes past a row's valid length
+are harmless by construction (a position is always written before it is read).
+
+Supported: decoder-only models with Llama-style blocks, i.e. transformers ``model_type`` in
+``SUPPORTED_MODEL_TYPES`` (SmolLM2 is ``llama``; Qwen2/Qwen3 included, with Qwen3's q/k norms).
+Not supported: sliding-window attention (contexts are capped at the window), rope types whose
+frequencies depend on the sequence length ("dynamic"), ALiBi, MoE blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stacx.errors import EngineError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class KVCache:
+    """Per-slot key/value storage, one tensor per layer (``k[layer]: [slots, kv_heads,
+    capacity, head_dim]``); grows by reallocation (CPU) or is allocated once (CUDA graphs).
+
+    Separate tensors per layer (not one [layers, ...] tensor) matter under torch.compile: an
+    in-place write into a view of a graph input is functionalized into a copy of the WHOLE
+    input, per layer; a write into an input itself stays in place.
+    """
+
+    def __init__(
+        self, n_layers: int, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self._n_kv, self._head_dim = n_kv, head_dim
+        self.dtype, self.device = dtype, device
+        self.k = [self._zeros(0, 0) for _ in range(n_layers)]
+        self.v = [self._zeros(0, 0) for _ in range(n_layers)]
+
+    def _zeros(self, slots: int, capacity: int) -> torch.Tensor:
+        shape = (slots, self._n_kv, capacity, self._head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @property
+    def slots(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    def grow(self, slots: int, capacity: int) -> None:
+        """Make room for at least `slots` rows of `capacity` positions; keeps the contents."""
+        slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
+        if (slots, capacity) == (self.slots, self.capacity):
+            return
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                new = self._zeros(slots, capacity)
+                # the old scratch cell holds garbage; copying it is harmless (never read)
+                new[: old.shape[0], :, : old.shape[2]] = old
+                store[i] = new
+
+
+class Decoder:
+    """Prefill and decode over a :class:`KVCache`, reading weights from a transformers model.
+
+    The model's parameters are used in place, so a weight load into the model (``copy_``)
+    takes effect on the next step and keeps captured CUDA graphs valid.
+    """
+
+    def __init__(self, model: nn.Module, max_len: int) -> None:
+        # transformers modules are dynamically typed (config fields, submodules by name)
+        hf: Any = model
+        cfg = hf.config
+        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+            raise EngineError(
+                f"model_type {cfg.model_type!r} is not supported by the in-process engine; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        base = hf.model
+        self.layers: list[Any] = list(base.layers)
+        self.embed: Any = base.embed_tokens
+        self.norm: Any = base.norm
+        self.lm_head: Any = hf.lm_head
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.rep = self.n_heads // self.n_kv
+        attn0 = self.layers[0].self_attn
+        self.scaling = float(getattr(attn0, "scaling", self.head_dim**-0.5))
+        self.qk_norm = hasattr(attn0, "q_norm")
+        limit = int(cfg.max_position_embeddings)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True):
+            limit = min(limit, int(window))
+        self.max_len = min(max_len, limit)  # longest sequence (prompt + output)
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.cos, self.sin = self._rope_tables(hf, self.max_len + 1)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.n_kv, self.head_dim, self.dtype, self.device)
+
+    def _rope_tables(self, model: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Same arithmetic as transformers' rotary modules: fp32 freqs, cat(freqs, freqs),
+        # times attention_scaling, cast to the model dtype.
+        rotary = getattr(model.model, "rotary_emb", None) or getattr(
+            self.layers[0].self_attn, "rotary_emb", None
+        )
+        if rotary is None or not hasattr(rotary, "inv_freq"):
+            raise EngineError("the model exposes no rotary embedding module (rotary_emb)")
+        inv_freq = rotary.inv_freq.float().to(self.device)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        pos = torch.arange(length, device=self.device, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
+
+    def _qkv(
+        self, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [..., H, D], k and v [..., Hkv, D] with rope applied; `cos`/`sin` are [..., D]."""
+        attn = layer.self_attn
+        lead = h.shape[:-1]
+        q = attn.q_proj(h).view(*lead, self.n_heads, self.head_dim)
+        k = attn.k_proj(h).view(*lead, self.n_kv, self.head_dim)
+        v = attn.v_proj(h).view(*lead, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def enable_compile(self) -> None:
+        """Run the decode step through ``torch.compile`` (fuses the ~60 small kernels per layer
+        that otherwise dominate a CUDA step). Shapes: static first, dynamic after a recompile."""
+        self._decode_fn = torch.compile(self._decode_impl)
+
+    def disable_compile(self) -> None:
+        self._decode_fn = self._decode_impl
+
+    @torch.inference_mode()
+    def decode(
+        self, cache: KVCache, ids_B: torch.Tensor, pos_B: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        """One token for each of rows ``[0, B)``: writes its k/v at ``pos``, returns logits [B, V].
+
+        Reads keys ``[0, kv_len)``; every real row needs ``pos < kv_len <= capacity``.
+        Fixed shapes for fixed (B, kv_len): safe to capture in a CUDA graph.
+        """
+        fn = getattr(self, "_decode_fn", self._decode_impl)
+        return fn(cache.k, cache.v, ids_B, pos_B, kv_len)  # type: ignore[no-any-return]
+
+    def _decode_impl(
+        self,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+        ids_B: torch.Tensor,
+        pos_B: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        n = ids_B.shape[0]
+        rows = torch.arange(n, device=ids_B.device)
+        x = self.embed(ids_B)
+        cos, sin = self.cos[pos_B], self.sin[pos_B]
+        visible = torch.arange(kv_len, device=ids_B.device)[None, :] <= pos_B[:, None]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+            kc, vc = k_cache[i], v_cache[i]
+            kc[rows, :, pos_B] = k
+            vc[rows, :, pos_B] = v
+            keys, values = kc[:n, :, :kv_len], vc[:n, :, :kv_len]
+            qg = q.view(n, self.n_kv, self.rep, self.head_dim)
+            scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
+            scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(values.dtype)
+            out = torch.matmul(probs, values).reshape(n, self.n_heads * self.head_dim)
+            x = x + layer.self_attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.norm(x))
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        cache: KVCache,
+        slots: list[int],
+        offsets: list[int],
+        new_ids: list[list[int]],
+        logits_from: list[int],
+        token_budget: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Feed ``new_ids[i]`` into slot ``slots[i]`` at positions ``offsets[i]...`` (batched,
+        right-padded, chunked in time so that at most ~`token_budget` tokens run at once).
+
+        Returns, per row, the logits [t_i - logits_from[i], V] predicting the token after each
+        new token from index ``logits_from[i]`` on. Rows' cached positions ``[0, offset)`` must
+        already be valid (prefix reuse).
+        """
+        n = len(slots)
+        lens = [len(ids) for ids in new_ids]
+        t_max = max(lens)
+        dev = self.device
+        scratch = cache.capacity - 1
+        ids = torch.zeros(n, t_max, dtype=torch.long)
+        for r, row in enumerate(new_ids):
+            ids[r, : lens[r]] = torch.tensor(row, dtype=torch.long)
+        ids = ids.to(dev)
+        j = torch.arange(t_max, device=dev)
+        off = torch.tensor(offsets, device=dev)
+        valid = j[None, :] < torch.tensor(lens, device=dev)[:, None]
+        pos = torch.where(valid, off[:, None] + j[None, :], scratch)
+        slot_idx = torch.tensor(slots, device=dev)
+        # bigger chunks on GPU: a chunk costs ~the same launch overhead whatever its size
+        budget = token_budget or (16384 if self.device.type == "cuda" else 2048)
+        chunk = max(16, budget // n)
+        hidden: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        for c0 in range(0, t_max, chunk):
+            c1 = min(t_max, c0 + chunk)
+            kv_len = max(o + min(t, c1) for o, t in zip(offsets, lens, strict=True))
+            x = self._prefill_chunk(cache, slot_idx, ids[:, c0:c1], pos[:, c0:c1], kv_len)
+            for r in range(n):
+                lo, hi = max(c0, logits_from[r]), min(c1, lens[r])
+                if lo < hi:
+                    hidden[r].append(x[r, lo - c0 : hi - c0])
+        return [self.lm_head(self.norm(torch.cat(h, dim=0))) for h in hidden]
+
+    def _prefill_chunk(
+        self,
+        cache: KVCache,
+        slot_idx: torch.Tensor,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        n, c = ids.shape
+        x = self.embed(ids)
+        cos, sin = self.cos[pos], self.sin[pos]
+        key_pos = torch.arange(kv_len, device=ids.device)
+        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [n, 1, c, kv_len]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+            kc, vc = cache.k[i], cache.v[i]
+            kc[slot_idx[:, None], :, pos] = k  # [n, c, Hkv, D] into (slot, pos) cells
+            vc[slot_idx[:, None], :, pos] = v
+            keys, values = kc[slot_idx, :, :kv_len], vc[slot_idx, :, :kv_len]
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                keys,
+                values,
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.rep > 1,
+            )
+            x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(n, c, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

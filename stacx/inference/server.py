@@ -1,0 +1,385 @@
+"""`stacx serve`: the in-process engine over HTTP, speaking SGLang's native subset + OpenAI.
+
+Native routes (request and response shapes follow SGLang's ``/generate`` so that
+:class:`~stacx.inference.sglang_client.SGLangEngine` talks to this server and to a real SGLang
+server alike):
+
+- ``POST /generate`` ``{input_ids | text, sampling_params, return_logprob, logprob_start_len}``
+  -> ``{text, output_ids, meta_info{id, finish_reason, prompt_tokens, completion_tokens,
+  weight_version, output_token_logprobs[[logprob, id, null]...], input_token_logprobs}}``; a
+  list of prompts gives a list of results. ``finish_reason`` is ``{"type": "stop", "matched":
+  id}``, ``{"type": "length", "length": n}`` or ``{"type": "abort", "message": ...}``.
+- ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: a safetensors file or a
+  directory of them. ``weight_version`` is SGLang's string field; here it must hold an integer
+  (the version stamped on later tokens); absent, the current version + 1 is used.
+- ``POST /flush_cache``, ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``.
+
+OpenAI routes: ``POST /v1/completions`` (prompt as text or token ids, ``logprobs``, ``echo``),
+``POST /v1/chat/completions`` (the model's chat template; ``logprobs``), ``GET /v1/models``.
+Every choice also carries ``token_ids`` and ``prompt_token_ids`` (vLLM's ``return_token_ids``
+extension), so clients never need to re-tokenize. Not supported: streaming, string ``stop``
+sequences (use ``stop_token_ids``), ``n > 1``, tools, top-k alternatives in ``top_logprobs``
+(only the sampled token is listed).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from stacx.errors import EngineError
+from stacx.inference.engine import Generation, SamplingParams
+from stacx.inference.torch_engine import TorchEngine
+
+Json = dict[str, Any]
+# sampling_params keys accepted without effect when they hold their neutral value
+_NEUTRAL = {
+    "n": 1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0, "stop": None, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "no_stop_trim": False, "min_new_tokens": 0,
+}  # fmt: skip
+_KNOWN = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
+          "sampling_seed", "seed"}  # fmt: skip
+
+
+class BadRequest(EngineError):
+    """The request body is invalid (answered with HTTP 400)."""
+
+
+def sampling_from_sglang(raw: Json) -> SamplingParams:
+    """SGLang ``sampling_params`` -> :class:`SamplingParams`; unknown or unsupported keys fail."""
+    for key, value in raw.items():
+        if key in _KNOWN:
+            continue
+        if key in _NEUTRAL:
+            if value not in (_NEUTRAL[key], None, [], ""):
+                raise BadRequest(f"sampling_params.{key}={value!r} is not supported here")
+            continue
+        raise BadRequest(
+            f"sampling_params.{key} is unknown; accepted: {', '.join(sorted(_KNOWN | set(_NEUTRAL)))}"
+        )
+    seed = raw.get("sampling_seed", raw.get("seed"))
+    try:
+        return SamplingParams(
+            max_new_tokens=int(raw.get("max_new_tokens", 128)),
+            temperature=float(raw.get("temperature", 1.0)),
+            top_p=float(raw.get("top_p", 1.0)),
+            top_k=int(raw.get("top_k", -1)),
+            stop_token_ids=[int(t) for t in raw.get("stop_token_ids") or []],
+            seed=None if seed is None else int(seed),
+            ignore_eos=bool(raw.get("ignore_eos", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise BadRequest(f"sampling_params: {e}") from e
+
+
+def finish_reason_json(gen: Generation) -> Json:
+    if gen.finish_reason == "stop":
+        return {"type": "stop", "matched": gen.output_ids[-1] if gen.output_ids else None}
+    if gen.finish_reason == "length":
+        return {"type": "length", "length": len(gen.output_ids)}
+    return {"type": "abort", "message": "aborted"}
+
+
+class Server:
+    """The aiohttp application around one :class:`TorchEngine`."""
+
+    def __init__(self, engine: TorchEngine, model_name: str = "default") -> None:
+        self.engine, self.model_name = engine, model_name
+        self.app = web.Application(client_max_size=256 * 1024**2, middlewares=[_errors])
+        r = self.app.router
+        r.add_post("/generate", self.generate)
+        r.add_post("/update_weights_from_disk", self.update_weights)
+        r.add_post("/flush_cache", self.flush_cache)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/get_weight_version", self.weight_version)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _tokenizer(self) -> Any:
+        if self.engine.tokenizer is None:
+            raise BadRequest("this engine has no tokenizer: send token ids")
+        return self.engine.tokenizer
+
+    def _decode(self, ids: list[int], skip_special: bool = True) -> str:
+        tok: Any = self.engine.tokenizer
+        return "" if tok is None else str(tok.decode(ids, skip_special_tokens=skip_special))
+
+    def _prompts(self, body: Json, ids_key: str, text_key: str) -> tuple[list[list[int]], bool]:
+        """(prompts, single) from token ids or text, one prompt or a list of them."""
+        raw = body.get(ids_key)
+        if raw is None and text_key in body:
+            text = body[text_key]
+            texts = [text] if isinstance(text, str) else text
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise BadRequest(f"{text_key} must be a string or a list of strings")
+            tok = self._tokenizer()
+            return [list(tok.encode(t)) for t in texts], isinstance(text, str)
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest(f"{ids_key} must be a non-empty list of token ids (or of lists)")
+        single = all(isinstance(t, int) for t in raw)
+        prompts = [raw] if single else raw
+        if not all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompts):
+            raise BadRequest(f"{ids_key} must be a list of ints or a list of lists of ints")
+        return prompts, single
+
+    async def _prompt_logprobs(self, ids: list[int], start: int) -> list[float | None]:
+        """logprob of ids[p] given ids[:p] for p in [start, len); None at p = 0."""
+        start = max(0, start)
+        head: list[float | None] = [None] if start == 0 else []
+        lo = max(1, start)
+        if lo >= len(ids):
+            return head
+        return head + list(await self.engine.score(ids[:lo], ids[lo:]))
+
+    # ---- native routes ------------------------------------------------------------------------
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if body.get("stream"):
+            raise BadRequest("stream=true is not supported by stacx serve")
+        prompts, single = self._prompts(body, "input_ids", "text")
+        params = sampling_from_sglang(body.get("sampling_params") or {})
+        t0 = time.monotonic()
+        gens = await self.engine.generate(prompts, params)
+        want_lp = bool(body.get("return_logprob"))
+        start = body.get("logprob_start_len", -1)
+        out = []
+        for prompt, gen in zip(prompts, gens, strict=True):
+            meta: Json = {
+                "id": uuid.uuid4().hex,
+                "finish_reason": finish_reason_json(gen),
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(gen.output_ids),
+                "cached_tokens": 0,
+                "weight_version": str(gen.weight_version),
+                "e2e_latency": time.monotonic() - t0,
+            }
+            if want_lp:
+                meta["output_token_logprobs"] = [
+                    [lp, t, None] for lp, t in zip(gen.logprobs or [], gen.output_ids, strict=True)
+                ]
+                if isinstance(start, int) and start >= 0:
+                    lps = await self._prompt_logprobs(prompt, start)
+                    meta["input_token_logprobs"] = [
+                        [lp, t, None] for lp, t in zip(lps, prompt[start:], strict=True)
+                    ]
+            out.append(
+                {
+                    "text": self._decode(gen.output_ids),
+                    "output_ids": gen.output_ids,
+                    "meta_info": meta,
+                }
+            )
+        return web.json_response(out[0] if single else out)
+
+    async def update_weights(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("model_path (a safetensors file or directory) is required")
+        raw = body.get("weight_version")
+        try:
+            version = self.engine.weight_version + 1 if raw in (None, "") else int(raw)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"weight_version must hold an integer, got {raw!r}") from e
+        try:
+            await self.engine.load_weights(path, version)
+        except EngineError as e:
+            return web.json_response({"success": False, "message": str(e)}, status=400)
+        return web.json_response(
+            {
+                "success": True,
+                "message": f"loaded {path} as version {version}",
+                "num_paused_requests": 0,
+            }
+        )
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        await self.engine.flush_cache()
+        return web.Response(text="Cache flushed.\n")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": self.engine.model_path,
+                "tokenizer_path": self.engine.model_path,
+                "is_generation": True,
+                "weight_version": str(self.engine.weight_version),
+                "max_len": self.engine.max_len,
+            }
+        )
+
+    async def weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": str(self.engine.weight_version)})
+
+    # ---- OpenAI routes ------------------------------------------------------------------------
+
+    def _openai_params(self, body: Json, max_key: str) -> SamplingParams:
+        if body.get("stream"):
+            raise BadRequest("stream=true is not supported by stacx serve")
+        if int(body.get("n", 1) or 1) != 1:
+            raise BadRequest("n > 1 is not supported; send the prompt several times")
+        if body.get("stop"):
+            raise BadRequest("string stop sequences are not supported; use stop_token_ids")
+        return SamplingParams(
+            max_new_tokens=int(body.get(max_key) or body.get("max_tokens") or 16),
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=int(body.get("top_k", -1)),
+            stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
+            seed=body.get("seed"),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+
+    def _token_str(self, t: int, as_ids: bool) -> str:
+        return f"token_id:{t}" if as_ids else self._decode([t], skip_special=False)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        params = self._openai_params(body, "max_tokens")
+        raw = body.get("prompt")
+        if isinstance(raw, str) or _is_text_list(raw):
+            prompts, _ = self._text_prompts(raw)
+        else:
+            prompts, _ = self._prompts(body, "prompt", "")
+        gens = await self.engine.generate(prompts, params)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        n_lp, echo = body.get("logprobs"), bool(body.get("echo"))
+        choices = []
+        for i, (prompt, gen) in enumerate(zip(prompts, gens, strict=True)):
+            ids = (prompt if echo else []) + gen.output_ids
+            lp: Json | None = None
+            if n_lp is not None:
+                head = await self._prompt_logprobs(prompt, 0) if echo else []
+                values = head + list(gen.logprobs or [])
+                tokens = [self._token_str(t, as_ids) for t in ids]
+                offsets, pos = [], 0
+                for s in tokens:
+                    offsets.append(pos)
+                    pos += len(s)
+                lp = {
+                    "tokens": tokens,
+                    "token_logprobs": values,
+                    "top_logprobs": [
+                        None if v is None else {s: v} for s, v in zip(tokens, values, strict=True)
+                    ],
+                    "text_offset": offsets,
+                }
+            choices.append(
+                {
+                    "index": i,
+                    "text": self._decode(ids),
+                    "logprobs": lp,
+                    "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+                    "token_ids": gen.output_ids,
+                    "prompt_token_ids": prompt,
+                    "weight_version": gen.weight_version,
+                }
+            )
+        return web.json_response(self._envelope("text_completion", choices, prompts, gens, body))
+
+    def _text_prompts(self, prompt: object) -> tuple[list[list[int]], bool]:
+        return self._prompts({"text": prompt}, "input_ids", "text")
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if body.get("tools"):
+            raise BadRequest("tools are not supported; put tool schemas in the system message")
+        params = self._openai_params(body, "max_completion_tokens")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        tok = self._tokenizer()
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = list(tok.encode(text, add_special_tokens=False))
+        (gen,) = await self.engine.generate([prompt], params)
+        lp = None
+        if body.get("logprobs"):
+            lp = {"content": [
+                {"token": (s := self._decode([t], skip_special=False)), "logprob": v,
+                 "bytes": list(s.encode()), "top_logprobs": []}
+                for t, v in zip(gen.output_ids, gen.logprobs or [], strict=True)
+            ]}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": self._decode(gen.output_ids)},
+            "logprobs": lp,
+            "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+            "token_ids": gen.output_ids,
+            "prompt_token_ids": prompt,
+            "weight_version": gen.weight_version,
+        }
+        return web.json_response(self._envelope("chat.completion", [choice], [prompt], [gen], body))
+
+    def _envelope(
+        self,
+        kind: str,
+        choices: list[Json],
+        prompts: list[list[int]],
+        gens: list[Generation],
+        body: Json,
+    ) -> Json:
+        n_in = sum(len(p) for p in prompts)
+        n_out = sum(len(g.output_ids) for g in gens)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": n_in,
+                "completion_tokens": n_out,
+                "total_tokens": n_in + n_out,
+            },
+        }
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "owned_by": "stacx"}],
+            }
+        )
+
+
+def _is_text_list(prompt: object) -> bool:
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and bool(prompt) and all(isinstance(p, str) for p in prompt)
+    )
+
+
+async def _json(request: web.Request) -> Json:
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise BadRequest(f"request body is not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except EngineError as e:  # bad input or a refused request: the message names the cause
+        return web.json_response(
+            {"error": {"message": str(e), "type": type(e).__name__}}, status=400
+        )

@@ -1,0 +1,487 @@
+"""The in-process torch engine: the embedded default backend (CPU or CUDA).
+
+Continuous batching: every ``generate`` call (from any number of concurrent episodes) puts its
+prompts on one queue. A single worker thread owns the model and loops: run pending jobs
+(weight loads, scoring), admit waiting requests into free cache slots (one batched, chunked
+prefill, reusing the cached prefix of a previous request when the new prompt extends it), then
+one batched decode step for every running request. Requests join and leave between steps; the
+asyncio event loop only enqueues and awaits futures, so it stays responsive.
+
+Guarantees:
+
+- Greedy output (temperature 0) equals transformers' ``generate`` greedy output for the same
+  prompt (tested), whatever else shares the batch.
+- ``output_ids`` include the stop token that ended a generation (EOS or a stop id), as SGLang
+  does, so a chat transcript can be extended token-exactly. ``logprobs[i]`` is
+  ``log_softmax(raw logits)[output_ids[i]]`` at temperature 1 (see sampling.py).
+- Weights: :meth:`load_weights` runs between two decode steps. Tokens sampled after it carry
+  the new version; a generation's ``weight_version`` is the version that produced its LAST
+  token. Requests in flight at the load are not restarted: their earlier tokens (and the KV
+  cache of their prompt) come from the old weights. Cached prefixes of finished requests are
+  dropped at a load, so new requests never reuse stale keys.
+- ``finish_reason``: "stop" (EOS unless ``ignore_eos``, or a stop id), "length"
+  (max_new_tokens, or the model's context limit), "abort" (cancelled, or the engine closed).
+
+Limits: one process, one device; no tensor parallelism; only Llama-style model types (see
+decoder.py). A prompt longer than the context limit is an error, not a truncation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from stacx.errors import EngineError
+from stacx.inference.decoder import Decoder, KVCache
+from stacx.inference.engine import Generation, SamplingParams
+from stacx.inference.models import load_hf_model, read_safetensors
+from stacx.inference.sampling import RowParams, sample
+
+T = TypeVar("T")
+MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    row: RowParams
+    stop_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    submitted: float
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    slot: int = -1
+    admitted: float = 0.0
+    cancelled: bool = False
+
+    @property
+    def cached(self) -> int:
+        """Tokens whose keys are in the cache (all but the last sampled one)."""
+        return len(self.prompt) + max(0, len(self.output) - 1)
+
+
+def _deliver(fut: asyncio.Future[T], value: T | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(value, BaseException):
+        fut.set_exception(value)
+    else:
+        fut.set_result(value)
+
+
+def _post(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T], value: T | BaseException
+) -> None:
+    try:
+        loop.call_soon_threadsafe(_deliver, fut, value)
+    except RuntimeError:  # the caller's event loop is closed; nobody is waiting
+        pass
+
+
+class TorchEngine:
+    """An :class:`~stacx.inference.engine.Engine` running a transformers model in this process."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        model: str | nn.Module | None = None,
+        *,
+        device: str = "auto",
+        dtype: torch.dtype | None = None,
+        max_batch: int | None = None,
+        max_len: int = 8192,
+        cuda_graphs: bool = True,
+        compile: bool | None = None,
+        weight_version: int = 0,
+        threads: int | None = None,
+    ) -> None:
+        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
+
+        ``compile`` (default: on with CUDA graphs) fuses the decode step with torch.compile;
+        the first step of each new shape then compiles (tens of seconds), later ones replay.
+        ``threads`` sets torch's intra-op CPU threads for the whole process (None:
+        $STACX_TORCH_THREADS, else 1 on machines with <= 2 cores, else torch's default).
+        On a small, busy machine fewer threads can be much faster: OpenMP barriers stall when
+        a core is taken by another process (measured here: 2 threads 14x slower than 1 under
+        load).
+        """
+        threads = threads or int(os.environ.get("STACX_TORCH_THREADS", "0")) or None
+        if threads is None and (os.cpu_count() or 1) <= 2:
+            threads = 1  # see the note on `threads` above: a 2-core box is always shared
+        if threads is not None:
+            torch.set_num_threads(threads)
+        dev = torch.device(
+            "cuda"
+            if device == "auto" and torch.cuda.is_available()
+            else ("cpu" if device == "auto" else device)
+        )
+        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        self.tokenizer = None
+        if isinstance(model, nn.Module):
+            self.model = model.to(device=dev, dtype=dtype).eval()
+            self.model_path = ""
+        else:
+            self.model, self.tokenizer, self.model_path = load_hf_model(model, dev, dtype)
+        self.decoder = Decoder(self.model, max_len)
+        self.device = dev
+        self.max_len = self.decoder.max_len
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.vocab_size = int(self.decoder.embed.num_embeddings)
+        self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
+        self._cache: KVCache = self.decoder.new_cache()
+        self._graphed = None
+        if dev.type == "cuda":
+            # static cache at full size: CUDA graphs need fixed addresses
+            d = self.decoder
+            need = 2 * len(d.layers) * self.max_batch * (self.max_len + 1) * d.n_kv * d.head_dim
+            need *= torch.finfo(dtype).bits // 8
+            free = torch.cuda.mem_get_info(dev)[0]
+            if need > 0.8 * free:
+                raise EngineError(
+                    f"the KV cache for max_batch={self.max_batch} x max_len={self.max_len} needs "
+                    f"{need / 2**30:.1f} GiB, more than 80% of the {free / 2**30:.1f} GiB free on "
+                    f"{dev}; lower max_len or max_batch"
+                )
+            self._cache.grow(self.max_batch, self.max_len + 1)
+            if cuda_graphs:
+                from stacx.inference.cuda_graphs import GraphedDecode
+
+                if compile is None or compile:
+                    self.decoder.enable_compile()
+                self._graphed = GraphedDecode(self.decoder, self._cache)
+        self._owner: list[_Request | None] = []
+        self._slot_tokens: list[list[int]] = []  # tokens whose keys are valid, per slot
+        self._version = weight_version
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0}
+        self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
+        self._thread.start()
+
+    # ---- Engine API -------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def running(self) -> int:
+        """Requests holding a cache slot now (admitted, not finished)."""
+        return self._n_active()
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One :class:`Generation` per prompt; prompt i with a seed uses ``seed + i``."""
+        loop = asyncio.get_running_loop()
+        reqs = [self._request(p, params, i, loop) for i, p in enumerate(prompts)]
+        with self._cv:
+            if self._closing:
+                raise EngineError("the engine is closed")
+            self._waiting.extend(r for r in reqs if not r.future.done())
+            self._cv.notify()
+        try:
+            return list(await asyncio.gather(*(r.future for r in reqs)))
+        except asyncio.CancelledError:
+            for r in reqs:
+                r.cancelled = True  # the worker frees their slots at the next step
+            raise
+
+    async def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """``log p(output_ids[i] | prompt_ids + output_ids[:i])`` under the current weights."""
+        if not prompt_ids or not output_ids:
+            raise EngineError("score needs a non-empty prompt and a non-empty output")
+        ids = prompt_ids + output_ids
+        self._check_ids(ids)
+        if len(ids) > self.max_len:
+            raise EngineError(f"score: {len(ids)} tokens exceed the context limit {self.max_len}")
+        return await self._call(lambda: self._score(prompt_ids, output_ids))
+
+    async def load_weights(
+        self, path: str | os.PathLike[str] | Mapping[str, torch.Tensor], version: int
+    ) -> None:
+        """Load a safetensors file, a directory of them, or an in-memory state dict.
+
+        Keys must be names of this model's parameters (a subset is fine: the others keep their
+        values); an unknown key or a shape mismatch is an :class:`EngineError` and changes nothing.
+        """
+        state = (
+            path if isinstance(path, Mapping) else await asyncio.to_thread(read_safetensors, path)
+        )
+        await self._call(lambda: self._apply_weights(state, version))
+
+    async def flush_cache(self) -> None:
+        """Forget cached prefixes of finished requests (requests in flight keep theirs)."""
+        await self._call(self._drop_prefixes)
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        await asyncio.to_thread(self._thread.join)
+
+    # ---- submission (event loop side) ---------------------------------------------------------
+
+    def _check_ids(self, ids: list[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+
+    def _request(
+        self, prompt: list[int], params: SamplingParams, index: int, loop: asyncio.AbstractEventLoop
+    ) -> _Request:
+        if not prompt:
+            raise EngineError("empty prompt: generation needs at least one prompt token")
+        self._check_ids(prompt)
+        if len(prompt) >= self.max_len:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens leaves no room under the context limit "
+                f"{self.max_len}"
+            )
+        gen = None
+        if params.seed is not None and params.temperature > 0:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
+        req = _Request(
+            prompt=list(prompt),
+            params=params,
+            row=RowParams(params.temperature, params.top_p, params.top_k, gen),
+            stop_ids=frozenset(stops),
+            loop=loop,
+            future=loop.create_future(),
+            submitted=time.monotonic(),
+        )
+        if params.max_new_tokens <= 0:
+            req.future.set_result(self._generation(req, "length"))
+        return req
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                value: T | BaseException = fn()
+            except Exception as e:
+                value = e if isinstance(e, EngineError) else EngineError(f"{type(e).__name__}: {e}")
+            _post(loop, fut, value)
+
+        with self._cv:
+            if self._closing:
+                raise EngineError("the engine is closed")
+            self._jobs.append(job)
+            self._cv.notify()
+        return await fut
+
+    # ---- worker thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not (self._closing or self._jobs or self._waiting or self._n_active()):
+                    self._cv.wait()
+                if self._closing:
+                    break
+                jobs = list(self._jobs)
+                self._jobs.clear()
+            for job in jobs:
+                job()
+            try:
+                self._admit()
+                if self._n_active():
+                    self._step()
+            except Exception as e:  # a broken step fails the requests in it, not the engine
+                self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+        with self._cv:
+            pending = list(self._waiting)
+            self._waiting.clear()
+        for r in pending + [r for r in self._owner if r is not None]:
+            _post(r.loop, r.future, self._generation(r, "abort"))
+
+    def _n_active(self) -> int:
+        return sum(r is not None for r in self._owner)
+
+    def _fail_all(self, err: EngineError) -> None:
+        for i, r in enumerate(self._owner):
+            if r is not None:
+                _post(r.loop, r.future, err)
+                self._owner[i] = None
+                self._slot_tokens[i] = []
+
+    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
+        """(slot, reusable prefix length) for a new request; grows the slot table if needed."""
+        free = [i for i, r in enumerate(self._owner) if r is None]
+        if not free:
+            self._owner.append(None)
+            self._slot_tokens.append([])
+            return len(self._owner) - 1, 0
+        best, best_len = free[0], 0
+        for i in free:
+            n = _common_prefix(self._slot_tokens[i], prompt, len(prompt) - 1)
+            if n > best_len:
+                best, best_len = i, n
+        if best_len < MIN_PREFIX_REUSE:
+            return free[0], 0  # lowest free row keeps the decode batch compact
+        return best, best_len
+
+    def _admit(self) -> None:
+        batch: list[tuple[_Request, int]] = []
+        with self._cv:
+            # admitted requests own their slot at once, so _n_active() already counts them
+            while self._waiting and self._n_active() < self.max_batch:
+                req = self._waiting.popleft()
+                if req.cancelled or req.future.done():
+                    continue
+                slot, reuse = self._pick_slot(req.prompt)
+                req.slot, req.admitted = slot, time.monotonic()
+                self._owner[slot] = req
+                batch.append((req, reuse))
+        if not batch:
+            return
+        need_cap = max(len(r.prompt) for r, _ in batch) + 2
+        self._ensure_cache(len(self._owner), need_cap)
+        logits = self.decoder.prefill(
+            self._cache,
+            [r.slot for r, _ in batch],
+            [reuse for _, reuse in batch],
+            [r.prompt[reuse:] for r, reuse in batch],
+            [len(r.prompt) - reuse - 1 for r, reuse in batch],
+        )
+        for r, reuse in batch:
+            self._slot_tokens[r.slot] = list(r.prompt)
+            self.stats["reused_tokens"] += reuse
+            self.stats["prefill_tokens"] += len(r.prompt) - reuse
+        last = torch.cat(logits, dim=0)
+        self._accept([r for r, _ in batch], last)
+
+    def _ensure_cache(self, slots: int, capacity: int) -> None:
+        if self._graphed is not None:
+            return  # allocated at full size up front
+        cap = 64
+        while cap < capacity:
+            cap *= 2
+        self._cache.grow(max(slots, self._cache.slots), min(cap, self.max_len + 1))
+
+    def _step(self) -> None:
+        live = [r for r in self._owner if r is not None]
+        for r in live:
+            if r.cancelled:
+                self._finish(r, "abort")
+        live = [r for r in live if not r.cancelled]
+        if not live:
+            return
+        hi = max(r.slot for r in live) + 1
+        self._ensure_cache(hi, max(r.cached for r in live) + 2)
+        scratch = self._cache.capacity - 1
+        ids, pos = [0] * hi, [scratch] * hi
+        for r in live:
+            ids[r.slot], pos[r.slot] = r.output[-1], r.cached
+        kv_len = max(r.cached for r in live) + 1
+        if self._graphed is not None:
+            logits = self._graphed.run(ids, pos, kv_len)
+        else:
+            dev = self.device
+            logits = self.decoder.decode(
+                self._cache, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), kv_len
+            )
+        self.stats["decode_steps"] += 1
+        if len(live) == hi:  # rows 0..hi-1 all live (`live` is in slot order): no gather
+            self._accept(live, logits[:hi])
+            return
+        rows = torch.tensor([r.slot for r in live], device=logits.device)
+        self._accept(live, logits.index_select(0, rows))
+
+    def _accept(self, reqs: list[_Request], logits_B_V: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits_B_V, [r.row for r in reqs])
+        # one device->host transfer (ids < 2**24 are exact in float32)
+        tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
+        for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):
+            tok = int(tok_f)
+            if r.output:
+                self._slot_tokens[r.slot].append(r.output[-1])  # its keys were just written
+            r.output.append(tok)
+            r.logprobs.append(lp)
+            if tok in r.stop_ids:
+                self._finish(r, "stop")
+            elif (
+                len(r.output) >= r.params.max_new_tokens
+                or len(r.prompt) + len(r.output) >= self.max_len
+            ):
+                self._finish(r, "length")
+
+    def _finish(self, r: _Request, reason: str) -> None:
+        self._owner[r.slot] = None
+        # the slot keeps prompt + output[:-1] as a reusable prefix
+        _post(r.loop, r.future, self._generation(r, reason))
+
+    def _generation(self, r: _Request, reason: str) -> Generation:
+        now = time.monotonic()
+        admitted = r.admitted or now
+        return Generation(
+            output_ids=list(r.output),
+            logprobs=list(r.logprobs),
+            finish_reason=reason,
+            weight_version=self._version,
+            gen_ms=(now - admitted) * 1e3,
+            queue_ms=(admitted - r.submitted) * 1e3,
+        )
+
+    def _score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        ids = prompt_ids + output_ids
+        cache = self.decoder.new_cache()
+        cache.grow(1, len(ids) + 1)
+        (logits,) = self.decoder.prefill(cache, [0], [0], [ids], [len(prompt_ids) - 1])
+        logp = torch.log_softmax(logits[: len(output_ids)].float(), dim=-1)
+        target = torch.tensor(output_ids, device=logp.device)[:, None]
+        return logp.gather(1, target).squeeze(1).tolist()
+
+    def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        own = self.model.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise EngineError(f"weights: unknown parameter names {unknown[:5]} (not in this model)")
+        bad = [k for k, t in state.items() if tuple(t.shape) != tuple(own[k].shape)]
+        if bad:
+            raise EngineError(f"weights: shape mismatch for {bad[:5]}")
+        with torch.no_grad():
+            for k, t in state.items():
+                own[k].copy_(t.to(device=own[k].device, dtype=own[k].dtype))
+        self._drop_prefixes()
+        self._version = version
+
+    def _drop_prefixes(self) -> None:
+        for i, r in enumerate(self._owner):
+            if r is None:
+                self._slot_tokens[i] = []
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _eos_ids(model: nn.Module, tokenizer: object) -> frozenset[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    ids.update([eos] if isinstance(eos, int) else (eos or []))
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return frozenset(ids)

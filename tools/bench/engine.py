@@ -1,0 +1,205 @@
+"""Engine benchmark: transformers ``generate`` vs the STACX in-process engine, tokens/s.
+
+In one run, on one device, with the same model object and the same prompts:
+  1. baseline: ``model.generate`` (greedy, default dynamic cache) on a [B, prompt] batch;
+  2. STACX: ``TorchEngine.generate`` on the same B prompts (continuous batching; on CUDA a
+     static KV cache and CUDA-graph decode steps).
+Generation length is fixed (EOS ignored); tokens/s = B * new_tokens / wall time, prefill
+included for both. Each side gets one untimed warm-up run first.
+
+Defaults: on CUDA, a Qwen3-0.6B-shaped model (random init, bf16; config in DESIGN.md), prompt
+256, 256 new tokens, batch 1 and 64. ``--model default --device cpu`` measures SmolLM2-135M
+on CPU with smaller sizes (prompt 128, 64 new tokens, batch 1 and 16).
+
+Prints the machine and versions, then ONE JSON line last:
+{hf_tok_s_b1, stacx_tok_s_b1, hf_tok_s_bN, stacx_tok_s_bN, ratio_b1, ratio_bN, ...}.
+Fails soft: a side that cannot run (e.g. a transformers API change) is reported as null with
+the reason in "errors", and the script still prints its JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+QWEN3_SHAPE = dict(
+    hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+    head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def build_model(spec: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    import transformers
+
+    if spec == "qwen3-0.6b-shape":
+        cfg = transformers.Qwen3Config(**QWEN3_SHAPE, max_position_embeddings=4096)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = transformers.Qwen3ForCausalLM(cfg)
+        return model.to(dtype).eval()
+    from stacx.inference.models import dtype_kwarg, resolve_model
+
+    path = resolve_model(spec)
+    return (
+        transformers.AutoModelForCausalLM.from_pretrained(path, **dtype_kwarg(dtype))
+        .to(device)
+        .eval()
+    )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> int:
+    """Greedy transformers generate of exactly `new` tokens; returns tokens generated."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(
+        max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
+    with torch.inference_mode():
+        out = model.generate(  # type: ignore[operator]
+            input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=cfg
+        )
+    produced = out.shape[1] - prompts.shape[1]
+    if produced != new:
+        raise RuntimeError(f"generate produced {produced} tokens, expected {new}")
+    return int(out.shape[0] * produced)
+
+
+def stacx_generate(engine: object, prompts: list[list[int]], new: int) -> int:
+    from stacx.inference.engine import SamplingParams
+
+    params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
+    gens = asyncio.run(engine.generate(prompts, params))  # type: ignore[attr-defined]
+    lens = {len(g.output_ids) for g in gens}
+    if lens != {new}:
+        raise RuntimeError(f"engine produced lengths {sorted(lens)}, expected {new}")
+    return sum(len(g.output_ids) for g in gens)
+
+
+def timed(fn, device: torch.device) -> float:  # type: ignore[no-untyped-def]
+    sync(device)
+    t0 = time.perf_counter()
+    n = fn()
+    sync(device)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default=None, help="qwen3-0.6b-shape (CUDA default) | default | PATH"
+    )
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompt-len", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--batches", default=None, help="comma-separated, e.g. 1,64")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--skip-hf", action="store_true", help="only measure STACX")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else ("cpu" if args.device == "auto" else args.device))  # fmt: skip
+    gpu = device.type == "cuda"
+    spec = args.model or ("qwen3-0.6b-shape" if gpu else "default")
+    prompt_len = args.prompt_len or (256 if gpu else 128)
+    new = args.new_tokens or (256 if gpu else 64)
+    batches = [int(b) for b in (args.batches or ("1,64" if gpu else "1,16")).split(",")]
+    dtype = torch.bfloat16 if gpu else torch.float32
+    # both sides run with the same thread count: the engine's default rule (1 on <= 2 cores)
+    threads = args.threads or (1 if not gpu and (os.cpu_count() or 1) <= 2 else None)
+    if threads:
+        torch.set_num_threads(threads)
+
+    import transformers
+
+    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
+          f"threads={torch.get_num_threads()}", file=sys.stderr)  # fmt: skip
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if gpu else ""), file=sys.stderr)  # fmt: skip
+    print(
+        f"model {spec}, {dtype}, prompt {prompt_len}, new {new}, batches {batches}", file=sys.stderr
+    )
+
+    result: dict[str, object] = {"model": spec, "device": str(device), "prompt_len": prompt_len,
+                                 "new_tokens": new, "errors": {}}  # fmt: skip
+    errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
+    try:
+        model = build_model(spec, device, dtype)
+    except Exception as e:
+        errors["model"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(result))
+        return
+    vocab = int(model.config.vocab_size)  # type: ignore[union-attr]
+    gen = torch.Generator().manual_seed(0)
+    all_prompts = torch.randint(100, vocab - 100, (max(batches), prompt_len), generator=gen)
+
+    for b in batches:
+        prompts = all_prompts[:b].to(device)
+        if not args.skip_hf:
+            try:
+                hf_generate(model, prompts, 4)  # warm-up
+                rate = timed(lambda p=prompts: hf_generate(model, p, new), device)
+                result[f"hf_tok_s_b{b}"] = round(rate, 1)
+                print(f"hf    b={b}: {rate:.1f} tok/s", file=sys.stderr)
+            except Exception as e:
+                errors[f"hf_b{b}"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+                result[f"hf_tok_s_b{b}"] = None
+        if gpu:
+            torch.cuda.empty_cache()
+
+    try:
+        from stacx.inference.torch_engine import TorchEngine
+
+        engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
+                             max_len=prompt_len + new + 8)  # fmt: skip
+        for b in batches:
+            ids = all_prompts[:b].tolist()
+            try:
+                stacx_generate(engine, ids, 8)  # warm-up (captures the CUDA graphs it needs)
+                rate = timed(lambda i=ids: stacx_generate(engine, i, new), device)
+                result[f"stacx_tok_s_b{b}"] = round(rate, 1)
+                print(f"stacx b={b}: {rate:.1f} tok/s", file=sys.stderr)
+            except Exception as e:
+                errors[f"stacx_b{b}"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+                result[f"stacx_tok_s_b{b}"] = None
+        graphed = getattr(engine, "_graphed", None)
+        if graphed is not None:
+            compiled = (
+                getattr(engine.decoder, "_decode_fn", None) is not engine.decoder._decode_impl
+            )
+            print(f"cuda graphs {sorted(graphed.graphs)}, compiled={compiled}", file=sys.stderr)
+            result["stacx_compiled"] = compiled
+        asyncio.run(engine.close())
+    except Exception as e:
+        errors["stacx"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+
+    for b in batches:
+        hf, sx = result.get(f"hf_tok_s_b{b}"), result.get(f"stacx_tok_s_b{b}")
+        ok = isinstance(hf, float) and isinstance(sx, float) and hf > 0
+        result[f"ratio_b{b}"] = round(sx / hf, 2) if ok else None  # type: ignore[operator]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

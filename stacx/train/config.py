@@ -1,0 +1,185 @@
+"""The trainer's configuration: one frozen, validated Struct (the recipe's ``[trainer]`` table).
+
+Every field has a default, so ``TrainerConfig()`` is a valid (tiny) GRPO run. Bad values fail
+at load with a :class:`~stacx.errors.ConfigError` naming the key (``trainer.<field>``) and the
+accepted values; unknown keys fail too (``forbid_unknown_fields``).
+
+Per algorithm, the trainer reads one view of ``events/views/`` (``source`` overrides it) and
+trains on *units* that must be complete before they are used:
+
+=========== ===================== ===================================== ========================
+algorithm   default source        unit (readiness, lineage)             loss
+=========== ===================== ===================================== ========================
+grpo        grpo_batch            a group (all samples scored or final) clipped policy gradient
+opd         opd_batch             an episode (scored, teacher-scored)   clipped policy gradient
+sft         sft_examples          an episode (scored, ``filter`` holds) cross-entropy
+dagger      dagger_dataset        an episode with teacher labels        cross-entropy
+aggrevate   aggrevate_dataset     a parent episode's explored branches  advantage-weighted NLL
+=========== ===================== ===================================== ========================
+
+``filter`` is a SQL boolean expression over the source view's columns (e.g.
+``reward >= 1 and actor = 'oracle'``), applied before readiness is counted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+from stacx.errors import ConfigError
+
+ALGORITHMS: Final = ("sft", "grpo", "dagger", "aggrevate", "opd")
+MODES: Final = ("sync", "async")
+DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
+OPTIMIZERS: Final = ("adamw", "sgd")
+
+DEFAULT_SOURCE: Final = {
+    "sft": "sft_examples",
+    "grpo": "grpo_batch",
+    "dagger": "dagger_dataset",
+    "aggrevate": "aggrevate_dataset",
+    "opd": "opd_batch",
+}
+DEFAULT_FILTER: Final = {
+    # rejection-sampling fine-tuning: imitate what solved the task
+    "sft": "reward >= 1",
+    "grpo": "",
+    "dagger": "prompt_matches",
+    "aggrevate": "",
+    "opd": "aligned",
+}
+
+
+class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the trainer learns from the log. Field names are the recipe's ``[trainer]`` keys."""
+
+    algorithm: str = "grpo"
+    model: str = "default"  # what resolve_model() accepts: "default", an HF dir, a hub id
+    steps: int = 1  # optimizer steps = weight versions published; the trainer stops after them
+    mode: str = "sync"  # sync: train on current-version samples only; async: within max_staleness
+    # optimizer
+    optimizer: str = "adamw"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0  # None: no clipping
+    warmup_steps: int = 0  # linear warmup of lr over the first steps
+    # regex over parameter names: only matches are trained and checkpointed (the rest stays the
+    # base model's); "" trains every parameter
+    trainable: str = ""
+    # batches
+    batch_groups: int = 4  # grpo: groups per step
+    batch_episodes: int = 8  # other algorithms: units (episodes) per step
+    min_ready: int | None = None  # units that must be ready before a step; None: a full batch
+    grad_accumulation: int = 1  # at least this many micro-batches per step
+    max_tokens: int = 4096  # token positions per micro-batch (a longer sample gets its own)
+    # policy gradient
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # None: clip_eps (symmetric)
+    tis_cap: float | None = None  # truncated importance sampling weight cap; None: off
+    normalize_std: bool = True  # grpo: divide the group-centred reward by the group std
+    max_staleness: int = 0  # async: oldest usable sample, in weight versions behind the trainer
+    # data
+    source: str = ""  # view to read; "" = the algorithm's default (see module docstring)
+    filter: str = ""  # SQL boolean over the source's columns; "" = the algorithm's default
+    # checkpoints
+    save_every: int = 0  # keep every n-th version's checkpoint for good (0: none beyond keep_last)
+    keep_last: int = 3  # newest checkpoints kept (the latest is always kept; 0 keeps all)
+    # placement
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    seed: int = 0
+    inprocess_handoff: bool = True  # also hand new weights to engines of this process in memory
+
+    def __post_init__(self) -> None:
+        # runs on construction and on msgspec decode/convert, so an embedding recipe Struct
+        # validates its [trainer] table without calling anything
+        validate(self)
+
+    @property
+    def source_view(self) -> str:
+        return self.source or DEFAULT_SOURCE[self.algorithm]
+
+    @property
+    def row_filter(self) -> str:
+        return self.filter or DEFAULT_FILTER[self.algorithm]
+
+    @property
+    def ready_threshold(self) -> int:
+        return self.min_ready if self.min_ready is not None else self.batch_units
+
+    @property
+    def batch_units(self) -> int:
+        return self.batch_groups if self.algorithm == "grpo" else self.batch_episodes
+
+    @property
+    def staleness_limit(self) -> int:
+        """Sync mode trains on samples of the current weights only."""
+        return 0 if self.mode == "sync" else self.max_staleness
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _fail(key: str, value: object, accepted: str) -> ConfigError:
+    return ConfigError(f"trainer.{key} = {value!r}: accepted values are {accepted}")
+
+
+def validate(cfg: TrainerConfig) -> TrainerConfig:
+    """Check values msgspec's types cannot express; returns ``cfg`` unchanged."""
+    choices = {"algorithm": ALGORITHMS, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
+    for key, accepted in choices.items():
+        value = getattr(cfg, key)
+        if value not in accepted:
+            raise _fail(key, value, " | ".join(accepted))
+    positive = ("steps", "batch_groups", "batch_episodes", "grad_accumulation", "max_tokens")
+    for key in positive:
+        if getattr(cfg, key) < 1:
+            raise _fail(key, getattr(cfg, key), "an integer >= 1")
+    for key in ("warmup_steps", "max_staleness", "save_every", "keep_last"):
+        if getattr(cfg, key) < 0:
+            raise _fail(key, getattr(cfg, key), "an integer >= 0")
+    if cfg.min_ready is not None and not 1 <= cfg.min_ready <= cfg.batch_units:
+        raise _fail("min_ready", cfg.min_ready, f"an integer in [1, batch size {cfg.batch_units}]")
+    if not cfg.lr > 0:
+        raise _fail("lr", cfg.lr, "a float > 0")
+    if cfg.weight_decay < 0:
+        raise _fail("weight_decay", cfg.weight_decay, "a float >= 0")
+    if not all(0 <= b < 1 for b in cfg.betas):
+        raise _fail("betas", list(cfg.betas), "two floats in [0, 1)")
+    if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
+        raise _fail("max_grad_norm", cfg.max_grad_norm, "a float > 0, or omitted for no clipping")
+    if not 0 <= cfg.clip_eps < 1:
+        raise _fail("clip_eps", cfg.clip_eps, "a float in [0, 1)")
+    if cfg.clip_eps_high is not None and cfg.clip_eps_high < 0:
+        raise _fail("clip_eps_high", cfg.clip_eps_high, "a float >= 0")
+    if cfg.tis_cap is not None and not cfg.tis_cap > 0:
+        raise _fail("tis_cap", cfg.tis_cap, "a float > 0, or omitted for no TIS correction")
+    if cfg.source and not _IDENT.match(cfg.source):
+        raise _fail("source", cfg.source, "the name of a view or table (letters, digits, _)")
+    if ";" in cfg.filter:
+        raise _fail("filter", cfg.filter, "one SQL boolean expression (no ';')")
+    if cfg.trainable:
+        try:
+            re.compile(cfg.trainable)
+        except re.error as e:
+            raise _fail("trainable", cfg.trainable, f"a Python regex ({e})") from e
+    if cfg.device != "auto" and not re.match(r"^(cpu|cuda|cuda:\d+|mps)$", cfg.device):
+        raise _fail("device", cfg.device, "auto | cpu | cuda | cuda:N")
+    return cfg
+
+
+def load(data: dict[str, object]) -> TrainerConfig:
+    """A validated config from a plain mapping (the recipe's ``[trainer]`` table)."""
+    try:
+        cfg = msgspec.convert(data, TrainerConfig, strict=False)
+    except msgspec.ValidationError as e:
+        # msgspec names the path as `$.key`; say it as the recipe does
+        message = str(e).replace("$.", "trainer.")
+        if "unknown field" in message:
+            message += f"; accepted keys are {', '.join(TrainerConfig.__struct_fields__)}"
+        raise ConfigError(f"trainer: {message}") from e
+    return cfg

@@ -1,0 +1,147 @@
+"""Weight sync: engines pick up what the trainer publishes.
+
+:class:`WeightSync` is a small actor living next to one engine (one instance per engine; its
+durable consumer is named after the engine's label). On ``WeightsPublished`` it loads the new
+weights into the engine and publishes ``WeightsLoaded{version, engine, latency_ms}``, where
+``latency_ms`` runs from the ``WeightsPublished`` timestamp to the moment the engine serves the
+new version (so it includes bus delivery and any queueing).
+
+Two transports:
+
+- in process (the embedded default, trainer and engine in one launcher process): the trainer
+  hands a snapshot of its state dict to :func:`offer` as well as writing the file; a
+  ``TorchEngine`` in the same process copies tensors from memory (device to device on a GPU),
+  with no file read and no hashing: the snapshot is the bytes the file was written from;
+- across processes: the engine loads ``path`` (safetensors); with ``verify`` (default) the file's
+  sha256 is checked against the event first, and a mismatch is an error (the event comes back
+  later, and after ``max_deliver`` attempts an ``InfraFailed`` is recorded), never a silent load.
+
+Guarantees: versions only move forward (a ``WeightsPublished`` older than what the engine
+serves, or older than the newest in the log, is skipped: an engine that lags skips straight
+to the newest); on start the engine catches up to the newest published version in the log, so
+a restarted launcher serves the weights it stopped with. Limits: the in-memory handoff keeps
+only the newest snapshot, in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+
+from stacx.actors.base import Actor
+from stacx.errors import EngineError, StacxError
+from stacx.events import Event, WeightsLoaded, WeightsPublished, derive_id
+from stacx.inference.engine import Engine
+from stacx.train.checkpoint import sha256_file
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_offered: dict[str, tuple[str, Mapping[str, torch.Tensor]]] = {}  # path -> (sha256, state)
+
+
+def offer(path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
+    """Make ``state`` (a snapshot the caller will not modify) the in-memory copy of ``path``.
+    Only the newest offer is kept."""
+    with _lock:
+        _offered.clear()
+        _offered[path] = (sha256, state)
+
+
+def take(path: str, sha256: str) -> Mapping[str, torch.Tensor] | None:
+    """The in-memory copy of ``path`` if one was offered with this digest."""
+    with _lock:
+        hit = _offered.get(path)
+    return hit[1] if hit is not None and hit[0] == sha256 else None
+
+
+class WeightSync(Actor):
+    """Loads published weights into one engine. Construct with the engine, then spawn."""
+
+    name: ClassVar[str] = "weight-sync"
+    kinds: ClassVar[tuple[type[Event], ...]] = (WeightsPublished,)
+    max_inflight: ClassVar[int] = 1
+
+    def __init__(self, engine: Engine, *, label: str | None = None, verify: bool = True) -> None:
+        self.engine = engine
+        self.label = label or engine.name
+        self.verify = verify
+        # one durable consumer per engine: two engines must each see every WeightsPublished
+        self.name = f"weight-sync-{self.label}"  # type: ignore[misc]
+        self.last_load_ms = 0.0
+
+    async def on_start(self) -> None:
+        latest = await self._latest()
+        if latest is not None and latest.version > self.engine.weight_version:
+            try:
+                await self._load(latest)
+            except StacxError as e:
+                # not fatal here: its WeightsPublished is redelivered to handle(), whose retries
+                # end in an InfraFailed; crashing would only restart this actor in a loop
+                log.warning("%s: catching up to v%d failed: %s", self.name, latest.version, e)
+
+    async def handle(self, event: Event) -> None:
+        if not isinstance(event, WeightsPublished):
+            return
+        latest = await self._latest()
+        if latest is not None and latest.version > event.version:
+            event = latest  # we lag: go straight to the newest
+        if event.version > self.engine.weight_version:
+            await self._load(event)
+
+    async def _latest(self) -> WeightsPublished | None:
+        rows = (
+            await self.query(
+                "SELECT version, path, sha256, step, ts FROM weights_published "
+                "ORDER BY version DESC, ts DESC LIMIT 1"
+            )
+        ).to_pylist()
+        if not rows:
+            return None
+        r = rows[0]
+        return WeightsPublished(
+            run_id=self.run_id,
+            version=int(r["version"]),
+            path=str(r["path"]),
+            sha256=str(r["sha256"]),
+            step=int(r["step"]),
+            ts=float(r["ts"]),
+        )
+
+    async def _load(self, event: WeightsPublished) -> None:
+        start = time.perf_counter()
+        state = take(event.path, event.sha256)
+        if state is not None and _takes_state(self.engine):
+            await self.engine.load_weights(state, event.version)  # type: ignore[arg-type]
+        else:
+            if self.verify:
+                digest = await asyncio.to_thread(sha256_file, event.path)
+                if digest != event.sha256:
+                    raise EngineError(
+                        f"weights v{event.version} at {event.path}: sha256 {digest} does not "
+                        f"match the published {event.sha256}"
+                    )
+            await self.engine.load_weights(event.path, event.version)
+        self.last_load_ms = (time.perf_counter() - start) * 1e3
+        await self.publish(
+            WeightsLoaded(
+                run_id=self.run_id,
+                event_id=derive_id(self.run_id, "WeightsLoaded", self.label, event.version),
+                version=event.version,
+                engine=self.label,
+                latency_ms=max(0.0, (time.time() - event.ts) * 1e3),
+            )
+        )
+
+
+def _takes_state(engine: Engine) -> bool:
+    """Engines whose load_weights accepts an in-memory state dict (same process)."""
+    from stacx.inference.torch_engine import TorchEngine
+
+    return isinstance(engine, TorchEngine)

@@ -1,0 +1,278 @@
+"""The Trainer actor: readiness from the log, a step, a checkpoint, a new weight version.
+
+Driven by signals (``RunStarted``, ``EpisodeFinished``, ``RewardAssigned``, ``InfraFailed``,
+``TeacherLabeled``, ``TeacherScored``, ``CostToGoEstimated``): each one makes it ask the log,
+in SQL, whether a step is ready (:mod:`stacx.train.units`: enough complete units not trained on
+yet, fresh enough), and while one is it
+
+1. materializes the batch from the algorithm's view (Arrow -> samples -> packed tensors),
+2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
+3. writes ``checkpoints/v<version>/`` (weights, optimizer state) atomically,
+4. publishes ``TrainStepFinished{step, episode_ids, ...}`` (the lineage: what this version was
+   trained on) and then ``WeightsPublished{version, path, sha256}`` (the commit point).
+
+Step n produces version n; after ``steps`` steps it publishes nothing more.
+
+Resume (:meth:`Trainer.on_start`, also after a supervisor restart): everything comes from the
+log. The newest ``WeightsPublished`` gives the version and the checkpoint to load (weights and
+optimizer state); the episodes already trained on are those of the committed steps' episode
+ids. A ``TrainStepFinished`` for the next version without its ``WeightsPublished`` (a crash
+between the two) is redone on exactly its episode ids. Event ids derive from (run, step) and
+(run, version), so a redo that re-publishes is de-duplicated by JetStream.
+
+Sync vs async: in ``sync`` mode only samples of the current weights are used (staleness 0);
+the scheduler starts the next iteration after this version is published and loaded. In
+``async`` mode rollouts never wait; samples more than ``max_staleness`` versions old are left
+out (they stay in the log, untrained), and ``tis_cap`` adds a truncated importance weight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from stacx.actors.base import Actor
+from stacx.events import (
+    CostToGoEstimated,
+    EpisodeFinished,
+    Event,
+    InfraFailed,
+    RewardAssigned,
+    RunStarted,
+    TeacherLabeled,
+    TeacherScored,
+    TrainStepFinished,
+    WeightsPublished,
+    derive_id,
+)
+from stacx.train import checkpoint, sync
+from stacx.train.config import TrainerConfig
+from stacx.train.step import (
+    StepResult,
+    make_optimizer,
+    samples_for,
+    train_step,
+    trainable_parameters,
+)
+from stacx.train.units import batch_rows_sql, pending_step_sql, ready_units_sql, trainer_state_sql
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(cfg: TrainerConfig) -> tuple[torch.device, torch.dtype]:
+    if cfg.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+    if cfg.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, cfg.dtype)
+    return device, dtype
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The HF causal LM the engine serves (``resolve_model`` semantics), for training."""
+    from transformers import AutoModelForCausalLM
+
+    from stacx.inference.models import dtype_kwarg, resolve_model
+
+    model: nn.Module = AutoModelForCausalLM.from_pretrained(
+        resolve_model(spec), **dtype_kwarg(dtype)
+    )
+    return model.to(device)
+
+
+class Trainer(Actor):
+    """See the module docstring. ``Trainer(config)``, then ``run.spawn(trainer)``."""
+
+    name: ClassVar[str] = "trainer"
+    kinds: ClassVar[tuple[type[Event], ...]] = (
+        RunStarted,
+        EpisodeFinished,
+        RewardAssigned,
+        InfraFailed,
+        TeacherLabeled,
+        TeacherScored,
+        CostToGoEstimated,
+    )
+    max_inflight: ClassVar[int] = 1
+    ack_wait: ClassVar[float] = 120.0
+
+    def __init__(self, config: TrainerConfig, *, model: nn.Module | None = None) -> None:
+        """``model`` (optional) is the base model to start from instead of ``config.model``;
+        it is trained in place."""
+        self.config = config
+        self._base = model
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.version = 0
+        self._pending: list[str] | None = None  # episode ids of a step to redo
+        self.steps_done = 0  # steps taken by this instance (not recovered ones)
+        self._loaded = -1  # the version the model in memory holds
+        self._dirty = False  # a step began and did not publish: the model in memory is suspect
+
+    @property
+    def finished(self) -> bool:
+        return self.version >= self.config.steps
+
+    # ---- recovery --------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        rows = (await self.query(trainer_state_sql())).to_pylist()
+        latest = rows[0] if rows else None
+        self.version = int(latest["version"]) if latest else 0
+        pending = (await self.query(pending_step_sql(self.version))).to_pylist()
+        self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
+        path = str(latest["path"]) if latest else None
+        await asyncio.to_thread(self._build, path)
+        log.info(
+            "trainer: at version %d%s",
+            self.version,
+            f", redoing step {self.version + 1}" if self._pending else "",
+        )
+
+    def _build(self, weights: str | None) -> None:
+        cfg = self.config
+        if self.model is not None and not self._dirty and self._loaded == self.version:
+            return  # what we hold is what the log says: nothing to recover
+        torch.manual_seed(cfg.seed + self.version)
+        random.seed(cfg.seed + self.version)
+        device, dtype = pick_device(cfg)
+        if self._base is not None and not self._dirty:
+            model = self._base.to(device=device, dtype=dtype)
+        else:
+            model = load_model(cfg.model, device, dtype)
+        params = trainable_parameters(model, cfg.trainable)
+        optimizer = make_optimizer(cfg, params)
+        if weights is not None:
+            checkpoint.load(weights, model, optimizer)
+        self.model, self.optimizer = model, optimizer
+        self._loaded, self._dirty = self.version, False
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def handle(self, event: Event) -> None:
+        while not self.finished:
+            episode_ids = await self._next_batch()
+            if episode_ids is None:
+                return
+            await self._step(episode_ids)
+
+    async def _next_batch(self) -> list[str] | None:
+        if self._pending is not None:
+            return self._pending
+        units = (await self.query(ready_units_sql(self.config, self.version))).to_pylist()
+        if len(units) < self.config.ready_threshold:
+            return None
+        chosen = units[: self.config.batch_units]
+        return [str(e) for u in chosen for e in u["episode_ids"]]
+
+    async def _step(self, episode_ids: list[str]) -> None:
+        cfg = self.config
+        table = await self.query(batch_rows_sql(cfg, episode_ids))
+        samples = samples_for(cfg, table)
+        step = self.version + 1
+        assert self.model is not None and self.optimizer is not None
+        model, optimizer = self.model, self.optimizer
+        self._dirty = True
+        result = await asyncio.to_thread(train_step, cfg, model, optimizer, samples, step)
+        saved = time.perf_counter()
+        path, sha = await asyncio.to_thread(self._save, step, result)
+        save_ms = (time.perf_counter() - saved) * 1e3
+        log.info(
+            "trainer: step %d on %d samples: loss %.4f, %.0f ms; checkpoint %.0f ms",
+            step,
+            result.n_samples,
+            result.loss,
+            result.duration_ms,
+            save_ms,
+        )
+        rewards = _episode_rewards(table.to_pylist())
+        await self.publish(
+            TrainStepFinished(
+                run_id=self.run_id,
+                event_id=derive_id(self.run_id, "step", step),
+                step=step,
+                algorithm=cfg.algorithm,
+                loss=result.loss,
+                weight_version=step,
+                reward_mean=sum(rewards) / len(rewards) if rewards else None,
+                n_samples=result.n_samples,
+                n_tokens=result.n_tokens,
+                duration_ms=result.duration_ms,
+                metrics_json=json.dumps(
+                    {
+                        **result.metrics,
+                        "grad_norm": result.grad_norm,
+                        "n_loss_tokens": result.n_loss_tokens,
+                        "checkpoint_ms": save_ms,
+                        "max_staleness": _max_staleness(table.to_pylist(), self.version),
+                    }
+                ),
+                episode_ids=sorted(set(episode_ids)),
+            )
+        )
+        await self.publish(
+            WeightsPublished(
+                run_id=self.run_id,
+                event_id=derive_id(self.run_id, "weights", step),
+                version=step,
+                path=str(path),
+                sha256=sha,
+                step=step,
+            )
+        )
+        self.version = self._loaded = step
+        self._pending = None
+        self._dirty = False
+        self.steps_done += 1
+        await asyncio.to_thread(
+            checkpoint.prune,
+            self.ctx.run_dir,
+            step,
+            keep_last=cfg.keep_last,
+            save_every=cfg.save_every,
+        )
+
+    def _save(self, step: int, result: StepResult) -> tuple[Path, str]:
+        assert self.model is not None and self.optimizer is not None
+        path, sha = checkpoint.save(
+            self.ctx.run_dir,
+            step,
+            self.model,
+            self.optimizer,
+            {"step": step, "algorithm": self.config.algorithm, "loss": result.loss},
+            only_trainable=bool(self.config.trainable),
+        )
+        if self.config.inprocess_handoff:
+            # a snapshot: the next step must not change what an engine is copying
+            snapshot = {
+                k: v.detach().clone()
+                for k, v in self.model.named_parameters()
+                if v.requires_grad or not self.config.trainable
+            }
+            sync.offer(str(path), sha, snapshot)
+        return path, sha
+
+
+def _episode_rewards(rows: list[dict[str, object]]) -> list[float]:
+    seen: dict[str, float] = {}
+    for r in rows:
+        ep, reward = r.get("episode_id") or r.get("branch_episode_id"), r.get("reward")
+        if isinstance(ep, str) and isinstance(reward, int | float):
+            seen[ep] = float(reward)
+    return list(seen.values())
+
+
+def _max_staleness(rows: list[dict[str, object]], version: int) -> int:
+    versions = [r["weight_version"] for r in rows if isinstance(r.get("weight_version"), int)]
+    return max((version - int(v) for v in versions), default=0)  # type: ignore[call-overload]

@@ -1,0 +1,9 @@
+"""Agent scaffolds. The in-house SWE agent:
+
+- `toolcalls`: the tool-call text format and its forgiving parser;
+- `tools`: bash / view / create / str_replace / submit inside a Sandbox;
+- `chat`: token-exact transcript pieces from the model's chat template;
+- `policies`: who acts on a turn (an Engine, or a script: oracle, null), and the per-turn
+  executor hook (DAgger's beta-mixture);
+- `loop`: `run_agent`, the episode loop that emits TurnGenerated / ToolCalled / ToolReturned.
+"""

@@ -1,0 +1,108 @@
+"""Who acts on a turn: an Engine (student or teacher), or a script (oracle, null).
+
+A `Policy` maps the exact prompt ids to an `Action` (output ids and what produced them). The
+agent loop asks an `Executor` for the policy of each turn, which is how DAgger's beta-mixture
+roll-in plugs in (stacx.imitation.mixture.MixtureExecutor is that executor). The chosen
+policy's `actor` label is recorded in TurnGenerated.actor.
+
+Scripted policies go through the same scaffold as a model: their text is a tool call in the
+agent's format, tokenized by the same ChatFormat and ended with the end-of-turn token a model
+would sample, recorded with ``logprobs=None`` and ``weight_version=None``, so oracle episodes
+are demonstrations that SFT and DAgger can train on as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from stacx.agents.chat import ChatFormat
+from stacx.agents.toolcalls import render_tool_call
+from stacx.agents.tools import SUBMIT
+from stacx.events import TurnActor
+from stacx.inference.engine import Engine, SamplingParams
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    weight_version: int | None
+    engine: str = ""
+    gen_ms: float = 0.0
+    queue_ms: float = 0.0
+
+
+class Policy(Protocol):
+    actor: str
+
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+        """The next action, or None when a scripted policy has nothing more to do."""
+        ...
+
+
+Executor = Callable[[int], Policy]
+"""Chooses the policy that acts on turn `turn` (0-based)."""
+
+
+class EnginePolicy:
+    """A model served by an Engine; engine errors propagate (they are infrastructure)."""
+
+    def __init__(self, engine: Engine, actor: str = TurnActor.STUDENT) -> None:
+        self.engine = engine
+        self.actor = actor
+
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+        (gen,) = await self.engine.generate([prompt_ids], params)
+        return Action(
+            output_ids=list(gen.output_ids),
+            logprobs=None if gen.logprobs is None else list(gen.logprobs),
+            finish_reason=gen.finish_reason,
+            weight_version=gen.weight_version,
+            engine=self.engine.name,
+            gen_ms=gen.gen_ms,
+            queue_ms=gen.queue_ms,
+        )
+
+
+class ScriptedPolicy:
+    """Plays fixed assistant texts in order, then reports that it is done."""
+
+    def __init__(self, chat: ChatFormat, texts: list[str], actor: str) -> None:
+        self._outputs = [chat.scripted_output(t) for t in texts]
+        self.actor = actor
+
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+        if not self._outputs:
+            return None
+        t0 = time.perf_counter()
+        ids = self._outputs.pop(0)
+        return Action(
+            output_ids=ids,
+            logprobs=None,
+            finish_reason="stop",
+            weight_version=None,
+            engine="script",
+            gen_ms=(time.perf_counter() - t0) * 1000,
+        )
+
+
+def oracle_policy(chat: ChatFormat, solve_sh: str) -> ScriptedPolicy:
+    """The task's reference solution as one bash call, then submit."""
+    return ScriptedPolicy(
+        chat,
+        [render_tool_call("bash", {"command": solve_sh}), render_tool_call(SUBMIT, {})],
+        actor=TurnActor.ORACLE,
+    )
+
+
+def null_policy(chat: ChatFormat) -> ScriptedPolicy:
+    """Does nothing but submit (the verifier still runs): the floor every task must beat."""
+    return ScriptedPolicy(chat, [render_tool_call(SUBMIT, {})], actor=TurnActor.NULL)
+
+
+def always(policy: Policy) -> Executor:
+    return lambda _turn: policy

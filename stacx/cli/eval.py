@@ -1,0 +1,157 @@
+"""`stacx eval`: tasks x model x agent x n samples -> a run directory and a report.
+
+Every number printed comes from SQL over the run's log (the SQL is printed under each table),
+so the same report can be recomputed later with `stacx sql`. Exit status: 0 when every sample
+was scored (whatever the scores), 1 when some sample ended with infrastructure failures only,
+2 on bad input (a named cause).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from stacx.cli._common import friendly_errors, render
+from stacx.errors import ConfigError
+
+AGENTS = ("swe", "oracle", "null")
+
+
+def bundled_tasks_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "recipes" / "tasks"
+
+
+def resolve_tasks(spec: str) -> Path:
+    """A task dir, a directory of tasks, a tasks.jsonl, or a bundled set name ("basic")."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    bundled = bundled_tasks_dir() / spec
+    if "/" not in spec and bundled.is_dir():
+        return bundled
+    sets = (
+        sorted(p.name for p in bundled_tasks_dir().iterdir() if p.is_dir())
+        if bundled_tasks_dir().is_dir()
+        else []
+    )
+    raise ConfigError(
+        f"--tasks {spec!r}: no such file or directory, and not a bundled set "
+        f"(bundled: {', '.join(sets) or 'none'})"
+    )
+
+
+@click.command()
+@click.option(
+    "--tasks",
+    "tasks_spec",
+    default="basic",
+    show_default=True,
+    help="A task dir, a directory of tasks, a tasks.jsonl, or a bundled set name.",
+)
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    help="An HF checkpoint directory, a hub id in the local cache, or 'default'.",
+)
+@click.option("--agent", type=click.Choice(AGENTS), default="swe", show_default=True)
+@click.option(
+    "--n",
+    "n_samples",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Samples per task (the group); pass@k uses k = n.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N tasks.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Episodes at once.",
+)
+@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Attempts per sample on infrastructure failures.",
+)
+@click.option(
+    "--episode-timeout",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Seconds per agent loop (default: each task's agent.timeout_sec).",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Default: runs/eval-<UTC timestamp>.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@friendly_errors
+def cli(
+    tasks_spec: str,
+    model: str,
+    agent: str,
+    n_samples: int,
+    limit: int | None,
+    concurrency: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    max_attempts: int,
+    episode_timeout: float | None,
+    run_dir: Path | None,
+    seed: int,
+) -> None:
+    """Evaluate an agent on a task set; print pass@1, pass@k, reward, effort and failures."""
+    from stacx.rollout.evaluate import EvalConfig, evaluate
+
+    source = resolve_tasks(tasks_spec)
+    run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    config = EvalConfig(
+        tasks=str(source),
+        model=model,
+        agent=agent,
+        n_samples=n_samples,
+        limit=limit,
+        concurrency=concurrency,
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        max_attempts=max_attempts,
+        episode_timeout_s=episode_timeout,
+        seed=seed,
+    )
+    t0 = time.perf_counter()
+    result = asyncio.run(evaluate(config, run_dir, progress=_progress))
+    wall = time.perf_counter() - t0
+    for title, (sql, columns, rows) in result.tables:
+        click.echo(render(columns, rows, "table", title=title))
+        click.secho("\n".join("  " + line for line in sql.splitlines()), dim=True)
+        click.echo()
+    if result.skipped_tasks:
+        click.echo(f"skipped (no solution/solve.sh): {', '.join(result.skipped_tasks)}")
+    click.echo(f"run dir: {run_dir}  ({wall:.1f} s wall)")
+    click.echo(f'replay this report: stacx sql {run_dir} "<any SQL above>"')
+    if result.unscored:
+        click.echo(f"{result.unscored} sample(s) ended with infrastructure failures only", err=True)
+        raise SystemExit(1)
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        click.echo(f"\r{done}/{total} samples done", nl=done == total, err=True)
+    else:
+        click.echo(f"{done}/{total} samples done", err=True)

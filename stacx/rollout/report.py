@@ -1,0 +1,100 @@
+"""The eval report, as SQL over the `episodes`, `turns` and `infra_failed` tables of a run.
+
+Definitions (what the numbers mean):
+- a *sample* is one (group, sample_index); its score is the reward of its scored attempt.
+  Samples with no scored attempt (infrastructure failures only) are NOT counted as 0: they are
+  left out of pass@k and mean reward and reported under failures.
+- *passed*: reward >= 1 (full credit; Harbor rewards may be fractional).
+- pass@1 = mean over tasks of c/n; pass@k is the unbiased estimator of Chen et al. (2021),
+  1 - C(n-c, k)/C(n, k), computed as the stable product 1 - prod_{i=n-c+1..n} (1 - k/i),
+  averaged over tasks; a task with fewer than k scored samples is left out of pass@k.
+
+Each function returns (sql, columns, rows) so the CLI prints the SQL that made each table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pyarrow as pa
+
+Query = Callable[[str], Awaitable[pa.Table]]
+Table = tuple[str, list[str], list[tuple[object, ...]]]
+
+_SAMPLES = """WITH samples AS (
+    SELECT task_id, group_id, sample_index, max(reward) AS reward
+    FROM episodes WHERE status = 'scored'
+    GROUP BY task_id, group_id, sample_index
+), per_task AS (
+    SELECT task_id, count(*) AS n, count(*) FILTER (WHERE reward >= 1) AS c, avg(reward) AS r
+    FROM samples GROUP BY task_id
+)"""
+
+
+def summary_sql(k: int) -> str:
+    """Tasks, scored samples, pass@1, pass@k (k > 1 only), mean reward."""
+    pass_k = (
+        f"""
+       round(avg(CASE WHEN n < {k} THEN NULL
+                      WHEN n - c < {k} THEN 1.0
+                      WHEN c = 0 THEN 0.0
+                      ELSE 1.0 - list_aggregate(
+                          list_transform(range(n - c + 1, n + 1), lambda i: 1.0 - {k} / i), 'product')
+                 END), 4) AS "pass@{k}","""
+        if k > 1
+        else ""
+    )
+    return f"""{_SAMPLES}
+SELECT count(*) AS tasks,
+       sum(n) AS scored_samples,
+       round(avg(c / n), 4) AS "pass@1",{pass_k}
+       round(avg(r), 4) AS mean_reward
+FROM per_task"""
+
+
+EFFORT_SQL = """SELECT count(DISTINCT e.episode_id) AS episodes,
+       round(count(t.turn) / count(DISTINCT e.episode_id), 2) AS turns_per_episode,
+       round(avg(t.n_output_tokens), 1) AS output_tokens_per_turn,
+       sum(t.n_output_tokens) AS output_tokens,
+       max(t.n_prompt_tokens + t.n_output_tokens) AS longest_context,
+       round(sum(t.gen_ms) / 1000, 1) AS gen_seconds
+FROM episodes e LEFT JOIN turns t USING (episode_id)
+WHERE e.status = 'scored'"""
+
+STOPS_SQL = """SELECT stop_reason, count(*) AS episodes, round(avg(reward), 4) AS mean_reward
+FROM episodes WHERE status = 'scored'
+GROUP BY stop_reason ORDER BY episodes DESC"""
+
+FAILURES_SQL = """SELECT failure_kind, will_retry, count(*) AS failures, any_value(message) AS example
+FROM infra_failed
+GROUP BY failure_kind, will_retry ORDER BY failures DESC"""
+
+UNSCORED_SQL = """SELECT count(*) AS unscored_samples FROM (
+    SELECT group_id, sample_index FROM episodes
+    GROUP BY group_id, sample_index
+    HAVING count(*) FILTER (WHERE status = 'scored') = 0
+)"""
+
+PROGRESS_SQL = """SELECT count(*) AS done FROM (
+    SELECT s.group_id, s.sample_index FROM episode_started s
+    WHERE EXISTS (SELECT 1 FROM reward_assigned r WHERE r.episode_id = s.episode_id)
+       OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id AND NOT f.will_retry)
+    GROUP BY s.group_id, s.sample_index
+)"""
+
+
+async def run_table(query: Query, sql: str) -> Table:
+    table = await query(sql)
+    rows = list(zip(*(col.to_pylist() for col in table.columns), strict=True))
+    return sql, list(table.column_names), rows
+
+
+async def report(query: Query, k: int) -> list[tuple[str, Table]]:
+    """Every table of the eval report, titled, in print order."""
+    return [
+        ("Scores", await run_table(query, summary_sql(k))),
+        ("Effort", await run_table(query, EFFORT_SQL)),
+        ("Stop reasons", await run_table(query, STOPS_SQL)),
+        ("Infrastructure failures", await run_table(query, FAILURES_SQL)),
+        ("Unscored samples", await run_table(query, UNSCORED_SQL)),
+    ]

@@ -5,9 +5,10 @@ and commits one DuckDB transaction per batch holding: the rows of every kind (in
 Arrow, one INSERT per kind), the ``_events`` index rows, any dead letters, and the new stream
 position. Only after the commit does it acknowledge (AckAll on the batch's last message).
 
-Why exactly once: a crash before the commit loses nothing (the messages are unacknowledged and
-are delivered again); a crash after the commit but before the ack redelivers messages whose
-sequence is <= the committed position, and those are skipped. The position lives in the same
+Why exactly once: on every start the durable consumer is rebuilt to deliver, in stream order,
+from the committed position + 1, so a crash before a commit loses nothing (those messages come
+again, first) and a crash after the commit but before the ack delivers nothing twice; any
+redelivery at or below the committed position is skipped. The position lives in the same
 transaction as the rows, so the two cannot disagree. Publishers' re-sends of an event are
 removed earlier, by JetStream's message-id de-duplication.
 
@@ -34,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from stacx.events import Event, decode, stream_name
 from stacx.store import db
@@ -84,18 +86,7 @@ class Recorder:
         """Consume until ``stop()``; raises on infrastructure failure (the supervisor restarts it)."""
         if self.con is None:
             self.open()
-        sub = await self.js.pull_subscribe(
-            f"stacx.{self.run_id}.>",
-            durable=DURABLE,
-            stream=self.stream,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.ALL,
-                deliver_policy=DeliverPolicy.ALL,
-                ack_wait=300.0,
-                max_ack_pending=-1,
-                max_waiting=16,
-            ),
-        )
+        sub = await self._subscribe_from_position()
         try:
             while not self._stop.is_set():
                 try:
@@ -110,6 +101,27 @@ class Recorder:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _subscribe_from_position(self) -> JetStreamContext.PullSubscription:
+        """(Re)create the durable consumer so it delivers, in order, everything after `position`.
+
+        Why: messages fetched by a killed recorder but never acknowledged are redelivered by
+        JetStream only after the ack wait, i.e. after newer messages. Skipping sequences at or
+        below the committed position would then drop the older ones for good. The committed
+        position in DuckDB is the truth, so the consumer is rebuilt from it on every start."""
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(self.stream, DURABLE)
+        await self.js.add_consumer(self.stream, ConsumerConfig(
+            durable_name=DURABLE,
+            filter_subject=f"stacx.{self.run_id}.>",
+            ack_policy=AckPolicy.ALL,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.position + 1,
+            ack_wait=300.0,
+            max_ack_pending=-1,
+            max_waiting=16,
+        ))
+        return await self.js.pull_subscribe_bind(DURABLE, stream=self.stream)
 
     # ---- the batch transaction -----------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""`stacx export RUN_DIR [--where ...] --format jsonl|parquet -o FILE`: episodes for other trainers.
+
+Each row: run/episode/task/group ids, reward, status, the token trajectory (`input_ids`),
+`loss_mask` (1 on model-produced tokens), behavior `logprobs`, chat `messages` (decoded with the
+run's tokenizer when it can be loaded), and `events_json` (the episode's full events, which
+`stacx replay --from FILE` re-imports, so a replay from an export equals one from the run).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from stacx.cli._common import friendly_errors
+from stacx.errors import StacxError
+from stacx.store import db
+from stacx.store.episodes_io import export_row, read_records, write_export
+
+
+def _run_model(run_dir: Path) -> str | None:
+    con = db.connect_run(run_dir)
+    row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
+    con.close()
+    if not row:
+        return None
+    model = json.loads(row[0]).get("model")
+    if isinstance(model, dict):
+        return model.get("path") or model.get("name")  # type: ignore[no-any-return]
+    return model if isinstance(model, str) else None
+
+
+def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:
+    if spec == "none":
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        from stacx.inference.models import resolve_model
+
+        tok = AutoTokenizer.from_pretrained(resolve_model(spec or "default"))
+    except Exception as exc:  # messages are a convenience; token ids are the contract
+        click.echo(f"stacx: note: no tokenizer for {spec or 'default'} ({exc}); messages left empty", err=True)
+        return None
+    return lambda ids: str(tok.decode(ids, skip_special_tokens=False))
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--where", default=None, help="SQL predicate over the episodes view, e.g. \"reward > 0\".")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: RUN_DIR/export/episodes.<format>).")
+@click.option("--tokenizer", default=None, help="Model dir for decoding messages; 'none' to skip.")
+@friendly_errors
+def cli(run_dir: Path, where: str | None, fmt: str, output: Path | None, tokenizer: str | None) -> None:
+    """Export RUN_DIR's episodes (chat messages + token ids, loss masks, rewards)."""
+    db.require_run(run_dir)
+    records = read_records(run_dir, where)
+    if not records:
+        raise StacxError(f"no episodes in {run_dir} match {where or 'anything'}")
+    decode = _decoder(tokenizer or _run_model(run_dir))
+    out = output or run_dir / "export" / f"episodes.{fmt}"
+    write_export([export_row(r, decode) for r in records], out, fmt)
+    click.echo(f"wrote {len(records)} episodes to {out}")

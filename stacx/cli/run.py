@@ -1,0 +1,141 @@
+"""`stacx run RECIPE [--set key.path=value ...] [--run-dir DIR] [--dry-run] [--placement local|ray]`.
+
+Prints the resolved recipe, then runs it (or, with --dry-run, prints the actor placement and
+resource plan and exits without starting anything). Rerunning the same command on the same run
+directory resumes the run from its log. Exit status: 0 done, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from stacx.cli._common import friendly_errors
+
+
+@click.command()
+@click.argument("recipe_file", metavar="RECIPE", type=click.Path(path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a recipe key (value parsed as a TOML literal), e.g. trainer.steps=2.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Default: runs/<recipe name>. An existing run dir is resumed.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the placement and resource plan; start nothing."
+)
+@click.option(
+    "--placement",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Override placement.mode.",
+)
+@click.option("--quiet", is_flag=True, help="Do not print the resolved recipe.")
+@friendly_errors
+def cli(
+    recipe_file: Path,
+    overrides: tuple[str, ...],
+    run_dir: Path | None,
+    dry_run: bool,
+    placement: str | None,
+    quiet: bool,
+) -> None:
+    """Run a recipe (train or eval); rerun on the same run dir to resume."""
+    from stacx.launch.loader import load_recipe, to_dict, to_toml
+
+    sets = list(overrides) + ([f"placement.mode={placement}"] if placement else [])
+    recipe = load_recipe(recipe_file, sets)
+    run_dir = run_dir or Path("runs") / recipe.name
+    if not quiet:
+        click.secho(f"# resolved recipe ({recipe_file})", dim=True)
+        click.echo(to_toml(to_dict(recipe)))
+        click.echo()
+    if dry_run:
+        _dry_run(recipe, run_dir)
+        return
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # the progress display says enough
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    from stacx.launch.launcher import launch
+
+    t0 = time.perf_counter()
+    try:
+        outcome = asyncio.run(launch(recipe, run_dir, echo=lambda s: click.echo(s, err=True)))
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",
+            err=True,
+        )
+        sys.exit(130)
+    wall = time.perf_counter() - t0
+    f = outcome.final
+    click.echo(
+        f"\ndone in {wall:.0f} s: run {outcome.run_id}"
+        + (f" (resumed, attempt {outcome.attempt + 1})" if outcome.resumed else "")
+    )
+    if f is not None:
+        from stacx.launch.progress import line
+
+        click.echo("  " + line(f, None if recipe.is_eval else recipe.trainer.steps))
+    click.echo(f"run dir: {outcome.run_dir}")
+    if outcome.plot:
+        click.echo(f"plot:    {outcome.plot}")
+    click.echo(
+        f'sql:     stacx sql {outcome.run_dir} "select iteration, first_weight_version, '
+        'count(*), avg(reward) from episodes group by all order by all"'
+    )
+    if outcome.verdict != "completed":
+        click.echo(f"run ended early: {outcome.verdict}", err=True)
+        sys.exit(1)
+
+
+def _dry_run(recipe: object, run_dir: Path) -> None:
+    from stacx.launch.launcher import scheduler_plan, select_tasks
+    from stacx.launch.loader import to_dict
+    from stacx.launch.plan import describe, roles_for
+    from stacx.launch.recipe import Recipe
+    from stacx.launch.resume import check_resume
+
+    assert isinstance(recipe, Recipe)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"placement: {recipe.placement.mode}", show_lines=True)
+    for col in ("role", "count", "cpus each", "gpus each"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("where / what", overflow="fold")
+    for row in describe(recipe, roles_for(recipe)):
+        table.add_row(*row)
+    Console(width=max(120, shutil.get_terminal_size().columns), force_terminal=False).print(table)
+    plan = scheduler_plan(recipe, select_tasks(recipe))
+    if plan.eval:
+        click.echo(f"schedule: eval, {len(plan.tasks)} tasks x {plan.group_size} samples, once")
+    else:
+        click.echo(
+            f"schedule: {recipe.algorithm.name} ({plan.mode}"
+            + (f", max staleness {plan.max_staleness}" if plan.mode == "async" else "")
+            + f"), {plan.steps} iterations of {plan.per_iteration} tasks x {plan.group_size} "
+            f"samples from {len(plan.tasks)} tasks; done at weight version {plan.steps}"
+        )
+    previous = check_resume(run_dir, to_dict(recipe))
+    state = f"resumes run {previous.run_id}" if previous else "new run"
+    click.echo(f"run dir: {run_dir} ({state})")

@@ -1,0 +1,83 @@
+"""Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer.
+(``stacx.train.sync.WeightSync`` keeps each one on the newest published weights.)
+
+Lifecycle: every engine (and any SGLang server started for it) is registered on the caller's
+AsyncExitStack, so a role's exit (done, error, Ctrl-C) closes it: no orphan servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from stacx.agents.chat import ChatTokenizer
+from stacx.errors import EngineError
+from stacx.inference.engine import Engine
+
+LATEST_SQL = "SELECT version, path FROM weights ORDER BY version DESC LIMIT 1"
+
+
+async def open_engine(
+    stack: AsyncExitStack,
+    *,
+    backend: str,
+    model: str,
+    device: str,
+    dtype: str,
+    url: str = "",
+    max_batch: int = 8,
+    max_len: int = 8192,
+    tp: int = 1,
+    mem_fraction: float = 0.85,
+    log_dir: Path | None = None,
+) -> tuple[Engine, ChatTokenizer]:
+    """Start (or connect to) an engine; it is closed when `stack` closes."""
+    if backend == "torch":
+        import torch
+
+        from stacx.inference.torch_engine import TorchEngine
+
+        torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+        engine = await asyncio.to_thread(
+            TorchEngine,
+            model,
+            device=device,
+            dtype=torch_dtype,
+            max_batch=max_batch,
+            max_len=max_len,
+        )
+        stack.push_async_callback(engine.close)
+        assert engine.tokenizer is not None
+        return engine, engine.tokenizer  # type: ignore[return-value]
+    from transformers import AutoTokenizer
+
+    from stacx.inference.models import resolve_model
+
+    path = await asyncio.to_thread(resolve_model, model)
+    tokenizer: ChatTokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)  # type: ignore[arg-type]
+    if backend == "sglang":
+        from stacx.inference.sglang_client import SGLangEngine
+        from stacx.inference.sglang_server import start_sglang_server
+
+        if not url:
+            server = await asyncio.to_thread(
+                start_sglang_server,
+                path,
+                extra_args=("--tp", str(tp), "--mem-fraction-static", str(mem_fraction)),
+                log_dir=log_dir,
+            )
+            stack.callback(server.stop)
+            url = server.url
+        sglang = SGLangEngine(url)
+        stack.push_async_callback(sglang.close)
+        return sglang, tokenizer
+    if backend == "openai":
+        from stacx.inference.openai_client import OpenAIEngine
+
+        if not url:
+            raise EngineError("engine backend 'openai' needs a url (an OpenAI-compatible server)")
+        oa = OpenAIEngine(url, model, tokenizer=tokenizer)  # type: ignore[arg-type]
+        stack.push_async_callback(oa.close)
+        return oa, tokenizer
+    raise EngineError(f"engine backend {backend!r}: accepted: torch, sglang, openai")

@@ -1,0 +1,193 @@
+"""The launcher: one recipe -> one run (RunContext), its roles placed, a scheduler, progress
+and metrics, until the log says the run is done; then a clean stop and a plot.
+
+    outcome = asyncio.run(launch(recipe, Path("runs/quickstart")))
+
+Order on start: the resume check (a different recipe on an existing run dir is refused with the
+diff), RunContext (NATS, the recorder, RunStarted with the resolved recipe), the roles (their
+actors start consuming; rollout workers load the latest published weights), then the
+scheduler, which emits what the log says is due. Order on stop (done, error or Ctrl-C): the
+scheduler and every role's actors stop (the trainer checkpoints in its ``on_stop``; engines,
+SGLang servers and sandbox containers are released by the role builders' exit), metrics are
+flushed, RunFinished is published and the recorder drains.
+
+Guarantees: the launcher holds no state that matters; kill -9 at any point and the same command
+continues from the log (see ``stacx.launch.scheduler`` and ``stacx.launch.resume``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+
+from stacx.actors.run import RunContext
+from stacx.errors import ConfigError
+from stacx.launch.loader import to_dict
+from stacx.launch.metrics import MetricsWriter, make_sinks
+from stacx.launch.placement import RayPlacement, make_placement, resolve_builder
+from stacx.launch.plan import RoleSpec, roles_for
+from stacx.launch.progress import ProgressView, Snapshot, snapshot
+from stacx.launch.recipe import Recipe
+from stacx.launch.resume import check_resume, remove_orphan_sandboxes
+from stacx.launch.scheduler import Plan, Scheduler, TaskRef
+
+log = logging.getLogger(__name__)
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    run_dir: str
+    attempt: int
+    resumed: bool
+    final: Snapshot | None
+    plot: str | None
+    verdict: str  # "completed", "starved: ...", or "stopped" (interrupted before the end)
+
+
+def resolve_tasks(spec: str) -> Path:
+    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    bundled = BUNDLED_TASKS / spec
+    if "/" not in spec and bundled.is_dir():
+        return bundled
+    sets = (
+        sorted(p.name for p in BUNDLED_TASKS.iterdir() if p.is_dir())
+        if BUNDLED_TASKS.is_dir()
+        else []
+    )
+    raise ConfigError(
+        f"tasks.path {spec!r}: no such file or directory, and not a bundled set "
+        f"(bundled: {', '.join(sets) or 'none'})"
+    )
+
+
+def select_tasks(recipe: Recipe) -> list[TaskRef]:
+    """The recipe's tasks after include / exclude / limit, as (id, path), sorted by id."""
+    from stacx.sandbox.tasks import load_tasks
+
+    t = recipe.tasks
+    tasks = sorted(load_tasks(resolve_tasks(t.path)), key=lambda x: x.task_id)
+    known = {x.task_id for x in tasks}
+    missing = [i for i in t.include if i not in known]
+    if missing:
+        raise ConfigError(
+            f"tasks.include: unknown task ids {missing} in {t.path}; "
+            f"accepted: {', '.join(sorted(known))}"
+        )
+    if t.include:
+        tasks = [x for x in tasks if x.task_id in t.include]
+    tasks = [x for x in tasks if x.task_id not in t.exclude]
+    if t.limit is not None:
+        tasks = tasks[: t.limit]
+    if not tasks:
+        raise ConfigError(f"tasks: no task left in {t.path} after include/exclude/limit")
+    return [TaskRef(x.task_id, str(x.path)) for x in tasks]
+
+
+def scheduler_plan(recipe: Recipe, tasks: list[TaskRef]) -> Plan:
+    return Plan(
+        tasks=tasks,
+        per_iteration=recipe.tasks.per_iteration,
+        group_size=recipe.tasks.group_size,
+        seed=recipe.tasks.seed,
+        steps=recipe.trainer.steps,
+        mode=recipe.algorithm.mode,
+        max_staleness=recipe.algorithm.max_staleness,
+        eval=recipe.is_eval,
+        max_iterations=recipe.tasks.max_iterations,
+        trainer=None if recipe.is_eval else recipe.trainer,
+    )
+
+
+async def launch(
+    recipe: Recipe,
+    run_dir: Path,
+    *,
+    roles: list[RoleSpec] | None = None,
+    echo: Callable[[str], None] = print,
+    poll_s: float = 1.0,
+) -> Outcome:
+    """Run (or resume) `recipe` in `run_dir` until done; see the module docstring."""
+    config = to_dict(recipe)
+    previous = await asyncio.to_thread(check_resume, run_dir, config)
+    plan = scheduler_plan(recipe, await asyncio.to_thread(select_tasks, recipe))
+    roles = roles_for(recipe) if roles is None else roles
+    for role in roles:
+        resolve_builder(role.builder)  # a wrong path fails now, before anything starts
+    final: Snapshot | None = None
+    async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
+        if previous is not None:
+            removed = await remove_orphan_sandboxes(run.run_id)
+            echo(
+                f"resuming run {run.run_id} in {run.run_dir} (attempt {run.attempt + 1}); "
+                f"continuing from its log"
+                + (f"; removed {removed} orphan sandboxes" if removed else "")
+            )
+        if prepare is not None:  # e.g. `stacx replay` imports past episodes before anything starts
+            await prepare(run)
+        placement = make_placement(run, recipe)
+        scheduler = Scheduler(plan, poll_s=poll_s)
+        lg = recipe.logging
+        metrics = MetricsWriter(
+            run.query,
+            lambda: make_sinks(
+                run.run_dir,
+                run.run_id,
+                config,
+                tensorboard=lg.tensorboard,
+                wandb_project=lg.wandb_project,
+            ),
+            interval_s=lg.interval_s,
+        )
+        progress = ProgressView(
+            run.query,
+            title=f"{recipe.name} · {run.run_id}",
+            steps=None if recipe.is_eval else recipe.trainer.steps,
+            mode=lg.progress,
+            interval_s=lg.interval_s,
+        )
+        background = [asyncio.create_task(metrics.run()), asyncio.create_task(progress.run())]
+        try:
+            for role in roles:
+                await placement.start(role)
+            run.spawn(scheduler)
+            while not scheduler.done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(scheduler.done.wait(), 2.0)
+                if isinstance(placement, RayPlacement):
+                    await placement.check()
+        finally:
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await placement.stop()
+            await metrics.finish()
+            with contextlib.suppress(Exception):
+                final = await snapshot(run.query)
+        attempt = run.attempt
+    plot = None
+    if recipe.logging.plot:
+        try:
+            from stacx.launch.plot import write_plot
+
+            plot = str(await asyncio.to_thread(write_plot, run.run_dir))
+        except Exception as exc:  # a plot is a convenience; the run itself succeeded
+            log.warning("plot not written: %r", exc)
+    return Outcome(
+        run_id=run.run_id,
+        run_dir=str(run.run_dir),
+        attempt=attempt,
+        resumed=previous is not None,
+        final=final,
+        plot=plot,
+        verdict=scheduler.verdict or "stopped",
+    )

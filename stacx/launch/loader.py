@@ -1,0 +1,289 @@
+"""Reading recipes: TOML file + ``--set key.path=value`` overrides -> a validated :class:`Recipe`.
+
+Guarantees: every error is a :class:`ConfigError` whose message names the file, the dotted key
+path and what is accepted there (the section's keys for an unknown key, the allowed values for
+a choice, the expected type otherwise). Overrides are applied to the parsed TOML before
+validation, so a ``--set`` typo fails exactly like a typo in the file.
+
+``--set`` values are parsed as TOML literals (``3``, ``1e-5``, ``true``, ``"x"``, ``[1, 2]``),
+falling back to the raw string (``--set model.path=/ckpt``); ``none`` or ``null`` set ``None``.
+
+Limits: TOML has no null, so a ``None`` in the resolved recipe is written as a comment by
+:func:`to_toml`; that is only for display.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+import typing
+from pathlib import Path
+
+import msgspec
+
+from stacx.errors import ConfigError
+from stacx.launch.recipe import Recipe
+
+ConfigDict = dict[str, object]
+
+
+def parse_value(text: str) -> object:
+    """A ``--set`` value: a TOML literal if it parses as one, else the string itself."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: ConfigDict, overrides: list[str]) -> ConfigDict:
+    """A copy of `data` with each ``key.path=value`` set (intermediate tables are created)."""
+    out: ConfigDict = json.loads(json.dumps(data))  # deep copy of plain TOML data
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. trainer.steps=2")
+        *parents, leaf = key.split(".")
+        node = out
+        for i, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(f"--set {key}: {where} is a value, not a table")
+            node = child
+        node[leaf] = parse_value(raw)
+    return out
+
+
+def read_toml(path: Path) -> ConfigDict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such recipe file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def load_recipe(path: Path | str, overrides: list[str] | None = None) -> Recipe:
+    """Read, override, validate. The recipe's ``name`` defaults to the file's stem."""
+    path = Path(path)
+    data = apply_overrides(read_toml(path), overrides or [])
+    data.setdefault("name", path.stem)
+    return convert(data, source=str(path))
+
+
+def convert(data: ConfigDict, *, source: str = "recipe") -> Recipe:
+    try:
+        return msgspec.convert(derive(data, source=source), Recipe)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {explain(str(exc))}") from exc
+    except ConfigError as exc:  # a value check of an embedded config (e.g. TrainerConfig)
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _get(data: ConfigDict, path: str, default: object) -> object:
+    node: object = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
+    """Fill the trainer's keys that other sections decide, so the recipe says each thing once.
+
+    trainer.algorithm = algorithm.name, trainer.model = model.path, trainer.mode =
+    algorithm.mode, trainer.max_staleness = algorithm.max_staleness (async; 0 in sync), and,
+    unless given, trainer.batch_groups = tasks.per_iteration (GRPO: one iteration per step)
+    and trainer.batch_episodes = tasks.per_iteration * tasks.group_size. A recipe may repeat a
+    derived key only with the same value (so a printed resolved recipe loads back)."""
+    algo = _get(data, "algorithm.name", "grpo")
+    trainer = data.get("trainer", {})
+    if algo == "eval" or not isinstance(trainer, dict):
+        return data
+    algorithm = data.get("algorithm", {})
+    imitation = _get(data, "algorithm.imitation", {})
+    if (
+        algo in ("dagger", "aggrevate", "opd")
+        and isinstance(algorithm, dict)
+        and isinstance(imitation, dict)
+    ):
+        steps = trainer.get("steps", 1)
+        for key, value, origin in (
+            ("name", algo, "algorithm.name"),
+            ("iterations", steps, "trainer.steps"),
+        ):
+            if key in imitation and imitation[key] != value:
+                raise ConfigError(
+                    f"algorithm.imitation.{key} = {imitation[key]!r} contradicts "
+                    f"{origin} = {value!r}; remove algorithm.imitation.{key}"
+                )
+        data = {
+            **data,
+            "algorithm": {
+                **algorithm,
+                "imitation": {**imitation, "name": algo, "iterations": steps},
+            },
+        }
+    mode = _get(data, "algorithm.mode", "sync")
+    per_iteration = _get(data, "tasks.per_iteration", 4)
+    group_size = _get(data, "tasks.group_size", 4)
+    fixed = {
+        "algorithm": (algo, "algorithm.name"),
+        "model": (_get(data, "model.path", "default"), "model.path"),
+        "mode": (mode, "algorithm.mode"),
+        "max_staleness": (
+            _get(data, "algorithm.max_staleness", 1) if mode == "async" else 0,
+            "algorithm.max_staleness (0 in sync mode)",
+        ),
+    }
+    out = dict(trainer)
+    for key, (value, origin) in fixed.items():
+        if key in trainer and trainer[key] != value:
+            raise ConfigError(
+                f"trainer.{key} = {trainer[key]!r} contradicts {origin} = {value!r}; "
+                f"the trainer's is derived from {origin.split(' ')[0]}: remove trainer.{key}"
+            )
+        out[key] = value
+    if isinstance(per_iteration, int) and isinstance(group_size, int):
+        out.setdefault("batch_groups", per_iteration)
+        out.setdefault("batch_episodes", per_iteration * group_size)
+    return {**data, "trainer": out}
+
+
+def to_dict(recipe: Recipe) -> ConfigDict:
+    """The resolved recipe as plain JSON data (what RunStarted records, so that a recorded
+    recipe and a freshly loaded one compare equal: tuples become lists)."""
+    out: ConfigDict = msgspec.json.decode(msgspec.json.encode(recipe))
+    return out
+
+
+# ---- error messages --------------------------------------------------------------------------
+
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$(.*)`)?")
+_MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$(.*)`)?")
+_AT = re.compile(r"^(.*) - at `\$(.*)`$")
+
+
+def _dotted(path: str) -> str:
+    return path.lstrip(".")
+
+
+def explain(message: str) -> str:
+    """Rewrite msgspec's validation message in terms of the recipe's key paths."""
+    if m := _UNKNOWN.match(message):
+        parent = _dotted(m.group(2) or "")
+        key = f"{parent}.{m.group(1)}" if parent else m.group(1)
+        keys = _keys_at(parent)
+        return f"unknown key {key}; accepted: {', '.join(keys)}"
+    if m := _MISSING.match(message):
+        parent = _dotted(m.group(2) or "")
+        key = f"{parent}.{m.group(1)}" if parent else m.group(1)
+        return f"missing required key {key}"
+    if m := _AT.match(message):
+        what, path = m.group(1), _dotted(m.group(2))
+        accepted = _accepted_at(path)
+        tail = f"; accepted: {accepted}" if accepted else ""
+        return f"{path}: {what.replace('`', '')}{tail}"
+    return message
+
+
+def _field_type(path: str) -> object | None:
+    """The declared type at a dotted path of Recipe (list indices skipped), or None."""
+    tp: object = Recipe
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        if not part:
+            continue
+        struct = _struct_of(tp)
+        if struct is None:
+            return None
+        hints = typing.get_type_hints(struct)
+        if part not in hints:
+            return None
+        tp = hints[part]
+    if re.search(r"\[\d+\]$", path):
+        args = typing.get_args(tp)
+        return args[0] if args else None
+    return tp
+
+
+def _struct_of(tp: object) -> type[msgspec.Struct] | None:
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp
+    for arg in typing.get_args(tp):  # X | None
+        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+            return arg
+    return None
+
+
+def _keys_at(path: str) -> list[str]:
+    struct = _struct_of(_field_type(path)) if path else Recipe
+    return list(struct.__struct_fields__) if struct is not None else []
+
+
+def _accepted_at(path: str) -> str:
+    tp = _field_type(path)
+    if tp is None:
+        return ""
+    if typing.get_origin(tp) is typing.Literal:
+        return ", ".join(repr(a) for a in typing.get_args(tp))
+    if _struct_of(tp) is not None:
+        return "a table with keys " + ", ".join(_keys_at(path))
+    return ""  # msgspec's message already names the expected type
+
+
+# ---- display and comparison ------------------------------------------------------------------
+
+
+def flatten(data: ConfigDict, prefix: str = "") -> dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict[str, object] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def diff(old: ConfigDict, new: ConfigDict) -> list[str]:
+    """Lines ``key: old -> new`` for every leaf that differs (missing leaves shown as <absent>)."""
+    a, b = flatten(old), flatten(new)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if va != vb:
+            lines.append(f"{key}: {json.dumps(va)} -> {json.dumps(vb)}")
+    return lines
+
+
+def _literal(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    return repr(v)
+
+
+def to_toml(data: ConfigDict, prefix: str = "") -> str:
+    """The resolved recipe as TOML (``None`` values as comments), for printing."""
+    lines: list[str] = []
+    tables: list[tuple[str, ConfigDict]] = []
+    for k, v in data.items():
+        if isinstance(v, dict):
+            tables.append((f"{prefix}{k}", v))
+        elif v is None:
+            lines.append(f"# {k} = none")
+        else:
+            lines.append(f"{k} = {_literal(v)}")
+    for name, table in tables:
+        lines.append(f"\n[{name}]")
+        lines.append(to_toml(table, name + "."))
+    return "\n".join(line for line in lines if line != "")

@@ -1,0 +1,158 @@
+"""Metrics writers: TensorBoard event files always (``<run_dir>/tb/``), Weights & Biases when
+``WANDB_API_KEY`` is set and ``wandb`` is installed. Both are fed from the log by SQL.
+
+Per train step: loss, reward_mean, samples, tokens, step time (``train/*``). Per weight version:
+the reward of the episodes that version generated (``rollout/*``). Resume: a restarted writer
+re-reads the log from the start and opens TensorBoard with ``purge_step=0``, so events that an
+earlier attempt wrote are superseded, not doubled.
+
+Limits: W&B runs are resumed by id (``resume="allow"``); W&B errors are logged and disable W&B
+for the rest of the run, never stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from stacx.actors.base import Query
+
+log = logging.getLogger(__name__)
+
+STEPS_SQL = """SELECT step, loss, reward_mean, n_samples, tokens, duration_ms FROM train_steps
+WHERE step > {after} ORDER BY step"""
+VERSIONS_SQL = """SELECT first_weight_version AS weight_version, avg(reward) AS reward, count(*) AS n,
+       avg(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate
+FROM episodes WHERE status = 'scored' AND first_weight_version IS NOT NULL
+GROUP BY 1 ORDER BY 1"""
+
+
+class Sink(Protocol):
+    def scalars(self, values: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardSink:
+    def __init__(self, logdir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(logdir), purge_step=0)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, project: str, run_id: str, config: dict[str, object], run_dir: Path) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=project, id=run_id, name=run_id, resume="allow", config=config, dir=str(run_dir)
+        )
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log({**values, "step": step})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_sinks(
+    run_dir: Path, run_id: str, config: dict[str, object], *, tensorboard: bool, wandb_project: str
+) -> list[Sink]:
+    sinks: list[Sink] = []
+    if tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    if os.environ.get("WANDB_API_KEY"):
+        try:
+            sinks.append(WandbSink(wandb_project, run_id, config, run_dir))
+        except Exception as exc:  # missing package, network: W&B is optional
+            log.warning("W&B disabled: %r", exc)
+    return sinks
+
+
+class MetricsWriter:
+    """Copies new train steps and per-version rewards from the log to the sinks."""
+
+    def __init__(
+        self, query: Query, sinks: list[Sink] | Callable[[], list[Sink]], *, interval_s: float = 2.0
+    ) -> None:
+        self.query = query
+        # A factory is called (in a thread) on the first run(): TensorBoard imports torch,
+        # which may take seconds that the run should not wait for.
+        self._factory = sinks if callable(sinks) else None
+        self.sinks: list[Sink] = [] if callable(sinks) else sinks
+        self._ready: asyncio.Task[list[Sink]] | None = None
+        self.interval_s = interval_s
+        self.last_step = -1
+        self.versions: dict[int, int] = {}  # version -> episodes written
+
+    async def flush(self) -> None:
+        steps = await self.query(STEPS_SQL.format(after=self.last_step))
+        for row in steps.to_pylist():
+            values = {
+                f"train/{k}": float(row[k])
+                for k in ("loss", "reward_mean", "n_samples", "tokens", "duration_ms")
+                if row[k] is not None
+            }
+            self._write(values, int(row["step"]))
+            self.last_step = int(row["step"])
+        by_version = await self.query(VERSIONS_SQL)
+        for row in by_version.to_pylist():
+            v, n = int(row["weight_version"]), int(row["n"])
+            if self.versions.get(v) != n:  # rewritten as episodes of that version keep coming
+                self._write(
+                    {
+                        "rollout/reward": float(row["reward"]),
+                        "rollout/pass_rate": float(row["pass_rate"]),
+                        "rollout/episodes": float(n),
+                    },
+                    v,
+                )
+                self.versions[v] = n
+
+    def _write(self, values: dict[str, float], step: int) -> None:
+        for sink in list(self.sinks):
+            try:
+                sink.scalars(values, step)
+            except Exception as exc:
+                log.warning("metrics sink %s failed, disabled: %r", type(sink).__name__, exc)
+                self.sinks.remove(sink)
+
+    async def _sinks(self) -> None:
+        if self._factory is not None and self._ready is None:
+            self._ready = asyncio.create_task(asyncio.to_thread(self._factory))
+        if self._ready is not None:
+            self.sinks = await asyncio.shield(self._ready)
+
+    async def run(self) -> None:
+        """Write new metrics every ``interval_s`` until cancelled; then call :meth:`finish`."""
+        await self._sinks()
+        while True:
+            with contextlib.suppress(Exception):
+                await self.flush()
+            await asyncio.sleep(self.interval_s)
+
+    async def finish(self) -> None:
+        """Write what is left and close the sinks (waits for them if they are being created)."""
+        await self._sinks()
+        with contextlib.suppress(Exception):
+            await self.flush()
+        self.close()
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                sink.close()

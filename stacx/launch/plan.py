@@ -1,0 +1,146 @@
+"""The placement plan: which actors a recipe starts, how many, where, with what resources.
+
+Pure: a function of the recipe only, so ``stacx run --dry-run`` prints it on any machine (no
+GPU, no Docker, no model needed) and the launcher starts exactly what it printed.
+
+Roles (each built by a function ``module:function`` with the signature of
+``stacx.launch.roles.RoleBuilder``; the same function runs in the launcher's process for
+``local`` placement and inside a Ray actor for ``ray``):
+
+- ``rollout``  ``placement.rollout_workers`` workers; each owns a student engine (loading each
+  published weight version), the Docker environments, and a rollout manager sharing the
+  TaskScheduled work queue; DAgger/AggreVaTe roll-ins also hold a teacher engine, and
+  AggreVaTe's branch actor (replay, explore, teacher finishes) runs there too.
+- ``trainer``  one (absent in eval recipes): reads batches from the log by SQL, steps,
+  checkpoints, publishes WeightsPublished.
+- ``teacher``  one, for DAgger (labels every visited state) and OPD (scores student tokens);
+  AggreVaTe's teacher finishes branches inside the rollout workers, next to the sandboxes.
+- ``scheduler``, the recorder, the query service, progress and metrics stay in the launcher
+  (control plane; they read the log, which lives there).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from stacx.errors import ConfigError
+from stacx.launch.recipe import EngineSection, Recipe, Resources
+
+ROLES = ("rollout", "trainer", "teacher")
+
+
+class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    builder: str  # "module:function"
+    count: int
+    resources: Resources
+    detail: str = ""  # what runs inside (for the printed plan)
+
+
+def _engine_detail(engine: EngineSection, model: str) -> str:
+    where = engine.url or (
+        "in-process" if engine.backend == "torch" else "server started by the worker"
+    )
+    tp = f", tp={engine.tp}" if engine.backend == "sglang" else ""
+    return f"{engine.backend} engine ({where}{tp}, device={engine.device}) serving {model}"
+
+
+def _teacher_detail(recipe: Recipe) -> str:
+    t = recipe.teacher
+    where = t.url or ("in-process" if t.backend == "torch" else "server")
+    what = {"dagger": "labels visited states", "opd": "scores student tokens"}[
+        recipe.algorithm.name
+    ]
+    return f"{t.backend} engine ({where}, device={t.device}) serving {t.path or '<no teacher.path>'}: {what}"
+
+
+def roles_for(recipe: Recipe) -> list[RoleSpec]:
+    p = recipe.placement
+    engine = _engine_detail(recipe.engine, recipe.model.path)
+    rollout_detail = (
+        f"{engine}; docker sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
+    )
+    if recipe.algorithm.name in ("dagger", "aggrevate"):
+        rollout_detail += (
+            f"; beta-mixture roll-in with teacher {recipe.teacher.path or recipe.teacher.url}"
+        )
+    if recipe.algorithm.name == "aggrevate":
+        rollout_detail += "; AggreVaTe branches (replay, explore, teacher finishes, verify)"
+    roles = [
+        RoleSpec(
+            name="rollout",
+            builder="stacx.launch.roles:rollout",
+            count=p.rollout_workers,
+            resources=p.rollout,
+            detail=rollout_detail,
+        ),
+    ]
+    if not recipe.is_eval:
+        roles.append(
+            RoleSpec(
+                name="trainer",
+                builder="stacx.launch.roles:trainer",
+                count=1,
+                resources=p.trainer,
+                detail=f"{recipe.algorithm.name} on {recipe.model.path}, {recipe.trainer.steps} steps",
+            )
+        )
+    if recipe.algorithm.name in (
+        "dagger",
+        "opd",
+    ):  # AggreVaTe's teacher works inside the rollout role
+        roles.append(
+            RoleSpec(
+                name="teacher",
+                builder="stacx.launch.roles:teacher",
+                count=1,
+                resources=p.teacher,
+                detail=_teacher_detail(recipe),
+            )
+        )
+    unknown = sorted(set(p.builders) - set(ROLES))
+    if unknown:
+        raise ConfigError(
+            f"placement.builders: unknown role {unknown[0]!r}; accepted: " + ", ".join(ROLES)
+        )
+    return [msgspec.structs.replace(r, builder=p.builders.get(r.name, r.builder)) for r in roles]
+
+
+def totals(roles: list[RoleSpec]) -> Resources:
+    return Resources(
+        cpus=sum(r.count * r.resources.cpus for r in roles),
+        gpus=sum(r.count * r.resources.gpus for r in roles),
+    )
+
+
+def describe(recipe: Recipe, roles: list[RoleSpec]) -> list[tuple[str, str, str, str, str]]:
+    """Rows (role, count, cpus each, gpus each, what runs) of the printed plan, control plane first."""
+    p = recipe.placement
+    where = (
+        "launcher process"
+        if p.mode == "local"
+        else f"Ray actor ({p.ray_address or 'local cluster'})"
+    )
+    rows = [
+        (
+            "scheduler+recorder",
+            "1",
+            "-",
+            "-",
+            "launcher process: NATS, DuckDB recorder, scheduler, "
+            "progress, metrics" + (", SQL query service for Ray actors" if p.mode == "ray" else ""),
+        )
+    ]
+    for r in roles:
+        rows.append(
+            (
+                r.name,
+                str(r.count),
+                f"{r.resources.cpus:g}",
+                f"{r.resources.gpus:g}",
+                f"{where}: {r.detail}",
+            )
+        )
+    t = totals(roles)
+    rows.append(("total", "", f"{t.cpus:g}", f"{t.gpus:g}", ""))
+    return rows

@@ -1,0 +1,114 @@
+"""Learning curves as PNG, from SQL over a run's log (matplotlib, Agg backend: no display).
+
+Each metric is one SQL query returning (x, y, version, n); points are coloured by the weight
+version that produced them, and a line joins the per-x means. Works on live runs too (the log
+is read through a snapshot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stacx.errors import ConfigError, StacxError
+from stacx.store import db
+
+METRICS: dict[str, tuple[str, str, str]] = {
+    # name -> (x label, y label, SQL returning x, y, version, n)
+    "reward": (
+        "iteration (weights trained for that many steps in sync mode)",
+        "mean reward",
+        """
+        SELECT iteration AS x, avg(reward) AS y, coalesce(first_weight_version, 0) AS version, count(*) AS n
+        FROM episodes WHERE status = 'scored' GROUP BY ALL ORDER BY x, version""",
+    ),
+    "pass_rate": (
+        "iteration",
+        "pass rate (reward >= 1)",
+        """
+        SELECT iteration AS x, avg(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS y,
+               coalesce(first_weight_version, 0) AS version, count(*) AS n
+        FROM episodes WHERE status = 'scored' GROUP BY ALL ORDER BY x, version""",
+    ),
+    "train_reward": (
+        "train step",
+        "reward mean of the step's batch",
+        """
+        SELECT step AS x, reward_mean AS y, weight_version AS version, n_samples AS n
+        FROM train_steps WHERE reward_mean IS NOT NULL ORDER BY x""",
+    ),
+    "loss": (
+        "train step",
+        "loss",
+        """
+        SELECT step AS x, loss AS y, weight_version AS version, n_samples AS n FROM train_steps ORDER BY x""",
+    ),
+    "turns": (
+        "iteration",
+        "turns per episode",
+        """
+        SELECT iteration AS x, avg(n_turns) AS y, coalesce(first_weight_version, 0) AS version, count(*) AS n
+        FROM episodes WHERE status = 'scored' GROUP BY ALL ORDER BY x, version""",
+    ),
+}
+DEFAULT_METRICS = ("reward", "loss")
+
+
+def write_plot(
+    run_dir: Path | str,
+    out: Path | str | None = None,
+    metrics: tuple[str, ...] | list[str] = DEFAULT_METRICS,
+) -> Path:
+    """Write one PNG with a panel per metric; return its path (default <run_dir>/curves.png)."""
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ConfigError(f"--metric {unknown[0]!r}: accepted: {', '.join(METRICS)}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    run_dir = Path(run_dir)
+    con = db.connect_run(run_dir)
+    try:
+        data = {m: con.execute(METRICS[m][2]).fetchall() for m in metrics}
+    finally:
+        con.close()
+    if not any(data.values()):
+        raise StacxError(f"{run_dir}: nothing to plot yet (no scored episodes, no train steps)")
+    versions = sorted({int(r[2]) for rows in data.values() for r in rows if r[2] is not None}) or [
+        0
+    ]
+    cmap = plt.get_cmap("viridis", max(2, len(versions)))
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 3.2 * len(metrics)), squeeze=False)
+    for ax, m in zip(axes[:, 0], metrics, strict=True):
+        xlabel, ylabel, _sql = METRICS[m]
+        rows = [r for r in data[m] if r[1] is not None]
+        if rows:
+            xs, ys = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+            colors = [cmap(versions.index(int(r[2] or 0))) for r in rows]
+            sizes = [20 + 6 * min(int(r[3] or 1), 30) for r in rows]
+            ax.scatter(xs, ys, c=colors, s=sizes, zorder=3)
+            means: dict[float, list[float]] = {}
+            for x, y in zip(xs, ys, strict=True):
+                means.setdefault(x, []).append(y)
+            mx = sorted(means)
+            ax.plot(mx, [sum(means[x]) / len(means[x]) for x in mx], color="grey", lw=1, zorder=2)
+        else:
+            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations and steps are counts
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles = [
+        plt.Line2D([], [], marker="o", ls="", color=cmap(i), label=f"v{v}")
+        for i, v in enumerate(versions)
+    ]
+    axes[0, 0].legend(handles=handles, title="weight version", fontsize=8, loc="best")
+    axes[0, 0].set_title(f"{run_dir.name}")
+    fig.tight_layout()
+    target = Path(out) if out else run_dir / "curves.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target

@@ -1,0 +1,132 @@
+"""SQL over the log from another process: a NATS request/reply service the launcher serves.
+
+Actors placed on Ray run in other processes (maybe other machines) but ``ActorContext.query``
+must see the same log as local actors: the recorder, the only DuckDB writer, lives in the
+launcher. So the launcher serves ``stacxq.<run_id>`` (outside the run's stream subjects
+``stacx.<run_id>.>``, so nothing here is recorded): a request carries the SQL (UTF-8); the reply
+is the result as Arrow IPC stream bytes, split into chunks of at most ``CHUNK`` bytes (NATS
+caps a message at 1 MiB by default) published to the requester's inbox, each with the header
+``Stacx-Chunk: i/n``; a failure is one message with ``Stacx-Error``.
+
+Guarantee: the reply reflects every event published before the request was *served* (the
+launcher's ``RunContext.query`` waits for the recorder first), i.e. a remote actor reads its
+own writes, as a local one does. Limits: one reply is materialized in the launcher's memory;
+requests are served one at a time (DuckDB has one writer connection anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats.aio.client
+import pyarrow as pa
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from stacx.actors.base import Query
+from stacx.errors import StacxError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 512 * 1024
+TIMEOUT_S = 120.0
+
+
+class QueryError(StacxError):
+    """A remote query failed; the message is the launcher's error."""
+
+
+def query_subject(run_id: str) -> str:
+    return f"stacxq.{run_id}"
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+        return reader.read_all()
+
+
+class QueryService:
+    """Serves ``query`` (the launcher's RunContext.query) to remote actors."""
+
+    def __init__(self, nc: nats.aio.client.Client, run_id: str, query: Query) -> None:
+        self.nc = nc
+        self.run_id = run_id
+        self.query = query
+        self._sub: Subscription | None = None
+        self.served = 0
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(query_subject(self.run_id), cb=self._serve)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _serve(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            data = to_ipc(await self.query(msg.data.decode()))
+        except Exception as exc:  # the caller must see why; the service keeps serving
+            await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": _one_line(repr(exc))})
+            return
+        chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+        for i, chunk in enumerate(chunks):
+            await self.nc.publish(msg.reply, chunk, headers={"Stacx-Chunk": f"{i}/{len(chunks)}"})
+        self.served += 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:4000]
+
+
+def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S) -> Query:
+    """A ``Query`` function for a remote actor: sends SQL, reassembles the chunked Arrow reply."""
+
+    async def query(sql: str) -> pa.Table:
+        inbox = nc.new_inbox()
+        parts: dict[int, bytes] = {}
+        total: list[int] = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_reply(msg: Msg) -> None:
+            headers = msg.headers or {}
+            if "Stacx-Error" in headers:
+                if not done.done():
+                    done.set_exception(
+                        QueryError(f"query failed in the launcher: {headers['Stacx-Error']}")
+                    )
+                return
+            index, _, n = headers.get("Stacx-Chunk", "0/1").partition("/")
+            parts[int(index)] = msg.data
+            total[:] = [int(n)]
+            if len(parts) == total[0] and not done.done():
+                done.set_result(None)
+
+        sub = await nc.subscribe(inbox, cb=on_reply)
+        try:
+            await nc.publish(query_subject(run_id), sql.encode(), reply=inbox)
+            try:
+                await asyncio.wait_for(done, timeout)
+            except TimeoutError as exc:
+                raise QueryError(
+                    f"no answer from the launcher's query service on {query_subject(run_id)} "
+                    f"within {timeout:.0f} s (is the launcher alive?)"
+                ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return from_ipc(b"".join(parts[i] for i in range(total[0])))
+
+    return query

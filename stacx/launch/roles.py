@@ -1,0 +1,194 @@
+"""The real role builders (see ``stacx.launch.plan``): recipe -> the actors of one role instance.
+
+Each is an async context manager: it starts what its actors need (engines, SGLang servers,
+the Docker environments), yields the actors, and releases everything on exit. The same builder
+runs in the launcher (local placement) or inside a Ray actor (ray placement).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import ClassVar
+
+from stacx.actors.base import Actor
+from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig
+from stacx.agents.policies import EnginePolicy, always, null_policy, oracle_policy
+from stacx.errors import ConfigError
+from stacx.events import TurnActor
+from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
+from stacx.launch.engines import LATEST_SQL, open_engine
+from stacx.launch.placement import ActorEnv
+from stacx.launch.recipe import Recipe
+from stacx.rollout.manager import MakeExecutor, RolloutConfig, RolloutManager
+from stacx.train.sync import WeightSync
+
+
+class RolloutWorker(RolloutManager):
+    """The rollout manager with a short ack wait: its handler sends in-progress heartbeats
+    every ack_wait/3, so a live worker keeps its task, while a task whose worker died (a
+    killed launcher) comes back to a worker within seconds of a resume, not minutes."""
+
+    ack_wait: ClassVar[float] = 15.0
+
+
+class MixtureWorker(MixtureRolloutManager):
+    """The DAgger/AggreVaTe roll-in manager, with the same short ack wait (see RolloutWorker)."""
+
+    ack_wait: ClassVar[float] = RolloutWorker.ack_wait
+
+
+def agent_config(recipe: Recipe) -> AgentConfig:
+    a = recipe.agent
+    return AgentConfig(
+        max_turns=a.max_turns,
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        context_budget=a.context_budget,
+        seed=a.seed,
+    )
+
+
+def rollout_config(recipe: Recipe) -> RolloutConfig:
+    policy = {"swe": "student", "oracle": "oracle", "null": "null"}[recipe.agent.name]
+    return RolloutConfig(
+        agent=recipe.agent.name,
+        policy=policy,
+        concurrency=recipe.sandbox.concurrency,
+        max_attempts=recipe.sandbox.max_attempts,
+        episode_timeout_s=recipe.agent.episode_timeout_s,
+        agent_config=agent_config(recipe),
+    )
+
+
+@contextlib.asynccontextmanager
+async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    """A student engine (kept on the latest weights), Docker environments, a rollout manager."""
+    from stacx.rollout.environments import DockerEnvironments
+
+    async with contextlib.AsyncExitStack() as stack:
+        e = recipe.engine
+        engine, tokenizer = await open_engine(
+            stack,
+            backend=e.backend,
+            model=recipe.model.path,
+            device=e.device,
+            dtype=recipe.model.dtype,
+            url=e.url,
+            max_batch=e.max_batch,
+            max_len=e.max_len,
+            tp=e.tp,
+            mem_fraction=e.mem_fraction,
+            log_dir=Path(env.run_dir),
+        )
+        weights = WeightSync(engine, label=f"rollout-{index}")
+        # Before any episode: a resumed run continues on its latest published weights.
+        latest = (await env.query(LATEST_SQL)).to_pylist()
+        if latest:
+            await engine.load_weights(str(latest[0]["path"]), int(latest[0]["version"]))
+        chat = ChatFormat(tokenizer)
+        envs = await stack.enter_async_context(
+            DockerEnvironments(run_id=env.run_id, emit=env.emit, warm=recipe.sandbox.warm)
+        )
+        student = EnginePolicy(engine, TurnActor.STUDENT)
+        config = rollout_config(recipe)
+        manager: RolloutManager
+        extra: list[Actor] = []
+        if recipe.algorithm.name in ("dagger", "aggrevate"):
+            t = recipe.teacher
+            if not t.path and not t.url:
+                raise ConfigError(
+                    f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
+                )
+            teacher_engine, _ = await open_engine(
+                stack,
+                backend=t.backend,
+                model=t.path,
+                device=t.device,
+                dtype="auto",
+                url=t.url,
+                max_batch=t.max_batch,
+                max_len=t.max_len,
+                log_dir=Path(env.run_dir),
+            )
+            teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
+            imitation = recipe.algorithm.imitation
+            roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
+            manager = MixtureWorker(roll_in=roll_in, config=config, envs=envs, chat=chat)
+            if recipe.algorithm.name == "aggrevate":
+                from stacx.imitation.aggrevate import BranchActor
+
+                extra.append(
+                    BranchActor(
+                        config=imitation,
+                        agent=agent_config(recipe),
+                        envs=envs,
+                        chat=chat,
+                        make_learner=lambda _i: student,
+                        make_teacher=lambda: teacher_policy,
+                        teacher_temperature=t.temperature,
+                    )
+                )
+        else:
+            manager = RolloutWorker(
+                config=config, envs=envs, chat=chat, make_executor=_executors(recipe, chat, student)
+            )
+        yield [weights, manager, *extra]
+
+
+def _executors(recipe: Recipe, chat: ChatFormat, student: EnginePolicy) -> MakeExecutor:
+    name = recipe.agent.name
+    if name == "swe":
+        return lambda _task, _i: always(student)
+    if name == "oracle":
+        return lambda task, _i: always(
+            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text())
+        )
+    return lambda _task, _i: always(null_policy(chat))
+
+
+@contextlib.asynccontextmanager
+async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    """The frozen teacher: DAgger labels (dagger, aggrevate roll-ins) or OPD scores."""
+    from stacx.imitation.teacher import TeacherActor
+
+    t = recipe.teacher
+    if not t.path and not t.url:
+        raise ConfigError(
+            f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
+        )
+    async with contextlib.AsyncExitStack() as stack:
+        engine, tokenizer = await open_engine(
+            stack,
+            backend=t.backend,
+            model=t.path,
+            device=t.device,
+            dtype="auto",
+            url=t.url,
+            max_batch=t.max_batch,
+            max_len=t.max_len,
+            log_dir=Path(env.run_dir),
+        )
+        algo = recipe.algorithm.name
+        yield [
+            TeacherActor(
+                engine,
+                t,
+                stop_token_ids=ChatFormat(tokenizer).stop_token_ids,
+                label=algo in ("dagger", "aggrevate"),
+                score=algo == "opd",
+            )
+        ]
+
+
+@contextlib.asynccontextmanager
+async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    """The trainer actor (stacx.train.trainer), configured by the recipe's [trainer] table (whose
+    algorithm, model, mode and staleness the loader derived from the recipe's other sections).
+    It checkpoints every version it publishes, so a stop loses at most the step in progress."""
+    from stacx.train.trainer import Trainer
+
+    yield [Trainer(recipe.trainer)]

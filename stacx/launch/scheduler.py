@@ -1,0 +1,282 @@
+"""The scheduler (orchestrator): decides, from the log alone, which tasks to schedule next and
+when the run is done.
+
+Training (``algorithm.name != "eval"``): iteration ``k`` is ``tasks.per_iteration`` groups of
+``tasks.group_size`` samples. Sync mode schedules iteration ``k`` once weight version ``k`` is
+published (iteration 0 at version 0); async mode as soon as ``k <= version + max_staleness``.
+When nothing is in flight and the trainer's readiness query (``stacx.train.units``, the same
+SQL the trainer runs) says it cannot step, one more iteration is scheduled (a refill), up to
+``tasks.max_iterations``. The run is done when version ``trainer.steps`` is published (or,
+starved at the cap, ends with that reason). Eval: every task once (iteration 0, split
+``eval``); done when every sample is scored or failed for good.
+
+Resume: everything is derived from the log (the TaskScheduled rows, the published versions,
+the episodes), and every TaskScheduled has a deterministic id and group id
+(``derive_id(run_id, "TaskScheduled", iteration, slot)``), so a restarted scheduler emits
+exactly what is missing (a half-emitted iteration is completed; JetStream drops re-sends). The
+tasks of an iteration are a pure function of (task ids, seed, iteration). Groups that were in
+flight at a crash come back by JetStream redelivery to the rollout workers, which skip samples
+the log already scored.
+
+Limits: with refills, iteration numbers count rollout rounds and no longer equal the weight
+version that generated them; the trainer's freshness rules (sync: current version only) decide
+what it trains on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import ClassVar
+
+import msgspec
+import pyarrow as pa
+
+from stacx.actors.base import Actor
+from stacx.events import (
+    Event,
+    InfraFailed,
+    RewardAssigned,
+    TaskScheduled,
+    WeightsPublished,
+    derive_id,
+    subject,
+)
+from stacx.train.config import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+Query = Callable[[str], Awaitable[pa.Table]]
+
+
+class TaskRef(msgspec.Struct, frozen=True):
+    task_id: str
+    path: str
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler needs from the recipe (pure data, so the core is testable)."""
+
+    tasks: list[TaskRef]
+    per_iteration: int
+    group_size: int
+    seed: int = 0
+    steps: int = 1  # training: weight versions to reach
+    mode: str = "sync"  # sync | async
+    max_staleness: int = 1
+    eval: bool = False
+    max_iterations: int = 0  # 0: 4 x steps
+    trainer: TrainerConfig | None = None  # for the trainer's readiness (refills); None: no refills
+
+    @property
+    def iteration_cap(self) -> int:
+        return self.max_iterations or 4 * self.steps
+
+
+class LogState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the log says, in one query (see STATE_SQL)."""
+
+    scheduled: frozenset[str]  # group ids with a TaskScheduled
+    iterations: int  # rollout iterations with any TaskScheduled (they are contiguous from 0)
+    version: int  # latest published weight version (0: none)
+    samples_done: int  # samples scored or failed for good
+    samples_scheduled: int  # samples of every scheduled group
+    groups_lost: int  # groups that failed as a whole (task unreadable) for good
+    ready_units: int | None = None  # units the trainer could step on now (None: unknown)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing in flight: every scheduled sample is scored or failed for good."""
+        return self.samples_done >= self.samples_scheduled
+
+
+def tasks_for_iteration(
+    tasks: list[TaskRef], per_iteration: int, seed: int, iteration: int
+) -> list[TaskRef]:
+    """The tasks of `iteration`: consecutive slots of an endless sequence of shuffled epochs.
+
+    Every task is drawn once per epoch before any repeats; deterministic in (seed, iteration)."""
+    if not tasks:
+        return []
+    order = sorted(tasks, key=lambda t: t.task_id)
+    out = []
+    for slot in range(iteration * per_iteration, (iteration + 1) * per_iteration):
+        epoch, pos = divmod(slot, len(order))
+        shuffled = list(order)
+        random.Random(f"{seed}:{epoch}").shuffle(shuffled)
+        out.append(shuffled[pos])
+    return out
+
+
+def group_id_for(run_id: str, iteration: int, slot: int) -> str:
+    return derive_id(run_id, "group", iteration, slot)
+
+
+def iteration_events(run_id: str, plan: Plan, iteration: int) -> list[TaskScheduled]:
+    """The TaskScheduled events of one iteration (ids derived, so re-sends are de-duplicated)."""
+    if plan.eval:
+        chosen = plan.tasks
+    else:
+        chosen = tasks_for_iteration(plan.tasks, plan.per_iteration, plan.seed, iteration)
+    return [
+        TaskScheduled(
+            run_id=run_id,
+            event_id=derive_id(run_id, "TaskScheduled", iteration, slot),
+            task_id=t.task_id,
+            task_path=t.path,
+            group_id=group_id_for(run_id, iteration, slot),
+            n_samples=plan.group_size,
+            iteration=iteration,
+            split="eval" if plan.eval else "train",
+        )
+        for slot, t in enumerate(chosen)
+    ]
+
+
+def starved(plan: Plan, state: LogState) -> bool:
+    """The trainer cannot step on what exists (too few ready units) and nothing is in flight."""
+    if plan.trainer is None or state.ready_units is None:
+        return False
+    return state.settled and state.ready_units < plan.trainer.ready_threshold
+
+
+def iterations_due(plan: Plan, state: LogState) -> list[int]:
+    """Iterations that should have been scheduled by now.
+
+    Training: iteration k is due once ``k <= version`` (sync) or ``k <= version +
+    max_staleness`` (async), for k < steps; and one more (a refill) whenever the trainer is
+    starved (a filter such as SFT's ``reward >= 1`` kept too few units, or groups failed),
+    up to ``iteration_cap`` iterations in all."""
+    if plan.eval:
+        return [0]
+    ahead = 0 if plan.mode == "sync" else max(0, plan.max_staleness)
+    last = min(plan.steps - 1, state.version + ahead)
+    due = list(range(0, last + 1))
+    if starved(plan, state) and state.iterations > last and state.iterations < plan.iteration_cap:
+        due = list(range(0, state.iterations + 1))
+    return due
+
+
+def verdict(plan: Plan, state: LogState) -> str | None:
+    """None while the run should go on; else why it ends ("completed" or "starved: ...")."""
+    if plan.eval:
+        total = len(plan.tasks) * plan.group_size
+        done = state.samples_done + state.groups_lost * plan.group_size >= total
+        return "completed" if done else None
+    if state.version >= plan.steps:
+        return "completed"
+    if starved(plan, state) and state.iterations >= plan.iteration_cap:
+        return (
+            f"starved: {state.iterations} iterations rolled out (tasks.max_iterations) and "
+            f"the trainer still lacks data for step {state.version + 1}"
+        )
+    return None
+
+
+def is_done(plan: Plan, state: LogState) -> bool:
+    return verdict(plan, state) is not None
+
+
+STATE_SQL = """
+WITH final_fail AS (
+    SELECT DISTINCT episode_id FROM infra_failed WHERE episode_id IS NOT NULL AND NOT will_retry
+), groups AS (
+    SELECT group_id, max(n_samples) AS n_samples, max(iteration) AS iteration
+    FROM task_scheduled GROUP BY group_id
+)
+SELECT
+  (SELECT coalesce(list(group_id), []) FROM groups) AS groups,
+  (SELECT count(DISTINCT iteration) FROM groups) AS iterations,
+  (SELECT coalesce(sum(n_samples), 0) FROM groups) AS samples_scheduled,
+  (SELECT coalesce(max(version), 0) FROM weights_published) AS version,
+  (SELECT count(*) FROM (
+      SELECT group_id, sample_index FROM episodes e LEFT JOIN final_fail f USING (episode_id)
+      GROUP BY group_id, sample_index
+      HAVING bool_or(e.status = 'scored') OR bool_or(f.episode_id IS NOT NULL)
+  )) AS samples_done,
+  (SELECT count(DISTINCT task_id) FROM infra_failed
+      WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry) AS groups_lost
+"""
+
+
+async def read_state(query: Query, plan: Plan) -> LogState:
+    row = (await query(STATE_SQL)).to_pylist()[0]
+    version = int(row["version"])
+    ready = None
+    if plan.trainer is not None and not plan.eval:
+        from stacx.train.units import ready_units_sql
+
+        sql = ready_units_sql(plan.trainer, version)
+        ready = int((await query(f"SELECT count(*) FROM ({sql})")).column(0)[0].as_py())
+    return LogState(
+        scheduled=frozenset(row["groups"] or []),
+        iterations=int(row["iterations"]),
+        version=version,
+        samples_done=int(row["samples_done"]),
+        samples_scheduled=int(row["samples_scheduled"]),
+        groups_lost=int(row["groups_lost"]),
+        ready_units=ready,
+    )
+
+
+class Scheduler(Actor):
+    """See the module docstring. ``done`` is set once the log says the run is complete.
+
+    It consumes no durable stream: it wakes on new weights, rewards and failures (a plain
+    subscription) or every ``poll_s``, and recomputes from the log each time; so it holds no
+    state that a crash could lose."""
+
+    name: ClassVar[str] = "scheduler"
+    kinds: ClassVar[tuple[type[Event], ...]] = ()
+    wake_on: ClassVar[tuple[type[Event], ...]] = (WeightsPublished, RewardAssigned, InfraFailed)
+
+    def __init__(self, plan: Plan, *, poll_s: float = 1.0) -> None:
+        self.plan = plan
+        self.poll_s = poll_s
+        self.done = asyncio.Event()
+        self.state: LogState | None = None
+        self.verdict: str | None = None
+
+    async def tick(self) -> bool:
+        """Schedule what is due and missing; return whether the run is done."""
+        while True:
+            state = await read_state(self.query, self.plan)
+            self.state = state
+            self.verdict = verdict(self.plan, state)
+            if self.verdict is not None:
+                return True
+            sent = 0
+            for iteration in iterations_due(self.plan, state):
+                for ev in iteration_events(self.run_id, self.plan, iteration):
+                    if ev.group_id not in state.scheduled:
+                        await self.publish(ev)
+                        sent += 1
+            if not sent:  # re-read after sending: async mode may have more due
+                return False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        wake = asyncio.Event()
+        nc = self.ctx.js._nc  # the run's connection: a core subscription, not a consumer
+
+        async def on_msg(_msg: object) -> None:
+            wake.set()
+
+        subs = [
+            await nc.subscribe(subject(self.run_id, k.__name__), cb=on_msg) for k in self.wake_on
+        ]
+        try:
+            while not stop.is_set():
+                wake.clear()
+                if await self.tick():
+                    self.done.set()
+                    await stop.wait()
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.poll_s)
+        finally:
+            for s in subs:
+                with contextlib.suppress(Exception):
+                    await s.unsubscribe()

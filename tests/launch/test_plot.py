@@ -1,0 +1,65 @@
+"""`stacx plot`: PNG learning curves from a run's log, and clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stacx.cli.plot import cli
+from stacx.launch.launcher import launch
+from stacx.launch.loader import load_recipe
+from tests.launch.test_launch import QUIET, STANDIN
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("plot") / "r"
+    recipe = load_recipe(STANDIN, [*QUIET, "trainer.steps=2", "logging.plot=false"])
+    asyncio.run(launch(recipe, d, echo=lambda s: None, poll_s=0.3))
+    return d
+
+
+def test_plot_writes_png_with_requested_panels(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.png"
+    result = CliRunner().invoke(
+        cli,
+        [
+            str(run_dir),
+            "--metric",
+            "reward",
+            "--metric",
+            "loss",
+            "--metric",
+            "pass_rate",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == PNG
+    one = tmp_path / "one.png"
+    CliRunner().invoke(cli, [str(run_dir), "--metric", "loss", "-o", str(one)])
+    # three panels make a taller image than one (the panels were drawn)
+    assert out.stat().st_size > one.stat().st_size
+
+
+def test_default_output_is_in_run_dir(run_dir: Path) -> None:
+    result = CliRunner().invoke(cli, [str(run_dir)])
+    assert result.exit_code == 0
+    assert (run_dir / "curves.png").read_bytes()[:8] == PNG
+
+
+def test_unknown_metric_names_accepted_ones(run_dir: Path) -> None:
+    result = CliRunner().invoke(cli, [str(run_dir), "--metric", "rewardz"])
+    assert result.exit_code == 2
+    assert "--metric 'rewardz': accepted: reward, pass_rate" in result.output
+
+
+def test_not_a_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [str(tmp_path)])
+    assert result.exit_code == 2 and "not a STACX run" in result.output

@@ -115,6 +115,7 @@ async def launch(
     roles: list[RoleSpec] | None = None,
     echo: Callable[[str], None] = print,
     poll_s: float = 1.0,
+    prepare: Callable[[RunContext], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Run (or resume) `recipe` in `run_dir` until done; see the module docstring."""
     config = to_dict(recipe)

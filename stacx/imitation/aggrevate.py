@@ -1,0 +1,370 @@
+"""AggreVaTe branching: cost-to-go of (state, action) pairs by replaying a learner episode.
+
+For a scored learner episode (the parent) and a turn ``t`` of it, each of ``k`` branches:
+
+1. starts a FRESH sandbox of the parent's task and replays the parent's actions of turns
+   ``0..t-1`` token for token (the recorded output ids are played back, their tool calls
+   executed again);
+2. checks that the replay reproduces the recorded state: every replayed ``ToolReturned``
+   (output, exit code, timeout flag, error) must equal the parent's, and every replayed
+   prompt must equal the parent's prompt ids of that turn. A mismatch (a command printing
+   ``$RANDOM`` or the time, a network fetch) raises `ReplayMismatch`: the branch is recorded as
+   ``InfraFailed(non_determinism)`` and dropped (no cost, so never trained on);
+3. lets the learner take exploration action ``action_index`` at turn ``t`` (sampled with a
+   per-branch seed), then the teacher finishes the episode;
+4. runs the verifier: ``CostToGoEstimated(cost = 1 - reward)``.
+
+Events: ``BranchCreated`` first, then the branch's own episode (``EpisodeStarted.policy =
+"branch"``, its turns, tool calls, ``EpisodeFinished``, ``RewardAssigned``), then
+``CostToGoEstimated``. Every id is derived from (parent, turn, action_index), and a branch that
+already has a cost or a failure in the log is not run again, so a redelivered parent changes
+nothing.
+
+Limits: replay assumes the task's environment is deterministic given the same actions;
+sandbox snapshots (checkpoint/restore) are not used. Timing-dependent observations can still
+match by chance and go undetected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import ClassVar
+
+import msgspec
+
+from stacx.actors.base import Actor
+from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig
+from stacx.agents.policies import Action, Policy
+from stacx.events import (
+    BranchCreated,
+    CostToGoEstimated,
+    Emit,
+    Event,
+    FailureKind,
+    InfraFailed,
+    RewardAssigned,
+    ToolReturned,
+    derive_id,
+)
+from stacx.imitation.config import ImitationConfig
+from stacx.inference.engine import SamplingParams
+from stacx.rollout.episode import Environments, EpisodeSpec, InfraFailure, run_episode
+from stacx.sandbox.tasks import Task, load_task
+
+log = logging.getLogger(__name__)
+
+
+class RecordedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """What the parent did at one turn, and what it saw back."""
+
+    turn: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    actor: str
+    logprobs: list[float] | None = None
+    weight_version: int | None = None
+    tool_output: str | None = None  # None: the turn had no tool call
+    exit_code: int | None = None
+    timed_out: bool = False
+    error: str = ""
+
+
+class ReplayMismatch(InfraFailure):
+    """The replayed prefix diverged from the recorded one (non-deterministic environment)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FailureKind.NON_DETERMINISM, message)
+
+
+class ReplayPolicy:
+    """Plays back one recorded action, after checking the prompt is the recorded state."""
+
+    def __init__(self, recorded: RecordedTurn) -> None:
+        self.recorded = recorded
+        self.actor = recorded.actor
+
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+        check_prompt(self.recorded, prompt_ids)
+        r = self.recorded
+        return Action(
+            output_ids=list(r.output_ids),
+            logprobs=r.logprobs,
+            finish_reason="stop",
+            weight_version=r.weight_version,
+            engine="replay",
+        )
+
+
+class StatePolicy:
+    """The policy acting at the branched state: checks the state, then acts with its own
+    temperature (exploration for the learner, the teacher's own for continuations)."""
+
+    def __init__(self, policy: Policy, temperature: float, state: RecordedTurn | None) -> None:
+        self.policy = policy
+        self.actor = policy.actor
+        self.temperature = temperature
+        self.state = state
+
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+        if self.state is not None:
+            check_prompt(self.state, prompt_ids)
+        return await self.policy.act(
+            prompt_ids, msgspec.structs.replace(params, temperature=self.temperature)
+        )
+
+
+def check_prompt(recorded: RecordedTurn, prompt_ids: list[int]) -> None:
+    if prompt_ids != recorded.prompt_ids:
+        at = next(
+            (
+                i
+                for i, (a, b) in enumerate(zip(prompt_ids, recorded.prompt_ids, strict=False))
+                if a != b
+            ),
+            min(len(prompt_ids), len(recorded.prompt_ids)),
+        )
+        raise ReplayMismatch(
+            f"turn {recorded.turn}: the replayed prompt differs from the "
+            f"recorded one at token {at} ({len(prompt_ids)} vs "
+            f"{len(recorded.prompt_ids)} tokens)"
+        )
+
+
+def check_observation(recorded: RecordedTurn, event: ToolReturned) -> None:
+    """Compare a replayed ToolReturned with the parent's record of the same turn."""
+    got = (event.output, event.exit_code, event.timed_out, event.error)
+    want = (recorded.tool_output, recorded.exit_code, recorded.timed_out, recorded.error)
+    if got != want:
+        raise ReplayMismatch(
+            f"turn {recorded.turn}: replayed observation {got!r:.300} != recorded {want!r:.300}"
+        )
+
+
+def branch_seed(parent_episode_id: str, turn: int, action_index: int) -> int:
+    return int(derive_id(parent_episode_id, turn, action_index, "explore")[:8], 16) & 0x7FFFFFFF
+
+
+def pick_turn(parent_episode_id: str, n_turns: int, seed: int) -> int:
+    """The branched turn: uniform over the parent's turns, fixed by (parent, seed)."""
+    return random.Random(derive_id(parent_episode_id, seed, "turn")).randrange(n_turns)
+
+
+class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    task: Task
+    parent_episode_id: str
+    turn: int
+    iteration: int = 0
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    exploration_temperature: float = 1.0
+    teacher_temperature: float = 0.0
+
+    def group_id(self) -> str:
+        return derive_id(self.parent_episode_id, self.turn, "branches")
+
+    def branch_id(self, action_index: int) -> str:
+        return derive_id(self.parent_episode_id, self.turn, action_index, "branch")
+
+    def spec(self, action_index: int) -> EpisodeSpec:
+        return EpisodeSpec(
+            run_id=self.run_id,
+            task=self.task,
+            group_id=self.group_id(),
+            sample_index=action_index,
+            attempt=0,
+            iteration=self.iteration,
+            agent="swe",
+            policy="branch",
+        )
+
+
+async def run_branch(
+    setup: BranchSetup,
+    action_index: int,
+    recorded: list[RecordedTurn],
+    *,
+    envs: Environments,
+    chat: ChatFormat,
+    learner: Policy,
+    teacher: Policy,
+    emit: Emit,
+) -> float | None:
+    """Run one branch (see the module docstring); its cost, or None when it was dropped."""
+    t = setup.turn
+    if not 0 <= t < len(recorded):
+        raise ValueError(f"turn {t} is not a turn of the parent ({len(recorded)} turns)")
+    spec = setup.spec(action_index)
+    branch_id = setup.branch_id(action_index)
+    await emit(
+        BranchCreated(
+            run_id=setup.run_id,
+            event_id=derive_id(branch_id, "BranchCreated"),
+            branch_id=branch_id,
+            parent_episode_id=setup.parent_episode_id,
+            turn=t,
+            action_index=action_index,
+            episode_id=spec.episode_id,
+            iteration=setup.iteration,
+        )
+    )
+    at_state = StatePolicy(learner, setup.exploration_temperature, recorded[t])
+    finish = StatePolicy(teacher, setup.teacher_temperature, None)
+
+    def executor(turn: int) -> Policy:
+        return ReplayPolicy(recorded[turn]) if turn < t else at_state if turn == t else finish
+
+    async def checked_emit(event: Event) -> None:
+        await emit(event)
+        if isinstance(event, ToolReturned) and event.turn < t:
+            check_observation(recorded[event.turn], event)
+
+    config = msgspec.structs.replace(
+        setup.agent, seed=branch_seed(setup.parent_episode_id, t, action_index)
+    )
+    try:
+        _result, verdict = await run_episode(
+            spec, envs=envs, chat=chat, executor=executor, config=config, emit=checked_emit
+        )
+    except InfraFailure as failure:
+        log.warning("branch %s dropped: %s", branch_id, failure)
+        await emit(
+            InfraFailed(
+                run_id=setup.run_id,
+                event_id=derive_id(spec.episode_id, "InfraFailed"),
+                failure_kind=failure.kind,
+                message=failure.message[:4000],
+                episode_id=spec.episode_id,
+                task_id=setup.task.task_id,
+                will_retry=False,
+            )
+        )
+        return None
+    cost = 1.0 - verdict.reward
+    await emit(
+        CostToGoEstimated(
+            run_id=setup.run_id,
+            event_id=derive_id(branch_id, "CostToGoEstimated"),
+            branch_id=branch_id,
+            parent_episode_id=setup.parent_episode_id,
+            turn=t,
+            action_index=action_index,
+            cost=cost,
+            reward=verdict.reward,
+            iteration=setup.iteration,
+        )
+    )
+    return cost
+
+
+RECORDED_SQL = """SELECT t.turn, t.prompt_ids, t.output_ids, t.actor, t.logprobs, t.weight_version,
+       r.output AS tool_output, r.exit_code, coalesce(r.timed_out, false) AS timed_out,
+       coalesce(r.error, '') AS error
+FROM (SELECT * FROM turn_generated WHERE episode_id = '{e}'
+      QUALIFY row_number() OVER (PARTITION BY turn ORDER BY _seq) = 1) t
+LEFT JOIN (SELECT * FROM tool_returned WHERE episode_id = '{e}'
+      QUALIFY row_number() OVER (PARTITION BY turn ORDER BY _seq) = 1) r USING (turn)
+ORDER BY t.turn"""
+
+PARENT_SQL = """SELECT s.task_id, s.iteration, s.policy, k.task_path
+FROM episode_started s
+LEFT JOIN (SELECT DISTINCT group_id, task_path FROM task_scheduled) k USING (group_id)
+WHERE s.episode_id = '{e}' LIMIT 1"""
+
+DONE_SQL = """SELECT count(*) FROM branch_created b
+WHERE b.parent_episode_id = '{e}' AND (
+    EXISTS (SELECT 1 FROM cost_to_go_estimated c WHERE c.branch_id = b.branch_id)
+    OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = b.episode_id))"""
+
+
+class BranchActor(Actor):
+    """Branches every scored roll-in episode of an AggreVaTe run (see the module docstring).
+
+    ``make_learner(action_index)`` and ``make_teacher()`` give the policies of one branch
+    (fresh per branch, so stateful scripted policies work too).
+    """
+
+    name: ClassVar[str] = "aggrevate-branches"
+    kinds: ClassVar[tuple[type[Event], ...]] = (RewardAssigned,)
+    shared: ClassVar[bool] = True
+    max_inflight: ClassVar[int] = 2
+    ack_wait: ClassVar[float] = 300.0
+
+    def __init__(
+        self,
+        *,
+        config: ImitationConfig,
+        agent: AgentConfig,
+        envs: Environments,
+        chat: ChatFormat,
+        make_learner: Callable[[int], Policy],
+        make_teacher: Callable[[], Policy],
+        teacher_temperature: float = 0.0,
+    ) -> None:
+        self.config = config
+        self.agent = agent
+        self.envs = envs
+        self.chat = chat
+        self.make_learner = make_learner
+        self.make_teacher = make_teacher
+        self.teacher_temperature = teacher_temperature
+
+    async def handle(self, event: Event) -> None:
+        if not isinstance(event, RewardAssigned):
+            return
+        e = event.episode_id.replace("'", "''")
+        parent = (await self.query(PARENT_SQL.format(e=e))).to_pylist()
+        if not parent or parent[0]["policy"] not in ("student", "mixture"):
+            return  # branches, evals of other policies: not roll-ins
+        if not parent[0]["task_path"]:
+            log.warning("episode %s: no TaskScheduled for its group; not branched", e)
+            return
+        done = int((await self.query(DONE_SQL.format(e=e))).column(0)[0].as_py())
+        if done >= self.config.branches:
+            return  # a redelivery: every branch already has its outcome
+        recorded = [
+            RecordedTurn(**row) for row in (await self.query(RECORDED_SQL.format(e=e))).to_pylist()
+        ]
+        if not recorded:
+            return
+        setup = BranchSetup(
+            run_id=self.run_id,
+            task=load_task(parent[0]["task_path"]),
+            parent_episode_id=event.episode_id,
+            turn=pick_turn(event.episode_id, len(recorded), self.config.seed),
+            iteration=int(parent[0]["iteration"]),
+            agent=self.agent,
+            exploration_temperature=self.config.exploration_temperature,
+            teacher_temperature=self.teacher_temperature,
+        )
+        await asyncio.gather(
+            *(
+                run_branch(
+                    setup,
+                    i,
+                    recorded,
+                    envs=self.envs,
+                    chat=self.chat,
+                    learner=self.make_learner(i),
+                    teacher=self.make_teacher(),
+                    emit=self._emit,
+                )
+                for i in range(self.config.branches)
+            )
+        )
+
+    async def _emit(self, event: Event) -> None:
+        await self.publish(event)
+
+
+def branches_pending_sql(iteration: int, branches: int) -> str:
+    """SQL counting scored roll-in parents of `iteration` whose k branches are not all done."""
+    return f"""SELECT count(*) FROM episodes p
+WHERE p.policy IN ('student', 'mixture') AND p.status = 'scored' AND p.n_turns > 0
+  AND p.iteration = {int(iteration)}
+  AND (SELECT count(*) FROM branch_created b WHERE b.parent_episode_id = p.episode_id AND (
+        EXISTS (SELECT 1 FROM cost_to_go_estimated c WHERE c.branch_id = b.branch_id)
+        OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = b.episode_id))) < {int(branches)}"""

@@ -1,0 +1,81 @@
+"""The imitation engine's configuration: the frozen teacher and the imitation algorithm.
+
+Both are frozen msgspec Structs that forbid unknown keys, so a recipe can embed them as its
+``[teacher]`` and ``[algorithm]`` tables and a typo fails at load with the key's path.
+
+The beta schedule (DAgger's mixture roll-in, Ross, Gordon & Bagnell 2011) is
+``beta_i = max(beta_min, beta0 * beta_decay ** i)``: the probability that the TEACHER executes
+a turn of an iteration-``i`` roll-in episode. ``beta0 = 1, beta_decay = 0`` is the paper's
+"pure teacher at iteration 0, pure student afterwards" choice.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from stacx.errors import ConfigError
+
+ImitationAlgorithm = Literal["dagger", "aggrevate", "opd"]
+
+
+class TeacherConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The frozen teacher: which checkpoint, which backend, how it labels.
+
+    ``path`` is an HF checkpoint directory (e.g. the output of ``python -m
+    stacx.imitation.make_teacher``), a hub id in the local cache, or ``default``; for the
+    ``sglang``/``openai`` backends ``url`` names the running server instead.
+    """
+
+    path: str = ""
+    name: str = "teacher"  # recorded in TeacherLabeled.teacher / TeacherScored.teacher
+    backend: Literal["torch", "sglang", "openai"] = "torch"
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    url: str = ""  # sglang / openai: an already running server
+    max_batch: int = 8
+    max_len: int = 8192
+    temperature: float = 0.0  # DAgger labels: the teacher's best guess (greedy) by default
+    max_new_tokens: int = 256
+    # Which executed turns get a label. DAgger labels every state the roll-in visited; turns the
+    # teacher itself executed are labeled too by default (the paper's aggregate dataset).
+    label_actors: list[str] = msgspec.field(default_factory=lambda: ["student", "teacher"])
+
+
+class ImitationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """DAgger / AggreVaTe / OPD: roll-in schedule and AggreVaTe's branching."""
+
+    name: ImitationAlgorithm = "dagger"
+    iterations: int = 1
+    beta0: float = 0.5  # teacher probability per turn at iteration 0 (dagger, aggrevate)
+    beta_decay: float = 0.5
+    beta_min: float = 0.0
+    branches: int = 2  # aggrevate: k exploration actions from the learner per sampled turn
+    exploration_temperature: float = 1.0  # aggrevate: the learner's exploration sampling
+    opd_grpo_weight: float = 0.0  # opd: weight of the GRPO advantage mixed in
+    seed: int = 0  # roll-in coin flips and AggreVaTe's choice of turn derive from it
+
+    def __post_init__(self) -> None:
+        for key in ("beta0", "beta_decay", "beta_min"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"algorithm.{key} = {value}: accepted values are in [0, 1]")
+        if self.branches < 1:
+            raise ConfigError(f"algorithm.branches = {self.branches}: must be >= 1")
+        if self.iterations < 1:
+            raise ConfigError(f"algorithm.iterations = {self.iterations}: must be >= 1")
+
+    def beta(self, iteration: int) -> float:
+        """The teacher probability of iteration `iteration` (see the module docstring)."""
+        return beta_at(iteration, self.beta0, self.beta_decay, self.beta_min)
+
+    @property
+    def uses_roll_in(self) -> bool:
+        return self.name in ("dagger", "aggrevate")
+
+
+def beta_at(iteration: int, beta0: float, beta_decay: float, beta_min: float = 0.0) -> float:
+    """``max(beta_min, beta0 * beta_decay ** iteration)``; iteration 0 gives ``beta0``."""
+    if iteration < 0:
+        raise ConfigError(f"iteration {iteration}: must be >= 0")
+    return max(beta_min, beta0 * beta_decay**iteration)

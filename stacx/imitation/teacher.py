@@ -1,0 +1,217 @@
+"""The teacher actor: DAgger labels and on-policy-distillation scores, as events.
+
+It consumes a run's ``EpisodeStarted`` and ``TurnGenerated`` and, for each turn of a roll-in
+episode (EpisodeStarted.policy ``student`` or ``mixture``):
+
+- ``label=True`` (DAgger): asks the teacher Engine for ITS action on the turn's exact
+  ``prompt_ids`` and publishes ``TeacherLabeled(prompt_ids, label_ids)``. The label never
+  touches the environment: the episode already advanced with the executed action.
+  Turns whose actor is not in ``TeacherConfig.label_actors`` are skipped.
+- ``score=True`` (OPD): asks the teacher for the logprob of each of the student's sampled
+  ``output_ids`` given the identical ``prompt_ids`` (``Engine.score``) and publishes
+  ``TeacherScored`` (one logprob per output id). Only turns with actor ``student``.
+
+Guarantees: event ids are ``derive_id(episode_id, turn, kind, teacher)``, so a redelivered turn
+(after a crash or a retry) publishes the same ids and JetStream drops the duplicate; labels are
+sampled with a seed derived from (episode_id, turn), so a redo also gives the same label on a
+deterministic backend. A label or score the teacher cannot make (the prompt does not fit its
+context, an engine error after the actor's retries) becomes an ``InfraFailed(engine)``.
+Branch episodes of AggreVaTe (policy ``branch``), oracle and eval-only teacher episodes are
+never labeled or scored.
+
+Limits: the teacher shares the student's tokenizer (token ids are passed through unchanged);
+a teacher with another vocabulary needs a re-tokenizing adapter, which is not provided.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+from stacx.actors.base import Actor
+from stacx.errors import EngineError
+from stacx.events import (
+    EpisodeStarted,
+    Event,
+    FailureKind,
+    InfraFailed,
+    TeacherLabeled,
+    TeacherScored,
+    TurnActor,
+    TurnGenerated,
+    derive_id,
+)
+from stacx.imitation.config import TeacherConfig
+from stacx.inference.engine import Engine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+ROLL_IN_POLICIES = ("student", "mixture")
+
+
+def label_seed(episode_id: str, turn: int) -> int:
+    """A stable 31-bit sampling seed per visited state."""
+    return int(derive_id(episode_id, turn, "label-seed")[:8], 16) & 0x7FFFFFFF
+
+
+def label_params(
+    config: TeacherConfig, n_prompt: int, stop_token_ids: list[int], episode_id: str, turn: int
+) -> SamplingParams | None:
+    """The teacher's sampling for one label, or None when the prompt leaves it no room."""
+    room = config.max_len - n_prompt
+    if room < 1:
+        return None
+    return SamplingParams(
+        max_new_tokens=min(config.max_new_tokens, room),
+        temperature=config.temperature,
+        stop_token_ids=list(stop_token_ids),
+        seed=label_seed(episode_id, turn),
+    )
+
+
+class TeacherActor(Actor):
+    """See the module docstring. One consumer shared by all teacher workers of a run."""
+
+    name: ClassVar[str] = "teacher"
+    kinds: ClassVar[tuple[type[Event], ...]] = (EpisodeStarted, TurnGenerated)
+    shared: ClassVar[bool] = True
+    max_inflight: ClassVar[int] = 8  # concurrent requests let the engine batch them
+    ack_wait: ClassVar[float] = 300.0
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: TeacherConfig,
+        *,
+        stop_token_ids: list[int],
+        label: bool = False,
+        score: bool = False,
+    ) -> None:
+        if not (label or score):
+            raise ValueError("TeacherActor needs label=True (DAgger) or score=True (OPD)")
+        self.engine = engine
+        self.config = config
+        self.stop_token_ids = list(stop_token_ids)
+        self.label = label
+        self.score = score
+        self._episodes: dict[str, tuple[str, int]] = {}  # episode_id -> (policy, iteration)
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, EpisodeStarted):
+            self._episodes[event.episode_id] = (event.policy, event.iteration)
+            return
+        if not isinstance(event, TurnGenerated):
+            return
+        policy, iteration = await self._episode(event.episode_id)
+        if policy not in ROLL_IN_POLICIES:
+            return
+        if self.label and event.actor in self.config.label_actors:
+            await self._label(event, iteration)
+        if self.score and event.actor == TurnActor.STUDENT and event.output_ids:
+            await self._score(event)
+
+    async def _episode(self, episode_id: str) -> tuple[str, int]:
+        known = self._episodes.get(episode_id)
+        if known is not None:
+            return known
+        # A restarted actor resumes after the EpisodeStarted it already acknowledged: ask the log.
+        safe = episode_id.replace("'", "''")
+        table = await self.query(
+            f"SELECT policy, iteration FROM episode_started WHERE episode_id = '{safe}' LIMIT 1"
+        )
+        if table.num_rows == 0:
+            return ("", 0)
+        row = table.to_pylist()[0]
+        known = (str(row["policy"]), int(row["iteration"]))
+        self._episodes[episode_id] = known
+        return known
+
+    async def _label(self, turn: TurnGenerated, iteration: int) -> None:
+        params = label_params(
+            self.config, len(turn.prompt_ids), self.stop_token_ids, turn.episode_id, turn.turn
+        )
+        if params is None:
+            await self._failed(
+                turn,
+                "label",
+                f"prompt of {len(turn.prompt_ids)} tokens leaves "
+                f"no room in the teacher's context ({self.config.max_len})",
+            )
+            return
+        try:
+            (gen,) = await self.engine.generate([list(turn.prompt_ids)], params)
+        except EngineError as exc:
+            await self._failed(turn, "label", str(exc))
+            return
+        await self.publish(
+            TeacherLabeled(
+                run_id=self.run_id,
+                event_id=derive_id(turn.episode_id, turn.turn, "TeacherLabeled", self.config.name),
+                episode_id=turn.episode_id,
+                turn=turn.turn,
+                prompt_ids=list(turn.prompt_ids),
+                label_ids=list(gen.output_ids),
+                teacher=self.config.name,
+                iteration=iteration,
+                logprobs=None if gen.logprobs is None else list(gen.logprobs),
+            )
+        )
+
+    async def _score(self, turn: TurnGenerated) -> None:
+        try:
+            logprobs = await self.engine.score(list(turn.prompt_ids), list(turn.output_ids))
+        except EngineError as exc:
+            await self._failed(turn, "score", str(exc))
+            return
+        if len(logprobs) != len(turn.output_ids):
+            await self._failed(
+                turn, "score", f"{len(logprobs)} logprobs for {len(turn.output_ids)} output ids"
+            )
+            return
+        await self.publish(
+            TeacherScored(
+                run_id=self.run_id,
+                event_id=derive_id(turn.episode_id, turn.turn, "TeacherScored", self.config.name),
+                episode_id=turn.episode_id,
+                turn=turn.turn,
+                teacher_logprobs=[float(x) for x in logprobs],
+                teacher=self.config.name,
+            )
+        )
+
+    async def _failed(self, turn: TurnGenerated, what: str, message: str) -> None:
+        log.warning(
+            "teacher %s of %s turn %d failed: %s", what, turn.episode_id, turn.turn, message
+        )
+        await self.publish(
+            InfraFailed(
+                run_id=self.run_id,
+                event_id=derive_id(turn.episode_id, turn.turn, "InfraFailed", "teacher", what),
+                failure_kind=FailureKind.ENGINE,
+                message=f"teacher {what} of turn {turn.turn}: {message}"[:4000],
+                # No episode_id: the episode itself is fine; a missing label must not mark
+                # the student's episode as failed in the `episodes` view.
+                will_retry=False,
+            )
+        )
+
+
+def labels_pending_sql(iteration: int, label_actors: list[str]) -> str:
+    """SQL counting visited states of `iteration` that still wait for a teacher label."""
+    actors = ", ".join("'" + a.replace("'", "''") + "'" for a in label_actors)
+    policies = ", ".join(f"'{p}'" for p in ROLL_IN_POLICIES)
+    return f"""SELECT count(*) FROM turn_generated t
+JOIN (SELECT DISTINCT episode_id, policy, iteration FROM episode_started) s USING (episode_id)
+WHERE s.policy IN ({policies}) AND s.iteration = {int(iteration)} AND t.actor IN ({actors})
+  AND NOT EXISTS (SELECT 1 FROM teacher_labeled l
+                  WHERE l.episode_id = t.episode_id AND l.turn = t.turn)"""
+
+
+def scores_pending_sql() -> str:
+    """SQL counting student turns of roll-in episodes that still wait for a teacher score."""
+    policies = ", ".join(f"'{p}'" for p in ROLL_IN_POLICIES)
+    return f"""SELECT count(*) FROM turn_generated t
+JOIN (SELECT DISTINCT episode_id, policy FROM episode_started) s USING (episode_id)
+WHERE s.policy IN ({policies}) AND t.actor = 'student' AND len(t.output_ids) > 0
+  AND NOT EXISTS (SELECT 1 FROM teacher_scored x
+                  WHERE x.episode_id = t.episode_id AND x.turn = t.turn)"""

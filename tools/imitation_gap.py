@@ -1,0 +1,283 @@
+"""The student-teacher gap closed by DAgger and by on-policy distillation, on held-out tasks.
+
+    python tools/imitation_gap.py --teacher runs/teacher --out runs/gap [--held-out 8] [...]
+
+1. Split the task set (``stacx.imitation.split``, the same split the teacher was built with).
+2. Eval the student (the base model) and the teacher on held-out tasks.
+3. DAgger: one roll-in run on train tasks (beta-mixture of student and teacher; the teacher
+   labels every visited state), then SFT of the student on ``dagger_dataset``; eval.
+4. OPD: one student roll-in run on train tasks (the teacher scores every student token), then
+   the per-token policy gradient with advantage teacher_logprob - student_logprob on
+   ``opd_batch``; eval.
+5. Print the pass rates and the gap closure
+   ``(student_after - student_before) / (teacher - student_before)``, with the SQL (over the
+   eval runs' logs, ATTACHed) that computes them. The last line is one JSON object.
+
+Every stage is a run directory under --out; a rerun reuses finished stages (evals resume from
+their logs, checkpoints that exist are kept). CPU budgets are small; figures are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+
+from stacx.actors.run import RunContext
+from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig
+from stacx.agents.policies import EnginePolicy, always
+from stacx.events import TurnActor
+from stacx.imitation.config import ImitationConfig, TeacherConfig
+from stacx.imitation.fit import fit, samples_for
+from stacx.imitation.iteration import schedule_iteration, wait_iteration
+from stacx.imitation.make_teacher import task_source
+from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
+from stacx.imitation.split import split_tasks
+from stacx.imitation.teacher import TeacherActor
+from stacx.inference.torch_engine import TorchEngine
+from stacx.rollout.environments import DockerEnvironments
+from stacx.rollout.evaluate import EvalConfig, evaluate
+from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.sandbox.tasks import Task, load_tasks, write_jsonl
+from stacx.store.db import connect_run
+
+GAP_SQL = """WITH rates AS (
+{unions}
+), r AS (SELECT * FROM rates PIVOT (any_value(pass_rate) FOR policy IN ({names})))
+SELECT *,
+       round((student_dagger - student_before) / nullif(teacher - student_before, 0), 3)
+           AS dagger_gap_closed,
+       round((student_opd - student_before) / nullif(teacher - student_before, 0), 3)
+           AS opd_gap_closed
+FROM r"""
+
+RATE_SQL = """  SELECT '{name}' AS policy,
+         avg(CASE WHEN r.reward >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate
+  FROM {db}.reward_assigned r JOIN {db}.episode_started s USING (episode_id)"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+async def eval_stage(model: str, tasks_file: Path, run_dir: Path, args: argparse.Namespace) -> None:
+    config = EvalConfig(
+        tasks=str(tasks_file),
+        model=model,
+        n_samples=args.samples,
+        concurrency=args.concurrency,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        episode_timeout_s=args.episode_timeout,
+    )
+    t0 = time.time()
+    await evaluate(config, run_dir)
+    log(f"eval {run_dir.name}: done in {time.time() - t0:.0f} s")
+
+
+async def roll_in_stage(
+    algorithm: str,
+    student_path: str,
+    teacher_path: str,
+    tasks: list[Task],
+    run_dir: Path,
+    args: argparse.Namespace,
+) -> None:
+    """One DAgger (labels) or OPD (scores) iteration's roll-ins on `tasks`, recorded."""
+    config = ImitationConfig(name=algorithm, beta0=args.beta0)  # type: ignore[arg-type]
+    teacher_cfg = TeacherConfig(path=teacher_path, max_new_tokens=args.max_new_tokens)
+    student = await asyncio.to_thread(TorchEngine, student_path, device="cpu", max_batch=8)
+    teacher = await asyncio.to_thread(TorchEngine, teacher_path, device="cpu", max_batch=8)
+    assert student.tokenizer is not None
+    chat = ChatFormat(student.tokenizer)  # type: ignore[arg-type]
+    agent = AgentConfig(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    rollout = RolloutConfig(
+        concurrency=args.concurrency, agent_config=agent, episode_timeout_s=args.episode_timeout
+    )
+    t0 = time.time()
+    try:
+        async with (
+            RunContext(run_dir, recipe=f"gap-{algorithm}") as run,
+            DockerEnvironments(run_id=run.run_id, emit=run.emit) as envs,
+        ):
+            student_policy = EnginePolicy(student, TurnActor.STUDENT)
+            if algorithm == "dagger":
+                roll_in = MixtureRollIn(
+                    student_policy, EnginePolicy(teacher, TurnActor.TEACHER), config, run.run_id
+                )
+                run.spawn(
+                    MixtureRolloutManager(roll_in=roll_in, config=rollout, envs=envs, chat=chat)
+                )
+            else:
+                run.spawn(
+                    RolloutManager(
+                        config=rollout,
+                        envs=envs,
+                        chat=chat,
+                        make_executor=lambda _t, _i: always(student_policy),
+                    )
+                )
+            run.spawn(
+                TeacherActor(
+                    teacher,
+                    teacher_cfg,
+                    stop_token_ids=chat.stop_token_ids,
+                    label=algorithm == "dagger",
+                    score=algorithm == "opd",
+                )
+            )
+            await schedule_iteration(run.emit, run.run_id, tasks, 0, n_samples=args.samples)
+            await wait_iteration(
+                run.query,
+                config,
+                0,
+                len(tasks) * args.samples,
+                teacher_cfg.label_actors,
+                timeout_s=args.stage_timeout,
+                progress=lambda p: log(f"{algorithm} roll-in pending {p}"),
+            )
+            await run.stop_actors()
+    finally:
+        await student.close()
+        await teacher.close()
+    log(f"{algorithm} roll-in: done in {time.time() - t0:.0f} s")
+
+
+def train_stage(
+    objective: str, sql: str, run_dir: Path, out: Path, args: argparse.Namespace
+) -> None:
+    con = connect_run(run_dir)
+    try:
+        table = con.sql(sql).to_arrow_table()
+    finally:
+        con.close()
+    samples = samples_for(table, "sft" if objective == "sft" else "opd")
+    log(f"train {out.name}: {len(samples)} samples, {args.steps} steps ({objective})")
+    fit(
+        args.student,
+        samples,
+        out,
+        objective="sft" if objective == "sft" else "opd",
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        trainable_layers=args.trainable_layers,
+        log_every=1,
+    )
+
+
+def gap_sql(evals: dict[str, Path]) -> tuple[list[str], str]:
+    attach = [f"ATTACH '{p / 'trace.duckdb'}' AS {name} (READ_ONLY);" for name, p in evals.items()]
+    unions = "\n  UNION ALL\n".join(RATE_SQL.format(name=n, db=n) for n in evals)
+    names = ", ".join(f"'{n}'" for n in evals)
+    return attach, GAP_SQL.format(unions=unions, names=names)
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[Task], Path, str]:
+    """The split (train tasks to roll in, a held-out tasks file to eval) and the teacher path."""
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    all_tasks = load_tasks(task_source(args.tasks))
+    train_ids, held_ids = split_tasks([t.task_id for t in all_tasks], seed=args.split_seed)
+    by_id = {t.task_id: t for t in all_tasks}
+    train = [by_id[i] for i in train_ids][: args.train]
+    held = [by_id[i] for i in held_ids][: args.held_out]
+    # Evals run on the held-out split by default; `--eval-on train` measures the gap on the
+    # tasks whose oracle solutions the teacher was fitted on (in-distribution imitation).
+    held = held if args.eval_on == "held-out" else train
+    held_file = out / f"eval_{args.eval_on}.jsonl"
+    write_jsonl(held, held_file)
+    log(f"train tasks {len(train)}, held-out tasks {len(held)}: {[t.task_id for t in held]}")
+    return train, held_file, str(Path(args.teacher).resolve())
+
+
+async def main_async(
+    args: argparse.Namespace, train: list[Task], held_file: Path, teacher: str
+) -> dict[str, object]:
+    out: Path = args.out
+    tag = "" if args.eval_on == "held-out" else "-train"
+    evals = {
+        "student_before": out / f"eval-student{tag}",
+        "teacher": out / f"eval-teacher{tag}",
+        "student_dagger": out / f"eval-dagger{tag}",
+        "student_opd": out / f"eval-opd{tag}",
+    }
+    await eval_stage(args.student, held_file, evals["student_before"], args)
+    await eval_stage(teacher, held_file, evals["teacher"], args)
+    for algorithm, objective, view in (
+        ("dagger", "sft", "dagger_dataset"),
+        ("opd", "opd", "opd_batch"),
+    ):
+        ckpt = out / f"student-{algorithm}"
+        if not (ckpt / "config.json").is_file():
+            await roll_in_stage(
+                algorithm, args.student, teacher, train, out / f"{algorithm}-run", args
+            )
+            await asyncio.to_thread(
+                train_stage,
+                objective,
+                f"SELECT * FROM {view}",
+                out / f"{algorithm}-run",
+                ckpt,
+                args,
+            )
+        await eval_stage(str(ckpt), held_file, evals[f"student_{algorithm}"], args)
+    attach, sql = gap_sql(evals)
+    con = duckdb.connect()
+    for stmt in attach:
+        con.execute(stmt)
+    table = con.sql(sql).to_arrow_table().to_pylist()[0]
+    print("\n".join(attach))
+    print(sql + ";")
+    print(json.dumps(table, indent=2, default=str))
+    return {"train_tasks": len(train), **table}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--teacher", required=True, help="teacher checkpoint (make_teacher --out)")
+    p.add_argument("--student", default="default")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tasks", default="basic")
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--held-out", type=int, default=8, help="held-out tasks evaluated (first N)")
+    p.add_argument("--train", type=int, default=8, help="train tasks rolled in (first N)")
+    p.add_argument("--eval-on", choices=["held-out", "train"], default="held-out")
+    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--episode-timeout", type=float, help="agent-loop seconds (default: the task's)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--beta0", type=float, default=0.5)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--trainable-layers", type=int, default=6)
+    p.add_argument("--stage-timeout", type=float, default=3600)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    train, held_file, teacher = prepare(args)
+    result = asyncio.run(main_async(args, train, held_file, teacher))
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -308,6 +308,7 @@ class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
     source_run_id: str
     source_event_id: str
     source_path: str = ""
+    origin_run_id: str = ""  # the run that first recorded it, across replay generations (A -> B -> C)
 
 
 AnyEvent: TypeAlias = (

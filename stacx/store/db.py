@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import duckdb
@@ -106,11 +107,17 @@ def _snapshot(run_dir: Path) -> Path:
 
 
 def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
-    """Views on a read-only database live in the in-memory temp schema."""
+    """Views on a read-only database live in the in-memory temp schema.
+
+    A log written by an older STACX may lack a column a newer view uses (the writer adds new
+    columns on open; a reader cannot): such a view is skipped with a warning naming its file,
+    and the rest of the log stays queryable."""
     for f in view_files():
         sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
         try:
             con.execute(sql)
+        except duckdb.BinderError as exc:
+            warnings.warn(f"view file {f} skipped for this log: {exc}", stacklevel=2)
         except duckdb.Error as exc:
             raise StacxError(f"view file {f} failed to load: {exc}") from exc
 

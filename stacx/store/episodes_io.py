@@ -62,6 +62,10 @@ def read_records(run_dir: Path, where: str | None = None) -> list[EpisodeRecord]
         ids = [c[1] for c in chosen]
         con.execute("create or replace temp table _chosen as select unnest(?::varchar[]) as episode_id", [ids])
         per_episode: dict[str, list[tuple[int, dict[str, object]]]] = {i: [] for i in ids}
+        # events that were themselves imported keep their first origin (replay of a replay)
+        origins = dict(con.execute(
+            "select imported_event_id, coalesce(nullif(origin_run_id, ''), source_run_id) from event_imported"
+        ).fetchall())
         for kind in EPISODE_KINDS:
             t = TABLES[kind].name
             cur = con.execute(f'select * from "{t}" where episode_id in (select episode_id from _chosen)')
@@ -70,6 +74,8 @@ def read_records(run_dir: Path, where: str | None = None) -> list[EpisodeRecord]
                 d = dict(zip(cols, row, strict=True))
                 seq = int(d.pop("_seq"))  # type: ignore[call-overload]
                 d["kind"] = kind
+                if d["event_id"] in origins:
+                    d["_origin_run_id"] = origins[d["event_id"]]
                 per_episode[str(d["episode_id"])].append((seq, d))
         return [
             EpisodeRecord(run_id=r, episode_id=e, task_id=t, group_id=g, reward=rw, status=st,
@@ -129,7 +135,7 @@ def reimport(records: list[EpisodeRecord], run_id: str) -> Iterator[Event]:
             if kind not in KINDS:
                 raise StacxError(f"episode {rec.episode_id} from {rec.source_path}: unknown event kind {kind!r}")
             src_id = str(d["event_id"])
-            fields = {k: v for k, v in d.items() if k not in ("kind", "_seq")}
+            fields = {k: v for k, v in d.items() if not k.startswith("_") and k != "kind"}
             fields["run_id"] = run_id
             fields["event_id"] = derive_id(run_id, "import", rec.run_id, src_id)
             event = msgspec.convert(fields, KINDS[kind])
@@ -137,7 +143,8 @@ def reimport(records: list[EpisodeRecord], run_id: str) -> Iterator[Event]:
             yield EventImported(run_id=run_id, event_id=derive_id(run_id, "provenance", rec.run_id, src_id),
                                 ts=event.ts,  # deterministic: the same import twice is the same event
                                 imported_event_id=event.event_id, source_run_id=rec.run_id,
-                                source_event_id=src_id, source_path=rec.source_path)
+                                source_event_id=src_id, source_path=rec.source_path,
+                                origin_run_id=str(d.get("_origin_run_id") or rec.run_id))
 
 
 # ---- export ---------------------------------------------------------------------------------

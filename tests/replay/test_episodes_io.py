@@ -76,3 +76,51 @@ async def test_reimport_into_a_run_keeps_provenance_and_is_idempotent(source: Pa
     src_run = recs[0].run_id
     assert con.execute("select count(distinct source_run_id), min(source_run_id) from event_imported").fetchone() == (1, src_run)
     assert con.execute("select count(*) from episodes where reward > 0").fetchone() == (len(recs),)
+
+
+async def test_replayed_sft_batch_equals_the_source_batch(source: Path, tmp_path: Path) -> None:
+    recs = read_records(source, "reward > 0")
+    async with RunContext(tmp_path / "dst", recipe="dst") as run:
+        for e in reimport(recs, run.run_id):
+            await run.emit(e)
+    q = ("select episode_id, turn, prompt_ids, completion_ids, loss_mask from sft_examples "
+         "where reward > 0 order by episode_id, turn")
+    direct = db.connect_run(source).execute(q).fetchall()
+    replayed = db.connect_run(tmp_path / "dst").execute(q).fetchall()
+    assert direct and replayed == direct
+
+
+async def _train_step(run: RunContext, step: int, episode_ids: list[str]) -> None:
+    await run.emit(ev.TrainStepFinished(run_id=run.run_id, step=step, algorithm="sft", loss=1.0,
+                                        weight_version=step, episode_ids=episode_ids))
+    await run.emit(ev.WeightsPublished(run_id=run.run_id, version=step, path=f"/ckpt/v{step}", sha256="0"))
+
+
+async def test_lineage_over_a_two_generation_chain(source: Path, tmp_path: Path) -> None:
+    a_recs = read_records(source, "reward > 0")
+    a_run = a_recs[0].run_id
+    a_ids = sorted(r.episode_id for r in a_recs)
+    async with RunContext(tmp_path / "B", recipe="B") as run:  # B: replay of A, plus its own episode
+        for e in reimport(a_recs, run.run_id):
+            await run.emit(e)
+        await run.emit(ev.EpisodeStarted(run_id=run.run_id, episode_id="b-own", task_id="t", group_id="gb"))
+        await run.emit(ev.RewardAssigned(run_id=run.run_id, episode_id="b-own", reward=1.0))
+        await _train_step(run, 1, [*a_ids, "b-own"])
+        b_run = run.run_id
+    b_recs = read_records(tmp_path / "B", "reward > 0")
+    async with RunContext(tmp_path / "C", recipe="C") as run:  # C: replay of B
+        for e in reimport(b_recs, run.run_id):
+            await run.emit(e)
+        await _train_step(run, 1, sorted(r.episode_id for r in b_recs))
+    con = db.connect_run(tmp_path / "C")
+    rows = con.execute("select episode_id, source_run_id, origin_run_id, imported from lineage "
+                       "where weight_version = 1 order by episode_id").fetchall()
+    assert {r[0] for r in rows} == {*a_ids, "b-own"}
+    for episode_id, src, origin, imported in rows:
+        assert imported and src == b_run
+        assert origin == (b_run if episode_id == "b-own" else a_run)
+    # and the other direction: which checkpoints did one of A's episodes influence, across runs?
+    both = db.attach_runs([tmp_path / "B", tmp_path / "C"])
+    influenced = both.execute("select run_id, weight_version from lineage where episode_id = ? order by 1",
+                              [a_ids[0]]).fetchall()
+    assert influenced == sorted([(b_run, 1), (run.run_id, 1)])

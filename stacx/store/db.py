@@ -116,10 +116,10 @@ def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
         sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
         try:
             con.execute(sql)
-        except duckdb.BinderError as exc:
-            warnings.warn(f"view file {f} skipped for this log: {exc}", stacklevel=2)
         except duckdb.Error as exc:
-            raise StacxError(f"view file {f} failed to load: {exc}") from exc
+            if "Binder Error" not in str(exc):
+                raise StacxError(f"view file {f} failed to load: {exc}") from exc
+            warnings.warn(f"view file {f} skipped for this log: {exc}", stacklevel=2)
 
 
 def attach_runs(run_dirs: list[Path | str]) -> duckdb.DuckDBPyConnection:

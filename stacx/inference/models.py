@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stacx.errors import ConfigError, EngineError
+from stacx.hf import LOAD_LOCK
 
 if TYPE_CHECKING:
     import torch
@@ -196,10 +197,11 @@ def load_hf_model(
     path = resolve_model(spec)
     if Path(path).is_dir():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **dtype_kwarg(dtype))
-    except Exception as e:
-        raise EngineError(f"cannot load model {path}: {e}") from e
-    loaded: nn.Module = model
-    return loaded.to(device).eval(), tokenizer, path
+    with LOAD_LOCK:  # from_pretrained is not thread-safe (see stacx.hf)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, **dtype_kwarg(dtype))
+        except Exception as e:
+            raise EngineError(f"cannot load model {path}: {e}") from e
+        loaded: nn.Module = model
+        return loaded.to(device).eval(), tokenizer, path

@@ -83,12 +83,14 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype) -> nn.Module
     """The HF causal LM the engine serves (``resolve_model`` semantics), for training."""
     from transformers import AutoModelForCausalLM
 
+    from stacx.hf import LOAD_LOCK
     from stacx.inference.models import dtype_kwarg, resolve_model
 
-    model: nn.Module = AutoModelForCausalLM.from_pretrained(
-        resolve_model(spec), **dtype_kwarg(dtype)
-    )
-    return model.to(device)
+    with LOAD_LOCK:  # from_pretrained is not thread-safe (see stacx.hf)
+        model: nn.Module = AutoModelForCausalLM.from_pretrained(
+            resolve_model(spec), **dtype_kwarg(dtype)
+        )
+        return model.to(device)
 
 
 class Trainer(Actor):

@@ -17,6 +17,7 @@ import hashlib
 import io
 import re
 import tarfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from stacx.sandbox.aliases import AliasMap, rewrite_dockerfile
 from stacx.sandbox.tasks import Task
 
 Log = Callable[[str], None]
-_locks: dict[str, asyncio.Lock] = {}
+# one build per tag at a time; asyncio locks belong to one event loop, so key by loop too
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
 
 
 def _context_files(env_dir: Path) -> list[Path]:
@@ -113,7 +115,7 @@ async def build_task_image(
             raise TaskError(f"task {task.task_id}: no environment/Dockerfile and no docker_image")
         return aliases.resolve(image, task=task.task_id)
     tag, dockerfile, files = await plan(task, docker, aliases)
-    async with _locks.setdefault(tag, asyncio.Lock()):
+    async with _locks.setdefault(asyncio.get_running_loop(), {}).setdefault(tag, asyncio.Lock()):
         if not force:
             try:
                 await docker.images.inspect(tag)

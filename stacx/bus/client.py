@@ -18,7 +18,7 @@ import contextlib
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from stacx.errors import PublishError
@@ -67,8 +67,8 @@ class Publisher:
         self.run_id = run_id
         self.ack_timeout = ack_timeout
         self._window = asyncio.Semaphore(max_pending)
-        self._pending: set[asyncio.Task[int]] = set()
-        self._errors: list[BaseException] = []
+        self._pending: set[asyncio.Future[PubAck]] = set()
+        self._errors: list[PublishError] = []
         self.published = 0
         self.duplicates = 0
 
@@ -77,23 +77,37 @@ class Publisher:
         async with self._window:
             return await self._send(event)
 
-    async def submit(self, event: Event) -> asyncio.Task[int]:
+    async def submit(self, event: Event) -> asyncio.Future[PubAck]:
         """Publish without waiting for the ack (waits only while the window is full).
 
-        A failed ack is raised by the next ``flush`` (and by later ``submit`` calls)."""
+        Uses JetStream's async publish (no request round trip per call). A failed or missing
+        ack is raised by the next ``flush`` (and by later ``submit`` calls)."""
         if self._errors:
             raise PublishError(f"earlier publish failed: {self._errors[0]}") from self._errors[0]
         await self._window.acquire()
-        task = asyncio.ensure_future(self._send(event))
-        self._pending.add(task)
-        task.add_done_callback(self._done)
-        return task
+        try:
+            fut = await self.js.publish_async(
+                subject(self.run_id, event.kind), encode(event), headers={"Nats-Msg-Id": event.event_id}
+            )
+        except BaseException:
+            self._window.release()
+            raise
+        self._pending.add(fut)
+        fut.add_done_callback(self._done)
+        return fut
 
-    def _done(self, task: asyncio.Task[int]) -> None:
-        self._pending.discard(task)
+    def _done(self, fut: asyncio.Future[PubAck]) -> None:
+        self._pending.discard(fut)
         self._window.release()
-        if not task.cancelled() and task.exception() is not None:
-            self._errors.append(task.exception())  # type: ignore[arg-type]
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._errors.append(PublishError(f"publish not acknowledged: {exc!r}"))
+            return
+        self.published += 1
+        if fut.result().duplicate:
+            self.duplicates += 1
 
     async def _send(self, event: Event) -> int:
         subj = subject(self.run_id, event.kind)
@@ -109,12 +123,20 @@ class Publisher:
         return int(ack.seq)
 
     async def flush(self) -> None:
-        """Wait for every submitted publish; raise the first failure."""
+        """Wait for every submitted publish; raise the first failure, or a missing ack after
+        ``ack_timeout`` without progress."""
         while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+            before = len(self._pending)
+            await asyncio.wait(list(self._pending), timeout=self.ack_timeout)
+            if self._pending and len(self._pending) == before:
+                n = len(self._pending)
+                for f in list(self._pending):
+                    f.cancel()
+                self._pending.clear()
+                raise PublishError(f"{n} publishes not acknowledged within {self.ack_timeout}s")
         if self._errors:
             err, self._errors = self._errors[0], []
-            raise PublishError(str(err)) from err
+            raise err
 
     async def close(self) -> None:
         with contextlib.suppress(PublishError):

@@ -48,7 +48,7 @@ def make_events(run_id: str, n: int, seed: int = 0) -> list[Event]:
     return evs[:n]
 
 
-async def raw_rate(url: str, events: list[Event], window: int) -> float:
+async def raw_rate(url: str, events: list[Event]) -> float:
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     js = nc.jetstream()
     await js.add_stream(name="RAW", subjects=["raw.>"])
@@ -134,7 +134,7 @@ async def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=10_000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--window", type=int, default=2048, help="STACX publisher window (in-flight publishes)")
     a = ap.parse_args()
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"duckdb {duckdb.__version__}, msgspec {msgspec.__version__}, nats-py {importlib.metadata.version('nats-py')}")
@@ -142,7 +142,7 @@ async def main() -> None:
         events = make_events("bench", a.events)
         size = sum(len(encode(e)) for e in events) / len(events)
         print(f"{len(events)} events, mean payload {size:.0f} bytes")
-        raw = await raw_rate(server.url, events, a.window)
+        raw = await raw_rate(server.url, events)
         print(f"raw JetStream publish: {raw:,.0f} events/s")
         e2e = await end_to_end(server.url, events, Path(tmp) / "e2e", a.window)
         print(f"STACX publish -> committed DuckDB row: {e2e:,.0f} events/s")

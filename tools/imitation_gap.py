@@ -30,15 +30,15 @@ import duckdb
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import EnginePolicy, always
 from stacx.events import TurnActor
 from stacx.imitation.config import ImitationConfig, TeacherConfig
 from stacx.imitation.fit import fit, samples_for
 from stacx.imitation.iteration import schedule_iteration, wait_iteration
-from stacx.imitation.make_teacher import task_source
+from stacx.imitation.make_teacher import split_of, task_source
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
-from stacx.imitation.split import split_tasks
 from stacx.imitation.teacher import TeacherActor
 from stacx.inference.torch_engine import TorchEngine
 from stacx.rollout.environments import DockerEnvironments
@@ -75,6 +75,7 @@ async def eval_stage(model: str, tasks_file: Path, run_dir: Path, args: argparse
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
+        format=args.format,
         seed=args.seed,
         episode_timeout_s=args.episode_timeout,
     )
@@ -103,6 +104,7 @@ async def roll_in_stage(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,
+        format=args.format,
     )
     rollout = RolloutConfig(
         concurrency=args.concurrency, agent_config=agent, episode_timeout_s=args.episode_timeout
@@ -134,7 +136,7 @@ async def roll_in_stage(
                 TeacherActor(
                     teacher,
                     teacher_cfg,
-                    stop_token_ids=chat.stop_token_ids,
+                    stop_token_ids=get_format(args.format).stop_token_ids(chat),
                     label=algorithm == "dagger",
                     score=algorithm == "opd",
                 )
@@ -192,7 +194,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[Task], Path, str]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     all_tasks = load_tasks(task_source(args.tasks))
-    train_ids, held_ids = split_tasks([t.task_id for t in all_tasks], seed=args.split_seed)
+    train_ids, held_ids = split_of(args.tasks, args.difficulty, 0.5, args.split_seed)
     by_id = {t.task_id: t for t in all_tasks}
     train = [by_id[i] for i in train_ids][: args.train]
     held = [by_id[i] for i in held_ids][: args.held_out]
@@ -255,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--student", default="default")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tasks", default="basic")
+    p.add_argument("--difficulty", action="append", help="as make_teacher's (the same split)")
+    p.add_argument("--format", default="tool_call", choices=["tool_call", "bash"])
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--held-out", type=int, default=8, help="held-out tasks evaluated (first N)")
     p.add_argument("--train", type=int, default=8, help="train tasks rolled in (first N)")

@@ -21,8 +21,9 @@ import msgspec
 
 from stacx.agents import prompts
 from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import FormatName, get_format
 from stacx.agents.policies import Executor
-from stacx.agents.toolcalls import MalformedCall, ToolCall, parse_action
+from stacx.agents.toolcalls import MalformedCall, ToolCall
 from stacx.agents.tools import Observation, ToolLimits, execute, render_observation
 from stacx.events import Emit, StopReason, ToolCalled, ToolReturned, TurnGenerated, derive_id
 from stacx.inference.engine import SamplingParams
@@ -37,6 +38,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     context_budget: int = 8192  # tokens; SmolLM2's context window
     min_room: int = 32  # stop when fewer tokens than this are left for an answer
     seed: int | None = None  # base sampling seed; see `turn_seed`
+    format: FormatName = "tool_call"  # how actions are written; see stacx.agents.formats
     tools: ToolLimits = msgspec.field(default_factory=ToolLimits)
 
 
@@ -65,7 +67,10 @@ async def run_agent(
     emit: Emit,
 ) -> AgentResult:
     """Run one episode's agent loop in `sandbox`; see the module docstring for the contract."""
-    prompt = chat.start(prompts.system_prompt(), prompts.task_message(instruction))
+    fmt = get_format(config.format)
+    prefill = chat.content_ids(fmt.prefill)
+    stops = fmt.stop_token_ids(chat)
+    prompt = chat.start(fmt.system_prompt(), prompts.task_message(instruction)) + prefill
     n_calls = 0
     for turn in range(config.max_turns):
         room = config.context_budget - len(prompt)
@@ -81,7 +86,7 @@ async def run_agent(
             max_new_tokens=min(config.max_new_tokens, room),
             temperature=config.temperature,
             top_p=config.top_p,
-            stop_token_ids=chat.stop_token_ids,
+            stop_token_ids=stops,
             seed=None if config.seed is None else turn_seed(config.seed, episode_id, turn),
         )
         action = await policy.act(prompt, params)
@@ -110,9 +115,9 @@ async def run_agent(
             )
         )
         transcript = prompt + action.output_ids
-        parsed = parse_action(chat.decode(action.output_ids))
+        parsed = fmt.parse(chat.decode(action.output_ids))
         if parsed is None:
-            observation = prompts.NO_CALL
+            observation = fmt.no_call
         else:
             n_calls += 1
             obs, tool = await _call(parsed, sandbox, config.tools, run_id, episode_id, turn, emit)
@@ -127,7 +132,9 @@ async def run_agent(
             if isinstance(parsed, ToolCall) and parsed.extra_calls:
                 body += prompts.extra_calls_note(parsed.extra_calls)
             observation = prompts.observation_message(tool, body)
-        prompt = transcript + chat.close(action.output_ids) + chat.observation(observation)
+        prompt = (
+            transcript + chat.close(action.output_ids) + chat.observation(observation) + prefill
+        )
     return AgentResult(
         stop_reason=StopReason.MAX_TURNS,
         n_turns=config.max_turns,

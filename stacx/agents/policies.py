@@ -14,13 +14,13 @@ are demonstrations that SFT and DAgger can train on as they are.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.toolcalls import render_tool_call
+from stacx.agents.formats import ActionFormat
 from stacx.agents.tools import SUBMIT
 from stacx.events import TurnActor
 from stacx.inference.engine import Engine, SamplingParams
@@ -69,10 +69,15 @@ class EnginePolicy:
 
 
 class ScriptedPolicy:
-    """Plays fixed assistant texts in order, then reports that it is done."""
+    """Plays fixed assistant texts in order, then reports that it is done.
 
-    def __init__(self, chat: ChatFormat, texts: list[str], actor: str) -> None:
-        self._outputs = [chat.scripted_output(t) for t in texts]
+    Each text ends as a model's reply would: with the end-of-turn token, or, where the text
+    ends in one of `stop_ids` (the format's stop, e.g. the closing fence), right there."""
+
+    def __init__(
+        self, chat: ChatFormat, texts: list[str], actor: str, stop_ids: Sequence[int] = ()
+    ) -> None:
+        self._outputs = [_scripted(chat, t, stop_ids) for t in texts]
         self.actor = actor
 
     async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
@@ -90,18 +95,30 @@ class ScriptedPolicy:
         )
 
 
-def oracle_policy(chat: ChatFormat, solve_sh: str) -> ScriptedPolicy:
-    """The task's reference solution as one bash call, then submit."""
+def _scripted(chat: ChatFormat, text: str, stop_ids: Sequence[int]) -> list[int]:
+    ids = chat.content_ids(text)
+    return ids if ids and ids[-1] in stop_ids else [*ids, chat.end_of_turn_id]
+
+
+def oracle_policy(
+    chat: ChatFormat, solve_sh: str, fmt: ActionFormat | None = None
+) -> ScriptedPolicy:
+    """The task's reference solution as one bash call, then submit, written in `fmt`."""
+    fmt = fmt or ActionFormat()
     return ScriptedPolicy(
         chat,
-        [render_tool_call("bash", {"command": solve_sh}), render_tool_call(SUBMIT, {})],
+        [fmt.render("bash", {"command": solve_sh}), fmt.render(SUBMIT, {})],
         actor=TurnActor.ORACLE,
+        stop_ids=fmt.stop_token_ids(chat),
     )
 
 
-def null_policy(chat: ChatFormat) -> ScriptedPolicy:
+def null_policy(chat: ChatFormat, fmt: ActionFormat | None = None) -> ScriptedPolicy:
     """Does nothing but submit (the verifier still runs): the floor every task must beat."""
-    return ScriptedPolicy(chat, [render_tool_call(SUBMIT, {})], actor=TurnActor.NULL)
+    fmt = fmt or ActionFormat()
+    return ScriptedPolicy(
+        chat, [fmt.render(SUBMIT, {})], actor=TurnActor.NULL, stop_ids=fmt.stop_token_ids(chat)
+    )
 
 
 def always(policy: Policy) -> Executor:

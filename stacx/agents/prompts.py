@@ -44,3 +44,24 @@ NO_CALL = (
 
 def extra_calls_note(n: int) -> str:
     return f"\n(Only the first tool call of a message runs; {n} more were ignored.)"
+
+
+# Short tasks solved by one command each, none of them a bundled task: a small model copies the
+# shape of its examples (one plain command, absolute paths) far better than it follows rules.
+_BASH_EXAMPLES = (
+    ("Write the word hi into a file named x.txt in the /tmp directory.", "echo hi > /tmp/x.txt"),
+    ("Create the directory /srv/data/logs.", "mkdir -p /srv/data/logs"),
+    ("Rename /srv/a.txt to /srv/b.txt.", "mv /srv/a.txt /srv/b.txt"),
+    ("Print how many lines /etc/hosts has.", "wc -l < /etc/hosts"),
+)
+
+
+def bash_system_prompt() -> str:
+    """The system prompt of the ```bash block format (stacx.agents.formats.BashBlockFormat)."""
+    examples = "\n\n".join(f"Task: {t}\n```bash\n{c}\n```" for t, c in _BASH_EXAMPLES)
+    return (
+        "You are a Linux shell expert. Reply with one bash command in a ```bash block. It runs "
+        "in the task's working directory; its output comes back in the next message. When the "
+        "task is done, reply with submit in the block.\n\n"
+        f"Examples:\n\n{examples}"
+    )

@@ -68,6 +68,16 @@ def resolve_tasks(spec: str) -> Path:
     show_default=True,
     help="Samples per task (the group); pass@k uses k = n.",
 )
+@click.option(
+    "--include",
+    multiple=True,
+    help="Only these task ids or patterns (create-*); repeatable.",
+)
+@click.option(
+    "--difficulty",
+    multiple=True,
+    help="Only tasks whose metadata.difficulty is this (trivial, easy, ...); repeatable.",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N tasks.")
 @click.option(
     "--concurrency",
@@ -79,6 +89,15 @@ def resolve_tasks(spec: str) -> Path:
 @click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True)
+@click.option(
+    "--format",
+    "action_format",
+    type=click.Choice(["tool_call", "bash"]),
+    default="tool_call",
+    show_default=True,
+    help="How the agent writes actions: <tool_call> JSON, or one prefilled ```bash block "
+    "(small models).",
+)
 @click.option(
     "--max-attempts",
     type=click.IntRange(min=1),
@@ -105,11 +124,14 @@ def cli(
     model: str,
     agent: str,
     n_samples: int,
+    include: tuple[str, ...],
+    difficulty: tuple[str, ...],
     limit: int | None,
     concurrency: int,
     max_turns: int,
     max_new_tokens: int,
     temperature: float,
+    action_format: str,
     max_attempts: int,
     episode_timeout: float | None,
     run_dir: Path | None,
@@ -125,11 +147,14 @@ def cli(
         model=model,
         agent=agent,
         n_samples=n_samples,
+        include=list(include),
+        difficulty=list(difficulty),
         limit=limit,
         concurrency=concurrency,
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
+        format=action_format,  # type: ignore[arg-type]  # click.Choice checked it
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,

@@ -7,6 +7,10 @@ the task set only (``stacx.imitation.split``); the held-out tasks' solutions are
 so teacher-vs-student pass rates on held-out tasks compare policies, not memory.
 
     python -m stacx.imitation.make_teacher --out runs/teacher [--demos RUN_DIR] [--steps 24]
+        [--format bash] [--difficulty trivial --difficulty easy]
+
+``--format`` must be the student's (recipe ``agent.format``): the demonstrations are written in
+it. ``--difficulty`` narrows the task set before the split.
 
 The defaults (24 steps of 4 demos, last 4 decoder layers) fit a 2-core CPU in well under an
 hour; ``--device cuda --steps 80 --batch-size 8 --trainable-layers 8`` is the stronger teacher
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from stacx.imitation.fit import fit, samples_for
 from stacx.imitation.split import split_tasks
-from stacx.sandbox.tasks import load_tasks
+from stacx.sandbox.tasks import load_tasks, select
 from stacx.store.db import connect_run
 
 
@@ -44,11 +48,30 @@ WHERE actor = 'oracle' AND status = 'scored' AND reward >= 1 AND task_id IN ({id
 ORDER BY task_id, episode_id, turn"""
 
 
-async def record_demos(tasks: str, run_dir: Path) -> None:
+async def record_demos(
+    tasks: str, run_dir: Path, fmt: str = "tool_call", difficulty: list[str] | None = None
+) -> None:
     """An oracle eval of every task with a solution (skipped samples are resumed on rerun)."""
     from stacx.rollout.evaluate import EvalConfig, evaluate
 
-    await evaluate(EvalConfig(tasks=task_source(tasks), agent="oracle", concurrency=4), run_dir)
+    config = EvalConfig(
+        tasks=task_source(tasks),
+        agent="oracle",
+        concurrency=4,
+        format=fmt,  # type: ignore[arg-type]  # checked by get_format in the agent
+        difficulty=list(difficulty or []),
+    )
+    await evaluate(config, run_dir)
+
+
+def split_of(
+    tasks: str, difficulty: list[str] | None, held_out_fraction: float, seed: int
+) -> tuple[list[str], list[str]]:
+    """(train, held_out) task ids of `tasks` narrowed to `difficulty` (see stacx.imitation.split)."""
+    narrowed = select(load_tasks(task_source(tasks)), difficulty=list(difficulty or []))
+    return split_tasks(
+        [t.task_id for t in narrowed], held_out_fraction=held_out_fraction, seed=seed
+    )
 
 
 def build_teacher(
@@ -56,6 +79,7 @@ def build_teacher(
     *,
     demos: Path,
     tasks: str = "basic",
+    difficulty: list[str] | None = None,
     model: str = "default",
     steps: int = 24,
     batch_size: int = 4,
@@ -67,8 +91,7 @@ def build_teacher(
     device: str = "cpu",
 ) -> dict[str, object]:
     """SFT `model` on the train split's oracle demos of run `demos`; returns the provenance."""
-    task_ids = [t.task_id for t in load_tasks(task_source(tasks))]
-    train, held_out = split_tasks(task_ids, held_out_fraction=held_out_fraction, seed=seed)
+    train, held_out = split_of(tasks, difficulty, held_out_fraction, seed)
     ids = ", ".join("'" + t.replace("'", "''") + "'" for t in train)
     turns = "" if max_turn is None else f" AND turn <= {int(max_turn)}"
     con = connect_run(demos)
@@ -89,11 +112,13 @@ def build_teacher(
         seed=seed,
         log_every=1,
         trainable_layers=trainable_layers,
+        device=device,
     )
     info: dict[str, object] = {
         "base_model": model,
         "demos_run": str(demos),
         "tasks": tasks,
+        "difficulty": difficulty or [],
         "seed": seed,
         "held_out_fraction": held_out_fraction,
         "train_tasks": train,
@@ -120,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     p.add_argument("--demos", type=Path, help="an oracle eval run dir (default: run one)")
     p.add_argument("--tasks", default="basic")
+    p.add_argument(
+        "--difficulty", action="append", help="only tasks of this metadata.difficulty (repeat)"
+    )
+    p.add_argument(
+        "--format",
+        default="tool_call",
+        choices=["tool_call", "bash"],
+        help="the student's agent.format: the demonstrations are written in it",
+    )
     p.add_argument("--model", default="default", help="the base model (the student's start)")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--batch-size", type=int, default=4)
@@ -137,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     demos = args.demos or args.out.with_name(args.out.name + ".demos")
     if args.demos is None:
-        asyncio.run(record_demos(args.tasks, demos))
+        asyncio.run(record_demos(args.tasks, demos, args.format, args.difficulty))
     info = build_teacher(
         args.out,
         demos=demos,
         tasks=args.tasks,
+        difficulty=args.difficulty,
         model=args.model,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -150,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         trainable_layers=args.trainable_layers,
         max_turn=args.max_turn,
+        device=args.device,
     )
     losses = info["losses"]
     assert isinstance(losses, list)

@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from stacx.actors.run import RunContext
-from stacx.errors import ConfigError
+from stacx.errors import ConfigError, TaskError
 from stacx.launch.loader import to_dict
 from stacx.launch.metrics import MetricsWriter, make_sinks
 from stacx.launch.placement import RayPlacement, make_placement, resolve_builder
@@ -71,25 +71,20 @@ def resolve_tasks(spec: str) -> Path:
 
 
 def select_tasks(recipe: Recipe) -> list[TaskRef]:
-    """The recipe's tasks after include / exclude / limit, as (id, path), sorted by id."""
-    from stacx.sandbox.tasks import load_tasks
+    """The recipe's tasks after include / exclude / difficulty / limit, as (id, path), by id."""
+    from stacx.sandbox.tasks import load_tasks, select
 
     t = recipe.tasks
-    tasks = sorted(load_tasks(resolve_tasks(t.path)), key=lambda x: x.task_id)
-    known = {x.task_id for x in tasks}
-    missing = [i for i in t.include if i not in known]
-    if missing:
-        raise ConfigError(
-            f"tasks.include: unknown task ids {missing} in {t.path}; "
-            f"accepted: {', '.join(sorted(known))}"
+    try:
+        tasks = select(
+            load_tasks(resolve_tasks(t.path)),
+            include=t.include,
+            exclude=t.exclude,
+            difficulty=t.difficulty,
+            limit=t.limit,
         )
-    if t.include:
-        tasks = [x for x in tasks if x.task_id in t.include]
-    tasks = [x for x in tasks if x.task_id not in t.exclude]
-    if t.limit is not None:
-        tasks = tasks[: t.limit]
-    if not tasks:
-        raise ConfigError(f"tasks: no task left in {t.path} after include/exclude/limit")
+    except TaskError as exc:
+        raise ConfigError(f"{exc} (in {t.path})") from None
     return [TaskRef(x.task_id, str(x.path)) for x in tasks]
 
 

@@ -73,9 +73,10 @@ class TasksSection(_Section, frozen=True):
     path: str = (
         "basic"  # a bundled set name (recipes/tasks/<name>), a task dir, a dir of tasks, a .jsonl
     )
-    include: list[str] = []  # only these task ids (empty: all)
+    include: list[str] = []  # only these task ids or fnmatch patterns (empty: all)
     exclude: list[str] = []
-    limit: int | None = None  # only the first N (after include/exclude)
+    difficulty: list[str] = []  # only tasks whose metadata.difficulty is one of these
+    limit: int | None = None  # only the first N (after the filters above)
     per_iteration: int = 4  # tasks scheduled per iteration (eval: ignored, every task once)
     group_size: int = 4  # samples per task (GRPO's group; eval's k)
     seed: int = 0  # which tasks each iteration draws (deterministic, so resume redraws the same)
@@ -88,6 +89,9 @@ class AgentSection(_Section, frozen=True):
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    # tool_call: <tool_call> JSON, all tools; bash: one prefilled ```bash block per reply
+    # (what a 135M model can do); see stacx.agents.formats
+    format: Literal["tool_call", "bash"] = "tool_call"
     context_budget: int = 8192
     episode_timeout_s: float | None = None  # None: each task's agent.timeout_sec
     seed: int | None = None

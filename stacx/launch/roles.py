@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import EnginePolicy, always, null_policy, oracle_policy
 from stacx.errors import ConfigError
@@ -49,6 +50,7 @@ def agent_config(recipe: Recipe) -> AgentConfig:
         top_p=a.top_p,
         context_budget=a.context_budget,
         seed=a.seed,
+        format=a.format,
     )
 
 
@@ -140,14 +142,14 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
 
 
 def _executors(recipe: Recipe, chat: ChatFormat, student: EnginePolicy) -> MakeExecutor:
-    name = recipe.agent.name
+    name, fmt = recipe.agent.name, get_format(recipe.agent.format)
     if name == "swe":
         return lambda _task, _i: always(student)
     if name == "oracle":
         return lambda task, _i: always(
-            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text())
+            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text(), fmt)
         )
-    return lambda _task, _i: always(null_policy(chat))
+    return lambda _task, _i: always(null_policy(chat, fmt))
 
 
 @contextlib.asynccontextmanager
@@ -177,7 +179,10 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             TeacherActor(
                 engine,
                 t,
-                stop_token_ids=ChatFormat(tokenizer).stop_token_ids,
+                # the student's format: a label ends where a student's reply would
+                stop_token_ids=get_format(recipe.agent.format).stop_token_ids(
+                    ChatFormat(tokenizer)
+                ),
                 label=algo in ("dagger", "aggrevate"),
                 score=algo == "opd",
             )

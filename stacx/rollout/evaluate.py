@@ -17,6 +17,7 @@ import msgspec
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat, ChatTokenizer
+from stacx.agents.formats import ActionFormat, FormatName, get_format
 from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import EnginePolicy, Executor, always, null_policy, oracle_policy
 from stacx.agents.tools import ToolLimits
@@ -26,7 +27,7 @@ from stacx.inference.engine import Engine
 from stacx.rollout import report
 from stacx.rollout.environments import DockerEnvironments
 from stacx.rollout.manager import RolloutConfig, RolloutManager
-from stacx.sandbox.tasks import Task, load_tasks
+from stacx.sandbox.tasks import Task, load_tasks, select
 
 Progress = Callable[[int, int], None]
 
@@ -36,11 +37,14 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str = "default"
     agent: str = "swe"  # swe | oracle | null
     n_samples: int = 1
+    include: list[str] = []  # task ids or fnmatch patterns (empty: all)
+    difficulty: list[str] = []  # metadata.difficulty values (empty: all)
     limit: int | None = None
     concurrency: int = 2
     max_turns: int = 6
     max_new_tokens: int = 256
     temperature: float = 0.7
+    format: FormatName = "tool_call"  # how the agent writes actions (stacx.agents.formats)
     max_attempts: int = 3
     episode_timeout_s: float | None = None
     seed: int = 0
@@ -55,10 +59,15 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def select_tasks(config: EvalConfig) -> tuple[list[Task], list[str]]:
-    """The tasks to run (after --limit) and those skipped (oracle without a solution)."""
-    tasks = load_tasks(config.tasks)
-    if config.limit is not None:
-        tasks = tasks[: config.limit]
+    """The tasks to run (after --include/--difficulty/--limit) and those skipped (oracle
+    without a solution)."""
+    tasks = select(
+        load_tasks(config.tasks),
+        include=config.include,
+        difficulty=config.difficulty,
+        limit=config.limit,
+        where="--tasks",
+    )
     skipped: list[str] = []
     if config.agent == "oracle":
         skipped = [t.task_id for t in tasks if not t.has_solution]
@@ -91,9 +100,10 @@ async def _policy_source(config: EvalConfig) -> AsyncIterator[tuple[ChatFormat, 
 
 
 def executor_factory(
-    agent: str, chat: ChatFormat, engine: Engine | None
+    agent: str, chat: ChatFormat, engine: Engine | None, fmt: ActionFormat | None = None
 ) -> Callable[[Task, int], Executor]:
-    """(task, sample_index) -> a fresh executor for one episode of `agent`."""
+    """(task, sample_index) -> a fresh executor for one episode of `agent` (scripted agents
+    write their actions in `fmt`, the tool-call format by default)."""
     if agent == "swe":
         if engine is None:
             raise ConfigError("agent 'swe' needs an engine")
@@ -101,10 +111,10 @@ def executor_factory(
         return lambda _task, _i: always(policy)
     if agent == "oracle":
         return lambda task, _i: always(
-            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text())
+            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text(), fmt)
         )
     if agent == "null":
-        return lambda _task, _i: always(null_policy(chat))
+        return lambda _task, _i: always(null_policy(chat, fmt))
     raise ConfigError(f"--agent {agent!r}: accepted values are swe, oracle, null")
 
 
@@ -118,6 +128,7 @@ async def evaluate(
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
         seed=config.seed,
+        format=config.format,
         tools=ToolLimits(),
     )
     async with (
@@ -155,7 +166,9 @@ async def _run(
                 config=rollout,
                 envs=envs,
                 chat=chat,
-                make_executor=executor_factory(config.agent, chat, engine),
+                make_executor=executor_factory(
+                    config.agent, chat, engine, get_format(config.format)
+                ),
             )
         )
         for task in tasks:

@@ -136,6 +136,7 @@ class DockerSandbox:
         self.id = ""
         self.name = f"stacx-{new_id()[:16]}"
         self.start_ms = 0.0
+        self.workdir = ""  # the image's WORKDIR ("" when it sets none), known once started
         self._container: DockerContainer | None = None
         self._owns_docker = owns_docker
         self._counters: Counters | None = None
@@ -181,7 +182,9 @@ class DockerSandbox:
             # Before start, through the archive API: no exec needed.
             await self._container.put_archive("/", log_dirs_tar(LOG_DIRS))
             await self._container.start()
-            state = (await self._container.show()).get("State", {})
+            shown = await self._container.show()
+            self.workdir = str((shown.get("Config") or {}).get("WorkingDir") or "")
+            state = shown.get("State", {})
             self._counters = Counters.for_pid(int(state.get("Pid") or 0))
             self._snapshot = self._counters.read() or Snapshot()
         except aiodocker.DockerError as exc:

@@ -298,3 +298,44 @@ def task_limits(task: Task, *, pids: int = 1024) -> Limits:
         storage_mb=env.storage_mb,
         env=resolve_env(env.env, where=f"{task.path}/task.toml: environment.env"),
     )
+
+
+def select(
+    tasks: list[Task],
+    *,
+    include: list[str] = [],  # noqa: B006  # read only
+    exclude: list[str] = [],  # noqa: B006
+    difficulty: list[str] = [],  # noqa: B006
+    limit: int | None = None,
+    where: str = "tasks",
+) -> list[Task]:
+    """`tasks` sorted by id, narrowed: `include`/`exclude` are task ids or fnmatch patterns
+    ("create-*"), `difficulty` the accepted values of metadata.difficulty, `limit` the first N.
+    A pattern that matches nothing, or nothing left, is a ConfigError naming `where`."""
+    from fnmatch import fnmatchcase
+
+    tasks = sorted(tasks, key=lambda t: t.task_id)
+    known = [t.task_id for t in tasks]
+    for key, patterns in (("include", include), ("exclude", exclude)):
+        missing = [p for p in patterns if not any(fnmatchcase(i, p) for i in known)]
+        if missing:
+            raise TaskError(
+                f"{where}.{key}: {missing} match no task id; accepted: {', '.join(known)}"
+            )
+    if include:
+        tasks = [t for t in tasks if any(fnmatchcase(t.task_id, p) for p in include)]
+    tasks = [t for t in tasks if not any(fnmatchcase(t.task_id, p) for p in exclude)]
+    if difficulty:
+        levels = sorted({str(t.config.metadata.get("difficulty", "")) for t in tasks} - {""})
+        unknown = [d for d in difficulty if d not in levels]
+        if unknown:
+            raise TaskError(
+                f"{where}.difficulty: {unknown} is no task's metadata.difficulty; "
+                f"accepted: {', '.join(levels) or '(no task sets one)'}"
+            )
+        tasks = [t for t in tasks if str(t.config.metadata.get("difficulty", "")) in difficulty]
+    if limit is not None:
+        tasks = tasks[:limit]
+    if not tasks:
+        raise TaskError(f"{where}: no task left after include/exclude/difficulty/limit")
+    return tasks

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 
 import msgspec
@@ -126,15 +127,21 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
         return VerifierFailure(kind=FailureKind.VERIFIER_ERROR, reason=str(exc))
     try:
         # As root whatever the image's USER; /logs/verifier writable by whoever runs test.sh.
+        # From /, and re-making the image's WORKDIR: an agent that deleted its working
+        # directory (rm -r /app) gets its tests run and scored, not an infrastructure failure.
+        workdir = getattr(sandbox, "workdir", "")
+        remake = f"mkdir -p {shlex.quote(workdir)} && " if workdir else ""
         wiped = await sandbox.exec(
-            "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"
+            f"{remake}rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"
             " && chmod 777 /logs/verifier",
             user="0",
+            cwd="/",
         )
         if wiped.exit_code != 0:
             return VerifierFailure(
                 kind=FailureKind.VERIFIER_ERROR,
-                reason=f"cannot prepare /tests: {wiped.stderr.strip()[:500]}",
+                reason=f"cannot prepare /tests (exit {wiped.exit_code}): "
+                f"{(wiped.stderr or wiped.stdout).strip()[:500]}",
                 duration_ms=ms(),
             )
         await sandbox.upload_dir(str(task.tests_dir), "/tests")

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig, run_agent, turn_seed
 from stacx.agents.policies import ScriptedPolicy, always, null_policy, oracle_policy
 from stacx.agents.toolcalls import render_tool_call
@@ -248,3 +249,34 @@ def test_turn_seeds_are_stable_and_distinct_across_samples() -> None:
     assert turn_seed(0, "episode-a", 1) == turn_seed(0, "episode-a", 1)
     seeds = {turn_seed(0, e, t) for e in ("episode-a", "episode-b") for t in range(3)}
     assert len(seeds) == 6
+
+
+async def test_bash_format_episode_is_prefilled_and_token_exact(
+    sandbox: DockerSandbox, chat: ChatFormat
+) -> None:
+    fmt = get_format("bash")
+    log = Log()
+    result = await run_agent(
+        run_id="r",
+        episode_id="e",
+        instruction="Create /work/out.",
+        sandbox=sandbox,
+        chat=chat,
+        executor=always(oracle_policy(chat, "mkdir -p /work/out && echo made", fmt)),
+        config=AgentConfig(format="bash"),
+        emit=log,
+    )
+    assert result.stop_reason == StopReason.SUBMITTED
+    turns = log.of(TurnGenerated)
+    prefill = chat.content_ids(fmt.prefill)
+    (fence,) = chat.content_ids("```")
+    for t in turns:
+        assert t.prompt_ids[-len(prefill) :] == prefill  # the model continues the open block
+        assert t.output_ids[-1] == fence  # and stops at its close, as a model would
+    assert_token_exact(turns)
+    assert [c.tool for c in log.of(ToolCalled)] == ["bash", "submit"]
+    assert "made" in log.of(ToolReturned)[0].output
+    assert (await sandbox.exec("test -d /work/out")).exit_code == 0
+    # the system prompt is the bash format's, not the tool-call one
+    assert "```bash block" in chat.decode(turns[0].prompt_ids)
+    assert "<tool_call>" not in chat.decode(turns[0].prompt_ids)

@@ -91,3 +91,33 @@ async def test_engine_failure_is_an_infra_failure_not_a_score(
     assert [(f["failure_kind"], f["will_retry"]) for f in failed] == [("engine", False)]
     assert "closed" in failed[0]["message"]
     assert scored == 0
+
+
+async def test_default_model_writes_commands_in_the_bash_format(tmp_path: Path) -> None:
+    """The tiny recipes' format: the 135M model, prefilled with a ```bash fence, writes a
+    command (a bash ToolCalled every sample) and stops at the closing fence, well before its
+    token budget; the verifier scores every sample."""
+    config = EvalConfig(
+        tasks=str(BASIC),
+        include=["make-output-directory", "make-script-executable"],
+        agent="swe",
+        n_samples=3,
+        max_turns=1,
+        max_new_tokens=64,
+        temperature=0.7,
+        format="bash",
+        concurrency=3,
+    )
+    result = await evaluate(config, tmp_path / "run")
+    assert result.unscored == 0
+    con = connect_run(tmp_path / "run")
+    try:
+        calls = con.sql("SELECT tool, count(*) FROM tool_called GROUP BY 1").fetchall()
+        outputs = con.sql("SELECT output_ids, finish_reason FROM turn_generated").fetchall()
+        [(scored,)] = con.sql("SELECT count(*) FROM episodes WHERE status = 'scored'").fetchall()
+    finally:
+        con.close()
+    assert calls == [("bash", 6)] and scored == 6
+    fence = 3725  # "```" in SmolLM2's vocabulary
+    stopped = [o for o, finish in outputs if finish == "stop" and o[-1] == fence]
+    assert len(stopped) >= 4  # a few samples may ramble to the budget; most close the block

@@ -131,3 +131,15 @@ async def test_non_root_image_user_can_write_the_reward(run_task: RunTask) -> No
         dockerfile="FROM debian:bookworm\nRUN useradd -m agent\nUSER agent\nWORKDIR /home/agent\n",
     )
     assert isinstance(outcome, VerifierResult) and outcome.reward == 1.0
+
+
+async def test_agent_that_deleted_its_workdir_is_scored_not_an_infra_failure(
+    run_task: RunTask,
+) -> None:
+    # A model ran `rm -r /app`: docker exec cannot chdir there, yet the tests must still run.
+    _, outcome = await run_task(
+        "test -e /app/keep.txt && echo 1 > /logs/verifier/reward.txt"
+        " || echo 0 > /logs/verifier/reward.txt",
+        agent_cmd="bash -c 'cd / && rm -rf /app'",
+    )
+    assert isinstance(outcome, VerifierResult) and outcome.reward == 0.0

@@ -1,0 +1,44 @@
+"""Action formats: the prefilled ```bash block (what a 135M model can write) and tool calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import ActionFormat, BashBlockFormat, get_format
+from stacx.agents.toolcalls import MalformedCall, ToolCall
+from stacx.errors import ConfigError
+
+
+def test_bash_block_parse_takes_the_command_up_to_the_fence() -> None:
+    fmt = BashBlockFormat()
+    assert fmt.parse("mkdir -p /app/out\n```\nmore chatter") == ToolCall(
+        name="bash", arguments={"command": "mkdir -p /app/out"}
+    )
+    # cut at the token budget: the block is unterminated, the command is what was written
+    assert fmt.parse("echo hi > /app/x\necho") == ToolCall(
+        name="bash", arguments={"command": "echo hi > /app/x\necho"}
+    )
+    assert fmt.parse(" submit \n```") == ToolCall(name="submit")
+    assert isinstance(fmt.parse("\n```"), MalformedCall)
+
+
+def test_bash_block_render_is_parse_inverse() -> None:
+    fmt = BashBlockFormat()
+    for name, args in (("bash", {"command": "cd /app\nwc -l < a > b"}), ("submit", {})):
+        assert fmt.parse(fmt.render(name, args)) == ToolCall(name=name, arguments=args)
+    with pytest.raises(ValueError, match="only the bash and submit"):
+        fmt.render("view", {"path": "/"})
+
+
+def test_stop_ids_add_the_fence_token(chat: ChatFormat) -> None:
+    (fence,) = chat.content_ids("```")
+    assert fence in BashBlockFormat().stop_token_ids(chat)
+    assert set(chat.stop_token_ids) < set(BashBlockFormat().stop_token_ids(chat))
+    assert ActionFormat().stop_token_ids(chat) == sorted(chat.stop_token_ids)
+
+
+def test_unknown_format_names_the_accepted_values() -> None:
+    assert get_format("bash").name == "bash"
+    with pytest.raises(ConfigError, match="agent.format = 'json': accepted values are tool_call"):
+        get_format("json")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import functools
 import io
 import json
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import ParamSpec, TypeVar
 
 import click
@@ -58,3 +60,34 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[object]], fmt: str, t
 def _short(v: object, limit: int = 80) -> str:
     s = str(v)
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def run_interruptible(main: Coroutine[object, object, R]) -> R:
+    """`asyncio.run(main)`, where SIGTERM stops it as Ctrl-C does: the main task is cancelled
+    so every actor, sandbox and server shuts down through its own cleanup, then
+    KeyboardInterrupt is raised. (A batch scheduler's kill, `kill PID`, or a background job
+    started by a non-interactive shell, where SIGINT is ignored, all get the clean path.)"""
+
+    async def guarded() -> R:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        signalled: list[int] = []
+
+        def stop(sig: int) -> None:
+            signalled.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            return await main
+        except asyncio.CancelledError:
+            if signalled:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(guarded())

@@ -13,13 +13,13 @@ Rerunning the same command resumes; the import is idempotent (derived event ids)
 
 from __future__ import annotations
 
-import asyncio
+import sys
 import time
 from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import friendly_errors, run_interruptible
 from stacx.errors import StacxError
 
 
@@ -60,8 +60,14 @@ def cli(sources: tuple[Path, ...], where: str | None, recipe_file: Path, run_dir
         click.echo(f"imported {n // 2} events with provenance", err=True)
 
     t0 = time.perf_counter()
-    outcome = asyncio.run(launch(recipe, run_dir, prepare=import_events,
-                                 echo=lambda s: click.echo(s, err=True)))
+    try:
+        outcome = run_interruptible(
+            launch(recipe, run_dir, prepare=import_events, echo=lambda s: click.echo(s, err=True))
+        )
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",
+                   err=True)
+        sys.exit(130)
     click.echo(f"done in {time.perf_counter() - t0:.0f} s: run {outcome.run_id}")
     click.echo(f"run dir: {outcome.run_dir}")
     click.echo(f'sql:     stacx sql {outcome.run_dir} "select * from lineage limit 5"')

@@ -7,7 +7,6 @@ directory resumes the run from its log. Exit status: 0 done, 2 bad input, 130 in
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import friendly_errors, run_interruptible
 
 
 @click.command()
@@ -79,7 +78,7 @@ def cli(
 
     t0 = time.perf_counter()
     try:
-        outcome = asyncio.run(launch(recipe, run_dir, echo=lambda s: click.echo(s, err=True)))
+        outcome = run_interruptible(launch(recipe, run_dir, echo=lambda s: click.echo(s, err=True)))
     except KeyboardInterrupt:
         click.echo(
             f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.launch.test_launch import STANDIN, counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +95,10 @@ def test_kill_9_and_rerun_matches_uninterrupted(tmp_path: Path) -> None:
     assert got[4] >= 2
 
 
-def test_ctrl_c_stops_cleanly_and_rerun_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_rerun_finishes(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     run_dir = tmp_path / "r"
     proc = subprocess.Popen(
         _cmd(run_dir),
@@ -107,7 +112,7 @@ def test_ctrl_c_stops_cleanly_and_rerun_finishes(tmp_path: Path) -> None:
     for line in proc.stdout:  # wait until episodes are in flight
         if "in_flight=" in line and "in_flight=0" not in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-2000:]
     assert "Resume with the same command" in out

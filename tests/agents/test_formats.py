@@ -40,5 +40,5 @@ def test_stop_ids_add_the_fence_token(chat: ChatFormat) -> None:
 
 def test_unknown_format_names_the_accepted_values() -> None:
     assert get_format("bash").name == "bash"
-    with pytest.raises(ConfigError, match="agent.format = 'json': accepted values are tool_call"):
+    with pytest.raises(ConfigError, match=r"agent\.format = 'json': accepted values are tool_call"):
         get_format("json")

@@ -157,3 +157,21 @@ def test_recipe_matrix_is_complete() -> None:
             assert f"swe/{algo}_{size}.toml" in names
     assert "quickstart.toml" in names
     assert any(n.startswith("eval/") for n in names)
+
+
+def test_agent_format_lists_accepted_values() -> None:
+    msg = _error({"name": "x", "agent": {"format": "xml"}})
+    assert "agent.format" in msg and "'tool_call'" in msg and "'bash'" in msg
+
+
+def test_task_filters_by_difficulty_and_name_the_bad_value() -> None:
+    from stacx.launch.launcher import select_tasks
+
+    recipe = convert(
+        {"name": "x", "tasks": {"path": "basic", "difficulty": ["trivial"], "exclude": ["*-file"]}}
+    )
+    ids = [ref.task_id for ref in select_tasks(recipe)]
+    assert len(ids) == 8 and not any(i.endswith("-file") for i in ids)
+    bad = convert({"name": "x", "tasks": {"path": "basic", "difficulty": ["trival"]}})
+    with pytest.raises(ConfigError, match=r"tasks.difficulty: \['trival'\].*accepted: easy"):
+        select_tasks(bad)

@@ -162,3 +162,20 @@ def test_extra_host_certificates_are_those_missing_from_stock() -> None:
     host = f"# comment\n{PEM_A}\n{PEM_B}"
     assert split_pem_bundle(host) == [PEM_A, PEM_B]
     assert extra_certificates(host, stock_bundle=PEM_A) == [PEM_B]
+
+
+def test_select_by_pattern_difficulty_and_limit() -> None:
+    from stacx.sandbox.tasks import load_tasks, select
+
+    basic = load_tasks(Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic")
+    ids = [t.task_id for t in select(basic, include=["create-*"], exclude=["create-nested-*"])]
+    assert ids == ["create-empty-flag-file", "create-hello-file"]
+    trivial = select(basic, difficulty=["trivial"])
+    assert len(trivial) == 13 and {t.config.metadata["difficulty"] for t in trivial} == {"trivial"}
+    assert len(select(basic, difficulty=["trivial", "easy"], limit=20)) == 20
+    with pytest.raises(TaskError, match=r"tasks.include: \['nope-\*'\] match no task id"):
+        select(basic, include=["nope-*"])
+    with pytest.raises(TaskError, match=r"difficulty: \['expert'\].*accepted: easy, hard, medium"):
+        select(basic, difficulty=["expert"], where="tasks")
+    with pytest.raises(TaskError, match="no task left"):
+        select(basic, include=["create-hello-file"], exclude=["create-*"])

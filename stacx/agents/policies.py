@@ -100,14 +100,25 @@ def _scripted(chat: ChatFormat, text: str, stop_ids: Sequence[int]) -> list[int]
     return ids if ids and ids[-1] in stop_ids else [*ids, chat.end_of_turn_id]
 
 
+def script_body(script: str) -> str:
+    """`script` without its leading shebang, comment and blank lines (bash ignores them, so
+    the commands run the same): an oracle demonstration is what a model should write, and a
+    student fine-tuned on "#!/bin/bash\n# Oracle: ..." headers learns to babble them."""
+    lines = script.splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
+        lines.pop(0)
+    return "\n".join(lines) + ("\n" if script.endswith("\n") else "")
+
+
 def oracle_policy(
     chat: ChatFormat, solve_sh: str, fmt: ActionFormat | None = None
 ) -> ScriptedPolicy:
-    """The task's reference solution as one bash call, then submit, written in `fmt`."""
+    """The task's reference solution (its body, see `script_body`) as one bash call, then
+    submit, written in `fmt`."""
     fmt = fmt or ActionFormat()
     return ScriptedPolicy(
         chat,
-        [fmt.render("bash", {"command": solve_sh}), fmt.render(SUBMIT, {})],
+        [fmt.render("bash", {"command": script_body(solve_sh)}), fmt.render(SUBMIT, {})],
         actor=TurnActor.ORACLE,
         stop_ids=fmt.stop_token_ids(chat),
     )

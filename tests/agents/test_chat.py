@@ -64,7 +64,8 @@ def test_scripted_output_parses_back_to_the_same_call(chat: ChatFormat) -> None:
     policy = oracle_policy(chat, solve)
     out = policy._outputs[0]
     assert out[-1] == chat.end_of_turn_id
-    assert parse_action(chat.decode(out)) == ToolCall(name="bash", arguments={"command": solve})
+    body = solve.removeprefix("#!/bin/bash\n")  # the header is dropped (script_body)
+    assert parse_action(chat.decode(out)) == ToolCall(name="bash", arguments={"command": body})
 
 
 def test_start_tokenizes_content_as_text(chat: ChatFormat) -> None:

@@ -42,3 +42,11 @@ def test_unknown_format_names_the_accepted_values() -> None:
     assert get_format("bash").name == "bash"
     with pytest.raises(ConfigError, match=r"agent\.format = 'json': accepted values are tool_call"):
         get_format("json")
+
+
+def test_oracle_demonstration_drops_the_script_header_only() -> None:
+    from stacx.agents.policies import script_body
+
+    solve = "#!/bin/bash\n# Oracle: runs in /app.\n\nset -e\ncat > /app/a.py <<'EOF'\n# kept\nEOF\n"
+    assert script_body(solve) == "set -e\ncat > /app/a.py <<'EOF'\n# kept\nEOF\n"
+    assert script_body("echo hi") == "echo hi"

@@ -1,7 +1,5 @@
 #!/bin/bash
-# Oracle: runs in /app.
-set -e
-cd /app
+# Oracle: one command, absolute paths (the demonstration SFT and DAgger learn from).
 cat > /app/hello.py <<'EOF'
 print("Hello, World!")
 EOF

@@ -1,5 +1,3 @@
 #!/bin/bash
-# Oracle: runs in /app.
-set -e
-cd /app
+# Oracle: one command, absolute paths (the demonstration SFT and DAgger learn from).
 python3 -c 'import json; print(json.load(open("/app/package.json"))["version"])' > /app/version.txt

@@ -1,5 +1,3 @@
 #!/bin/bash
-# Oracle: runs in /app.
-set -e
-cd /app
+# Oracle: one command, absolute paths (the demonstration SFT and DAgger learn from).
 echo 42 > /app/answer.txt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -41,3 +42,20 @@ def prepare(force: bool) -> None:
 def path(spec: str) -> None:
     """Print the local directory a model spec resolves to ('default', a directory, a hub id)."""
     click.echo(models.resolve_model(spec))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="New directory.")
+@click.option("--version", type=int, default=None, help="Weight version (default: the latest).")
+@click.option("--base", default=None, help="Base model (default: the run's recipe model.path).")
+@friendly_errors
+def export(run_dir: Path, output: Path, version: int | None, base: str | None) -> None:
+    """Write a run's checkpoint as a standalone HF model directory.
+
+    Partial checkpoints (trainer.trainable) are laid over the base model, so the output loads
+    anywhere a model path is accepted: `--model`, `teacher.path`, transformers, SGLang.
+    """
+    from stacx.train.export import export_hf
+
+    click.echo(str(export_hf(run_dir, output, version=version, base=base)))

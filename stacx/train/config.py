@@ -76,6 +76,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     min_ready: int | None = None  # units that must be ready before a step; None: a full batch
     grad_accumulation: int = 1  # at least this many micro-batches per step
     max_tokens: int = 4096  # token positions per micro-batch (a longer sample gets its own)
+    # samples with one prompt (a GRPO group) forward it once (packing.pack_shared): ~n times
+    # fewer positions for short completions; mask-based attention only (ignored under varlen)
+    share_prompts: bool = True
     # policy gradient
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None: clip_eps (symmetric)

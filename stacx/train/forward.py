@@ -83,6 +83,13 @@ def packed_token_logprobs(
     mask = None
     varlen: dict[str, Tensor | int] = {}
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if batch.shares_prompts:  # branches continue a shared prompt: only a mask says so
+        if boundaries == "varlen" or impl == VARLEN_ATTENTION:
+            raise ModelShapeError(
+                "a batch with shared prompts (pack_shared) needs mask-based attention (eager, "
+                "sdpa); pack it with pack() for the varlen attention"
+            )
+        boundaries = "block_mask"
     if boundaries == "auto":
         boundaries = "varlen" if impl == VARLEN_ATTENTION else "position_ids"
     if boundaries == "block_mask":

@@ -69,6 +69,14 @@ class PackedBatch:
     cu_seqlens: Tensor  # int32 [n_segments + 1], over the row-major flattened batch
     max_seqlen: int
     n_samples: int
+    # Shared prompts (`pack_shared`): each position's segment, and the segment it may also
+    # attend to (its group's shared prompt; -1 for none). None for plain packing.
+    segment_R_T: Tensor | None = None
+    parent_R_T: Tensor | None = None
+
+    @property
+    def shares_prompts(self) -> bool:
+        return self.parent_R_T is not None
 
     @property
     def n_tokens(self) -> int:
@@ -90,13 +98,22 @@ class PackedBatch:
             cu_seqlens=self.cu_seqlens.to(device),
             max_seqlen=self.max_seqlen,
             n_samples=self.n_samples,
+            segment_R_T=None if self.segment_R_T is None else self.segment_R_T.to(device),
+            parent_R_T=None if self.parent_R_T is None else self.parent_R_T.to(device),
         )
 
     def block_causal_mask(self) -> Tensor:
-        """``[R, 1, T, T]`` bool: position i may attend to j iff both are in the same segment
-        and ``j <= i``. Padding attends to itself only, so no row of the mask is empty."""
-        seg_R_T = _segment_ids(self.position_ids_R_T)
-        same = seg_R_T[:, :, None] == seg_R_T[:, None, :]
+        """``[R, 1, T, T]`` bool: position i may attend to j iff ``j <= i`` and j is in i's
+        segment (or, with shared prompts, in i's parent segment: the group's prompt). Padding
+        attends to itself only, so no row of the mask is empty."""
+        if self.segment_R_T is not None and self.parent_R_T is not None:
+            seg_R_T, parent_R_T = self.segment_R_T, self.parent_R_T
+            same = (seg_R_T[:, None, :] == seg_R_T[:, :, None]) | (
+                seg_R_T[:, None, :] == parent_R_T[:, :, None]
+            )
+        else:
+            seg_R_T = _segment_ids(self.position_ids_R_T)
+            same = seg_R_T[:, :, None] == seg_R_T[:, None, :]
         t = self.input_ids_R_T.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool, device=same.device).tril()
         return (same & causal)[:, None, :, :]
@@ -224,4 +241,130 @@ def pack(
         cu_seqlens=cu,
         max_seqlen=max(seqlens),
         n_samples=len(samples),
+    )
+
+
+def _prompt_units(samples: Sequence[Sample], row_tokens: int) -> list[list[int]]:
+    """Sample indices grouped by identical prompt (first-appearance order), each group split
+    so that one prompt copy plus its completions fits a row."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    units: list[list[int]] = []
+    for members in by_prompt.values():
+        unit: list[int] = []
+        used = 0
+        for i in members:
+            s = samples[i]
+            cost = len(s.completion_ids) if unit else s.n_positions
+            if unit and used + cost > row_tokens:
+                units.append(unit)
+                unit, used, cost = [], 0, s.n_positions
+            unit.append(i)
+            used += cost
+        units.append(unit)
+    return units
+
+
+def shared_positions(samples: Sequence[Sample]) -> int:
+    """Positions `pack_shared` uses for `samples` (one prompt copy per distinct prompt)."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    for s in samples:
+        key = tuple(s.prompt_ids)
+        total += len(s.completion_ids) if key in seen else s.n_positions
+        seen.add(key)
+    return total
+
+
+def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) -> PackedBatch:
+    """Like `pack`, but samples with the same prompt (a GRPO group: n completions of one task)
+    share one copy of it: the prompt minus its last token is a segment of its own, and each
+    completion is a branch ``[last prompt token, completion[:-1]]`` whose positions continue
+    the prompt's and whose attention sees the shared prompt and its own branch only
+    (`block_causal_mask`). Logprobs and gradients equal `pack`'s; the forward costs
+    ``P + sum(C_i)`` positions per group instead of ``n * P + sum(C_i)``.
+
+    Needs mask-based attention (eager, sdpa): `cu_seqlens` describe whole groups, not the
+    attention pattern, so varlen kernels cannot run a shared batch.
+    """
+    if not samples:
+        raise PackingError("no samples to pack")
+    if row_tokens < 1 or pad_to < 1:
+        raise PackingError(f"row_tokens and pad_to must be >= 1, got {row_tokens}, {pad_to}")
+    for i, sample in enumerate(samples):
+        _check(sample, i, row_tokens)
+    names = sorted(samples[0].token_values)
+    for i, sample in enumerate(samples):
+        if sorted(sample.token_values) != names:
+            raise PackingError(
+                f"sample {i}: token_values keys {sorted(sample.token_values)} differ from "
+                f"sample 0's {names}"
+            )
+    units = _prompt_units(samples, row_tokens)
+    unit_len = [shared_positions([samples[i] for i in u]) for u in units]
+    rows = assign_rows(unit_len, row_tokens)
+    t = -(-max(sum(unit_len[u] for u in row) for row in rows) // pad_to) * pad_to
+    r = len(rows)
+    input_ids = torch.zeros(r, t, dtype=torch.long)
+    targets = torch.zeros(r, t, dtype=torch.long)
+    positions = torch.zeros(r, t, dtype=torch.long)
+    loss_mask = torch.zeros(r, t, dtype=torch.bool)
+    seq_index = torch.full((r, t), -1, dtype=torch.long)
+    segment = torch.zeros(r, t, dtype=torch.long)
+    parent = torch.full((r, t), -1, dtype=torch.long)
+    values = {name: torch.zeros(r, t, dtype=torch.float32) for name in names}
+    seqlens: list[int] = []
+    for row, row_units in enumerate(rows):
+        offset, seg = 0, 0
+        for u in row_units:
+            members = units[u]
+            prompt = list(samples[members[0]].prompt_ids)
+            p = len(prompt)
+            shared_seg = seg
+            if p > 1:  # the shared prompt, minus the last token each branch starts with
+                input_ids[row, offset : offset + p - 1] = torch.tensor(prompt[:-1])
+                targets[row, offset : offset + p - 1] = torch.tensor(prompt[1:])
+                positions[row, offset : offset + p - 1] = torch.arange(p - 1)
+                segment[row, offset : offset + p - 1] = seg
+                seq_index[row, offset : offset + p - 1] = members[0]
+                offset += p - 1
+            seg += 1
+            for i in members:
+                s = samples[i]
+                n = len(s.completion_ids)
+                branch = slice(offset, offset + n)
+                input_ids[row, branch] = torch.tensor([prompt[-1], *s.completion_ids[:-1]])
+                targets[row, branch] = torch.tensor(list(s.completion_ids))
+                positions[row, branch] = torch.arange(p - 1, p - 1 + n)
+                segment[row, branch] = seg
+                parent[row, branch] = shared_seg if p > 1 else -1
+                seq_index[row, branch] = i
+                mask = s.loss_mask if s.loss_mask is not None else [1] * n
+                loss_mask[row, branch] = torch.tensor(mask, dtype=torch.bool)
+                for name in names:
+                    values[name][row, branch] = torch.tensor(
+                        s.token_values[name], dtype=torch.float32
+                    )
+                offset += n
+                seg += 1
+            seqlens.append(unit_len[u])
+        if offset < t:  # padding: a segment of its own
+            positions[row, offset:] = torch.arange(t - offset)
+            segment[row, offset:] = seg
+            seqlens.append(t - offset)
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seqlens, dtype=torch.int32).cumsum(0)
+    return PackedBatch(
+        input_ids_R_T=input_ids,
+        position_ids_R_T=positions,
+        targets_R_T=targets,
+        loss_mask_R_T=loss_mask,
+        sequence_index_R_T=seq_index,
+        values_R_T=values,
+        cu_seqlens=cu,
+        max_seqlen=max(seqlens),
+        n_samples=len(samples),
+        segment_R_T=segment,
+        parent_R_T=parent,
     )

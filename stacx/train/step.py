@@ -24,6 +24,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from stacx.train.attention import VARLEN_ATTENTION
 from stacx.train.batches import samples_from_table
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
@@ -33,7 +34,7 @@ from stacx.train.losses import (
     policy_gradient_loss,
     sft_loss,
 )
-from stacx.train.packing import PackedBatch, Sample, pack
+from stacx.train.packing import PackedBatch, Sample, pack, pack_shared
 
 
 @dataclass(frozen=True)
@@ -71,18 +72,27 @@ def samples_for(cfg: TrainerConfig, table: pa.Table) -> list[Sample]:
     return samples_from_table(table, completion="completion_ids", loss_mask="loss_mask")
 
 
-def micro_batches(samples: list[Sample], max_tokens: int, at_least: int) -> list[list[Sample]]:
+def micro_batches(
+    samples: list[Sample], max_tokens: int, at_least: int, *, share: bool = False
+) -> list[list[Sample]]:
     """Consecutive runs of samples of at most ``max_tokens`` positions (an oversized sample
-    alone), split further until there are ``at_least`` of them (or one per sample)."""
+    alone), split further until there are ``at_least`` of them (or one per sample). With
+    ``share`` a sample whose prompt is already in the run costs its completion only (see
+    `pack_shared`)."""
     groups: list[list[Sample]] = []
     used = 0
+    prompts: set[tuple[int, ...]] = set()
     for s in samples:
-        if groups and used + s.n_positions <= max_tokens:
+        key = tuple(s.prompt_ids) if share else ()
+        cost = len(s.completion_ids) if share and key in prompts else s.n_positions
+        if groups and used + cost <= max_tokens:
             groups[-1].append(s)
-            used += s.n_positions
+            used += cost
         else:
             groups.append([s])
             used = s.n_positions
+            prompts = set()
+        prompts.add(key)
     target = min(at_least, len(samples))
     while len(groups) < target:
         i = max(range(len(groups)), key=lambda j: len(groups[j]))
@@ -154,9 +164,11 @@ def train_step(
     total_loss = 0.0
     n_tokens = 0
     sums: dict[str, float] = {}
-    for micro in micro_batches(samples, cfg.max_tokens, cfg.grad_accumulation):
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    share = cfg.share_prompts and impl != VARLEN_ATTENTION  # varlen kernels take no mask
+    for micro in micro_batches(samples, cfg.max_tokens, cfg.grad_accumulation, share=share):
         row = max(cfg.max_tokens, max(s.n_positions for s in micro))
-        batch = pack(micro, row).to(device)
+        batch = (pack_shared(micro, row) if share else pack(micro, row)).to(device)
         out = _loss(cfg, model, batch, max(normalizer, 1.0))
         out.loss.backward()
         total_loss += float(out.loss.detach())

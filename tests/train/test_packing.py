@@ -10,7 +10,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from stacx.train.attention import use_varlen_attention
 from stacx.train.forward import ModelShapeError, packed_token_logprobs
 from stacx.train.losses import token_logprobs
-from stacx.train.packing import PackingError, Sample, assign_rows, pack
+from stacx.train.packing import (
+    PackingError,
+    Sample,
+    assign_rows,
+    pack,
+    pack_shared,
+    shared_positions,
+)
 
 SAMPLES = [
     Sample([1, 2, 3], [4, 5], {"adv": [0.5, 0.5]}),
@@ -162,3 +169,120 @@ def test_packed_forward_gradients_equal_unpacked(tiny_model: Qwen3ForCausalLM) -
     assert ref_grad is not None
     assert torch.allclose(packed_grad, ref_grad, atol=1e-8)
     tiny_model.zero_grad()
+
+
+# Two GRPO-like groups (4 and 2 completions of one prompt each), a lone sample, and a
+# one-token prompt: what pack_shared must lay out with one prompt copy per group.
+GROUPED = [
+    Sample([1, 2, 3, 4], [5, 6], {"adv": [0.5, 0.5]}),
+    Sample([9, 8, 7], [6, 5, 4], {"adv": [1.0, 2.0, 3.0]}, loss_mask=[1, 0, 1]),
+    Sample([1, 2, 3, 4], [7], {"adv": [-1.0]}),
+    Sample([1, 2, 3, 4], [8, 9, 10], {"adv": [0.1, 0.2, 0.3]}),
+    Sample([9, 8, 7], [11], {"adv": [4.0]}),
+    Sample([1, 2, 3, 4], [12, 13], {"adv": [0.7, 0.8]}),
+    Sample([20], [21, 22], {"adv": [0.0, 1.0]}),
+]
+
+
+def test_pack_shared_lays_out_one_prompt_per_group() -> None:
+    batch = pack_shared(GROUPED, row_tokens=64)
+    assert batch.shares_prompts and batch.input_ids_R_T.shape[0] == 1
+    plain = sum(s.n_positions for s in GROUPED)
+    assert batch.n_tokens == shared_positions(GROUPED) == plain - 3 * 3 - 1 * 2
+    assert batch.n_loss_tokens == pack(GROUPED, row_tokens=64).n_loss_tokens
+    # each completion's values sit on the positions whose targets are its tokens
+    for i, s in enumerate(GROUPED):
+        where = (batch.sequence_index_R_T == i) & batch.loss_mask_R_T
+        mask = s.loss_mask or [1] * len(s.completion_ids)
+        kept = [c for c, m in zip(s.completion_ids, mask, strict=True) if m]
+        assert batch.targets_R_T[where].tolist() == kept
+        assert batch.values_R_T["adv"][where].tolist() == pytest.approx(
+            [v for v, m in zip(s.token_values["adv"], mask, strict=True) if m]
+        )
+    # a row too small for a whole group splits it, each part with its own prompt copy
+    split = pack_shared(GROUPED, row_tokens=8)
+    assert split.n_tokens > batch.n_tokens and split.n_loss_tokens == batch.n_loss_tokens
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_pack_shared_forward_and_gradients_equal_unpacked(
+    tiny_model: Qwen3ForCausalLM, impl: str
+) -> None:
+    tiny_model.config._attn_implementation = impl
+    try:
+        batch = pack_shared(GROUPED, row_tokens=24)
+        tiny_model.zero_grad()
+        lp = packed_token_logprobs(tiny_model, batch, chunk_tokens=3)  # "auto" -> block mask
+        for i, got in enumerate(batch.per_sample(lp.detach())):
+            expected = _reference_logprobs(tiny_model, GROUPED[i])
+            # HF's attention keeps its softmax in fp32 even for an fp64 model: a branch's row is
+            # longer (masked entries of sibling branches), so agreement is to fp32 precision
+            # (a wrong mask is off by ~1e-1)
+            assert got.tolist() == pytest.approx(expected, abs=1e-6), (i, impl)
+        lp[batch.loss_mask_R_T].sum().backward()
+        shared_grad = tiny_model.model.layers[0].self_attn.k_proj.weight.grad.clone()  # type: ignore[union-attr]
+        tiny_model.zero_grad()
+        total = torch.zeros((), dtype=torch.float64)
+        for s in GROUPED:  # each sequence alone
+            ids = torch.tensor([[*s.prompt_ids, *s.completion_ids]])
+            lp1 = token_logprobs(tiny_model(input_ids=ids).logits[0, :-1], ids[0, 1:])
+            mask = torch.tensor(s.loss_mask or [1] * len(s.completion_ids), dtype=torch.bool)
+            total = total + lp1[len(s.prompt_ids) - 1 :][mask].sum()
+        total.backward()
+        alone_grad = tiny_model.model.layers[0].self_attn.k_proj.weight.grad
+        assert alone_grad is not None
+        assert torch.allclose(shared_grad, alone_grad, rtol=1e-5, atol=1e-6)
+    finally:
+        tiny_model.zero_grad()
+        tiny_model.config._attn_implementation = "sdpa"
+
+
+def test_pack_shared_refuses_the_varlen_attention(tiny_model: Qwen3ForCausalLM) -> None:
+    with pytest.raises(ModelShapeError, match="shared prompts"):
+        packed_token_logprobs(tiny_model, pack_shared(GROUPED, 24), boundaries="varlen")
+
+
+def test_grpo_step_with_shared_prompts_equals_the_plain_step() -> None:
+    """The trainer's default (trainer.share_prompts) changes the cost, not the update."""
+    import copy
+
+    from stacx.train.config import TrainerConfig
+    from stacx.train.step import make_optimizer, train_step
+
+    torch.manual_seed(1)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = "sdpa"
+    base = Qwen3ForCausalLM(config).to(torch.float64)
+    samples = [
+        Sample(
+            s.prompt_ids,
+            s.completion_ids,
+            {
+                "behavior_logprobs": [-4.0] * len(s.completion_ids),
+                "advantages": [float(v) for v in s.token_values["adv"]],
+            },
+            s.loss_mask,
+        )
+        for s in GROUPED
+    ]
+    results, params = [], []
+    for share in (False, True):
+        model = copy.deepcopy(base)
+        cfg = TrainerConfig(algorithm="grpo", lr=1e-2, share_prompts=share, max_tokens=24)
+        opt = make_optimizer(cfg, list(model.parameters()))
+        results.append(train_step(cfg, model, opt, samples, 1))
+        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    plain, shared = results
+    assert shared.n_tokens < plain.n_tokens and shared.n_loss_tokens == plain.n_loss_tokens
+    assert shared.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert shared.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+    assert torch.allclose(params[0], params[1], atol=1e-7)

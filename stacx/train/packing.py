@@ -153,6 +153,24 @@ def _check(sample: Sample, index: int, row_tokens: int) -> None:
             )
 
 
+def _validate(samples: Sequence[Sample], row_tokens: int, pad_to: int) -> list[str]:
+    """Check every sample fits and carries the same token_values; returns their names."""
+    if not samples:
+        raise PackingError("no samples to pack")
+    if row_tokens < 1 or pad_to < 1:
+        raise PackingError(f"row_tokens and pad_to must be >= 1, got {row_tokens}, {pad_to}")
+    for i, sample in enumerate(samples):
+        _check(sample, i, row_tokens)
+    names = sorted(samples[0].token_values)
+    for i, sample in enumerate(samples):
+        if sorted(sample.token_values) != names:
+            raise PackingError(
+                f"sample {i}: token_values keys {sorted(sample.token_values)} differ from "
+                f"sample 0's {names}"
+            )
+    return names
+
+
 def assign_rows(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
     """First-fit decreasing bin packing: lists of sample indices per row (each row's lengths sum
     to at most ``row_tokens``). Deterministic: ties keep input order."""
@@ -180,19 +198,7 @@ def pack(
     longest) with the same fields, for baselines and for code paths that cannot pack.
     ``pad_to`` rounds the row length up to a multiple (tensor-core friendly shapes).
     """
-    if not samples:
-        raise PackingError("no samples to pack")
-    if row_tokens < 1 or pad_to < 1:
-        raise PackingError(f"row_tokens and pad_to must be >= 1, got {row_tokens}, {pad_to}")
-    for i, sample in enumerate(samples):
-        _check(sample, i, row_tokens)
-    names = sorted(samples[0].token_values)
-    for i, sample in enumerate(samples):
-        if sorted(sample.token_values) != names:
-            raise PackingError(
-                f"sample {i}: token_values keys {sorted(sample.token_values)} differ from "
-                f"sample 0's {names}"
-            )
+    names = _validate(samples, row_tokens, pad_to)
     lengths = [s.n_positions for s in samples]
     rows = [[i] for i in range(len(samples))] if one_per_row else assign_rows(lengths, row_tokens)
     used = max(sum(lengths[i] for i in row) for row in rows)
@@ -288,19 +294,7 @@ def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) 
     Needs mask-based attention (eager, sdpa): `cu_seqlens` describe whole groups, not the
     attention pattern, so varlen kernels cannot run a shared batch.
     """
-    if not samples:
-        raise PackingError("no samples to pack")
-    if row_tokens < 1 or pad_to < 1:
-        raise PackingError(f"row_tokens and pad_to must be >= 1, got {row_tokens}, {pad_to}")
-    for i, sample in enumerate(samples):
-        _check(sample, i, row_tokens)
-    names = sorted(samples[0].token_values)
-    for i, sample in enumerate(samples):
-        if sorted(sample.token_values) != names:
-            raise PackingError(
-                f"sample {i}: token_values keys {sorted(sample.token_values)} differ from "
-                f"sample 0's {names}"
-            )
+    names = _validate(samples, row_tokens, pad_to)
     units = _prompt_units(samples, row_tokens)
     unit_len = [shared_positions([samples[i] for i in u]) for u in units]
     rows = assign_rows(unit_len, row_tokens)

@@ -102,7 +102,7 @@ class MixtureRolloutManager(RolloutManager):
             _ITERATION.set(event.iteration)  # this task's context only (see module docstring)
         await super().handle(event)
 
-    async def _emit(self, event: Event) -> None:
+    async def emit_episode_event(self, event: Event) -> None:
         if isinstance(event, EpisodeStarted):
             event = msgspec.structs.replace(
                 event, policy="mixture", beta=self.roll_in.config.beta(event.iteration)

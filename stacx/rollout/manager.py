@@ -146,7 +146,7 @@ class RolloutManager(Actor):
                         chat=self.chat,
                         executor=self.make_executor(task, index),
                         config=self.config.agent_config,
-                        emit=self._emit,
+                        emit=self.emit_episode_event,
                     )
                     return
                 except InfraFailure as failure:
@@ -156,7 +156,9 @@ class RolloutManager(Actor):
                         event, spec.episode_id, attempt, failure.kind, failure.message, retry
                     )
 
-    async def _emit(self, event: Event) -> None:
+    async def emit_episode_event(self, event: Event) -> None:
+        """Publish one event of an episode (the hook a subclass overrides to annotate them,
+        e.g. the mixture roll-in's policy and beta on EpisodeStarted)."""
         await self.publish(event)
 
     async def _failed(

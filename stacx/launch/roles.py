@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from stacx.actors.base import Actor
-from stacx.agents.chat import ChatFormat
+from stacx.agents.chat import ChatFormat, ChatTokenizer
 from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import EnginePolicy, always, null_policy, oracle_policy
 from stacx.errors import ConfigError
 from stacx.events import TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
+from stacx.inference.engine import Engine
 from stacx.launch.engines import LATEST_SQL, open_engine
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
@@ -101,21 +102,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
         extra: list[Actor] = []
         if recipe.algorithm.name in ("dagger", "aggrevate"):
             t = recipe.teacher
-            if not t.path and not t.url:
-                raise ConfigError(
-                    f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
-                )
-            teacher_engine, _ = await open_engine(
-                stack,
-                backend=t.backend,
-                model=t.path,
-                device=t.device,
-                dtype="auto",
-                url=t.url,
-                max_batch=t.max_batch,
-                max_len=t.max_len,
-                log_dir=Path(env.run_dir),
-            )
+            teacher_engine, _ = await open_teacher_engine(stack, recipe, env)
             teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
             imitation = recipe.algorithm.imitation
             roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
@@ -152,28 +139,36 @@ def _executors(recipe: Recipe, chat: ChatFormat, student: EnginePolicy) -> MakeE
     return lambda _task, _i: always(null_policy(chat, fmt))
 
 
+async def open_teacher_engine(
+    stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
+) -> tuple[Engine, ChatTokenizer]:
+    """The recipe's frozen teacher engine (and its tokenizer), closed with `stack`."""
+    t = recipe.teacher
+    if not t.path and not t.url:
+        raise ConfigError(
+            f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
+        )
+    return await open_engine(
+        stack,
+        backend=t.backend,
+        model=t.path,
+        device=t.device,
+        dtype="auto",
+        url=t.url,
+        max_batch=t.max_batch,
+        max_len=t.max_len,
+        log_dir=Path(env.run_dir),
+    )
+
+
 @contextlib.asynccontextmanager
 async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
     """The frozen teacher: DAgger labels (dagger, aggrevate roll-ins) or OPD scores."""
     from stacx.imitation.teacher import TeacherActor
 
     t = recipe.teacher
-    if not t.path and not t.url:
-        raise ConfigError(
-            f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
-        )
     async with contextlib.AsyncExitStack() as stack:
-        engine, tokenizer = await open_engine(
-            stack,
-            backend=t.backend,
-            model=t.path,
-            device=t.device,
-            dtype="auto",
-            url=t.url,
-            max_batch=t.max_batch,
-            max_len=t.max_len,
-            log_dir=Path(env.run_dir),
-        )
+        engine, tokenizer = await open_teacher_engine(stack, recipe, env)
         algo = recipe.algorithm.name
         yield [
             TeacherActor(

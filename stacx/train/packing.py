@@ -203,51 +203,75 @@ def pack(
     rows = [[i] for i in range(len(samples))] if one_per_row else assign_rows(lengths, row_tokens)
     used = max(sum(lengths[i] for i in row) for row in rows)
     t = -(-used // pad_to) * pad_to
-    r = len(rows)
-    input_ids = torch.zeros(r, t, dtype=torch.long)
-    targets = torch.zeros(r, t, dtype=torch.long)
-    positions = torch.zeros(r, t, dtype=torch.long)
-    loss_mask = torch.zeros(r, t, dtype=torch.bool)
-    seq_index = torch.full((r, t), -1, dtype=torch.long)
-    values = {name: torch.zeros(r, t, dtype=torch.float32) for name in names}
-    seqlens: list[int] = []
+    out = _Layout(len(rows), t, names)
     for row, members in enumerate(rows):
         offset = 0
         for i in members:
             s = samples[i]
             ids = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
             n = lengths[i]
+            span = slice(offset, offset + n)
+            out.input_ids[row, span] = ids[:-1]
+            out.targets[row, span] = ids[1:]
+            out.positions[row, span] = torch.arange(n)
+            out.seq_index[row, span] = i
             # Completion id j sits at sequence index P + j; its predicting position is P + j - 1.
             first = offset + len(s.prompt_ids) - 1
-            last = first + len(s.completion_ids)
-            input_ids[row, offset : offset + n] = ids[:-1]
-            targets[row, offset : offset + n] = ids[1:]
-            positions[row, offset : offset + n] = torch.arange(n)
-            seq_index[row, offset : offset + n] = i
-            mask = s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
-            loss_mask[row, first:last] = torch.tensor(mask, dtype=torch.bool)
-            for name in names:
-                values[name][row, first:last] = torch.tensor(
-                    s.token_values[name], dtype=torch.float32
-                )
-            seqlens.append(n)
+            out.completion(row, slice(first, first + len(s.completion_ids)), s)
+            out.seqlens.append(n)
             offset += n
-        if offset < t:  # the row's padding tail is one segment of its own
-            positions[row, offset:] = torch.arange(t - offset)
-            seqlens.append(t - offset)
-    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(seqlens, dtype=torch.int32).cumsum(0)
-    return PackedBatch(
-        input_ids_R_T=input_ids,
-        position_ids_R_T=positions,
-        targets_R_T=targets,
-        loss_mask_R_T=loss_mask,
-        sequence_index_R_T=seq_index,
-        values_R_T=values,
-        cu_seqlens=cu,
-        max_seqlen=max(seqlens),
-        n_samples=len(samples),
-    )
+        out.pad(row, offset)
+    return out.batch(len(samples))
+
+
+class _Layout:
+    """The tensors of a PackedBatch being filled, row by row (`pack`, `pack_shared`)."""
+
+    def __init__(self, rows: int, t: int, names: list[str], *, shared: bool = False) -> None:
+        self.t = t
+        self.input_ids = torch.zeros(rows, t, dtype=torch.long)
+        self.targets = torch.zeros(rows, t, dtype=torch.long)
+        self.positions = torch.zeros(rows, t, dtype=torch.long)
+        self.loss_mask = torch.zeros(rows, t, dtype=torch.bool)
+        self.seq_index = torch.full((rows, t), -1, dtype=torch.long)
+        self.values = {name: torch.zeros(rows, t, dtype=torch.float32) for name in names}
+        self.segment = torch.zeros(rows, t, dtype=torch.long) if shared else None
+        self.parent = torch.full((rows, t), -1, dtype=torch.long) if shared else None
+        self.seqlens: list[int] = []
+
+    def completion(self, row: int, span: slice, sample: Sample) -> None:
+        """The loss mask and per-token values of `sample` on the positions predicting its
+        completion ids."""
+        n = len(sample.completion_ids)
+        mask = sample.loss_mask if sample.loss_mask is not None else [1] * n
+        self.loss_mask[row, span] = torch.tensor(mask, dtype=torch.bool)
+        for name, tensor in self.values.items():
+            tensor[row, span] = torch.tensor(sample.token_values[name], dtype=torch.float32)
+
+    def pad(self, row: int, offset: int, segment: int = 0) -> None:
+        """The row's padding tail from `offset`: one segment of its own."""
+        if offset < self.t:
+            self.positions[row, offset:] = torch.arange(self.t - offset)
+            if self.segment is not None:
+                self.segment[row, offset:] = segment
+            self.seqlens.append(self.t - offset)
+
+    def batch(self, n_samples: int) -> PackedBatch:
+        cu = torch.zeros(len(self.seqlens) + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(self.seqlens, dtype=torch.int32).cumsum(0)
+        return PackedBatch(
+            input_ids_R_T=self.input_ids,
+            position_ids_R_T=self.positions,
+            targets_R_T=self.targets,
+            loss_mask_R_T=self.loss_mask,
+            sequence_index_R_T=self.seq_index,
+            values_R_T=self.values,
+            cu_seqlens=cu,
+            max_seqlen=max(self.seqlens),
+            n_samples=n_samples,
+            segment_R_T=self.segment,
+            parent_R_T=self.parent,
+        )
 
 
 def _prompt_units(samples: Sequence[Sample], row_tokens: int) -> list[list[int]]:
@@ -299,16 +323,8 @@ def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) 
     unit_len = [shared_positions([samples[i] for i in u]) for u in units]
     rows = assign_rows(unit_len, row_tokens)
     t = -(-max(sum(unit_len[u] for u in row) for row in rows) // pad_to) * pad_to
-    r = len(rows)
-    input_ids = torch.zeros(r, t, dtype=torch.long)
-    targets = torch.zeros(r, t, dtype=torch.long)
-    positions = torch.zeros(r, t, dtype=torch.long)
-    loss_mask = torch.zeros(r, t, dtype=torch.bool)
-    seq_index = torch.full((r, t), -1, dtype=torch.long)
-    segment = torch.zeros(r, t, dtype=torch.long)
-    parent = torch.full((r, t), -1, dtype=torch.long)
-    values = {name: torch.zeros(r, t, dtype=torch.float32) for name in names}
-    seqlens: list[int] = []
+    out = _Layout(len(rows), t, names, shared=True)
+    assert out.segment is not None and out.parent is not None
     for row, row_units in enumerate(rows):
         offset, seg = 0, 0
         for u in row_units:
@@ -317,48 +333,27 @@ def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) 
             p = len(prompt)
             shared_seg = seg
             if p > 1:  # the shared prompt, minus the last token each branch starts with
-                input_ids[row, offset : offset + p - 1] = torch.tensor(prompt[:-1])
-                targets[row, offset : offset + p - 1] = torch.tensor(prompt[1:])
-                positions[row, offset : offset + p - 1] = torch.arange(p - 1)
-                segment[row, offset : offset + p - 1] = seg
-                seq_index[row, offset : offset + p - 1] = members[0]
+                span = slice(offset, offset + p - 1)
+                out.input_ids[row, span] = torch.tensor(prompt[:-1])
+                out.targets[row, span] = torch.tensor(prompt[1:])
+                out.positions[row, span] = torch.arange(p - 1)
+                out.segment[row, span] = seg
+                out.seq_index[row, span] = members[0]
                 offset += p - 1
             seg += 1
             for i in members:
                 s = samples[i]
                 n = len(s.completion_ids)
-                branch = slice(offset, offset + n)
-                input_ids[row, branch] = torch.tensor([prompt[-1], *s.completion_ids[:-1]])
-                targets[row, branch] = torch.tensor(list(s.completion_ids))
-                positions[row, branch] = torch.arange(p - 1, p - 1 + n)
-                segment[row, branch] = seg
-                parent[row, branch] = shared_seg if p > 1 else -1
-                seq_index[row, branch] = i
-                mask = s.loss_mask if s.loss_mask is not None else [1] * n
-                loss_mask[row, branch] = torch.tensor(mask, dtype=torch.bool)
-                for name in names:
-                    values[name][row, branch] = torch.tensor(
-                        s.token_values[name], dtype=torch.float32
-                    )
+                span = slice(offset, offset + n)
+                out.input_ids[row, span] = torch.tensor([prompt[-1], *s.completion_ids[:-1]])
+                out.targets[row, span] = torch.tensor(list(s.completion_ids))
+                out.positions[row, span] = torch.arange(p - 1, p - 1 + n)
+                out.segment[row, span] = seg
+                out.parent[row, span] = shared_seg if p > 1 else -1
+                out.seq_index[row, span] = i
+                out.completion(row, span, s)
                 offset += n
                 seg += 1
-            seqlens.append(unit_len[u])
-        if offset < t:  # padding: a segment of its own
-            positions[row, offset:] = torch.arange(t - offset)
-            segment[row, offset:] = seg
-            seqlens.append(t - offset)
-    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(seqlens, dtype=torch.int32).cumsum(0)
-    return PackedBatch(
-        input_ids_R_T=input_ids,
-        position_ids_R_T=positions,
-        targets_R_T=targets,
-        loss_mask_R_T=loss_mask,
-        sequence_index_R_T=seq_index,
-        values_R_T=values,
-        cu_seqlens=cu,
-        max_seqlen=max(seqlens),
-        n_samples=len(samples),
-        segment_R_T=segment,
-        parent_R_T=parent,
-    )
+            out.seqlens.append(unit_len[u])
+        out.pad(row, offset, segment=seg)
+    return out.batch(len(samples))

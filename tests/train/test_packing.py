@@ -242,26 +242,13 @@ def test_pack_shared_refuses_the_varlen_attention(tiny_model: Qwen3ForCausalLM) 
         packed_token_logprobs(tiny_model, pack_shared(GROUPED, 24), boundaries="varlen")
 
 
-def test_grpo_step_with_shared_prompts_equals_the_plain_step() -> None:
+def test_grpo_step_with_shared_prompts_equals_the_plain_step(tiny_model: Qwen3ForCausalLM) -> None:
     """The trainer's default (trainer.share_prompts) changes the cost, not the update."""
     import copy
 
     from stacx.train.config import TrainerConfig
     from stacx.train.step import make_optimizer, train_step
 
-    torch.manual_seed(1)
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-    )
-    config._attn_implementation = "sdpa"
-    base = Qwen3ForCausalLM(config).to(torch.float64)
     samples = [
         Sample(
             s.prompt_ids,
@@ -276,7 +263,7 @@ def test_grpo_step_with_shared_prompts_equals_the_plain_step() -> None:
     ]
     results, params = [], []
     for share in (False, True):
-        model = copy.deepcopy(base)
+        model = copy.deepcopy(tiny_model)
         cfg = TrainerConfig(algorithm="grpo", lr=1e-2, share_prompts=share, max_tokens=24)
         opt = make_optimizer(cfg, list(model.parameters()))
         results.append(train_step(cfg, model, opt, samples, 1))

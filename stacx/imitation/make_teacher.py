@@ -68,7 +68,7 @@ def split_of(
     tasks: str, difficulty: list[str] | None, held_out_fraction: float, seed: int
 ) -> tuple[list[str], list[str]]:
     """(train, held_out) task ids of `tasks` narrowed to `difficulty` (see stacx.imitation.split)."""
-    narrowed = select(load_tasks(task_source(tasks)), difficulty=list(difficulty or []))
+    narrowed = select(load_tasks(task_source(tasks)), difficulty=difficulty or ())
     return split_tasks(
         [t.task_id for t in narrowed], held_out_fraction=held_out_fraction, seed=seed
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -303,9 +304,9 @@ def task_limits(task: Task, *, pids: int = 1024) -> Limits:
 def select(
     tasks: list[Task],
     *,
-    include: list[str] = [],  # noqa: B006  # read only
-    exclude: list[str] = [],  # noqa: B006
-    difficulty: list[str] = [],  # noqa: B006
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    difficulty: Sequence[str] = (),
     limit: int | None = None,
     where: str = "tasks",
 ) -> list[Task]:

@@ -44,7 +44,7 @@ from stacx.inference.torch_engine import TorchEngine
 from stacx.rollout.environments import DockerEnvironments
 from stacx.rollout.evaluate import EvalConfig, evaluate
 from stacx.rollout.manager import RolloutConfig, RolloutManager
-from stacx.sandbox.tasks import Task, load_tasks, write_jsonl
+from stacx.sandbox.tasks import Task, load_tasks, select, write_jsonl
 from stacx.store.db import connect_run
 
 GAP_SQL = """WITH rates AS (
@@ -91,6 +91,7 @@ async def roll_in_stage(
     tasks: list[Task],
     run_dir: Path,
     args: argparse.Namespace,
+    iteration: int = 0,
 ) -> None:
     """One DAgger (labels) or OPD (scores) iteration's roll-ins on `tasks`, recorded."""
     config = ImitationConfig(name=algorithm, beta0=args.beta0)  # type: ignore[arg-type]
@@ -141,21 +142,23 @@ async def roll_in_stage(
                     score=algorithm == "opd",
                 )
             )
-            await schedule_iteration(run.emit, run.run_id, tasks, 0, n_samples=args.samples)
+            await schedule_iteration(
+                run.emit, run.run_id, tasks, iteration, n_samples=args.roll_in_samples
+            )
             await wait_iteration(
                 run.query,
                 config,
-                0,
-                len(tasks) * args.samples,
+                iteration,
+                len(tasks) * args.roll_in_samples,
                 teacher_cfg.label_actors,
                 timeout_s=args.stage_timeout,
-                progress=lambda p: log(f"{algorithm} roll-in pending {p}"),
+                progress=lambda p: log(f"{algorithm} roll-in {iteration} pending {p}"),
             )
             await run.stop_actors()
     finally:
         await student.close()
         await teacher.close()
-    log(f"{algorithm} roll-in: done in {time.time() - t0:.0f} s")
+    log(f"{algorithm} roll-in {iteration}: done in {time.time() - t0:.0f} s")
 
 
 def train_stage(
@@ -190,21 +193,51 @@ def gap_sql(evals: dict[str, Path]) -> tuple[list[str], str]:
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[Task], Path, str]:
-    """The split (train tasks to roll in, a held-out tasks file to eval) and the teacher path."""
+    """The train tasks to roll in, a tasks file to eval on, and the teacher path.
+
+    Without ``--eval-tasks`` the task set is split (the teacher's split): roll-ins on the train
+    half, evals on the held-out half (or, with ``--eval-on train``, on the train half: the
+    in-distribution gap). With ``--eval-tasks`` every task of ``--tasks`` is a train task and
+    the evals run on the other set, which no stage ever trained on.
+    """
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     all_tasks = load_tasks(task_source(args.tasks))
-    train_ids, held_ids = split_of(args.tasks, args.difficulty, 0.5, args.split_seed)
-    by_id = {t.task_id: t for t in all_tasks}
-    train = [by_id[i] for i in train_ids][: args.train]
-    held = [by_id[i] for i in held_ids][: args.held_out]
-    # Evals run on the held-out split by default; `--eval-on train` measures the gap on the
-    # tasks whose oracle solutions the teacher was fitted on (in-distribution imitation).
-    held = held if args.eval_on == "held-out" else train
+    if args.eval_tasks:
+        train = select(all_tasks, difficulty=args.difficulty or ())[: args.train]
+        held = select(
+            load_tasks(task_source(args.eval_tasks)), difficulty=args.eval_difficulty or ()
+        )
+        held = held[: args.held_out]
+    else:
+        train_ids, held_ids = split_of(args.tasks, args.difficulty, 0.5, args.split_seed)
+        by_id = {t.task_id: t for t in all_tasks}
+        train = [by_id[i] for i in train_ids][: args.train]
+        held = [by_id[i] for i in held_ids][: args.held_out]
+        held = held if args.eval_on == "held-out" else train
     held_file = out / f"eval_{args.eval_on}.jsonl"
     write_jsonl(held, held_file)
-    log(f"train tasks {len(train)}, held-out tasks {len(held)}: {[t.task_id for t in held]}")
+    log(f"train tasks {len(train)}, eval tasks {len(held)}: {[t.task_id for t in held]}")
     return train, held_file, str(Path(args.teacher).resolve())
+
+
+async def dagger_stage(
+    teacher: str, train: list[Task], out: Path, args: argparse.Namespace
+) -> Path:
+    """``--dagger-iterations`` rounds of roll-in (by the latest student) + SFT of the base
+    student on ``dagger_dataset``, which aggregates every round's labels (one run's log)."""
+    run_dir, student = out / "dagger-run", args.student
+    for i in range(args.dagger_iterations):
+        ckpt = out / (
+            "student-dagger" if i == args.dagger_iterations - 1 else f"student-dagger-{i}"
+        )
+        if not (ckpt / "config.json").is_file():
+            await roll_in_stage("dagger", student, teacher, train, run_dir, args, iteration=i)
+            await asyncio.to_thread(
+                train_stage, "sft", "SELECT * FROM dagger_dataset", run_dir, ckpt, args
+            )
+        student = str(ckpt)
+    return out / "student-dagger"
 
 
 async def main_async(
@@ -220,24 +253,15 @@ async def main_async(
     }
     await eval_stage(args.student, held_file, evals["student_before"], args)
     await eval_stage(teacher, held_file, evals["teacher"], args)
-    for algorithm, objective, view in (
-        ("dagger", "sft", "dagger_dataset"),
-        ("opd", "opd", "opd_batch"),
-    ):
-        ckpt = out / f"student-{algorithm}"
-        if not (ckpt / "config.json").is_file():
-            await roll_in_stage(
-                algorithm, args.student, teacher, train, out / f"{algorithm}-run", args
-            )
-            await asyncio.to_thread(
-                train_stage,
-                objective,
-                f"SELECT * FROM {view}",
-                out / f"{algorithm}-run",
-                ckpt,
-                args,
-            )
-        await eval_stage(str(ckpt), held_file, evals[f"student_{algorithm}"], args)
+    ckpt = await dagger_stage(teacher, train, out, args)
+    await eval_stage(str(ckpt), held_file, evals["student_dagger"], args)
+    ckpt = out / "student-opd"
+    if not (ckpt / "config.json").is_file():
+        await roll_in_stage("opd", args.student, teacher, train, out / "opd-run", args)
+        await asyncio.to_thread(
+            train_stage, "opd", "SELECT * FROM opd_batch", out / "opd-run", ckpt, args
+        )
+    await eval_stage(str(ckpt), held_file, evals["student_opd"], args)
     attach, sql = gap_sql(evals)
     con = duckdb.connect()
     for stmt in attach:
@@ -263,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-out", type=int, default=8, help="held-out tasks evaluated (first N)")
     p.add_argument("--train", type=int, default=8, help="train tasks rolled in (first N)")
     p.add_argument("--eval-on", choices=["held-out", "train"], default="held-out")
-    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--eval-tasks", help="evaluate on this task set instead of a split of --tasks")
+    p.add_argument("--eval-difficulty", action="append", help="narrow --eval-tasks (repeat)")
+    p.add_argument("--dagger-iterations", type=int, default=1)
+    p.add_argument("--samples", type=int, default=1, help="eval samples per task")
+    p.add_argument("--roll-in-samples", type=int, default=1, help="roll-ins per train task")
     p.add_argument("--episode-timeout", type=float, help="agent-loop seconds (default: the task's)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+echo zephyr >> /app/batch_65.txt

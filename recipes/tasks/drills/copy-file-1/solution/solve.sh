@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+cp /app/sample_83.txt /app/report_47.txt

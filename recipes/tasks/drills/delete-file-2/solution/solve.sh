@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+rm /app/roster_55.txt

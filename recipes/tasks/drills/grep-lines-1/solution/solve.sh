@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+grep WARN /app/table_46.txt > /app/notes_a_86.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+grep FAIL /app/ledger_72.txt > /app/batch_70.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+mv /app/entries_43.txt /app/records_38.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+mv /app/entries_86.txt /app/ledger_95.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+mv /app/table_59.txt /app/batch_29.txt

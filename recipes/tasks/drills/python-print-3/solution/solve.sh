@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+echo 'print("lantern lantern")' > /app/saffron.py

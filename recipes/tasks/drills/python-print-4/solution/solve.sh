@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+echo 'print("garnet willow")' > /app/cedar.py

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sed -i 's/garnet/cedar/g' /app/batch_88.cfg

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sed -i 's/falcon/cedar/g' /app/list_77.cfg

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sed -i 's/copper/raven/g' /app/manifest_90.cfg

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sed -i 's/quartz/raven/g' /app/batch_78.cfg

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sed -i 's/alpha/zephyr/g' /app/queue_28.cfg

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sort /app/catalog_97.txt > /app/entries_76.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sort /app/report_21.txt > /app/manifest_99.txt

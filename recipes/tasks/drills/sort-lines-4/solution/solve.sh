@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sort /app/entries_63.txt > /app/records_22.txt

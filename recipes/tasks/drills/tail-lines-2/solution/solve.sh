@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+tail -n 4 /app/items_11.txt > /app/report_93.txt

@@ -1,0 +1,6 @@
+from pathlib import Path
+
+def test_empty():
+    p = Path('/app/quartz.marker')
+    assert p.is_file()
+    assert p.stat().st_size == 0

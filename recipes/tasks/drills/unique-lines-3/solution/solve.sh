@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sort -u /app/input_60.txt > /app/records_99.txt

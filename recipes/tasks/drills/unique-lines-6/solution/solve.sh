@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+sort -u /app/roster_39.txt > /app/inventory_45.txt

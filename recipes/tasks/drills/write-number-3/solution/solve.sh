@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: one command, absolute paths.
+echo 9054 > /app/roster_66.txt

@@ -2,20 +2,34 @@
 
     python tools/imitation_gap.py --teacher runs/teacher --out runs/gap [--held-out 8] [...]
 
-1. Split the task set (``stacx.imitation.split``, the same split the teacher was built with).
-2. Eval the student (the base model) and the teacher on held-out tasks.
-3. DAgger: one roll-in run on train tasks (beta-mixture of student and teacher; the teacher
-   labels every visited state), then SFT of the student on ``dagger_dataset``; eval.
+    # the measured setup (README, Learning): train on the drills, measure on `basic`
+    python -m stacx.imitation.make_teacher --out runs/teacher --tasks recipes/tasks/drills \
+        --held-out-fraction 0 --format bash --steps 40 --batch-size 8 --lr 1e-4 \
+        --trainable-layers 8 --max-turn 0
+    python tools/imitation_gap.py --teacher runs/teacher --out runs/gap \
+        --tasks recipes/tasks/drills --train 114 --eval-tasks basic \
+        --eval-difficulty trivial --eval-difficulty easy --held-out 26 --samples 4 \
+        --format bash --max-turns 1 --max-new-tokens 96 --steps 30 --batch-size 8 --lr 1e-4 \
+        --trainable-layers 8 --curve 10 20
+
+1. The train tasks and the eval tasks: with ``--eval-tasks``, all of ``--tasks`` to train on
+   and the other set to evaluate on; without it, a split of ``--tasks``
+   (``stacx.imitation.split``, the same split the teacher was built with).
+2. Eval the student (the base model) and the teacher on the eval tasks.
+3. DAgger: ``--dagger-iterations`` rounds of a roll-in run on train tasks (beta-mixture of the
+   latest student and the teacher; the teacher labels every visited state), each followed by
+   SFT of the base student on ``dagger_dataset`` (every round's labels); eval.
 4. OPD: one student roll-in run on train tasks (the teacher scores every student token), then
    the per-token policy gradient with advantage teacher_logprob - student_logprob on
    ``opd_batch``; eval.
 5. Print the pass rates and the gap closure
    ``(student_after - student_before) / (teacher - student_before)``, with the SQL (over the
-   eval runs' logs, ATTACHed) that computes them. The last line is one JSON object.
+   eval runs' logs, ATTACHed) that computes them; with ``--curve N ...`` also the pass rate of
+   each student after N fit steps (snapshots of the same fit). The last line is one JSON
+   object.
 
 Every stage is a run directory under --out; a rerun reuses finished stages (evals resume from
-their logs, checkpoints that exist are kept). CPU budgets are small; figures are noisy.
-"""
+their logs, checkpoints that exist are kept). CPU budgets are small; figures are noisy."""
 
 from __future__ import annotations
 
@@ -162,27 +176,64 @@ async def roll_in_stage(
 
 
 def train_stage(
-    objective: str, sql: str, run_dir: Path, out: Path, args: argparse.Namespace
+    objective: str,
+    sql: str,
+    run_dir: Path,
+    out: Path,
+    args: argparse.Namespace,
+    steps: int | None = None,
+    curve_of: Path | None = None,
 ) -> None:
+    """Fit the base student on `sql` over `run_dir`'s log, saving the --curve steps' snapshots
+    (named after `curve_of`, by default `out`)."""
     con = connect_run(run_dir)
     try:
         table = con.sql(sql).to_arrow_table()
     finally:
         con.close()
     samples = samples_for(table, "sft" if objective == "sft" else "opd")
-    log(f"train {out.name}: {len(samples)} samples, {args.steps} steps ({objective})")
+    steps = steps or args.steps
+    log(f"train {out.name}: {len(samples)} samples, {steps} steps ({objective})")
     fit(
         args.student,
         samples,
         out,
         objective="sft" if objective == "sft" else "opd",
-        steps=args.steps,
+        steps=steps,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
         trainable_layers=args.trainable_layers,
         log_every=1,
+        snapshots={n: snapshot_dir(curve_of or out, n) for n in args.curve if n < steps},
     )
+
+
+def snapshot_dir(ckpt: Path, step: int) -> Path:
+    return ckpt.with_name(f"{ckpt.name}-step{step}")
+
+
+async def curve_stage(
+    algorithm: str, sql: str, held_file: Path, args: argparse.Namespace
+) -> dict[str, Path]:
+    """Evals of the `algorithm` student after each --curve step count (fit snapshots: the same
+    data, seed and constant learning rate, so step n of the full fit is the n-step fit)."""
+    out: Path = args.out
+    ckpt = out / f"student-{algorithm}"
+    steps = sorted(n for n in args.curve if n < args.steps)
+    missing = [n for n in steps if not (snapshot_dir(ckpt, n) / "config.json").is_file()]
+    if missing:  # a run from before --curve: fit again up to the last missing snapshot
+        refit = snapshot_dir(ckpt, missing[-1])
+        objective = "sft" if algorithm == "dagger" else "opd"
+        run_dir = out / f"{algorithm}-run"
+        await asyncio.to_thread(
+            train_stage, objective, sql, run_dir, refit, args, missing[-1], ckpt
+        )
+    evals = {}
+    for n in steps:
+        evals[f"{algorithm}_step{n}"] = out / f"eval-{algorithm}-step{n}"
+        await eval_stage(str(snapshot_dir(ckpt, n)), held_file, evals[f"{algorithm}_step{n}"], args)
+    return evals
 
 
 def gap_sql(evals: dict[str, Path]) -> tuple[list[str], str]:
@@ -270,7 +321,37 @@ async def main_async(
     print("\n".join(attach))
     print(sql + ";")
     print(json.dumps(table, indent=2, default=str))
-    return {"train_tasks": len(train), **table}
+    result: dict[str, object] = {"train_tasks": len(train), **table}
+    if args.curve:
+        curve = {"student_before": evals["student_before"]}
+        curve |= await curve_stage("dagger", "SELECT * FROM dagger_dataset", held_file, args)
+        curve |= await curve_stage("opd", "SELECT * FROM opd_batch", held_file, args)
+        curve |= {"student_dagger": evals["student_dagger"], "student_opd": evals["student_opd"]}
+        result["curve"] = curve_table(curve, args.steps)
+    return result
+
+
+def curve_table(evals: dict[str, Path], final_steps: int) -> dict[str, dict[int, float]]:
+    """{algorithm: {fit steps: held-out pass rate}}, from the eval runs' logs (RATE_SQL)."""
+    con = duckdb.connect()
+    rates = {}
+    for name, path in evals.items():
+        con.execute(f"ATTACH '{path / 'trace.duckdb'}' AS {name} (READ_ONLY)")
+        rates[name] = con.sql(RATE_SQL.format(name=name, db=name)).fetchall()[0][1]
+    table: dict[str, dict[int, float]] = {}
+    for algorithm in ("dagger", "opd"):
+        points = {0: rates["student_before"], final_steps: rates[f"student_{algorithm}"]}
+        points |= {
+            int(n.rsplit("step", 1)[1]): r
+            for n, r in rates.items()
+            if n.startswith(f"{algorithm}_step")
+        }
+        table[algorithm] = dict(sorted(points.items()))
+        print(
+            f"curve {algorithm}: "
+            + ", ".join(f"{k} steps {v:.3f}" for k, v in table[algorithm].items())
+        )
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-tasks", help="evaluate on this task set instead of a split of --tasks")
     p.add_argument("--eval-difficulty", action="append", help="narrow --eval-tasks (repeat)")
     p.add_argument("--dagger-iterations", type=int, default=1)
+    p.add_argument(
+        "--curve",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also evaluate the students after these many fit steps (a learning curve)",
+    )
     p.add_argument("--samples", type=int, default=1, help="eval samples per task")
     p.add_argument("--roll-in-samples", type=int, default=1, help="roll-ins per train task")
     p.add_argument("--episode-timeout", type=float, help="agent-loop seconds (default: the task's)")

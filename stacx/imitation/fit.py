@@ -21,7 +21,7 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -64,8 +64,13 @@ def fit(
     device: str = "cpu",
     log_every: int = 0,
     trainable_layers: int | None = None,
+    snapshots: Mapping[int, Path] | None = None,
 ) -> list[float]:
     """Train a copy of `model_path` for `steps` steps on `samples`; save it to `out_dir`.
+
+    ``snapshots`` maps a step number to a directory where the model after that many steps is
+    saved too (a learning curve without retraining: the learning rate is constant and the
+    sample order depends on `seed` only, so step n of a longer fit is the n-step fit).
 
     ``trainable_layers = k`` trains only the last k decoder layers and the final norm (the
     embeddings, tied to the head in SmolLM2, stay frozen): autograd then stops at layer
@@ -111,6 +116,8 @@ def fit(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         losses.append(total)
+        if snapshots and step + 1 in snapshots:
+            save_checkpoint(model, AutoTokenizer.from_pretrained(path), snapshots[step + 1])
         if log_every and (step % log_every == 0 or step == steps - 1):
             print(f"fit step {step + 1}/{steps}: {objective} loss {total:.4f}", flush=True)
     save_checkpoint(model, AutoTokenizer.from_pretrained(path), out_dir)

@@ -10,7 +10,10 @@ so teacher-vs-student pass rates on held-out tasks compare policies, not memory.
         [--format bash] [--difficulty trivial --difficulty easy]
 
 ``--format`` must be the student's (recipe ``agent.format``): the demonstrations are written in
-it. ``--difficulty`` narrows the task set before the split.
+it. ``--difficulty`` narrows the task set before the split. ``--held-out-fraction 0`` fits on
+every task of ``--tasks``: the setup where the teacher and the students train on one task set
+(``--tasks recipes/tasks/drills``) and are measured on another (``basic``), see
+tools/imitation_gap.py.
 
 The defaults (24 steps of 4 demos, last 4 decoder layers) fit a 2-core CPU in well under an
 hour; ``--device cuda --steps 80 --batch-size 8 --trainable-layers 8`` is the stronger teacher

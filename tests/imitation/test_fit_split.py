@@ -73,6 +73,21 @@ def test_trainable_layers_leaves_lower_layers_and_embeddings_unchanged(
     assert changed and all(k.startswith(("model.layers.2.", "model.norm.")) for k in changed)
 
 
+def test_a_snapshot_at_step_n_is_the_n_step_fit(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    samples = [Sample([1, 2, 3, 4], [5, 6, 7]), Sample([8, 9], [10, 11, 12, 13]), Sample([3], [2])]
+    snap = tmp_path / "snap2"
+    fit(str(tiny_model), samples, tmp_path / "long", steps=4, batch_size=2, lr=1e-2,
+        snapshots={2: snap})
+    fit(str(tiny_model), samples, tmp_path / "short", steps=2, batch_size=2, lr=1e-2)
+    at_2 = AutoModelForCausalLM.from_pretrained(str(snap)).state_dict()
+    short = AutoModelForCausalLM.from_pretrained(str(tmp_path / "short")).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(str(tmp_path / "long")).state_dict()
+    assert all(torch.equal(at_2[k], short[k]) for k in short)
+    assert any(not torch.equal(at_2[k], final[k]) for k in final)
+
+
 def test_opd_samples_keep_aligned_rows_with_per_token_advantages() -> None:
     import pyarrow as pa
 

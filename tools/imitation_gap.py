@@ -183,19 +183,23 @@ def train_stage(
     args: argparse.Namespace,
     steps: int | None = None,
     curve_of: Path | None = None,
+    start: str | None = None,
 ) -> None:
-    """Fit the base student on `sql` over `run_dir`'s log, saving the --curve steps' snapshots
-    (named after `curve_of`, by default `out`)."""
+    """Fit `start` (the base student by default) on `sql` over `run_dir`'s log, saving the
+    --curve steps' snapshots (named after `curve_of`, by default `out`)."""
     con = connect_run(run_dir)
     try:
         table = con.sql(sql).to_arrow_table()
     finally:
         con.close()
-    samples = samples_for(table, "sft" if objective == "sft" else "opd")
+    if objective == "sft":
+        samples = samples_for(table, "sft")
+    else:
+        samples = samples_for(table, "opd", opd_discount=args.opd_discount)
     steps = steps or args.steps
     log(f"train {out.name}: {len(samples)} samples, {steps} steps ({objective})")
     fit(
-        args.student,
+        start or args.student,
         samples,
         out,
         objective="sft" if objective == "sft" else "opd",
@@ -216,24 +220,39 @@ def snapshot_dir(ckpt: Path, step: int) -> Path:
 async def curve_stage(
     algorithm: str, sql: str, held_file: Path, args: argparse.Namespace
 ) -> dict[str, Path]:
-    """Evals of the `algorithm` student after each --curve step count (fit snapshots: the same
-    data, seed and constant learning rate, so step n of the full fit is the n-step fit)."""
+    """Evals of the `algorithm` student at fewer training steps than the final one.
+
+    With one round (DAgger, or OPD with ``--opd-iterations 1``) the points are snapshots of the
+    fit after each ``--curve`` step count (same data, seed and constant learning rate, so step
+    n of the full fit is the n-step fit). With several OPD rounds they are the checkpoints
+    after each round. Names are ``<algorithm>_step<cumulative fit steps>``.
+    """
     out: Path = args.out
     ckpt = out / f"student-{algorithm}"
-    steps = sorted(n for n in args.curve if n < args.steps)
-    missing = [n for n in steps if not (snapshot_dir(ckpt, n) / "config.json").is_file()]
-    if missing:  # a run from before --curve: fit again up to the last missing snapshot
-        refit = snapshot_dir(ckpt, missing[-1])
-        objective = "sft" if algorithm == "dagger" else "opd"
-        run_dir = out / f"{algorithm}-run"
-        await asyncio.to_thread(
-            train_stage, objective, sql, run_dir, refit, args, missing[-1], ckpt
-        )
+    points: dict[int, Path] = {}
+    if algorithm == "opd" and args.opd_iterations > 1:
+        for i in range(args.opd_iterations - 1):
+            points[(i + 1) * opd_steps(args)] = out / f"student-opd-{i}"
+    else:
+        final = args.steps if algorithm == "dagger" else opd_steps(args)
+        steps = sorted(n for n in args.curve if n < final)
+        points = {n: snapshot_dir(ckpt, n) for n in steps}
+        missing = [n for n in steps if not (points[n] / "config.json").is_file()]
+        if missing:  # a run from before --curve: fit again up to the last missing snapshot
+            objective = "sft" if algorithm == "dagger" else "opd"
+            run_dir = out / f"{algorithm}-run"
+            await asyncio.to_thread(
+                train_stage, objective, sql, run_dir, points[missing[-1]], args, missing[-1], ckpt
+            )
     evals = {}
-    for n in steps:
+    for n, path in sorted(points.items()):
         evals[f"{algorithm}_step{n}"] = out / f"eval-{algorithm}-step{n}"
-        await eval_stage(str(snapshot_dir(ckpt, n)), held_file, evals[f"{algorithm}_step{n}"], args)
+        await eval_stage(str(path), held_file, evals[f"{algorithm}_step{n}"], args)
     return evals
+
+
+def opd_steps(args: argparse.Namespace) -> int:
+    return int(args.opd_steps or args.steps)
 
 
 def gap_sql(evals: dict[str, Path]) -> tuple[list[str], str]:
@@ -291,6 +310,32 @@ async def dagger_stage(
     return out / "student-dagger"
 
 
+async def opd_stage(teacher: str, train: list[Task], out: Path, args: argparse.Namespace) -> Path:
+    """``--opd-iterations`` on-policy rounds: a roll-in by the latest student (the teacher
+    scores every sampled token), then ``--opd-steps`` policy-gradient steps from that student
+    on that round's ``opd_batch`` only. One round trains many steps on the base student's
+    samples: the clipped ratio then caps how far each token can move."""
+    student = args.student
+    for i in range(args.opd_iterations):
+        ckpt = out / ("student-opd" if i == args.opd_iterations - 1 else f"student-opd-{i}")
+        run_dir = out / ("opd-run" if i == 0 else f"opd-run-{i}")
+        if not (ckpt / "config.json").is_file():
+            await roll_in_stage("opd", student, teacher, train, run_dir, args)
+            await asyncio.to_thread(
+                train_stage,
+                "opd",
+                "SELECT * FROM opd_batch",
+                run_dir,
+                ckpt,
+                args,
+                opd_steps(args),
+                None,
+                student,
+            )
+        student = str(ckpt)
+    return out / "student-opd"
+
+
 async def main_async(
     args: argparse.Namespace, train: list[Task], held_file: Path, teacher: str
 ) -> dict[str, object]:
@@ -306,12 +351,7 @@ async def main_async(
     await eval_stage(teacher, held_file, evals["teacher"], args)
     ckpt = await dagger_stage(teacher, train, out, args)
     await eval_stage(str(ckpt), held_file, evals["student_dagger"], args)
-    ckpt = out / "student-opd"
-    if not (ckpt / "config.json").is_file():
-        await roll_in_stage("opd", args.student, teacher, train, out / "opd-run", args)
-        await asyncio.to_thread(
-            train_stage, "opd", "SELECT * FROM opd_batch", out / "opd-run", ckpt, args
-        )
+    ckpt = await opd_stage(teacher, train, out, args)
     await eval_stage(str(ckpt), held_file, evals["student_opd"], args)
     attach, sql = gap_sql(evals)
     con = duckdb.connect()
@@ -322,16 +362,16 @@ async def main_async(
     print(sql + ";")
     print(json.dumps(table, indent=2, default=str))
     result: dict[str, object] = {"train_tasks": len(train), **table}
-    if args.curve:
+    if args.curve or args.opd_iterations > 1:
         curve = {"student_before": evals["student_before"]}
         curve |= await curve_stage("dagger", "SELECT * FROM dagger_dataset", held_file, args)
         curve |= await curve_stage("opd", "SELECT * FROM opd_batch", held_file, args)
         curve |= {"student_dagger": evals["student_dagger"], "student_opd": evals["student_opd"]}
-        result["curve"] = curve_table(curve, args.steps)
+        result["curve"] = curve_table(curve, args)
     return result
 
 
-def curve_table(evals: dict[str, Path], final_steps: int) -> dict[str, dict[int, float]]:
+def curve_table(evals: dict[str, Path], args: argparse.Namespace) -> dict[str, dict[int, float]]:
     """{algorithm: {fit steps: held-out pass rate}}, from the eval runs' logs (RATE_SQL)."""
     con = duckdb.connect()
     rates = {}
@@ -339,8 +379,11 @@ def curve_table(evals: dict[str, Path], final_steps: int) -> dict[str, dict[int,
         con.execute(f"ATTACH '{path / 'trace.duckdb'}' AS {name} (READ_ONLY)")
         rates[name] = con.sql(RATE_SQL.format(name=name, db=name)).fetchall()[0][1]
     table: dict[str, dict[int, float]] = {}
-    for algorithm in ("dagger", "opd"):
-        points = {0: rates["student_before"], final_steps: rates[f"student_{algorithm}"]}
+    for algorithm, final in (
+        ("dagger", args.steps),
+        ("opd", opd_steps(args) * args.opd_iterations),
+    ):
+        points = {0: rates["student_before"], final: rates[f"student_{algorithm}"]}
         points |= {
             int(n.rsplit("step", 1)[1]): r
             for n, r in rates.items()
@@ -371,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-tasks", help="evaluate on this task set instead of a split of --tasks")
     p.add_argument("--eval-difficulty", action="append", help="narrow --eval-tasks (repeat)")
     p.add_argument("--dagger-iterations", type=int, default=1)
+    p.add_argument("--opd-iterations", type=int, default=1, help="on-policy OPD rounds")
+    p.add_argument("--opd-steps", type=int, help="fit steps per OPD round (default: --steps)")
+    p.add_argument(
+        "--opd-discount",
+        type=float,
+        default=0.0,
+        help="0: per-token log ratio; 1: summed over the turn's later tokens",
+    )
     p.add_argument(
         "--curve",
         type=int,

@@ -53,17 +53,20 @@ class ImitationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     branches: int = 2  # aggrevate: k exploration actions from the learner per sampled turn
     exploration_temperature: float = 1.0  # aggrevate: the learner's exploration sampling
     opd_grpo_weight: float = 0.0  # opd: weight of the GRPO advantage mixed in
+    # opd: 0 scores each token by its own teacher-student log ratio; 1 by the sum over it and the
+    # turn's later tokens (the turn's reverse KL; see stacx.train.advantages.opd_advantages)
+    opd_discount: float = 0.0
     seed: int = 0  # roll-in coin flips and AggreVaTe's choice of turn derive from it
 
     def __post_init__(self) -> None:
-        for key in ("beta0", "beta_decay", "beta_min"):
+        for key in ("beta0", "beta_decay", "beta_min", "opd_discount"):
             value = getattr(self, key)
             if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"algorithm.{key} = {value}: accepted values are in [0, 1]")
+                raise ConfigError(f"algorithm.imitation.{key} = {value}: accepted values are in [0, 1]")
         if self.branches < 1:
-            raise ConfigError(f"algorithm.branches = {self.branches}: must be >= 1")
+            raise ConfigError(f"algorithm.imitation.branches = {self.branches}: must be >= 1")
         if self.iterations < 1:
-            raise ConfigError(f"algorithm.iterations = {self.iterations}: must be >= 1")
+            raise ConfigError(f"algorithm.imitation.iterations = {self.iterations}: must be >= 1")
 
     def beta(self, iteration: int) -> float:
         """The teacher probability of iteration `iteration` (see the module docstring)."""

@@ -36,14 +36,14 @@ from stacx.train.packing import Sample, pack
 Objective = Literal["sft", "opd"]
 
 
-def samples_for(table: pa.Table, objective: Objective) -> list[Sample]:
+def samples_for(table: pa.Table, objective: Objective, opd_discount: float = 0.0) -> list[Sample]:
     """Training samples from view rows: ``sft`` takes sft_examples/dagger_dataset rows,
-    ``opd`` takes opd_batch rows (aligned ones only)."""
-    from stacx.train.batches import samples_from_table  # duckdb: not needed to fit
+    ``opd`` takes opd_batch rows (aligned ones only; ``opd_discount`` as the trainer's)."""
+    from stacx.train.batches import opd_advantage_lists, samples_from_table
 
     if objective == "sft":
         return samples_from_table(table, loss_mask="loss_mask")
-    aligned = table.filter(pc.field("aligned"))
+    aligned = opd_advantage_lists(table.filter(pc.field("aligned")), discount=opd_discount)
     return samples_from_table(
         aligned,
         completion="output_ids",

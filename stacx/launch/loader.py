@@ -97,7 +97,8 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
     """Fill the trainer's keys that other sections decide, so the recipe says each thing once.
 
     trainer.algorithm = algorithm.name, trainer.model = model.path, trainer.mode =
-    algorithm.mode, trainer.max_staleness = algorithm.max_staleness (async; 0 in sync), and,
+    algorithm.mode, trainer.max_staleness = algorithm.max_staleness (async; 0 in sync), for OPD
+    trainer.opd_discount / opd_grpo_weight = algorithm.imitation's, and,
     unless given, trainer.batch_groups = tasks.per_iteration (GRPO: one iteration per step)
     and trainer.batch_episodes = tasks.per_iteration * tasks.group_size. A recipe may repeat a
     derived key only with the same value (so a printed resolved recipe loads back)."""
@@ -141,6 +142,12 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
             "algorithm.max_staleness (0 in sync mode)",
         ),
     }
+    if algo == "opd":
+        for key in ("opd_discount", "opd_grpo_weight"):
+            fixed[key] = (
+                _get(data, f"algorithm.imitation.{key}", 0.0),
+                f"algorithm.imitation.{key}",
+            )
     out = dict(trainer)
     for key, (value, origin) in fixed.items():
         if key in trainer and trainer[key] != value:

@@ -4,7 +4,9 @@
   group's sample standard deviation (``std + eps``). The SQL view ``grpo_batch`` computes the same
   numbers with window functions (``avg`` and ``stddev_samp``); tests check they agree.
 - OPD: :func:`opd_advantages` — per token ``teacher logprob - student logprob`` (the negative of the
-  per-token reverse-KL estimate), optionally plus ``coef * GRPO advantage``.
+  per-token reverse-KL estimate), optionally summed over the later tokens of the turn with a
+  discount (``discount = 1``: the sequence-level reverse KL's return-to-go, see
+  :func:`discounted_returns`), optionally plus ``coef * GRPO advantage``.
 - AggreVaTe: :func:`aggrevate_advantages` — ``-(Q(s,a) - mean over a' of Q(s,a'))`` with ``Q`` the
   estimated cost-to-go; cheaper-than-average actions get a positive advantage.
 
@@ -103,11 +105,17 @@ def opd_advantages(
     *,
     grpo_advantages_B_T: Tensor | None = None,
     grpo_coef: float = 0.0,
+    discount: float = 0.0,
 ) -> Tensor:
     """On-policy distillation advantages per token: ``teacher - student`` logprob of the sampled
-    token, plus ``grpo_coef * grpo_advantage`` when given (the episode's GRPO advantage broadcast
-    over its tokens). Zero where the mask is unset (prompt, tool output, padding), even if the
-    inputs hold NaN there."""
+    token (with ``discount > 0``: its discounted sum over this and the later masked tokens),
+    plus ``grpo_coef * grpo_advantage`` when given (the episode's GRPO advantage broadcast over
+    its tokens). Zero where the mask is unset (prompt, tool output, padding), even if the inputs
+    hold NaN there.
+
+    ``discount = 0`` scores each token by its own log ratio only (greedy per token: a token that
+    leads to tokens the teacher rejects is not charged for them); ``discount = 1`` is the
+    score-function gradient of the whole turn's reverse KL."""
     shapes = {tuple(teacher_logprobs_B_T.shape), tuple(student_logprobs_B_T.shape)}
     shapes.add(tuple(loss_mask_B_T.shape))
     if grpo_advantages_B_T is not None:
@@ -115,7 +123,28 @@ def opd_advantages(
     if len(shapes) != 1:
         raise AdvantageInputError(f"OPD inputs must have one shape, got {sorted(shapes)}")
     advantages = teacher_logprobs_B_T - student_logprobs_B_T
+    if discount != 0.0:
+        advantages = discounted_returns(advantages, loss_mask_B_T, discount)
     if grpo_advantages_B_T is not None and grpo_coef != 0.0:
         advantages = advantages + grpo_coef * grpo_advantages_B_T
     mask = loss_mask_B_T.bool()
     return torch.where(mask, advantages, torch.zeros_like(advantages)).detach()
+
+
+def discounted_returns(values_B_T: Tensor, mask_B_T: Tensor, discount: float) -> Tensor:
+    """``R[t] = v[t] + discount * R[t']`` with ``t'`` the next masked position of the row (0 past
+    the last); unmasked positions get 0 and neither add nor break the chain."""
+    if not 0.0 <= discount <= 1.0:
+        raise AdvantageInputError(f"discount = {discount}: accepted values are in [0, 1]")
+    if values_B_T.shape != mask_B_T.shape:
+        raise AdvantageInputError(
+            f"values {tuple(values_B_T.shape)} and mask {tuple(mask_B_T.shape)} differ in shape"
+        )
+    mask = mask_B_T.bool()
+    values = torch.where(mask, values_B_T, torch.zeros_like(values_B_T))
+    out = torch.zeros_like(values)
+    running = torch.zeros_like(values[:, 0])
+    for t in range(values.shape[1] - 1, -1, -1):
+        running = torch.where(mask[:, t], values[:, t] + discount * running, running)
+        out[:, t] = torch.where(mask[:, t], running, torch.zeros_like(running))
+    return out

@@ -131,3 +131,41 @@ def read_batch(
         loss_mask=loss_mask,
     )
     return pack(samples, row_tokens, one_per_row=one_per_row, pad_to=pad_to)
+
+
+def opd_advantage_lists(
+    table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0
+) -> pa.Table:
+    """``opd_batch`` rows with ``advantages`` recomputed by
+    :func:`stacx.train.advantages.opd_advantages` (discount, GRPO term) from the rows'
+    ``teacher_logprobs``, ``student_logprobs`` and ``grpo_advantage``; rows that are not
+    ``aligned`` keep NULL. With both knobs at 0 the view's column is already the answer."""
+    import torch
+
+    from stacx.train.advantages import opd_advantages
+
+    if discount == 0.0 and grpo_weight == 0.0:
+        return table
+    cols = {
+        c: table.column(c).to_pylist()
+        for c in ("aligned", "teacher_logprobs", "student_logprobs", "grpo_advantage")
+    }
+    out: list[list[float] | None] = []
+    for i in range(table.num_rows):
+        if not cols["aligned"][i]:
+            out.append(None)
+            continue
+        teacher = torch.tensor([cols["teacher_logprobs"][i]], dtype=torch.float64)
+        student = torch.tensor([cols["student_logprobs"][i]], dtype=torch.float64)
+        grpo = cols["grpo_advantage"][i]
+        adv = opd_advantages(
+            teacher,
+            student,
+            torch.ones_like(teacher),
+            grpo_advantages_B_T=torch.full_like(teacher, grpo or 0.0),
+            grpo_coef=grpo_weight,
+            discount=discount,
+        )
+        out.append(adv[0].tolist())
+    index = table.column_names.index("advantages")
+    return table.set_column(index, "advantages", pa.array(out, pa.list_(pa.float64())))

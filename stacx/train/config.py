@@ -84,6 +84,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     clip_eps_high: float | None = None  # None: clip_eps (symmetric)
     tis_cap: float | None = None  # truncated importance sampling weight cap; None: off
     normalize_std: bool = True  # grpo: divide the group-centred reward by the group std
+    # opd (derived from algorithm.imitation): advantages recomputed from the view's logprobs
+    opd_discount: float = 0.0  # 0: per-token log ratio; 1: summed over the turn's later tokens
+    opd_grpo_weight: float = 0.0  # weight of the episode's GRPO advantage added to every token
     max_staleness: int = 0  # async: oldest usable sample, in weight versions behind the trainer
     # data
     source: str = ""  # view to read; "" = the algorithm's default (see module docstring)

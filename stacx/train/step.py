@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from stacx.train.attention import VARLEN_ATTENTION
-from stacx.train.batches import samples_from_table
+from stacx.train.batches import opd_advantage_lists, samples_from_table
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
 from stacx.train.losses import (
@@ -60,6 +60,9 @@ def samples_for(cfg: TrainerConfig, table: pa.Table) -> list[Sample]:
             scalar_columns={"advantages": adv},
         )
     if algo == "opd":
+        table = opd_advantage_lists(
+            table, discount=cfg.opd_discount, grpo_weight=cfg.opd_grpo_weight
+        )
         return samples_from_table(
             table,
             completion="output_ids",

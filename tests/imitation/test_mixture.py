@@ -67,7 +67,7 @@ def test_beta_schedule_decays_by_iteration_and_validates() -> None:
     config = ImitationConfig(beta0=0.8, beta_decay=0.5, beta_min=0.1)
     assert [config.beta(i) for i in range(4)] == [0.8, 0.4, 0.2, 0.1]
     assert beta_at(0, 1.0, 0.0) == 1.0 and beta_at(1, 1.0, 0.0) == 0.0
-    with pytest.raises(ConfigError, match=r"algorithm.beta0 = 1.5"):
+    with pytest.raises(ConfigError, match=r"algorithm.imitation.beta0 = 1.5"):
         ImitationConfig(beta0=1.5)
 
 

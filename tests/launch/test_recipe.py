@@ -79,6 +79,19 @@ def test_set_overrides_nested_keys(tmp_path: Path) -> None:
     assert (r.trainer.steps, r.tasks.group_size, r.model.path) == (2, 3, "/ckpt/x")
 
 
+def test_opd_knobs_reach_the_trainer_from_algorithm_imitation(tmp_path: Path) -> None:
+    f = tmp_path / "r.toml"
+    f.write_text('name = "r"\n[algorithm]\nname = "opd"\n[teacher]\npath = "default"\n')
+    r = load_recipe(
+        f, ["algorithm.imitation.opd_discount=1.0", "algorithm.imitation.opd_grpo_weight=0.5"]
+    )
+    assert (r.trainer.opd_discount, r.trainer.opd_grpo_weight) == (1.0, 0.5)
+    with pytest.raises(ConfigError, match=r"trainer\.opd_discount = 0\.5 contradicts"):
+        load_recipe(f, ["algorithm.imitation.opd_discount=1.0", "trainer.opd_discount=0.5"])
+    with pytest.raises(ConfigError, match=r"algorithm\.imitation\.opd_discount = 2\.0"):
+        load_recipe(f, ["algorithm.imitation.opd_discount=2.0"])
+
+
 def test_set_typo_fails_like_a_file_typo(tmp_path: Path) -> None:
     f = tmp_path / "r.toml"
     f.write_text('name = "r"\n')

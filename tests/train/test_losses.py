@@ -11,6 +11,7 @@ import torch
 from stacx.train.advantages import (
     AdvantageInputError,
     aggrevate_advantages,
+    discounted_returns,
     group_advantages,
     group_index,
     opd_advantages,
@@ -299,6 +300,36 @@ def test_opd_advantage_is_teacher_minus_student_masked_with_optional_grpo_term()
     grpo = t64([[1.0, 1.0, 1.0]])
     got = opd_advantages(teacher, student, mask, grpo_advantages_B_T=grpo, grpo_coef=0.5)
     assert got[0].tolist() == pytest.approx([0.9, -0.5, 0.0])
+
+
+def test_discounted_returns_match_a_reference_loop_and_skip_unmasked_positions() -> None:
+    values = [[0.5, -1.0, 9.0, 2.0, -0.25], [1.0, 1.0, 1.0, 1.0, 1.0]]
+    mask = [[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]]
+    for gamma in (0.0, 0.5, 1.0):
+        expected = []
+        for row, m in zip(values, mask, strict=True):
+            out, running = [0.0] * len(row), 0.0
+            for t in reversed(range(len(row))):
+                if m[t]:
+                    running = row[t] + gamma * running
+                    out[t] = running
+            expected.append(out)
+        got = discounted_returns(t64(values), torch.tensor(mask), gamma)
+        assert got.dtype == F64
+        for got_row, want in zip(got.tolist(), expected, strict=True):
+            assert got_row == pytest.approx(want, rel=1e-12)
+    with pytest.raises(AdvantageInputError, match="discount"):
+        discounted_returns(t64(values), torch.tensor(mask), 1.5)
+
+
+def test_opd_discount_charges_a_token_for_the_later_tokens_the_teacher_rejects() -> None:
+    teacher = t64([[-0.1, -3.0, -0.1]])
+    student = t64([[-0.1, -0.1, -0.1]])
+    mask = torch.ones(1, 3)
+    per_token = opd_advantages(teacher, student, mask)[0].tolist()
+    whole_turn = opd_advantages(teacher, student, mask, discount=1.0)[0].tolist()
+    assert per_token == pytest.approx([0.0, -2.9, 0.0])
+    assert whole_turn == pytest.approx([-2.9, -2.9, 0.0])
 
 
 def test_opd_loss_gradient_raises_tokens_the_teacher_prefers() -> None:

@@ -292,6 +292,27 @@ def test_opd_batch_per_token_advantage_is_teacher_minus_student(log: Log) -> Non
     assert rows[0]["grpo_advantage"] == 0.0  # a group of one
 
 
+def test_opd_discount_and_grpo_weight_recompute_the_views_advantages(log: Log) -> None:
+    from stacx.train.batches import opd_advantage_lists
+
+    episode(log, "s", "g", 1.0, turns=2)
+    episode(log, "u", "g", 0.0, turns=1)
+    log.write(
+        TeacherScored(
+            run_id=RUN, episode_id="s", turn=0, teacher_logprobs=[-0.1, -1.0], teacher="T"
+        ),
+        TeacherScored(run_id=RUN, episode_id="s", turn=1, teacher_logprobs=[-0.1], teacher="T"),
+    )
+    table = log.con.sql("select * from opd_batch order by episode_id, turn").to_arrow_table()
+    assert opd_advantage_lists(table) is table  # both knobs 0: the view's numbers
+    got = opd_advantage_lists(table, discount=1.0).column("advantages").to_pylist()
+    assert got[0] == pytest.approx([0.4 - 0.75, -0.75]) and got[1] is None  # not aligned
+    grpo = table.column("grpo_advantage").to_pylist()[0]
+    assert grpo == pytest.approx(0.5)  # reward 1 minus the mean of group g (1 and 0)
+    got = opd_advantage_lists(table, grpo_weight=0.5).column("advantages").to_pylist()
+    assert got[0] == pytest.approx([0.4 + 0.5 * grpo, -0.75 + 0.5 * grpo])
+
+
 def test_reward_by_weight_version_counts_failures_apart(log: Log) -> None:
     log.write(TaskScheduled(run_id=RUN, task_id="t", task_path="p", group_id="g0", split="eval"))
     episode(log, "v0a", "g0", 0.0, version=0)

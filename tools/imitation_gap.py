@@ -166,13 +166,17 @@ async def roll_in_stage(
                 len(tasks) * args.roll_in_samples,
                 teacher_cfg.label_actors,
                 timeout_s=args.stage_timeout,
-                progress=lambda p: log(f"{algorithm} roll-in {iteration} pending {p}"),
+                progress=lambda p: log(
+                    f"{algorithm} roll-in {run_dir.name} iteration {iteration} pending {p}"
+                ),
             )
             await run.stop_actors()
     finally:
         await student.close()
         await teacher.close()
-    log(f"{algorithm} roll-in {iteration}: done in {time.time() - t0:.0f} s")
+    log(
+        f"{algorithm} roll-in {run_dir.name} iteration {iteration}: done in {time.time() - t0:.0f} s"
+    )
 
 
 def train_stage(
@@ -358,6 +362,7 @@ async def main_async(
     for stmt in attach:
         con.execute(stmt)
     table = con.sql(sql).to_arrow_table().to_pylist()[0]
+    con.close()  # the eval runs stay usable by other processes
     print("\n".join(attach))
     print(sql + ";")
     print(json.dumps(table, indent=2, default=str))
@@ -394,6 +399,7 @@ def curve_table(evals: dict[str, Path], args: argparse.Namespace) -> dict[str, d
             f"curve {algorithm}: "
             + ", ".join(f"{k} steps {v:.3f}" for k, v in table[algorithm].items())
         )
+    con.close()
     return table
 
 

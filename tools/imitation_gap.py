@@ -199,7 +199,9 @@ def train_stage(
     if objective == "sft":
         samples = samples_for(table, "sft")
     else:
-        samples = samples_for(table, "opd", opd_discount=args.opd_discount)
+        samples = samples_for(
+            table, "opd", opd_discount=args.opd_discount, opd_center=args.opd_center
+        )
     steps = steps or args.steps
     log(f"train {out.name}: {len(samples)} samples, {steps} steps ({objective})")
     fit(
@@ -428,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="0: per-token log ratio; 1: summed over the turn's later tokens",
     )
+    p.add_argument("--opd-center", action="store_true", help="subtract the round's mean advantage")
     p.add_argument(
         "--curve",
         type=int,

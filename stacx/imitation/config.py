@@ -56,13 +56,16 @@ class ImitationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # opd: 0 scores each token by its own teacher-student log ratio; 1 by the sum over it and the
     # turn's later tokens (the turn's reverse KL; see stacx.train.advantages.opd_advantages)
     opd_discount: float = 0.0
+    opd_center: bool = False  # opd: subtract the batch's mean log-ratio advantage (a baseline)
     seed: int = 0  # roll-in coin flips and AggreVaTe's choice of turn derive from it
 
     def __post_init__(self) -> None:
         for key in ("beta0", "beta_decay", "beta_min", "opd_discount"):
             value = getattr(self, key)
             if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"algorithm.imitation.{key} = {value}: accepted values are in [0, 1]")
+                raise ConfigError(
+                    f"algorithm.imitation.{key} = {value}: accepted values are in [0, 1]"
+                )
         if self.branches < 1:
             raise ConfigError(f"algorithm.imitation.branches = {self.branches}: must be >= 1")
         if self.iterations < 1:

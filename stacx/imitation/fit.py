@@ -36,14 +36,19 @@ from stacx.train.packing import Sample, pack
 Objective = Literal["sft", "opd"]
 
 
-def samples_for(table: pa.Table, objective: Objective, opd_discount: float = 0.0) -> list[Sample]:
+def samples_for(
+    table: pa.Table, objective: Objective, opd_discount: float = 0.0, opd_center: bool = False
+) -> list[Sample]:
     """Training samples from view rows: ``sft`` takes sft_examples/dagger_dataset rows,
-    ``opd`` takes opd_batch rows (aligned ones only; ``opd_discount`` as the trainer's)."""
+    ``opd`` takes opd_batch rows (aligned ones only; ``opd_discount`` and ``opd_center`` as
+    the trainer's)."""
     from stacx.train.batches import opd_advantage_lists, samples_from_table
 
     if objective == "sft":
         return samples_from_table(table, loss_mask="loss_mask")
-    aligned = opd_advantage_lists(table.filter(pc.field("aligned")), discount=opd_discount)
+    aligned = opd_advantage_lists(
+        table.filter(pc.field("aligned")), discount=opd_discount, center=opd_center
+    )
     return samples_from_table(
         aligned,
         completion="output_ids",

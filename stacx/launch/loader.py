@@ -98,7 +98,7 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
 
     trainer.algorithm = algorithm.name, trainer.model = model.path, trainer.mode =
     algorithm.mode, trainer.max_staleness = algorithm.max_staleness (async; 0 in sync), for OPD
-    trainer.opd_discount / opd_grpo_weight = algorithm.imitation's, and,
+    trainer.opd_discount / opd_grpo_weight / opd_center = algorithm.imitation's, and,
     unless given, trainer.batch_groups = tasks.per_iteration (GRPO: one iteration per step)
     and trainer.batch_episodes = tasks.per_iteration * tasks.group_size. A recipe may repeat a
     derived key only with the same value (so a printed resolved recipe loads back)."""
@@ -143,9 +143,13 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
         ),
     }
     if algo == "opd":
-        for key in ("opd_discount", "opd_grpo_weight"):
+        for key, default in (
+            ("opd_discount", 0.0),
+            ("opd_grpo_weight", 0.0),
+            ("opd_center", False),
+        ):
             fixed[key] = (
-                _get(data, f"algorithm.imitation.{key}", 0.0),
+                _get(data, f"algorithm.imitation.{key}", default),
                 f"algorithm.imitation.{key}",
             )
     out = dict(trainer)

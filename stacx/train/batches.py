@@ -134,38 +134,36 @@ def read_batch(
 
 
 def opd_advantage_lists(
-    table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0
+    table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
 ) -> pa.Table:
-    """``opd_batch`` rows with ``advantages`` recomputed by
-    :func:`stacx.train.advantages.opd_advantages` (discount, GRPO term) from the rows'
-    ``teacher_logprobs``, ``student_logprobs`` and ``grpo_advantage``; rows that are not
-    ``aligned`` keep NULL. With both knobs at 0 the view's column is already the answer."""
+    """``opd_batch`` rows with ``advantages`` recomputed from the rows' ``teacher_logprobs`` and
+    ``student_logprobs`` by :func:`stacx.train.advantages.opd_advantages` (``discount``); with
+    ``center`` minus their mean over every token of the table (a baseline: the batch's average
+    log ratio is negative, and left in it pushes every sampled token down); plus
+    ``grpo_weight * grpo_advantage``. Rows that are not ``aligned`` keep NULL. With every knob
+    off the view's column is already the answer."""
     import torch
 
     from stacx.train.advantages import opd_advantages
 
-    if discount == 0.0 and grpo_weight == 0.0:
+    if discount == 0.0 and grpo_weight == 0.0 and not center:
         return table
     cols = {
         c: table.column(c).to_pylist()
         for c in ("aligned", "teacher_logprobs", "student_logprobs", "grpo_advantage")
     }
-    out: list[list[float] | None] = []
+    kl: list[torch.Tensor | None] = []
     for i in range(table.num_rows):
         if not cols["aligned"][i]:
-            out.append(None)
+            kl.append(None)
             continue
         teacher = torch.tensor([cols["teacher_logprobs"][i]], dtype=torch.float64)
         student = torch.tensor([cols["student_logprobs"][i]], dtype=torch.float64)
-        grpo = cols["grpo_advantage"][i]
-        adv = opd_advantages(
-            teacher,
-            student,
-            torch.ones_like(teacher),
-            grpo_advantages_B_T=torch.full_like(teacher, grpo or 0.0),
-            grpo_coef=grpo_weight,
-            discount=discount,
-        )
-        out.append(adv[0].tolist())
+        kl.append(opd_advantages(teacher, student, torch.ones_like(teacher), discount=discount)[0])
+    present = [k for k in kl if k is not None and k.numel()]
+    baseline = float(torch.cat(present).mean()) if center and present else 0.0
+    out: list[list[float] | None] = []
+    for k, grpo in zip(kl, cols["grpo_advantage"], strict=True):
+        out.append(None if k is None else (k - baseline + grpo_weight * (grpo or 0.0)).tolist())
     index = table.column_names.index("advantages")
     return table.set_column(index, "advantages", pa.array(out, pa.list_(pa.float64())))

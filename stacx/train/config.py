@@ -87,6 +87,7 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # opd (derived from algorithm.imitation): advantages recomputed from the view's logprobs
     opd_discount: float = 0.0  # 0: per-token log ratio; 1: summed over the turn's later tokens
     opd_grpo_weight: float = 0.0  # weight of the episode's GRPO advantage added to every token
+    opd_center: bool = False  # subtract the batch's mean log-ratio advantage (a baseline)
     max_staleness: int = 0  # async: oldest usable sample, in weight versions behind the trainer
     # data
     source: str = ""  # view to read; "" = the algorithm's default (see module docstring)

@@ -61,7 +61,10 @@ def samples_for(cfg: TrainerConfig, table: pa.Table) -> list[Sample]:
         )
     if algo == "opd":
         table = opd_advantage_lists(
-            table, discount=cfg.opd_discount, grpo_weight=cfg.opd_grpo_weight
+            table,
+            discount=cfg.opd_discount,
+            grpo_weight=cfg.opd_grpo_weight,
+            center=cfg.opd_center,
         )
         return samples_from_table(
             table,

@@ -86,6 +86,8 @@ def test_opd_knobs_reach_the_trainer_from_algorithm_imitation(tmp_path: Path) ->
         f, ["algorithm.imitation.opd_discount=1.0", "algorithm.imitation.opd_grpo_weight=0.5"]
     )
     assert (r.trainer.opd_discount, r.trainer.opd_grpo_weight) == (1.0, 0.5)
+    assert not r.trainer.opd_center
+    assert load_recipe(f, ["algorithm.imitation.opd_center=true"]).trainer.opd_center
     with pytest.raises(ConfigError, match=r"trainer\.opd_discount = 0\.5 contradicts"):
         load_recipe(f, ["algorithm.imitation.opd_discount=1.0", "trainer.opd_discount=0.5"])
     with pytest.raises(ConfigError, match=r"algorithm\.imitation\.opd_discount = 2\.0"):

@@ -311,6 +311,9 @@ def test_opd_discount_and_grpo_weight_recompute_the_views_advantages(log: Log) -
     assert grpo == pytest.approx(0.5)  # reward 1 minus the mean of group g (1 and 0)
     got = opd_advantage_lists(table, grpo_weight=0.5).column("advantages").to_pylist()
     assert got[0] == pytest.approx([0.4 + 0.5 * grpo, -0.75 + 0.5 * grpo])
+    got = opd_advantage_lists(table, center=True).column("advantages").to_pylist()
+    assert got[0] == pytest.approx([0.4 + 0.175, -0.75 + 0.175])  # mean of 0.4 and -0.75 removed
+    assert got[1] is None
 
 
 def test_reward_by_weight_version_counts_failures_apart(log: Log) -> None:

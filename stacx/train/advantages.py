@@ -106,6 +106,7 @@ def opd_advantages(
     grpo_advantages_B_T: Tensor | None = None,
     grpo_coef: float = 0.0,
     discount: float = 0.0,
+    center: bool = False,
 ) -> Tensor:
     """On-policy distillation advantages per token: ``teacher - student`` logprob of the sampled
     token (with ``discount > 0``: its discounted sum over this and the later masked tokens),
@@ -115,7 +116,9 @@ def opd_advantages(
 
     ``discount = 0`` scores each token by its own log ratio only (greedy per token: a token that
     leads to tokens the teacher rejects is not charged for them); ``discount = 1`` is the
-    score-function gradient of the whole turn's reverse KL."""
+    score-function gradient of the whole turn's reverse KL. ``center`` subtracts the mean of
+    those values over every masked token of the batch (a baseline: the average log ratio is
+    negative, and left in it pushes every sampled token down), before the GRPO term."""
     shapes = {tuple(teacher_logprobs_B_T.shape), tuple(student_logprobs_B_T.shape)}
     shapes.add(tuple(loss_mask_B_T.shape))
     if grpo_advantages_B_T is not None:
@@ -123,11 +126,13 @@ def opd_advantages(
     if len(shapes) != 1:
         raise AdvantageInputError(f"OPD inputs must have one shape, got {sorted(shapes)}")
     advantages = teacher_logprobs_B_T - student_logprobs_B_T
+    mask = loss_mask_B_T.bool()
     if discount != 0.0:
         advantages = discounted_returns(advantages, loss_mask_B_T, discount)
+    if center and mask.any():
+        advantages = advantages - advantages[mask].mean()
     if grpo_advantages_B_T is not None and grpo_coef != 0.0:
         advantages = advantages + grpo_coef * grpo_advantages_B_T
-    mask = loss_mask_B_T.bool()
     return torch.where(mask, advantages, torch.zeros_like(advantages)).detach()
 
 

@@ -136,12 +136,11 @@ def read_batch(
 def opd_advantage_lists(
     table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
 ) -> pa.Table:
-    """``opd_batch`` rows with ``advantages`` recomputed from the rows' ``teacher_logprobs`` and
-    ``student_logprobs`` by :func:`stacx.train.advantages.opd_advantages` (``discount``); with
-    ``center`` minus their mean over every token of the table (a baseline: the batch's average
-    log ratio is negative, and left in it pushes every sampled token down); plus
-    ``grpo_weight * grpo_advantage``. Rows that are not ``aligned`` keep NULL. With every knob
-    off the view's column is already the answer."""
+    """``opd_batch`` rows with ``advantages`` recomputed by
+    :func:`stacx.train.advantages.opd_advantages` (``discount``, ``center`` over the table's
+    tokens, ``grpo_weight * grpo_advantage``) from the rows' ``teacher_logprobs`` and
+    ``student_logprobs``. Rows that are not ``aligned`` keep NULL. With every knob off the
+    view's column is already the answer."""
     import torch
 
     from stacx.train.advantages import opd_advantages
@@ -152,18 +151,28 @@ def opd_advantage_lists(
         c: table.column(c).to_pylist()
         for c in ("aligned", "teacher_logprobs", "student_logprobs", "grpo_advantage")
     }
-    kl: list[torch.Tensor | None] = []
-    for i in range(table.num_rows):
-        if not cols["aligned"][i]:
-            kl.append(None)
-            continue
-        teacher = torch.tensor([cols["teacher_logprobs"][i]], dtype=torch.float64)
-        student = torch.tensor([cols["student_logprobs"][i]], dtype=torch.float64)
-        kl.append(opd_advantages(teacher, student, torch.ones_like(teacher), discount=discount)[0])
-    present = [k for k in kl if k is not None and k.numel()]
-    baseline = float(torch.cat(present).mean()) if center and present else 0.0
-    out: list[list[float] | None] = []
-    for k, grpo in zip(kl, cols["grpo_advantage"], strict=True):
-        out.append(None if k is None else (k - baseline + grpo_weight * (grpo or 0.0)).tolist())
+    rows = [i for i in range(table.num_rows) if cols["aligned"][i]]
+    width = max((len(cols["student_logprobs"][i]) for i in rows), default=0)
+    teacher, student, mask, grpo = (
+        torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(4)
+    )
+    for r, i in enumerate(rows):
+        n = len(cols["student_logprobs"][i])
+        teacher[r, :n] = torch.tensor(cols["teacher_logprobs"][i], dtype=torch.float64)
+        student[r, :n] = torch.tensor(cols["student_logprobs"][i], dtype=torch.float64)
+        mask[r, :n] = 1.0
+        grpo[r, :] = cols["grpo_advantage"][i] or 0.0
+    adv = opd_advantages(
+        teacher,
+        student,
+        mask,
+        grpo_advantages_B_T=grpo,
+        grpo_coef=grpo_weight,
+        discount=discount,
+        center=center,
+    )
+    out: list[list[float] | None] = [None] * table.num_rows
+    for r, i in enumerate(rows):
+        out[i] = adv[r, : len(cols["student_logprobs"][i])].tolist()
     index = table.column_names.index("advantages")
     return table.set_column(index, "advantages", pa.array(out, pa.list_(pa.float64())))

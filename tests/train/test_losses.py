@@ -332,6 +332,20 @@ def test_opd_discount_charges_a_token_for_the_later_tokens_the_teacher_rejects()
     assert whole_turn == pytest.approx([-2.9, -2.9, 0.0])
 
 
+def test_opd_center_subtracts_the_batch_mean_over_masked_tokens_before_the_grpo_term() -> None:
+    teacher = t64([[-0.1, -2.0, float("nan")], [-1.0, 0.0, 0.0]])
+    student = t64([[-0.5, -1.0, -0.2], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    ratios = [0.4, -1.0, -0.5]  # the masked tokens' teacher - student
+    mean = sum(ratios) / len(ratios)
+    got = opd_advantages(teacher, student, mask, center=True)
+    assert got[0].tolist() == pytest.approx([0.4 - mean, -1.0 - mean, 0.0])
+    assert got[1].tolist() == pytest.approx([-0.5 - mean, 0.0, 0.0])
+    grpo = t64([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    got = opd_advantages(teacher, student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5)
+    assert got[1].tolist() == pytest.approx([-0.5 - mean - 0.5, 0.0, 0.0])
+
+
 def test_opd_loss_gradient_raises_tokens_the_teacher_prefers() -> None:
     lp = torch.tensor([[-0.5, -1.0]], dtype=F64, requires_grad=True)
     adv = opd_advantages(t64([[-0.1, -2.0]]), lp.detach(), torch.ones(1, 2))

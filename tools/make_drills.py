@@ -118,6 +118,19 @@ def _content_check(path: str, expected: str) -> str:
     )
 
 
+def _lines_check(test: str, path: str, want: list[str], split: str = "splitlines") -> str:
+    return f"def test_{test}():\n    assert Path('{path}').read_text().{split}() == {want!r}\n"
+
+
+def _text_drill(
+    name: str, ins: str, command: str, check: str, src: str, lines: list[str], *tags: str
+) -> Drill:
+    """An easy text-processing drill that reads the lines `lines` from /app/`src`."""
+    return Drill(
+        name, ins, command, check, {src: "\n".join(lines) + "\n"}, "easy", "text-processing", tags
+    )
+
+
 def write_word(rng: random.Random) -> Drill:
     w, f = rng.choice(NOUNS), _fname(rng)
     ins = _pick(
@@ -215,16 +228,8 @@ def count_lines(rng: random.Random) -> Drill:
         f"Write the number of lines of `/app/{a}` into `/app/{b}` (only the number).",
         f"How many lines does `/app/{a}` have? Save just that number to `/app/{b}`.",
     )
-    return Drill(
-        "count-lines",
-        ins,
-        f"wc -l < /app/{a} > /app/{b}",
-        _content_check(f"/app/{b}", str(len(lines))),
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("wc",),
-    )
+    check = _content_check(f"/app/{b}", str(len(lines)))
+    return _text_drill("count-lines", ins, f"wc -l < /app/{a} > /app/{b}", check, a, lines, "wc")
 
 
 def count_words(rng: random.Random) -> Drill:
@@ -236,16 +241,8 @@ def count_words(rng: random.Random) -> Drill:
         f"Count the words in `/app/{a}` and write the count (just the number) into `/app/{b}`.",
         f"Save the number of words of `/app/{a}` to `/app/{b}`.",
     )
-    return Drill(
-        "count-words",
-        ins,
-        f"wc -w < /app/{a} > /app/{b}",
-        _content_check(f"/app/{b}", str(n)),
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("wc",),
-    )
+    check = _content_check(f"/app/{b}", str(n))
+    return _text_drill("count-words", ins, f"wc -w < /app/{a} > /app/{b}", check, a, lines, "wc")
 
 
 def sort_lines(rng: random.Random) -> Drill:
@@ -256,17 +253,8 @@ def sort_lines(rng: random.Random) -> Drill:
         f"Sort the lines of `/app/{a}` alphabetically and write them to `/app/{b}`.",
         f"Write the lines of `/app/{a}` in sorted (A to Z) order into `/app/{b}`.",
     )
-    check = f"def test_sorted():\n    assert Path('/app/{b}').read_text().split() == {sorted(words)!r}\n"
-    return Drill(
-        "sort-lines",
-        ins,
-        f"sort /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(words) + "\n"},
-        "easy",
-        "text-processing",
-        ("sort",),
-    )
+    check = _lines_check("sorted", f"/app/{b}", sorted(words), "split")
+    return _text_drill("sort-lines", ins, f"sort /app/{a} > /app/{b}", check, a, words, "sort")
 
 
 def unique_lines(rng: random.Random) -> Drill:
@@ -279,17 +267,9 @@ def unique_lines(rng: random.Random) -> Drill:
         f"Write the distinct lines of `/app/{a}`, sorted, one per line, into `/app/{b}`.",
         f"Remove duplicate lines from `/app/{a}` (sorted output) and save the result as `/app/{b}`.",
     )
-    check = f"def test_unique():\n    assert Path('/app/{b}').read_text().split() == {sorted(words)!r}\n"
-    return Drill(
-        "unique-lines",
-        ins,
-        f"sort -u /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(dup) + "\n"},
-        "easy",
-        "text-processing",
-        ("sort", "uniq"),
-    )
+    check = _lines_check("unique", f"/app/{b}", sorted(words), "split")
+    command = f"sort -u /app/{a} > /app/{b}"
+    return _text_drill("unique-lines", ins, command, check, a, dup, "sort", "uniq")
 
 
 def grep_lines(rng: random.Random) -> Drill:
@@ -307,62 +287,32 @@ def grep_lines(rng: random.Random) -> Drill:
         f"def test_grep():\n    got = Path('/app/{b}').read_text().splitlines()\n"
         f"    assert got == {want!r}\n"
     )
-    return Drill(
-        "grep-lines",
-        ins,
-        f"grep {key} /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("grep",),
+    return _text_drill(
+        "grep-lines", ins, f"grep {key} /app/{a} > /app/{b}", check, a, lines, "grep"
     )
+
+
+def _head_or_tail(rng: random.Random, head: bool) -> Drill:
+    a, b = _two_files(rng)
+    lines = _lines(rng, 10)
+    n = rng.randint(1, 5)
+    first, final, tool = ("first", "first", "head") if head else ("last", "final", "tail")
+    ins = _pick(
+        rng,
+        f"Write the {first} {n} lines of `/app/{a}` into `/app/{b}`.",
+        f"Save the {final} {n} lines of `/app/{a}` as `/app/{b}`.",
+    )
+    check = _lines_check(tool, f"/app/{b}", lines[:n] if head else lines[-n:])
+    command = f"{tool} -n {n} /app/{a} > /app/{b}"
+    return _text_drill(f"{tool}-lines", ins, command, check, a, lines, tool)
 
 
 def head_lines(rng: random.Random) -> Drill:
-    a, b = _two_files(rng)
-    lines = _lines(rng, 10)
-    n = rng.randint(1, 5)
-    ins = _pick(
-        rng,
-        f"Write the first {n} lines of `/app/{a}` into `/app/{b}`.",
-        f"Save the first {n} lines of `/app/{a}` as `/app/{b}`.",
-    )
-    check = (
-        f"def test_head():\n    assert Path('/app/{b}').read_text().splitlines() == {lines[:n]!r}\n"
-    )
-    return Drill(
-        "head-lines",
-        ins,
-        f"head -n {n} /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("head",),
-    )
+    return _head_or_tail(rng, head=True)
 
 
 def tail_lines(rng: random.Random) -> Drill:
-    a, b = _two_files(rng)
-    lines = _lines(rng, 10)
-    n = rng.randint(1, 5)
-    ins = _pick(
-        rng,
-        f"Write the last {n} lines of `/app/{a}` into `/app/{b}`.",
-        f"Save the final {n} lines of `/app/{a}` as `/app/{b}`.",
-    )
-    check = f"def test_tail():\n    assert Path('/app/{b}').read_text().splitlines() == {lines[-n:]!r}\n"
-    return Drill(
-        "tail-lines",
-        ins,
-        f"tail -n {n} /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("tail",),
-    )
+    return _head_or_tail(rng, head=False)
 
 
 def chmod_exec(rng: random.Random) -> Drill:
@@ -388,18 +338,9 @@ def replace_word(rng: random.Random) -> Drill:
         f"In `/app/{f}`, replace every `{old}` with `{new}` (edit the file in place).",
         f"Edit `/app/{f}` in place so that each occurrence of `{old}` becomes `{new}`.",
     )
-    want = [x.replace(old, new) for x in lines]
-    check = f"def test_sed():\n    assert Path('/app/{f}').read_text().splitlines() == {want!r}\n"
-    return Drill(
-        "replace-word",
-        ins,
-        f"sed -i 's/{old}/{new}/g' /app/{f}",
-        check,
-        {f: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("sed",),
-    )
+    check = _lines_check("sed", f"/app/{f}", [x.replace(old, new) for x in lines])
+    command = f"sed -i 's/{old}/{new}/g' /app/{f}"
+    return _text_drill("replace-word", ins, command, check, f, lines, "sed")
 
 
 def append_line(rng: random.Random) -> Drill:
@@ -410,7 +351,7 @@ def append_line(rng: random.Random) -> Drill:
         f"Append a line `{w}` to the end of `/app/{f}`.",
         f"Add the line `{w}` at the end of `/app/{f}`, keeping the existing lines.",
     )
-    check = f"def test_append():\n    assert Path('/app/{f}').read_text().splitlines() == {[*lines, w]!r}\n"
+    check = _lines_check("append", f"/app/{f}", [*lines, w])
     return Drill("append-line", ins, f"echo {w} >> /app/{f}", check, {f: "\n".join(lines) + "\n"})
 
 
@@ -444,18 +385,9 @@ def upper_case(rng: random.Random) -> Drill:
         f"Write the content of `/app/{a}` in upper case into `/app/{b}`.",
         f"Convert `/app/{a}` to capital letters and save it as `/app/{b}`.",
     )
-    want = [x.upper() for x in lines]
-    check = f"def test_upper():\n    assert Path('/app/{b}').read_text().splitlines() == {want!r}\n"
-    return Drill(
-        "upper-case",
-        ins,
-        f"tr a-z A-Z < /app/{a} > /app/{b}",
-        check,
-        {a: "\n".join(lines) + "\n"},
-        "easy",
-        "text-processing",
-        ("tr",),
-    )
+    check = _lines_check("upper", f"/app/{b}", [x.upper() for x in lines])
+    command = f"tr a-z A-Z < /app/{a} > /app/{b}"
+    return _text_drill("upper-case", ins, command, check, a, lines, "tr")
 
 
 TEMPLATES: tuple[Callable[[random.Random], Drill], ...] = (

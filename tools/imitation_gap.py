@@ -49,7 +49,7 @@ from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import EnginePolicy, always
 from stacx.events import TurnActor
 from stacx.imitation.config import ImitationConfig, TeacherConfig
-from stacx.imitation.fit import fit, samples_for
+from stacx.imitation.fit import Objective, fit, samples_for
 from stacx.imitation.iteration import schedule_iteration, wait_iteration
 from stacx.imitation.make_teacher import split_of, task_source
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
@@ -180,35 +180,35 @@ async def roll_in_stage(
 
 
 def train_stage(
-    objective: str,
-    sql: str,
+    algorithm: str,
     run_dir: Path,
     out: Path,
     args: argparse.Namespace,
+    *,
     steps: int | None = None,
     curve_of: Path | None = None,
     start: str | None = None,
 ) -> None:
-    """Fit `start` (the base student by default) on `sql` over `run_dir`'s log, saving the
+    """Fit `start` (the base student by default) on the algorithm's view over `run_dir`'s log
+    (DAgger: SFT on ``dagger_dataset``; OPD: policy gradient on ``opd_batch``), saving the
     --curve steps' snapshots (named after `curve_of`, by default `out`)."""
+    objective: Objective = "sft" if algorithm == "dagger" else "opd"
+    view = "dagger_dataset" if algorithm == "dagger" else "opd_batch"
     con = connect_run(run_dir)
     try:
-        table = con.sql(sql).to_arrow_table()
+        table = con.sql(f"SELECT * FROM {view}").to_arrow_table()
     finally:
         con.close()
-    if objective == "sft":
-        samples = samples_for(table, "sft")
-    else:
-        samples = samples_for(
-            table, "opd", opd_discount=args.opd_discount, opd_center=args.opd_center
-        )
+    samples = samples_for(
+        table, objective, opd_discount=args.opd_discount, opd_center=args.opd_center
+    )
     steps = steps or args.steps
     log(f"train {out.name}: {len(samples)} samples, {steps} steps ({objective})")
     fit(
         start or args.student,
         samples,
         out,
-        objective="sft" if objective == "sft" else "opd",
+        objective=objective,
         steps=steps,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -223,9 +223,7 @@ def snapshot_dir(ckpt: Path, step: int) -> Path:
     return ckpt.with_name(f"{ckpt.name}-step{step}")
 
 
-async def curve_stage(
-    algorithm: str, sql: str, held_file: Path, args: argparse.Namespace
-) -> dict[str, Path]:
+async def curve_stage(algorithm: str, held_file: Path, args: argparse.Namespace) -> dict[str, Path]:
     """Evals of the `algorithm` student at fewer training steps than the final one.
 
     With one round (DAgger, or OPD with ``--opd-iterations 1``) the points are snapshots of the
@@ -245,10 +243,14 @@ async def curve_stage(
         points = {n: snapshot_dir(ckpt, n) for n in steps}
         missing = [n for n in steps if not (points[n] / "config.json").is_file()]
         if missing:  # a run from before --curve: fit again up to the last missing snapshot
-            objective = "sft" if algorithm == "dagger" else "opd"
-            run_dir = out / f"{algorithm}-run"
             await asyncio.to_thread(
-                train_stage, objective, sql, run_dir, points[missing[-1]], args, missing[-1], ckpt
+                train_stage,
+                algorithm,
+                out / f"{algorithm}-run",
+                points[missing[-1]],
+                args,
+                steps=missing[-1],
+                curve_of=ckpt,
             )
     evals = {}
     for n, path in sorted(points.items()):
@@ -309,9 +311,7 @@ async def dagger_stage(
         )
         if not (ckpt / "config.json").is_file():
             await roll_in_stage("dagger", student, teacher, train, run_dir, args, iteration=i)
-            await asyncio.to_thread(
-                train_stage, "sft", "SELECT * FROM dagger_dataset", run_dir, ckpt, args
-            )
+            await asyncio.to_thread(train_stage, "dagger", run_dir, ckpt, args)
         student = str(ckpt)
     return out / "student-dagger"
 
@@ -328,15 +328,7 @@ async def opd_stage(teacher: str, train: list[Task], out: Path, args: argparse.N
         if not (ckpt / "config.json").is_file():
             await roll_in_stage("opd", student, teacher, train, run_dir, args)
             await asyncio.to_thread(
-                train_stage,
-                "opd",
-                "SELECT * FROM opd_batch",
-                run_dir,
-                ckpt,
-                args,
-                opd_steps(args),
-                None,
-                student,
+                train_stage, "opd", run_dir, ckpt, args, steps=opd_steps(args), start=student
             )
         student = str(ckpt)
     return out / "student-opd"
@@ -371,8 +363,8 @@ async def main_async(
     result: dict[str, object] = {"train_tasks": len(train), **table}
     if args.curve or args.opd_iterations > 1:
         curve = {"student_before": evals["student_before"]}
-        curve |= await curve_stage("dagger", "SELECT * FROM dagger_dataset", held_file, args)
-        curve |= await curve_stage("opd", "SELECT * FROM opd_batch", held_file, args)
+        curve |= await curve_stage("dagger", held_file, args)
+        curve |= await curve_stage("opd", held_file, args)
         curve |= {"student_dagger": evals["student_dagger"], "student_opd": evals["student_opd"]}
         result["curve"] = curve_table(curve, args)
     return result

@@ -1,3 +1,4 @@
 from stacx.cli import main
 
-main()
+if __name__ == "__main__":  # `python -m stacx`; importing this module runs nothing
+    main()

@@ -9,7 +9,7 @@ Envelope (every event): ``event_id`` (unique; the JetStream ``Nats-Msg-Id``, so 
 re-publish of the same event is dropped by the server), ``run_id``, ``ts`` (unix seconds).
 ``episode_id`` and ``weight_version`` are fields of the kinds they apply to.
 
-Evolution rules (tested in tests/test_events.py):
+Evolution rules (tested in tests/backbone/test_events.py):
 
 1. A new field always has a default, so an old payload (without it) still decodes.
 2. A field's name and type never change; a field is never removed. Retire a field by
@@ -19,6 +19,14 @@ Evolution rules (tested in tests/test_events.py):
    newer log.
 5. New kinds are additive; a reader that meets a kind it does not know dead-letters it
    (the recorder) or skips it (other actors), never crashes.
+6. Closed vocabularies are ``StrEnum`` field types (``StopReason``, ``FailureKind``,
+   ``TurnActor``, ``Policy``, ``RunStatus``). On the wire and in DuckDB they are their plain
+   string values (VARCHAR columns), so logs written when these fields were ``str`` decode
+   unchanged. A member's value never changes. A value the reader does not know fails loudly:
+   ``decode`` raises ``msgspec.ValidationError`` ("Invalid enum value ..."), so the recorder
+   dead-letters that payload and actors skip it (rule 5's treatment of an unknown kind).
+   Adding a member is therefore a change that every reader of the log must be upgraded for
+   first.
 
 What this module does not do: it carries no behaviour beyond construction and encoding.
 """
@@ -47,8 +55,11 @@ _NAMESPACE = uuid.UUID("5f1d3c2a-8e55-4a8e-9a39-7b1f0c2d4e6a")
 def derive_id(*parts: object) -> str:
     """A deterministic id from parts, for events that must be idempotent across restarts.
 
-    Re-publishing an event with the same derived id after a crash is de-duplicated by
-    JetStream (and skipped by the recorder), so an actor that redoes work cannot double-count.
+    Re-publishing an event with the same derived id after a crash is dropped twice over:
+    by JetStream's message-id de-duplication inside the stream's duplicate window
+    (``stacx.bus.client.DUPLICATE_WINDOW_S``), and at any time by the recorder, which writes
+    at most one row per ``event_id`` (``_event_ids``, checked in the same transaction as the
+    rows). So an actor that redoes work cannot double-count, however late it redoes it.
     """
     return uuid.uuid5(_NAMESPACE, "\x1f".join(map(str, parts))).hex
 
@@ -90,6 +101,25 @@ class TurnActor(StrEnum):
     NULL = "null"
 
 
+class Policy(StrEnum):
+    """Who executes an episode's roll-in (``EpisodeStarted.policy``)."""
+
+    STUDENT = "student"
+    TEACHER = "teacher"
+    MIXTURE = "mixture"  # DAgger's beta-mixture: the teacher acts a turn with probability beta
+    BRANCH = "branch"  # an AggreVaTe branch: exploration action, then the teacher finishes
+    ORACLE = "oracle"  # the task's own solution, played through the tools
+    NULL = "null"  # submits at once (a floor for the verifier)
+
+
+class RunStatus(StrEnum):
+    """How a run ended (``RunFinished.status``)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     """Envelope shared by every kind."""
 
@@ -119,7 +149,7 @@ class RunStarted(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class RunFinished(_Kind, frozen=True, kw_only=True, tag=True):
-    status: str  # "completed" | "failed" | "interrupted"
+    status: RunStatus
     message: str = ""
 
 
@@ -141,7 +171,7 @@ class EpisodeStarted(_Kind, frozen=True, kw_only=True, tag=True):
     group_id: str
     sample_index: int = 0
     agent: str = ""
-    policy: str = "student"  # the executing policy for the roll-in ("student", "teacher", "mixture")
+    policy: Policy = Policy.STUDENT  # who executes the roll-in
     iteration: int = 0
     attempt: int = 0
     image: str = ""
@@ -158,7 +188,7 @@ class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
     logprobs: list[float] | None = None  # one per output id; None for scripted actors
     weight_version: int | None = None
     finish_reason: str = ""  # "stop" | "length" | "abort"
-    actor: str = TurnActor.STUDENT
+    actor: TurnActor = TurnActor.STUDENT
     engine: str = ""
     gen_ms: float = 0.0
     queue_ms: float = 0.0
@@ -187,7 +217,7 @@ class ToolReturned(_Kind, frozen=True, kw_only=True, tag=True):
 
 class EpisodeFinished(_Kind, frozen=True, kw_only=True, tag=True):
     episode_id: str
-    stop_reason: str  # a StopReason
+    stop_reason: StopReason
     n_turns: int = 0
     duration_ms: float = 0.0
 
@@ -202,12 +232,15 @@ class RewardAssigned(_Kind, frozen=True, kw_only=True, tag=True):
 class InfraFailed(_Kind, frozen=True, kw_only=True, tag=True):
     """An infrastructure failure: recorded, retried by policy, never scored as reward 0."""
 
-    failure_kind: str  # a FailureKind
+    failure_kind: FailureKind
     message: str = ""
     episode_id: str | None = None
     task_id: str | None = None
     attempt: int = 0
     will_retry: bool = False
+    # set when the failure concerns one visited state of an intact episode (a teacher's label
+    # or score that could not be made), not the episode itself
+    turn: int | None = None
 
 
 class SandboxStarted(_Kind, frozen=True, kw_only=True, tag=True):
@@ -355,6 +388,7 @@ def decode(payload: bytes) -> AnyEvent:
 
 
 def decode_json(payload: bytes | str) -> AnyEvent:
+    """Decode a JSON payload (same rules as ``decode``)."""
     return _json_decoder.decode(payload)
 
 

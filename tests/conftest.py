@@ -37,3 +37,7 @@ def stacx_bin() -> str:
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Strict mode (stacx.actors.base): an actor that hits a programming error (TypeError,
+# KeyError, AssertionError, ...) crashes the run with its traceback instead of being retried
+# and restarted, so a bug cannot pass a test disguised as an infrastructure failure.
+os.environ.setdefault("STACX_STRICT", "1")

@@ -4,7 +4,7 @@
 
 The bundled `basic` set has 26 trivial/easy tasks: too few to train a policy that generalizes,
 and every one of them is needed to evaluate it. The drills are the training distribution of the
-imitation experiment (tools/imitation_gap.py): 18 skill templates (write, copy, move, delete,
+imitation experiment (recipes/imitation/, tools/imitation_gap.py): 18 skill templates (write, copy, move, delete,
 count, sort, grep, head/tail, chmod, sed, ...) with random file names, words and contents, and
 several phrasings each. No drill reuses a `basic` task's file names or wording, so `basic` stays
 held out. Each task has an oracle solution (one command, absolute paths) and a pytest verifier;

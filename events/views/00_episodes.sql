@@ -18,7 +18,9 @@ WITH turn_stats AS (
     FROM episode_finished GROUP BY episode_id
 ), failures AS (
     SELECT episode_id, arg_max(failure_kind, ts) AS failure_kind, max(ts) AS ts
-    FROM infra_failed WHERE episode_id IS NOT NULL GROUP BY episode_id
+    -- episode-level failures only: a teacher's failure on one visited state (turn set) leaves
+    -- the episode itself intact
+    FROM infra_failed WHERE episode_id IS NOT NULL AND turn IS NULL GROUP BY episode_id
 )
 SELECT s.episode_id,
        s.run_id,

@@ -1,17 +1,33 @@
 """The actor runtime: a thin shell that turns events into calls of ``handle``.
 
-An actor subscribes to some kinds of its run's events through a durable JetStream consumer
-named after it, so a restarted actor resumes where it stopped. Each event is acknowledged only
-after ``handle`` returns, i.e. after its effect (published events, a checkpoint on disk) is
-durable; an exception makes the event come back later (``nak`` with a delay), up to
-``max_deliver`` times, after which it is terminated and an ``InfraFailed`` is published.
+An actor subscribes to some kinds of its run's events through a durable JetStream consumer,
+so a restarted actor resumes where it stopped. Each event is acknowledged only after
+``handle`` returns, i.e. after its effect (published events, a checkpoint on disk) is durable;
+an exception makes the event come back later (``nak`` with a delay), up to ``max_deliver``
+times, after which it is terminated and an ``InfraFailed`` is published.
 
-``shared = True`` makes all instances of an actor with the same name share one consumer: a
-work queue (e.g. rollout workers on ``TaskScheduled``). Long handlers keep their message alive
-with ``in_progress`` heartbeats, so ``ack_wait`` bounds only a silent, hung worker.
+Consumers (``Actor.consumer``): with ``shared = True`` every instance of an actor with the
+same name binds one durable consumer named ``name``: a work queue, each event goes to one of
+them (e.g. rollout workers on ``TaskScheduled``). With ``shared = False`` (the default) every
+instance gets its own durable consumer and sees every event: the spawner numbers same-named
+instances in spawn order (``bind(ctx, instance=k)``) and instance k > 0 consumes as
+``name-k`` (instance 0 keeps ``name``, so logs of older runs resume). Long handlers keep their
+message alive with ``in_progress`` heartbeats, so ``ack_wait`` bounds only a silent, hung worker.
 
-Actors never share memory with each other: they meet through events (and the trace store's
-SQL, through ``ActorContext.query``), so local (asyncio) and Ray placement run the same code.
+Reads: actors never share memory with each other; they meet through events and the trace
+store's SQL (``Actor.query``), so local (asyncio) and Ray placement run the same code. A query
+waits for what its actor needs to see, not for the whole stream: the recorder must have
+committed the newest stream sequence the actor has published or been delivered
+(``Watermark``): read-your-writes and read-what-you-were-woken-by. ``query(..., barrier=True)``
+first raises the watermark to the stream's head (the old global barrier), for a reader that
+must see other actors' events that it was not delivered (the scheduler).
+
+Strict mode (``STACX_STRICT=1``, on in the test suite): an exception that is a programming
+error (``is_bug``: anything but ``StacxError``, ``OSError`` (timeouts included) and NATS
+errors, e.g. ``TypeError``, ``KeyError``, ``AssertionError``) is not retried and does not
+restart the actor: it is logged with its traceback and re-raised from the supervisor, and the
+``RunContext`` re-raises it at exit. Without it, such errors are retried like any other
+(production keeps going, and says so in the log).
 """
 
 from __future__ import annotations
@@ -19,10 +35,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import ClassVar
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import ClassVar, Protocol, TypeAlias
 
 import msgspec
+import nats.errors
 import pyarrow as pa
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
@@ -30,21 +48,98 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
 
+from stacx.errors import StacxError
 from stacx.events import Event, FailureKind, InfraFailed, decode, stream_name, subject
 
 log = logging.getLogger(__name__)
 
-Query = Callable[[str], Awaitable[pa.Table]]
+Params: TypeAlias = Sequence[object] | Mapping[str, object] | None
+"""DuckDB bound parameters: a sequence for ``?``/``$1`` placeholders, a mapping for ``$name``."""
+
+
+class Query(Protocol):
+    """SQL over the run's log (views included) with bound parameters: ``query(sql, params)``.
+
+    Values never go into the SQL text: ``query("... WHERE episode_id = ?", [episode_id])``."""
+
+    def __call__(self, sql: str, params: Params = None, /) -> Awaitable[pa.Table]: ...
+
+
+class QueryAfter(Protocol):
+    """A ``Query`` that first waits until the recorder has committed stream sequence ``after``
+    (``None``: the implementation's default; see ``RunContext.query``)."""
+
+    def __call__(
+        self, sql: str, params: Params = None, /, *, after: int | None = None
+    ) -> Awaitable[pa.Table]: ...
+
+
+class Watermark:
+    """The newest stream sequence one reader has published or been delivered: what the log
+    must contain before that reader's next query (causal reads, not the stream's head)."""
+
+    def __init__(self, seq: int = 0) -> None:
+        self.seq = seq
+
+    def advance(self, seq: int) -> None:
+        self.seq = max(self.seq, seq)
 
 
 class ActorContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What an actor may touch: its run's id, a publish function, the log's SQL, JetStream."""
+    """What an actor may touch: its run's id, publish, the log's SQL, JetStream.
+
+    ``publish`` and ``query`` are bound to ``watermark`` (see ``causal_context``); one
+    context per actor instance, so one actor's writes never delay another's reads."""
 
     run_id: str
     run_dir: str
-    publish: Callable[[Event], Awaitable[int]]
+    publish: Callable[[Event], Awaitable[int]]  # waits for the ack; returns the stream sequence
     query: Query
+    head: Callable[[], Awaitable[int]]  # the stream's last sequence now (for a barrier)
     js: JetStreamContext
+    watermark: Watermark
+
+
+def causal_context(
+    *,
+    run_id: str,
+    run_dir: str,
+    js: JetStreamContext,
+    publish: Callable[[Event], Awaitable[int]],
+    query: QueryAfter,
+    head: Callable[[], Awaitable[int]],
+    start: int = 0,
+) -> ActorContext:
+    """A context whose queries wait for its own publishes and deliveries (and ``start``: what
+    its reader must see from the beginning, e.g. everything before a resumed run's start)."""
+    mark = Watermark(start)
+
+    async def publish_tracked(event: Event) -> int:
+        seq = await publish(event)
+        mark.advance(seq)
+        return seq
+
+    async def query_after(sql: str, params: Params = None, /) -> pa.Table:
+        return await query(sql, params, after=mark.seq)
+
+    return ActorContext(run_id=run_id, run_dir=run_dir, publish=publish_tracked,
+                        query=query_after, head=head, js=js, watermark=mark)
+
+
+INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.errors.Error)
+"""Exception types that are infrastructure (retried, restarted). OSError covers TimeoutError
+(asyncio's included) and connection errors."""
+
+
+def strict() -> bool:
+    """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
+    return os.environ.get("STACX_STRICT", "") not in ("", "0")
+
+
+def is_bug(exc: BaseException) -> bool:
+    """A programming error (TypeError, KeyError, AssertionError, ...), not an infrastructure
+    failure: anything that is not one of ``INFRA_ERRORS``."""
+    return isinstance(exc, Exception) and not isinstance(exc, INFRA_ERRORS)
 
 
 class Actor:
@@ -59,9 +154,17 @@ class Actor:
     retry_delay: ClassVar[float] = 1.0
 
     ctx: ActorContext
+    instance: int = 0  # this instance's number among same-named instances (set by ``bind``)
+    _bugs: list[Exception]  # strict mode: programming errors of handlers, raised by ``run``
 
-    def bind(self, ctx: ActorContext) -> None:
+    def bind(self, ctx: ActorContext, *, instance: int = 0) -> None:
         self.ctx = ctx
+        self.instance = instance
+
+    @property
+    def consumer(self) -> str:
+        """The durable consumer's name: shared by same-named instances iff ``shared``."""
+        return self.name if self.shared or self.instance == 0 else f"{self.name}-{self.instance}"
 
     @property
     def run_id(self) -> str:
@@ -70,8 +173,12 @@ class Actor:
     async def publish(self, event: Event) -> int:
         return await self.ctx.publish(event)
 
-    async def query(self, sql: str) -> pa.Table:
-        return await self.ctx.query(sql)
+    async def query(self, sql: str, params: Params = None, *, barrier: bool = False) -> pa.Table:
+        """SQL over the log, once it holds everything this actor published or was delivered;
+        ``barrier``: and everything anyone published before this call (one more round trip)."""
+        if barrier:
+            self.ctx.watermark.advance(await self.ctx.head())
+        return await self.ctx.query(sql, params)
 
     async def on_start(self) -> None:
         """Called before the first event (and again after a restart)."""
@@ -89,8 +196,9 @@ class Actor:
             return
         js = self.ctx.js
         subjects = [subject(self.run_id, k.__name__) for k in self.kinds]
+        durable = self.consumer
         cfg = ConsumerConfig(
-            durable_name=self.name,
+            durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
@@ -104,11 +212,14 @@ class Actor:
         stream = stream_name(self.run_id)
         with contextlib.suppress(BadRequestError):  # exists already (a restart): keep its position
             await js.add_consumer(stream, cfg)
-        sub = await js.pull_subscribe_bind(self.name, stream=stream)
+        sub = await js.pull_subscribe_bind(durable, stream=stream)
         slots = asyncio.Semaphore(self.max_inflight)
         inflight: set[asyncio.Task[None]] = set()
+        self._bugs: list[Exception] = []
         try:
             while not stop.is_set():
+                if self._bugs:
+                    raise self._bugs[0]  # strict mode: a handler's programming error ends the actor
                 free = max(1, self.max_inflight - len(inflight))
                 try:
                     msgs = await sub.fetch(free, timeout=0.25)
@@ -132,6 +243,10 @@ class Actor:
         except (msgspec.DecodeError, msgspec.ValidationError):
             await msg.ack()  # the recorder dead-letters it; an actor skips what it cannot read
             return
+        if self._bugs:  # strict mode: this actor is ending on a bug; handle nothing more
+            await msg.nak()
+            return
+        self.ctx.watermark.advance(int(msg.metadata.sequence.stream))  # its query must see it
         beat = asyncio.create_task(_heartbeat(msg, self.ack_wait / 3))
         try:
             await self.handle(event)
@@ -142,6 +257,10 @@ class Actor:
             beat.cancel()
             delivered = msg.metadata.num_delivered
             log.exception("%s: handling %s failed (delivery %d)", self.name, event.kind, delivered)
+            if strict() and is_bug(exc):
+                await msg.nak()  # left in the stream for the next (fixed) run to handle
+                self._bugs.append(exc)
+                return
             if delivered >= self.max_deliver:
                 await msg.term()
                 await self.publish(InfraFailed(
@@ -181,7 +300,11 @@ class Supervisor:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                if strict() and is_bug(exc):
+                    log.critical("actor %s: programming error; STACX_STRICT is set, so it is not "
+                                 "restarted", self.actor.name, exc_info=exc)
+                    raise
                 self.restarts += 1
                 log.exception("actor %s crashed; restart %d in %.1fs", self.actor.name, self.restarts, backoff)
                 with contextlib.suppress(asyncio.TimeoutError):

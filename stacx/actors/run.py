@@ -8,10 +8,20 @@
 On enter: the run directory is created or reopened (a rerun on the same directory continues the
 same run id, stream and log), NATS is started (embedded, unless ``STACX_NATS_URL`` is set), the
 run's stream is ensured, the recorder starts, and ``RunStarted`` is published. On exit: actors
-stop, ``RunFinished`` is published (status ``completed``, ``failed`` on an exception,
-``interrupted`` on cancellation/Ctrl-C), the recorder drains everything published, and the
-server stops. ``query`` first waits until the recorder has committed every event published so
-far by anyone, so a reader sees its own writes.
+stop, the recorder drains everything published, ``RunFinished`` is published (status
+``completed``, ``failed`` on an exception, ``interrupted`` on cancellation/Ctrl-C) and drained,
+and the server stops. ``run.json`` says ``completed`` only if all of that succeeded: a failed
+publish or a recorder that did not drain is logged with its traceback and makes the status
+``failed``, with the reasons under ``problems``.
+
+Reads: ``query`` waits until the recorder has committed the newest event published through
+this context (by the driver or by any locally spawned actor; ``after=`` names another
+sequence), so a reader sees its own writes without waiting for the rest of the stream;
+``query(..., barrier=True)`` waits for everything published so far by anyone (``sync``). Each
+spawned actor gets its own ``ActorContext`` (see ``stacx.actors.base``).
+
+Strict mode (``STACX_STRICT``): an actor that crashed on a programming error is not restarted;
+the first such error is re-raised from ``__aexit__``, after the clean shutdown.
 """
 
 from __future__ import annotations
@@ -34,10 +44,19 @@ import pyarrow as pa
 from nats.js import JetStreamContext
 
 from stacx import __version__
-from stacx.actors.base import Actor, ActorContext, Supervisor
+from stacx.actors.base import (
+    Actor,
+    ActorContext,
+    Params,
+    Supervisor,
+    causal_context,
+    is_bug,
+    strict,
+)
 from stacx.bus.client import Publisher, connect, ensure_stream
 from stacx.bus.server import EmbeddedNats, external_url
-from stacx.events import Event, RunFinished, RunStarted, stream_name
+from stacx.errors import StacxError
+from stacx.events import Event, RunFinished, RunStarted, RunStatus, stream_name
 from stacx.store import db
 from stacx.store.recorder import Recorder
 
@@ -68,6 +87,9 @@ class RunContext:
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[Supervisor] = []
         self._recorder_sup: asyncio.Task[None] | None = None
+        self._published = 0  # newest stream sequence published through this context
+        self._instances: dict[str, int] = {}  # actor name -> instances spawned so far
+        self.crashes: list[BaseException] = []  # strict mode: actors that died of a bug
 
     @property
     def nats_url(self) -> str:
@@ -114,20 +136,26 @@ class RunContext:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                if strict() and is_bug(exc):
+                    log.critical("recorder: programming error; STACX_STRICT is set, so it is "
+                                 "not restarted", exc_info=exc)
+                    raise
                 log.exception("recorder crashed; restarting in %.1fs", backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
-        status = "completed" if et is None else (
-            "interrupted" if et in (asyncio.CancelledError, KeyboardInterrupt) else "failed")
+        status = RunStatus.COMPLETED if et is None else (
+            RunStatus.INTERRUPTED if et in (asyncio.CancelledError, KeyboardInterrupt) else RunStatus.FAILED)
         await self.stop_actors()
-        with contextlib.suppress(Exception):
-            await self.emit(RunFinished(run_id=self.run_id, status=status, message=repr(e) if e else ""))
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.sync(), 30)
+        crash = self.crashes[0] if self.crashes else None
+        if crash is not None and status is RunStatus.COMPLETED:
+            status = RunStatus.FAILED
+        problems = await self._finish(status, e or crash)
+        if problems and status is RunStatus.COMPLETED:
+            status = RunStatus.FAILED
         if self.recorder is not None:
             self.recorder.stop()
             if self._recorder_sup is not None:
@@ -142,17 +170,46 @@ class RunContext:
         if self.server is not None:
             await self.server.__aexit__(None, None, None)
         meta = db.read_run_file(self.run_dir)
-        db.write_run_file(self.run_dir, {**meta, "status": status, "pid": None, "finished": time.time()})
+        db.write_run_file(self.run_dir, {**meta, "status": str(status), "pid": None,
+                                         "finished": time.time(), "problems": problems})
+        if crash is not None and et is None:
+            raise crash
+
+    async def _finish(self, status: RunStatus, error: BaseException | None) -> list[str]:
+        """Drain the recorder, publish RunFinished and drain it; return what went wrong."""
+        problems: list[str] = []
+        if self.recorder is not None:
+            try:
+                await self.sync(30)
+            except Exception as exc:
+                log.exception("run %s: the recorder did not drain the stream", self.run_id)
+                problems.append(f"recorder did not drain: {exc!r}")
+                status = RunStatus.FAILED
+        message = repr(error) if error is not None else "; ".join(problems)
+        try:
+            seq = await self.publish(RunFinished(run_id=self.run_id, status=status, message=message))
+        except Exception as exc:
+            log.exception("run %s: RunFinished(%s) was not published", self.run_id, status)
+            return [*problems, f"RunFinished not published: {exc!r}"]
+        if self.recorder is not None and not problems:
+            try:
+                await self._committed(seq, 10)
+            except Exception as exc:
+                log.exception("run %s: the recorder did not record RunFinished", self.run_id)
+                problems.append(f"RunFinished not recorded: {exc!r}")
+        return problems
 
     # ---- what actors and drivers use -----------------------------------------------------
 
     async def emit(self, event: Event) -> None:
-        assert self.publisher is not None
-        await self.publisher.publish(event)
+        await self.publish(event)
 
     async def publish(self, event: Event) -> int:
+        """Publish, wait for the ack, return the stream sequence."""
         assert self.publisher is not None
-        return await self.publisher.publish(event)
+        seq = await self.publisher.publish(event)
+        self._published = max(self._published, seq)
+        return seq
 
     async def last_seq(self) -> int:
         assert self.js is not None
@@ -161,26 +218,58 @@ class RunContext:
 
     async def sync(self, timeout: float | None = None) -> None:
         """Wait until the recorder has committed every event in the stream so far."""
-        assert self.recorder is not None, "this run does not record"
-        await self.recorder.wait_for(await self.last_seq(), timeout)
+        await self._committed(await self.last_seq(), timeout)
 
-    async def query(self, sql: str) -> pa.Table:
-        await self.sync()
+    async def _committed(self, seq: int, timeout: float | None = None) -> None:
+        """Wait until the recorder has committed `seq`; raise if the recorder died meanwhile."""
+        assert self.recorder is not None, "this run does not record"
+        if self.recorder.position >= seq:
+            return
+        waiter = asyncio.ensure_future(self.recorder.wait_for(seq, timeout))
+        watch = {waiter} if self._recorder_sup is None else {waiter, self._recorder_sup}
+        done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            waiter.result()
+            return
+        waiter.cancel()
+        assert self._recorder_sup is not None
+        self._recorder_sup.result()  # the recorder's crash (strict mode), if that ended it
+        raise StacxError(f"the recorder stopped before committing stream sequence {seq}")
+
+    async def query(self, sql: str, params: Params = None, /, *, after: int | None = None,
+                    barrier: bool = False) -> pa.Table:
+        """SQL over the log with bound ``params``, once the recorder has committed ``after``
+        (default: the newest event published through this context); ``barrier``: everything
+        anyone has published so far."""
+        seq = await self.last_seq() if barrier else self._published if after is None else after
+        await self._committed(seq)
         assert self.recorder is not None
-        return await self.recorder.query(sql)
+        return await self.recorder.query(sql, params)
 
     def actor_context(self) -> ActorContext:
+        """A fresh context for one actor: its queries wait for what it published or was
+        delivered, and for everything this context published before it was spawned."""
         assert self.js is not None
-        return ActorContext(run_id=self.run_id, run_dir=str(self.run_dir), publish=self.publish,
-                            query=self.query, js=self.js)
+        return causal_context(run_id=self.run_id, run_dir=str(self.run_dir), js=self.js,
+                              publish=self.publish, query=self.query, head=self.last_seq,
+                              start=self._published)
 
     def spawn(self, actor: Actor) -> Supervisor:
         """Start an actor here, as a supervised asyncio task (local placement)."""
-        actor.bind(self.actor_context())
+        instance = 0 if actor.shared else self._instances.get(actor.name, 0)
+        if not actor.shared:
+            self._instances[actor.name] = instance + 1
+        actor.bind(self.actor_context(), instance=instance)
         sup = Supervisor(actor)
         self._supervisors.append(sup)
-        self._tasks.append(asyncio.create_task(sup.run(), name=f"actor:{actor.name}"))
+        task = asyncio.create_task(sup.run(), name=f"actor:{actor.name}")
+        task.add_done_callback(self._note_crash)
+        self._tasks.append(task)
         return sup
+
+    def _note_crash(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.crashes.append(task.exception())  # type: ignore[arg-type]
 
     async def stop_actors(self, timeout: float = 30.0) -> None:
         for s in self._supervisors:

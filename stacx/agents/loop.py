@@ -13,6 +13,9 @@ engine errors, i.e. infrastructure; the caller records them as InfraFailed.
 
 Event ids of turn and tool events are derived from (episode_id, turn), so a re-publish of the
 same step is de-duplicated by JetStream and the recorder.
+
+`SweAgent` is this loop behind the `Agent` port (stacx.ports) that the episode runner drives;
+`swe_agents` makes one per episode for the rollout manager (stacx.launch wires it in).
 """
 
 from __future__ import annotations
@@ -22,12 +25,11 @@ import msgspec
 from stacx.agents import prompts
 from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import FormatName, get_format
-from stacx.agents.policies import Executor
+from stacx.agents.policies import Executor, MakeExecutor
 from stacx.agents.toolcalls import MalformedCall, ToolCall
-from stacx.agents.tools import Observation, ToolLimits, execute, render_observation
+from stacx.agents.tools import Observation, ToolLimits, ToolRun, execute, render_observation
 from stacx.events import Emit, StopReason, ToolCalled, ToolReturned, TurnGenerated, derive_id
-from stacx.inference.engine import SamplingParams
-from stacx.sandbox.protocol import Sandbox
+from stacx.ports import Agent, AgentResult, MakeAgent, SamplingParams, Sandbox, Task
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,13 +42,6 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None  # base sampling seed; see `turn_seed`
     format: FormatName = "tool_call"  # how actions are written; see stacx.agents.formats
     tools: ToolLimits = msgspec.field(default_factory=ToolLimits)
-
-
-class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
-    stop_reason: StopReason
-    n_turns: int
-    n_tool_calls: int
-    transcript_ids: list[int]  # the last prompt (or prompt + output when the episode ended)
 
 
 def turn_seed(seed: int, episode_id: str, turn: int) -> int:
@@ -115,12 +110,24 @@ async def run_agent(
             )
         )
         transcript = prompt + action.output_ids
-        parsed = fmt.parse(chat.decode(action.output_ids))
+        # A scripted action may bring its own call and execution (the oracle's solve.sh):
+        # its text stays the demonstration, its call is what runs (stacx.agents.policies).
+        scripted = action.scripted
+        parsed = scripted.call if scripted else fmt.parse(chat.decode(action.output_ids))
         if parsed is None:
             observation = fmt.no_call
         else:
             n_calls += 1
-            obs, tool = await _call(parsed, sandbox, config.tools, run_id, episode_id, turn, emit)
+            obs, tool = await _call(
+                parsed,
+                sandbox,
+                config.tools,
+                run_id,
+                episode_id,
+                turn,
+                emit,
+                run=scripted.run if scripted else None,
+            )
             if obs.submitted:
                 return AgentResult(
                     stop_reason=StopReason.SUBMITTED,
@@ -151,6 +158,7 @@ async def _call(
     episode_id: str,
     turn: int,
     emit: Emit,
+    run: ToolRun | None = None,
 ) -> tuple[Observation, str]:
     """Execute one call (or report a malformed one), emitting the ToolCalled/ToolReturned pair."""
     call_id = derive_id(episode_id, "call", turn)
@@ -172,7 +180,7 @@ async def _call(
     if isinstance(parsed, MalformedCall):
         obs = Observation(output="", error=parsed.error)
     else:
-        obs = await execute(parsed, sandbox, limits)
+        obs = await execute(parsed, sandbox, limits, run)
     await emit(
         ToolReturned(
             run_id=run_id,
@@ -190,3 +198,35 @@ async def _call(
         )
     )
     return obs, tool
+
+
+class SweAgent:
+    """The `Agent` port over `run_agent`: one episode's chat format, executor and settings."""
+
+    def __init__(self, *, chat: ChatFormat, executor: Executor, config: AgentConfig) -> None:
+        self.chat = chat
+        self.executor = executor
+        self.config = config
+
+    async def run(
+        self, *, run_id: str, episode_id: str, instruction: str, sandbox: Sandbox, emit: Emit
+    ) -> AgentResult:
+        return await run_agent(
+            run_id=run_id,
+            episode_id=episode_id,
+            instruction=instruction,
+            sandbox=sandbox,
+            chat=self.chat,
+            executor=self.executor,
+            config=self.config,
+            emit=emit,
+        )
+
+
+def swe_agents(chat: ChatFormat, config: AgentConfig, make_executor: MakeExecutor) -> MakeAgent:
+    """The rollout manager's agent factory: a `SweAgent` per episode, on a fresh executor."""
+
+    def make(task: Task, sample_index: int) -> Agent:
+        return SweAgent(chat=chat, executor=make_executor(task, sample_index), config=config)
+
+    return make

@@ -9,6 +9,16 @@ Scripted policies go through the same scaffold as a model: their text is a tool 
 agent's format, tokenized by the same ChatFormat and ended with the end-of-turn token a model
 would sample, recorded with ``logprobs=None`` and ``weight_version=None``, so oracle episodes
 are demonstrations that SFT and DAgger can train on as they are.
+
+The oracle, decided: ONE execution, Harbor's. Its first turn's *text* is the solution's body
+(`script_body(solve.sh)`) as a bash call in the agent's format: that is the demonstration, what
+a student should learn to write (a student never has /solution). Its *execution* is the task's
+solution as Harbor's oracle runs it: solution/ uploaded to /solution, ``bash
+/solution/solve.sh`` with [solution].env, the task's agent user and its agent timeout (not the
+bash tool's 60 s cap). The action carries that as a `ScriptedCall` (built in stacx.launch,
+which may touch the task); the loop records ToolCalled with the command that really ran and
+ToolReturned with its output, which is the observation the next (submit) turn sees. So `stacx
+tasks check`, `stacx eval --agent oracle` and the SFT demonstrations are the same episode.
 """
 
 from __future__ import annotations
@@ -21,9 +31,18 @@ import msgspec
 
 from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import ActionFormat
-from stacx.agents.tools import SUBMIT
+from stacx.agents.toolcalls import ToolCall
+from stacx.agents.tools import SUBMIT, ToolRun
 from stacx.events import TurnActor
-from stacx.inference.engine import Engine, SamplingParams
+from stacx.ports import Engine, SamplingParams, Task
+
+
+class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A scripted turn's own call: recorded as its ToolCalled, executed by `run` in place of
+    the call its text parses to (see the module docstring: the oracle's solve.sh)."""
+
+    call: ToolCall
+    run: ToolRun
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,10 +53,11 @@ class Action(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = ""
     gen_ms: float = 0.0
     queue_ms: float = 0.0
+    scripted: ScriptedCall | None = None  # scripted policies only
 
 
 class Policy(Protocol):
-    actor: str
+    actor: TurnActor
 
     async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
         """The next action, or None when a scripted policy has nothing more to do."""
@@ -47,11 +67,14 @@ class Policy(Protocol):
 Executor = Callable[[int], Policy]
 """Chooses the policy that acts on turn `turn` (0-based)."""
 
+MakeExecutor = Callable[[Task, int], Executor]
+"""(task, sample_index) -> the executor of one episode (fresh per episode: scripts are stateful)."""
+
 
 class EnginePolicy:
     """A model served by an Engine; engine errors propagate (they are infrastructure)."""
 
-    def __init__(self, engine: Engine, actor: str = TurnActor.STUDENT) -> None:
+    def __init__(self, engine: Engine, actor: TurnActor = TurnActor.STUDENT) -> None:
         self.engine = engine
         self.actor = actor
 
@@ -75,9 +98,15 @@ class ScriptedPolicy:
     ends in one of `stop_ids` (the format's stop, e.g. the closing fence), right there."""
 
     def __init__(
-        self, chat: ChatFormat, texts: list[str], actor: str, stop_ids: Sequence[int] = ()
+        self,
+        chat: ChatFormat,
+        texts: list[str],
+        actor: TurnActor,
+        stop_ids: Sequence[int] = (),
+        calls: Sequence[ScriptedCall | None] = (),
     ) -> None:
         self._outputs = [_scripted(chat, t, stop_ids) for t in texts]
+        self._calls = list(calls) + [None] * (len(texts) - len(calls))
         self.actor = actor
 
     async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
@@ -92,6 +121,7 @@ class ScriptedPolicy:
             weight_version=None,
             engine="script",
             gen_ms=(time.perf_counter() - t0) * 1000,
+            scripted=self._calls.pop(0),
         )
 
 
@@ -111,16 +141,22 @@ def script_body(script: str) -> str:
 
 
 def oracle_policy(
-    chat: ChatFormat, solve_sh: str, fmt: ActionFormat | None = None
+    chat: ChatFormat,
+    solve_sh: str,
+    fmt: ActionFormat | None = None,
+    solution: ScriptedCall | None = None,
 ) -> ScriptedPolicy:
     """The task's reference solution (its body, see `script_body`) as one bash call, then
-    submit, written in `fmt`."""
+    submit, written in `fmt`. With `solution` (what stacx.launch gives every episode) that
+    call executes the solution itself (see the module docstring); without it, the body runs
+    through the bash tool like any model's call."""
     fmt = fmt or ActionFormat()
     return ScriptedPolicy(
         chat,
         [fmt.render("bash", {"command": script_body(solve_sh)}), fmt.render(SUBMIT, {})],
         actor=TurnActor.ORACLE,
         stop_ids=fmt.stop_token_ids(chat),
+        calls=[solution],
     )
 
 

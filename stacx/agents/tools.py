@@ -18,11 +18,12 @@ from __future__ import annotations
 import posixpath
 import shlex
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from stacx.agents.toolcalls import ToolCall
-from stacx.sandbox.protocol import Sandbox
+from stacx.ports import ExecResult, Sandbox
 
 SUBMIT = "submit"
 
@@ -98,11 +99,21 @@ def validate(call: ToolCall) -> str:
     return ""
 
 
-async def execute(call: ToolCall, sandbox: Sandbox, limits: ToolLimits) -> Observation:
-    """Run one validated-or-not call; see the module docstring for what raises."""
+ToolRun = Callable[[Sandbox], Awaitable[Observation]]
+"""A scripted action's own execution, run in place of its call's tool (the oracle's solve.sh)."""
+
+
+async def execute(
+    call: ToolCall, sandbox: Sandbox, limits: ToolLimits, run: ToolRun | None = None
+) -> Observation:
+    """Run one validated-or-not call (or `run`, for a scripted action that brings its own
+    execution); see the module docstring for what raises. Either way the observation is cut
+    to `limits.max_bytes`."""
     t0 = time.perf_counter()
-    error = validate(call)
-    if error:
+    error = "" if run is not None else validate(call)
+    if run is not None:
+        obs = await run(sandbox)
+    elif error:
         obs = Observation(output="", error=error)
     elif call.name == SUBMIT:
         obs = Observation(output="Submitted.", submitted=True)
@@ -137,9 +148,19 @@ async def _bash(args: dict[str, object], sandbox: Sandbox, limits: ToolLimits) -
         min(float(asked), limits.max_timeout_s) if isinstance(asked, int) else limits.bash_timeout_s
     )
     res = await sandbox.exec(["bash", "-c", command], timeout=timeout)
+    return bash_observation(res, timeout)
+
+
+def bash_observation(res: ExecResult, timeout: float) -> Observation:
+    """What a shell command's result looks like to the model: stdout, stderr, how it ended
+    (exit code or timeout) and whether a sandbox limit killed part of it."""
     parts = [res.stdout]
     if res.stderr:
         parts.append(f"[stderr]\n{res.stderr}")
+    if res.oom_killed:
+        parts.append("[a process was killed: out of memory]")
+    if res.pids_limited:
+        parts.append("[a fork was refused: process limit]")
     if res.timed_out:
         parts.append(f"[timed out after {timeout:g} s]")
     else:

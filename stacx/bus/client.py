@@ -3,6 +3,8 @@
 One JetStream stream per run (``STACX_<run_id>``, subjects ``stacx.<run_id>.>``, file storage).
 Its duplicate window is long (a day by default) so that an actor that redoes work after a
 crash and re-publishes an event with the same ``event_id`` is de-duplicated by the server.
+Past the window the server accepts it again; the recorder then skips it (one row per
+``event_id``, ever: ``stacx.store.recorder``).
 
 The publisher pipelines: many publishes are in flight at once (bounded by ``max_pending``,
 which is the backpressure: a caller waits when the window is full), each one's ack is checked,

@@ -1,48 +1,34 @@
 """`stacx eval`: tasks x model x agent x n samples -> a run directory and a report.
 
-Every number printed comes from SQL over the run's log (the SQL is printed under each table),
-so the same report can be recomputed later with `stacx sql`. Exit status: 0 when every sample
-was scored (whatever the scores), 1 when some sample ended with infrastructure failures only,
-2 on bad input (a named cause).
+A preset over the launcher (stacx.launch.presets): the flags become an eval recipe
+(``algorithm.name = "eval"``), which the one launcher runs through the one episode runner, like
+``stacx run recipes/eval/*.toml``; the resolved recipe is recorded as the run's first event.
+Every number printed comes from SQL over the run's log once the launcher has returned (the SQL
+is printed under each table), so the same report can be recomputed later with `stacx sql`.
+Rerunning the same command on the same run directory resumes it. Exit status: 0 when every
+sample was scored (whatever the scores), 1 when some sample ended with infrastructure failures
+only (or the run was stopped early), 2 on bad input (a named cause).
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
+import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors, render
-from stacx.errors import ConfigError
+from stacx.cli._common import friendly_errors, render, run_interruptible
 
 AGENTS = ("swe", "oracle", "null")
 
 
-def bundled_tasks_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "recipes" / "tasks"
-
-
 def resolve_tasks(spec: str) -> Path:
     """A task dir, a directory of tasks, a tasks.jsonl, or a bundled set name ("basic")."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    bundled = bundled_tasks_dir() / spec
-    if "/" not in spec and bundled.is_dir():
-        return bundled
-    sets = (
-        sorted(p.name for p in bundled_tasks_dir().iterdir() if p.is_dir())
-        if bundled_tasks_dir().is_dir()
-        else []
-    )
-    raise ConfigError(
-        f"--tasks {spec!r}: no such file or directory, and not a bundled set "
-        f"(bundled: {', '.join(sets) or 'none'})"
-    )
+    from stacx.launch.launcher import resolve_tasks as resolve
+
+    return resolve(spec, where="--tasks")
 
 
 @click.command()
@@ -138,29 +124,29 @@ def cli(
     seed: int,
 ) -> None:
     """Evaluate an agent on a task set; print pass@1, pass@k, reward, effort and failures."""
-    from stacx.rollout.evaluate import EvalConfig, evaluate
+    from stacx.launch.presets import eval_recipe, run_eval
 
-    source = resolve_tasks(tasks_spec)
-    run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    config = EvalConfig(
-        tasks=str(source),
+    recipe = eval_recipe(
+        tasks=str(resolve_tasks(tasks_spec)),
         model=model,
         agent=agent,
         n_samples=n_samples,
-        include=list(include),
-        difficulty=list(difficulty),
+        include=include,
+        difficulty=difficulty,
         limit=limit,
         concurrency=concurrency,
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        format=action_format,  # type: ignore[arg-type]  # click.Choice checked it
+        format=action_format,
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,
     )
+    run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
-    result = asyncio.run(evaluate(config, run_dir, progress=_progress))
+    result = run_interruptible(run_eval(recipe, run_dir))
     wall = time.perf_counter() - t0
     for title, (sql, columns, rows) in result.tables:
         click.echo(render(columns, rows, "table", title=title))
@@ -170,13 +156,9 @@ def cli(
         click.echo(f"skipped (no solution/solve.sh): {', '.join(result.skipped_tasks)}")
     click.echo(f"run dir: {run_dir}  ({wall:.1f} s wall)")
     click.echo(f'replay this report: stacx sql {run_dir} "<any SQL above>"')
+    if result.verdict != "completed":
+        click.echo(f"run ended early: {result.verdict}", err=True)
+        raise SystemExit(1)
     if result.unscored:
         click.echo(f"{result.unscored} sample(s) ended with infrastructure failures only", err=True)
         raise SystemExit(1)
-
-
-def _progress(done: int, total: int) -> None:
-    if sys.stderr.isatty():
-        click.echo(f"\r{done}/{total} samples done", nl=done == total, err=True)
-    else:
-        click.echo(f"{done}/{total} samples done", err=True)

@@ -38,7 +38,7 @@ def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:
     try:
         from transformers import AutoTokenizer
 
-        from stacx.inference.models import resolve_model
+        from stacx.hf import resolve_model
 
         tok = AutoTokenizer.from_pretrained(resolve_model(spec or "default"))
     except Exception as exc:  # messages are a convenience; token ids are the contract

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from stacx import hf as models
 from stacx.cli._common import friendly_errors
-from stacx.inference import models
 
 
 @click.group()

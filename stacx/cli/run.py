@@ -132,8 +132,14 @@ def _dry_run(recipe: object, run_dir: Path) -> None:
         click.echo(
             f"schedule: {recipe.algorithm.name} ({plan.mode}"
             + (f", max staleness {plan.max_staleness}" if plan.mode == "async" else "")
-            + f"), {plan.steps} iterations of {plan.per_iteration} tasks x {plan.group_size} "
-            f"samples from {len(plan.tasks)} tasks; done at weight version {plan.steps}"
+            + f"), {plan.iterations} iterations of {plan.per_iteration} tasks x {plan.group_size} "
+            f"samples from {len(plan.tasks)} tasks"
+            + (
+                f", {plan.steps_per_iteration} train steps after each"
+                if plan.steps_per_iteration > 1
+                else ""
+            )
+            + f"; done at weight version {plan.steps}"
         )
     previous = check_resume(run_dir, to_dict(recipe))
     state = f"resumes run {previous.run_id}" if previous else "new run"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +12,8 @@ import click
 from stacx.cli._common import friendly_errors, render
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily, so `stacx --help` stays fast
+    from stacx.ports import Task
     from stacx.sandbox.aliases import AliasMap
-    from stacx.sandbox.check import AgentName, CheckRow
-    from stacx.sandbox.tasks import Task
 
 
 @click.group()
@@ -105,7 +103,7 @@ async def _build_all(
     "--run-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where to record the run (default: runs/check-<agent>-<time>).",
+    help="Where to record the run (default: a new temp dir, kept; its path is printed).",
 )
 @click.option("--aliases", "aliases_file", default=None, help="Image alias file (TOML/JSON).")
 @friendly_errors
@@ -114,15 +112,23 @@ def check(
 ) -> None:
     """Run every task with the oracle (must score 1.0) or null agent (must score < 1.0).
 
-    Exit status 0 iff every task meets the bar; 1 otherwise.
+    The check is an eval recipe (agent oracle or null, one sample and one attempt per task)
+    run by the launcher through the episode runner that training and `stacx eval` use; the
+    table is computed from the run's log. Exit status 0 iff every task meets the bar; 1
+    otherwise; 2 on bad input.
     """
-    from stacx.sandbox.aliases import AliasMap
-    from stacx.sandbox.tasks import load_tasks
+    from stacx.launch.presets import check_tasks
 
-    tasks = load_tasks(source)
-    aliases = AliasMap.from_env(aliases_file)
-    run_dir = run_dir or Path("runs") / f"check-{agent}-{time.strftime('%Y%m%d-%H%M%S')}"
-    rows = asyncio.run(_check(tasks, agent, concurrency, run_dir, aliases))  # type: ignore[arg-type]
+    run_dir, rows = asyncio.run(
+        check_tasks(
+            source,
+            agent,  # type: ignore[arg-type]  # click.Choice checked it
+            run_dir=run_dir,
+            concurrency=concurrency,
+            aliases=aliases_file or "",
+            progress="auto",
+        )
+    )
     table = [
         (
             r.task_id,
@@ -137,31 +143,4 @@ def check(
     click.echo(render(["task", "status", "reward", "failure", "reason", "seconds"], table, "table"))
     n_ok = sum(r.ok for r in rows)
     click.echo(f"{agent}: {n_ok}/{len(rows)} ok; run recorded in {run_dir}")
-    sys.exit(0 if n_ok == len(rows) else 1)
-
-
-async def _check(
-    tasks: list[Task], agent: AgentName, concurrency: int, run_dir: Path, aliases: AliasMap
-) -> list[CheckRow]:
-    from stacx.actors.run import RunContext
-    from stacx.sandbox.check import check_tasks
-
-    config: dict[str, object] = {
-        "command": "tasks check",
-        "agent": agent,
-        "n_tasks": len(tasks),
-        "concurrency": concurrency,
-    }
-    async with RunContext(run_dir, recipe="tasks-check", config=config) as run:
-        return await check_tasks(
-            tasks,
-            agent,
-            emit=run.emit,
-            run_id=run.run_id,
-            concurrency=concurrency,
-            aliases=aliases,
-            on_row=lambda r: click.echo(
-                f"{r.task_id}: {'ok' if r.ok else 'FAIL'} reward={r.reward} {r.failure or ''}",
-                err=True,
-            ),
-        )
+    sys.exit(0 if rows and n_ok == len(rows) else 1)

@@ -37,7 +37,7 @@ import msgspec
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig
+from stacx.agents.loop import AgentConfig, SweAgent
 from stacx.agents.policies import Action, Policy
 from stacx.events import (
     BranchCreated,
@@ -48,12 +48,14 @@ from stacx.events import (
     InfraFailed,
     RewardAssigned,
     ToolReturned,
+    TurnActor,
     derive_id,
 )
+from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
 from stacx.imitation.config import ImitationConfig
-from stacx.inference.engine import SamplingParams
-from stacx.rollout.episode import Environments, EpisodeSpec, InfraFailure, run_episode
-from stacx.sandbox.tasks import Task, load_task
+from stacx.ports import Environments, InfraFailure, SamplingParams, Task
+from stacx.rollout.episode import EpisodeSpec, run_episode
+from stacx.sandbox.tasks import load_task
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ class RecordedTurn(msgspec.Struct, frozen=True, kw_only=True):
     turn: int
     prompt_ids: list[int]
     output_ids: list[int]
-    actor: str
+    actor: TurnActor
     logprobs: list[float] | None = None
     weight_version: int | None = None
     tool_output: str | None = None  # None: the turn had no tool call
@@ -178,7 +180,7 @@ class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
             attempt=0,
             iteration=self.iteration,
             agent="swe",
-            policy="branch",
+            policy=EpisodePolicy.BRANCH,
         )
 
 
@@ -226,9 +228,8 @@ async def run_branch(
         setup.agent, seed=branch_seed(setup.parent_episode_id, t, action_index)
     )
     try:
-        _result, verdict = await run_episode(
-            spec, envs=envs, chat=chat, executor=executor, config=config, emit=checked_emit
-        )
+        agent = SweAgent(chat=chat, executor=executor, config=config)
+        _result, verdict = await run_episode(spec, envs=envs, agent=agent, emit=checked_emit)
     except InfraFailure as failure:
         log.warning("branch %s dropped: %s", branch_id, failure)
         await emit(
@@ -263,19 +264,19 @@ async def run_branch(
 RECORDED_SQL = """SELECT t.turn, t.prompt_ids, t.output_ids, t.actor, t.logprobs, t.weight_version,
        r.output AS tool_output, r.exit_code, coalesce(r.timed_out, false) AS timed_out,
        coalesce(r.error, '') AS error
-FROM (SELECT * FROM turn_generated WHERE episode_id = '{e}'
+FROM (SELECT * FROM turn_generated WHERE episode_id = $episode_id
       QUALIFY row_number() OVER (PARTITION BY turn ORDER BY _seq) = 1) t
-LEFT JOIN (SELECT * FROM tool_returned WHERE episode_id = '{e}'
+LEFT JOIN (SELECT * FROM tool_returned WHERE episode_id = $episode_id
       QUALIFY row_number() OVER (PARTITION BY turn ORDER BY _seq) = 1) r USING (turn)
 ORDER BY t.turn"""
 
 PARENT_SQL = """SELECT s.task_id, s.iteration, s.policy, k.task_path
 FROM episode_started s
 LEFT JOIN (SELECT DISTINCT group_id, task_path FROM task_scheduled) k USING (group_id)
-WHERE s.episode_id = '{e}' LIMIT 1"""
+WHERE s.episode_id = $episode_id LIMIT 1"""
 
 DONE_SQL = """SELECT count(*) FROM branch_created b
-WHERE b.parent_episode_id = '{e}' AND (
+WHERE b.parent_episode_id = $episode_id AND (
     EXISTS (SELECT 1 FROM cost_to_go_estimated c WHERE c.branch_id = b.branch_id)
     OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = b.episode_id))"""
 
@@ -315,18 +316,19 @@ class BranchActor(Actor):
     async def handle(self, event: Event) -> None:
         if not isinstance(event, RewardAssigned):
             return
-        e = event.episode_id.replace("'", "''")
-        parent = (await self.query(PARENT_SQL.format(e=e))).to_pylist()
-        if not parent or parent[0]["policy"] not in ("student", "mixture"):
+        e = event.episode_id
+        at = {"episode_id": e}
+        parent = (await self.query(PARENT_SQL, at)).to_pylist()
+        if not parent or parent[0]["policy"] not in (EpisodePolicy.STUDENT, EpisodePolicy.MIXTURE):
             return  # branches, evals of other policies: not roll-ins
         if not parent[0]["task_path"]:
             log.warning("episode %s: no TaskScheduled for its group; not branched", e)
             return
-        done = int((await self.query(DONE_SQL.format(e=e))).column(0)[0].as_py())
+        done = int((await self.query(DONE_SQL, at)).column(0)[0].as_py())
         if done >= self.config.branches:
             return  # a redelivery: every branch already has its outcome
         recorded = [
-            RecordedTurn(**row) for row in (await self.query(RECORDED_SQL.format(e=e))).to_pylist()
+            msgspec.convert(row, RecordedTurn) for row in (await self.query(RECORDED_SQL, at)).to_pylist()
         ]
         if not recorded:
             return
@@ -358,13 +360,3 @@ class BranchActor(Actor):
 
     async def _emit(self, event: Event) -> None:
         await self.publish(event)
-
-
-def branches_pending_sql(iteration: int, branches: int) -> str:
-    """SQL counting scored roll-in parents of `iteration` whose k branches are not all done."""
-    return f"""SELECT count(*) FROM episodes p
-WHERE p.policy IN ('student', 'mixture') AND p.status = 'scored' AND p.n_turns > 0
-  AND p.iteration = {int(iteration)}
-  AND (SELECT count(*) FROM branch_created b WHERE b.parent_episode_id = p.episode_id AND (
-        EXISTS (SELECT 1 FROM cost_to_go_estimated c WHERE c.branch_id = b.branch_id)
-        OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = b.episode_id))) < {int(branches)}"""

@@ -23,8 +23,8 @@ ImitationAlgorithm = Literal["dagger", "aggrevate", "opd"]
 class TeacherConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The frozen teacher: which checkpoint, which backend, how it labels.
 
-    ``path`` is an HF checkpoint directory (e.g. the output of ``python -m
-    stacx.imitation.make_teacher``), a hub id in the local cache, or ``default``; for the
+    ``path`` is an HF checkpoint directory (e.g. ``stacx models export`` of a run of
+    ``recipes/imitation/teacher.toml``), a hub id in the local cache, or ``default``; for the
     ``sglang``/``openai`` backends ``url`` names the running server instead.
     """
 
@@ -74,10 +74,6 @@ class ImitationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def beta(self, iteration: int) -> float:
         """The teacher probability of iteration `iteration` (see the module docstring)."""
         return beta_at(iteration, self.beta0, self.beta_decay, self.beta_min)
-
-    @property
-    def uses_roll_in(self) -> bool:
-        return self.name in ("dagger", "aggrevate")
 
 
 def beta_at(iteration: int, beta0: float, beta_decay: float, beta_min: float = 0.0) -> float:

@@ -26,11 +26,14 @@ from typing import ClassVar
 
 import msgspec
 
+from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig, swe_agents
 from stacx.agents.policies import Executor, Policy
 from stacx.events import EpisodeStarted, Event, TaskScheduled, derive_id
+from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
 from stacx.imitation.config import ImitationConfig
-from stacx.rollout.manager import RolloutManager
-from stacx.sandbox.tasks import Task
+from stacx.ports import Environments, Task
+from stacx.rollout.manager import RolloutConfig, RolloutManager
 
 _ITERATION: ContextVar[int | None] = ContextVar("stacx_roll_in_iteration", default=None)
 
@@ -93,8 +96,16 @@ class MixtureRolloutManager(RolloutManager):
 
     name: ClassVar[str] = "rollout"
 
-    def __init__(self, *, roll_in: MixtureRollIn, **kwargs: object) -> None:
-        super().__init__(make_executor=roll_in, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        *,
+        roll_in: MixtureRollIn,
+        config: RolloutConfig,
+        envs: Environments,
+        chat: ChatFormat,
+        agent: AgentConfig,
+    ) -> None:
+        super().__init__(config=config, envs=envs, make_agent=swe_agents(chat, agent, roll_in))
         self.roll_in = roll_in
 
     async def handle(self, event: Event) -> None:
@@ -105,6 +116,6 @@ class MixtureRolloutManager(RolloutManager):
     async def emit_episode_event(self, event: Event) -> None:
         if isinstance(event, EpisodeStarted):
             event = msgspec.structs.replace(
-                event, policy="mixture", beta=self.roll_in.config.beta(event.iteration)
+                event, policy=EpisodePolicy.MIXTURE, beta=self.roll_in.config.beta(event.iteration)
             )
         await self.publish(event)

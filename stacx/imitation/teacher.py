@@ -35,6 +35,7 @@ from stacx.events import (
     Event,
     FailureKind,
     InfraFailed,
+    Policy,
     TeacherLabeled,
     TeacherScored,
     TurnActor,
@@ -42,11 +43,11 @@ from stacx.events import (
     derive_id,
 )
 from stacx.imitation.config import TeacherConfig
-from stacx.inference.engine import Engine, SamplingParams
+from stacx.ports import Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 
-ROLL_IN_POLICIES = ("student", "mixture")
+ROLL_IN_POLICIES = (Policy.STUDENT, Policy.MIXTURE)
 
 
 def label_seed(episode_id: str, turn: int) -> int:
@@ -115,9 +116,8 @@ class TeacherActor(Actor):
         if known is not None:
             return known
         # A restarted actor resumes after the EpisodeStarted it already acknowledged: ask the log.
-        safe = episode_id.replace("'", "''")
         table = await self.query(
-            f"SELECT policy, iteration FROM episode_started WHERE episode_id = '{safe}' LIMIT 1"
+            "SELECT policy, iteration FROM episode_started WHERE episode_id = ? LIMIT 1", [episode_id]
         )
         if table.num_rows == 0:
             return ("", 0)
@@ -189,29 +189,11 @@ class TeacherActor(Actor):
                 event_id=derive_id(turn.episode_id, turn.turn, "InfraFailed", "teacher", what),
                 failure_kind=FailureKind.ENGINE,
                 message=f"teacher {what} of turn {turn.turn}: {message}"[:4000],
-                # No episode_id: the episode itself is fine; a missing label must not mark
-                # the student's episode as failed in the `episodes` view.
+                # The visited state (episode_id, turn), so readiness knows this state's label
+                # will never come; `turn` set: the episode itself is fine and is not marked
+                # failed in the `episodes` view.
+                episode_id=turn.episode_id,
+                turn=turn.turn,
                 will_retry=False,
             )
         )
-
-
-def labels_pending_sql(iteration: int, label_actors: list[str]) -> str:
-    """SQL counting visited states of `iteration` that still wait for a teacher label."""
-    actors = ", ".join("'" + a.replace("'", "''") + "'" for a in label_actors)
-    policies = ", ".join(f"'{p}'" for p in ROLL_IN_POLICIES)
-    return f"""SELECT count(*) FROM turn_generated t
-JOIN (SELECT DISTINCT episode_id, policy, iteration FROM episode_started) s USING (episode_id)
-WHERE s.policy IN ({policies}) AND s.iteration = {int(iteration)} AND t.actor IN ({actors})
-  AND NOT EXISTS (SELECT 1 FROM teacher_labeled l
-                  WHERE l.episode_id = t.episode_id AND l.turn = t.turn)"""
-
-
-def scores_pending_sql() -> str:
-    """SQL counting student turns of roll-in episodes that still wait for a teacher score."""
-    policies = ", ".join(f"'{p}'" for p in ROLL_IN_POLICIES)
-    return f"""SELECT count(*) FROM turn_generated t
-JOIN (SELECT DISTINCT episode_id, policy FROM episode_started) s USING (episode_id)
-WHERE s.policy IN ({policies}) AND t.actor = 'student' AND len(t.output_ids) > 0
-  AND NOT EXISTS (SELECT 1 FROM teacher_scored x
-                  WHERE x.episode_id = t.episode_id AND x.turn = t.turn)"""

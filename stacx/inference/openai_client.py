@@ -24,8 +24,8 @@ import asyncio
 from typing import Protocol
 
 from stacx.errors import EngineError
-from stacx.inference.engine import Generation, SamplingParams
 from stacx.inference.http import HttpClient
+from stacx.ports import Generation, SamplingParams
 
 
 class Tokenizer(Protocol):

@@ -32,8 +32,8 @@ from typing import Any
 from aiohttp import web
 
 from stacx.errors import EngineError
-from stacx.inference.engine import Generation, SamplingParams
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import Generation, SamplingParams
 
 Json = dict[str, Any]
 # sampling_params keys accepted without effect when they hold their neutral value

@@ -18,8 +18,8 @@ Guarantees and limits:
 from __future__ import annotations
 
 from stacx.errors import EngineError
-from stacx.inference.engine import Generation, SamplingParams
 from stacx.inference.http import HttpClient
+from stacx.ports import Generation, SamplingParams
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 

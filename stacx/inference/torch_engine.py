@@ -41,10 +41,10 @@ import torch
 from torch import nn
 
 from stacx.errors import EngineError
+from stacx.hf import load_hf_model, read_safetensors
 from stacx.inference.decoder import Decoder, KVCache
-from stacx.inference.engine import Generation, SamplingParams
-from stacx.inference.models import load_hf_model, read_safetensors
 from stacx.inference.sampling import RowParams, sample
+from stacx.ports import Generation, SamplingParams
 
 T = TypeVar("T")
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
@@ -90,7 +90,7 @@ def _post(
 
 
 class TorchEngine:
-    """An :class:`~stacx.inference.engine.Engine` running a transformers model in this process."""
+    """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
 
     name = "torch"
 
@@ -209,17 +209,17 @@ class TorchEngine:
             raise EngineError(f"score: {len(ids)} tokens exceed the context limit {self.max_len}")
         return await self._call(lambda: self._score(prompt_ids, output_ids))
 
-    async def load_weights(
-        self, path: str | os.PathLike[str] | Mapping[str, torch.Tensor], version: int
-    ) -> None:
-        """Load a safetensors file, a directory of them, or an in-memory state dict.
+    async def load_weights(self, path: str | os.PathLike[str], version: int) -> None:
+        """Load a safetensors file or a directory of them (see `load_state` for the keys)."""
+        state = await asyncio.to_thread(read_safetensors, path)
+        await self.load_state(state, version)
+
+    async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load an in-memory state dict (the `LoadsState` capability of stacx.ports).
 
         Keys must be names of this model's parameters (a subset is fine: the others keep their
         values); an unknown key or a shape mismatch is an :class:`EngineError` and changes nothing.
         """
-        state = (
-            path if isinstance(path, Mapping) else await asyncio.to_thread(read_safetensors, path)
-        )
         await self._call(lambda: self._apply_weights(state, version))
 
     async def flush_cache(self) -> None:

@@ -1,5 +1,5 @@
 """Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer.
-(``stacx.train.sync.WeightSync`` keeps each one on the newest published weights.)
+(``stacx.launch.weights.WeightSync`` keeps each one on the newest published weights.)
 
 Lifecycle: every engine (and any SGLang server started for it) is registered on the caller's
 AsyncExitStack, so a role's exit (done, error, Ctrl-C) closes it: no orphan servers.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stacx.agents.chat import ChatTokenizer
 from stacx.errors import EngineError
-from stacx.inference.engine import Engine
+from stacx.ports import Engine
 
 LATEST_SQL = "SELECT version, path FROM weights ORDER BY version DESC LIMIT 1"
 
@@ -50,12 +50,7 @@ async def open_engine(
         stack.push_async_callback(engine.close)
         assert engine.tokenizer is not None
         return engine, engine.tokenizer  # type: ignore[return-value]
-    from transformers import AutoTokenizer
-
-    from stacx.inference.models import resolve_model
-
-    path = await asyncio.to_thread(resolve_model, model)
-    tokenizer: ChatTokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)  # type: ignore[arg-type]
+    path, tokenizer = await open_tokenizer(model)
     if backend == "sglang":
         from stacx.inference.sglang_client import SGLangEngine
         from stacx.inference.sglang_server import start_sglang_server
@@ -64,7 +59,14 @@ async def open_engine(
             server = await asyncio.to_thread(
                 start_sglang_server,
                 path,
-                extra_args=("--tp", str(tp), "--mem-fraction-static", str(mem_fraction)),
+                extra_args=sglang_args(
+                    device=device,
+                    dtype=dtype,
+                    max_batch=max_batch,
+                    max_len=max_len,
+                    tp=tp,
+                    mem_fraction=mem_fraction,
+                ),
                 log_dir=log_dir,
             )
             stack.callback(server.stop)
@@ -81,3 +83,32 @@ async def open_engine(
         stack.push_async_callback(oa.close)
         return oa, tokenizer
     raise EngineError(f"engine backend {backend!r}: accepted: torch, sglang, openai")
+
+
+async def open_tokenizer(model: str) -> tuple[str, ChatTokenizer]:
+    """The model's resolved path and its tokenizer alone (what a scripted agent needs to frame
+    its turns, and what a server-backed engine's chat format is built from)."""
+    from transformers import AutoTokenizer
+
+    from stacx.hf import resolve_model
+
+    path = await asyncio.to_thread(resolve_model, model)
+    tokenizer: ChatTokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)  # type: ignore[arg-type]
+    return path, tokenizer
+
+
+def sglang_args(
+    *, device: str, dtype: str, max_batch: int, max_len: int, tp: int, mem_fraction: float
+) -> tuple[str, ...]:
+    """The recipe's engine settings as SGLang server flags ("auto" leaves SGLang's own choice)."""
+    args = [
+        "--tp", str(tp),
+        "--mem-fraction-static", str(mem_fraction),
+        "--max-running-requests", str(max_batch),
+        "--context-length", str(max_len),
+    ]  # fmt: skip
+    if device != "auto":
+        args += ["--device", device]
+    if dtype != "auto":
+        args += ["--dtype", dtype]
+    return tuple(args)

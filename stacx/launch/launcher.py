@@ -7,12 +7,18 @@ Order on start: the resume check (a different recipe on an existing run dir is r
 diff), RunContext (NATS, the recorder, RunStarted with the resolved recipe), the roles (their
 actors start consuming; rollout workers load the latest published weights), then the
 scheduler, which emits what the log says is due. Order on stop (done, error or Ctrl-C): the
-scheduler and every role's actors stop (the trainer checkpoints in its ``on_stop``; engines,
-SGLang servers and sandbox containers are released by the role builders' exit), metrics are
-flushed, RunFinished is published and the recorder drains.
+scheduler and every role's actors stop (a step in progress is lost: the trainer checkpoints
+every version as it publishes it; engines, SGLang servers and sandbox containers are released
+by the role builders' exit), metrics are flushed, RunFinished is published and the recorder
+drains.
 
 Guarantees: the launcher holds no state that matters; kill -9 at any point and the same command
-continues from the log (see ``stacx.launch.scheduler`` and ``stacx.launch.resume``).
+continues from the log (see ``stacx.launch.scheduler`` and ``stacx.launch.resume``), ending with
+the counts of an uninterrupted run (tests/launch/test_crash.py). Limits: an episode in flight at
+a kill is redone as a new attempt once its task is redelivered (up to the rollout worker's ack
+wait after the restart), and its abandoned attempt counts against ``sandbox.max_attempts``, so
+that many kills landing on one sample's episodes fail it for good, as infrastructure failures
+would (its group then differs from an uninterrupted run's).
 """
 
 from __future__ import annotations
@@ -49,10 +55,12 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     final: Snapshot | None
     plot: str | None
     verdict: str  # "completed", "starved: ...", or "stopped" (interrupted before the end)
+    skipped_tasks: list[str] = []  # selected, but left out (an oracle run: no solve.sh)
 
 
-def resolve_tasks(spec: str) -> Path:
-    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/."""
+def resolve_tasks(spec: str, *, where: str = "tasks.path") -> Path:
+    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/;
+    `where` names the setting in the error (a recipe key, or a CLI flag such as --tasks)."""
     path = Path(spec).expanduser()
     if path.exists():
         return path
@@ -65,13 +73,23 @@ def resolve_tasks(spec: str) -> Path:
         else []
     )
     raise ConfigError(
-        f"tasks.path {spec!r}: no such file or directory, and not a bundled set "
+        f"{where} {spec!r}: no such file or directory, and not a bundled set "
         f"(bundled: {', '.join(sets) or 'none'})"
     )
 
 
 def select_tasks(recipe: Recipe) -> list[TaskRef]:
-    """The recipe's tasks after include / exclude / difficulty / limit, as (id, path), by id."""
+    """The recipe's tasks after include / exclude / difficulty / limit, as (id, path), by id;
+    an oracle run leaves out the tasks without a solution (see `unsolvable_tasks`)."""
+    return selection(recipe)[0]
+
+
+def unsolvable_tasks(recipe: Recipe) -> list[str]:
+    """The selected tasks an oracle run leaves out: they have no solution/solve.sh."""
+    return selection(recipe)[1]
+
+
+def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str]]:
     from stacx.sandbox.tasks import load_tasks, select
 
     t = recipe.tasks
@@ -85,7 +103,15 @@ def select_tasks(recipe: Recipe) -> list[TaskRef]:
         )
     except TaskError as exc:
         raise ConfigError(f"{exc} (in {t.path})") from None
-    return [TaskRef(x.task_id, str(x.path)) for x in tasks]
+    skipped: list[str] = []
+    if recipe.agent.name == "oracle":
+        skipped = [x.task_id for x in tasks if not x.has_solution]
+        tasks = [x for x in tasks if x.has_solution]
+        if not tasks:
+            raise ConfigError(
+                f"agent.name = 'oracle': no selected task in {t.path} has solution/solve.sh"
+            )
+    return [TaskRef(x.task_id, str(x.path)) for x in tasks], skipped
 
 
 def scheduler_plan(recipe: Recipe, tasks: list[TaskRef]) -> Plan:
@@ -115,7 +141,8 @@ async def launch(
     """Run (or resume) `recipe` in `run_dir` until done; see the module docstring."""
     config = to_dict(recipe)
     previous = await asyncio.to_thread(check_resume, run_dir, config)
-    plan = scheduler_plan(recipe, await asyncio.to_thread(select_tasks, recipe))
+    tasks, skipped = await asyncio.to_thread(selection, recipe)
+    plan = scheduler_plan(recipe, tasks)
     roles = roles_for(recipe) if roles is None else roles
     for role in roles:
         resolve_builder(role.builder)  # a wrong path fails now, before anything starts
@@ -128,6 +155,8 @@ async def launch(
                 f"continuing from its log"
                 + (f"; removed {removed} orphan sandboxes" if removed else "")
             )
+        if skipped:
+            echo(f"skipped (no solution/solve.sh for the oracle): {', '.join(skipped)}")
         if prepare is not None:  # e.g. `stacx replay` imports past episodes before anything starts
             await prepare(run)
         placement = make_placement(run, recipe)
@@ -166,9 +195,15 @@ async def launch(
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await placement.stop()
+            try:  # every actor is stopped: the last metrics and the final snapshot see it all
+                await run.sync(30)
+            except Exception:
+                log.exception("the recorder did not catch up before the final metrics")
             await metrics.finish()
-            with contextlib.suppress(Exception):
+            try:
                 final = await snapshot(run.query)
+            except Exception:
+                log.exception("final progress snapshot not read")
         attempt = run.attempt
     plot = None
     if recipe.logging.plot:
@@ -186,4 +221,5 @@ async def launch(
         final=final,
         plot=plot,
         verdict=scheduler.verdict or "stopped",
+        skipped_tasks=skipped,
     )

@@ -142,6 +142,16 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
             "algorithm.max_staleness (0 in sync mode)",
         ),
     }
+    if algo in ("dagger", "aggrevate"):
+        fixed["label_actors"] = (
+            _get(data, "teacher.label_actors", ["student", "teacher"]),
+            "teacher.label_actors",
+        )
+    if algo == "aggrevate":
+        fixed["branches"] = (
+            _get(data, "algorithm.imitation.branches", 2),
+            "algorithm.imitation.branches",
+        )
     if algo == "opd":
         for key, default in (
             ("opd_discount", 0.0),

@@ -98,6 +98,7 @@ class MetricsWriter:
         self.interval_s = interval_s
         self.last_step = -1
         self.versions: dict[int, int] = {}  # version -> episodes written
+        self._failing: str | None = None  # the flush error last reported (reported once)
 
     async def flush(self) -> None:
         steps = await self.query(STEPS_SQL.format(after=self.last_step))
@@ -127,8 +128,8 @@ class MetricsWriter:
         for sink in list(self.sinks):
             try:
                 sink.scalars(values, step)
-            except Exception as exc:
-                log.warning("metrics sink %s failed, disabled: %r", type(sink).__name__, exc)
+            except Exception:
+                log.exception("metrics sink %s failed; disabled", type(sink).__name__)
                 self.sinks.remove(sink)
 
     async def _sinks(self) -> None:
@@ -141,15 +142,28 @@ class MetricsWriter:
         """Write new metrics every ``interval_s`` until cancelled; then call :meth:`finish`."""
         await self._sinks()
         while True:
-            with contextlib.suppress(Exception):
-                await self.flush()
+            await self._flush_reported()
             await asyncio.sleep(self.interval_s)
+
+    async def _flush_reported(self) -> None:
+        """Flush; a failure (a broken view, a bad row) is logged with its traceback once, not
+        every interval, until a flush succeeds again. The run goes on without its metrics."""
+        try:
+            await self.flush()
+        except Exception as exc:
+            what = f"{type(exc).__name__}: {exc}"
+            if what != self._failing:
+                log.exception("metrics not written (reported once until it recovers)")
+                self._failing = what
+            return
+        if self._failing is not None:
+            log.info("metrics written again (after: %s)", self._failing)
+            self._failing = None
 
     async def finish(self) -> None:
         """Write what is left and close the sinks (waits for them if they are being created)."""
         await self._sinks()
-        with contextlib.suppress(Exception):
-            await self.flush()
+        await self._flush_reported()
         self.close()
 
     def close(self) -> None:

@@ -20,30 +20,37 @@ import importlib
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from stacx.actors.base import Actor, ActorContext, Query, Supervisor
+from stacx.actors.base import Actor, ActorContext, Query, Supervisor, causal_context
 from stacx.actors.run import RunContext
 from stacx.errors import ConfigError
-from stacx.events import Emit, Event
+from stacx.events import Emit, Event, stream_name
 from stacx.launch.plan import RoleSpec
 from stacx.launch.query import QueryService, remote_query
 from stacx.launch.recipe import Recipe
+
+if TYPE_CHECKING:
+    from stacx.launch.weights import InProcessWeights
 
 log = logging.getLogger(__name__)
 
 
 class ActorEnv(msgspec.Struct, frozen=True, kw_only=True):
-    """What a role builder may use: the run's id and directory, publish, and the log's SQL."""
+    """What a role builder may use: the run's id and directory, publish, the log's SQL, and
+    the process's in-memory weight handoff (local placement only; None in a Ray actor, whose
+    engines load the published file)."""
 
     run_id: str
     run_dir: str
     emit: Emit
     query: Query
+    handoff: InProcessWeights | None = None
 
 
 RoleBuilder = Callable[[Recipe, ActorEnv, int], AbstractAsyncContextManager[list[Actor]]]
@@ -72,6 +79,9 @@ class LocalPlacement:
         self.run = run
         self.recipe = recipe
         self._stack = AsyncExitStack()
+        from stacx.launch.weights import InProcessWeights  # torch: only once actors are placed
+
+        self._handoff = InProcessWeights()  # one per process: the trainer's and engines' roles
 
     async def start(self, role: RoleSpec) -> None:
         builder = resolve_builder(role.builder)
@@ -80,6 +90,7 @@ class LocalPlacement:
             run_dir=str(self.run.run_dir),
             emit=self.run.emit,
             query=self.run.query,
+            handoff=self._handoff,
         )
         for index in range(role.count):
             for actor in await self._stack.enter_async_context(builder(self.recipe, env, index)):
@@ -118,19 +129,33 @@ class RoleHost:
         publisher = Publisher(js, run_id)
         query = remote_query(nc, run_id)
 
-        async def emit(event: Event) -> None:
-            await publisher.publish(event)
+        async def head() -> int:
+            return int((await js.stream_info(stream_name(run_id))).state.last_seq)
 
-        ctx = ActorContext(
-            run_id=run_id, run_dir=run_dir, publish=publisher.publish, query=query, js=js
-        )
-        env = ActorEnv(run_id=run_id, run_dir=run_dir, emit=emit, query=query)
+        start = await head()  # what this host must see from the start (a resumed run's log)
+
+        def context() -> ActorContext:  # one per actor: its reads wait for its own writes only
+            return causal_context(run_id=run_id, run_dir=run_dir, js=js, publish=publisher.publish,
+                                  query=query, head=head, start=start)
+
+        builder_ctx = context()
+
+        async def emit(event: Event) -> None:
+            await builder_ctx.publish(event)
+
+        env = ActorEnv(run_id=run_id, run_dir=run_dir, emit=emit, query=builder_ctx.query)
         try:
             async with resolve_builder(builder_path)(recipe, env, index) as actors:
                 sups: list[Supervisor] = []
                 tasks = []
+                per_name = Counter(a.name for a in actors if not a.shared)
+                seen: Counter[str] = Counter()
                 for actor in actors:
-                    actor.bind(ctx)
+                    # numbered as local placement numbers them (builder `index` yields
+                    # per_name[name] instances of each name), so consumers match across modes
+                    instance = 0 if actor.shared else index * per_name[actor.name] + seen[actor.name]
+                    seen[actor.name] += 1
+                    actor.bind(context(), instance=instance)
                     sup = Supervisor(actor)
                     sups.append(sup)
                     tasks.append(asyncio.create_task(sup.run(), name=f"actor:{actor.name}"))
@@ -141,7 +166,10 @@ class RoleHost:
                 _done, pending = await asyncio.wait(tasks, timeout=30) if tasks else (set(), set())
                 for t in pending:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                crashes = [r for r in results if isinstance(r, Exception)]
+                if crashes:  # strict mode: an actor died of a programming error
+                    raise crashes[0]
         finally:
             await publisher.close()
             with contextlib.suppress(Exception):

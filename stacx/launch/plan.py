@@ -37,26 +37,42 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""  # what runs inside (for the printed plan)
 
 
-def _engine_detail(engine: EngineSection, model: str) -> str:
-    where = engine.url or (
-        "in-process" if engine.backend == "torch" else "server started by the worker"
+def _engine_detail(engine: EngineSection, model: str, dtype: str) -> str:
+    """What the worker starts, with only the settings it passes on (see stacx.launch.engines)."""
+    if engine.url:  # a running server: its own settings, none of the recipe's
+        return f"{engine.backend} engine at {engine.url} serving {model}"
+    where = "in-process" if engine.backend == "torch" else "server started by the worker"
+    tp = (
+        f", tp={engine.tp}, mem_fraction={engine.mem_fraction:g}"
+        if engine.backend == "sglang"
+        else ""
     )
-    tp = f", tp={engine.tp}" if engine.backend == "sglang" else ""
-    return f"{engine.backend} engine ({where}{tp}, device={engine.device}) serving {model}"
+    return (
+        f"{engine.backend} engine ({where}, device={engine.device}, dtype={dtype}, "
+        f"max_batch={engine.max_batch}, max_len={engine.max_len}{tp}) serving {model}"
+    )
 
 
 def _teacher_detail(recipe: Recipe) -> str:
     t = recipe.teacher
-    where = t.url or ("in-process" if t.backend == "torch" else "server")
+    where = (
+        f"at {t.url}"
+        if t.url
+        else (f"{'in-process' if t.backend == 'torch' else 'server'}, device={t.device}")
+    )
     what = {"dagger": "labels visited states", "opd": "scores student tokens"}[
         recipe.algorithm.name
     ]
-    return f"{t.backend} engine ({where}, device={t.device}) serving {t.path or '<no teacher.path>'}: {what}"
+    return f"{t.backend} engine ({where}) serving {t.path or t.url}: {what}"
 
 
 def roles_for(recipe: Recipe) -> list[RoleSpec]:
     p = recipe.placement
-    engine = _engine_detail(recipe.engine, recipe.model.path)
+    engine = (
+        f"no engine (scripted agent; the tokenizer of {recipe.model.path} frames its turns)"
+        if recipe.scripted_agent
+        else _engine_detail(recipe.engine, recipe.model.path, recipe.model.dtype)
+    )
     rollout_detail = (
         f"{engine}; docker sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
     )

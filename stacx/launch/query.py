@@ -3,14 +3,16 @@
 Actors placed on Ray run in other processes (maybe other machines) but ``ActorContext.query``
 must see the same log as local actors: the recorder, the only DuckDB writer, lives in the
 launcher. So the launcher serves ``stacxq.<run_id>`` (outside the run's stream subjects
-``stacx.<run_id>.>``, so nothing here is recorded): a request carries the SQL (UTF-8); the reply
-is the result as Arrow IPC stream bytes, split into chunks of at most ``CHUNK`` bytes (NATS
-caps a message at 1 MiB by default) published to the requester's inbox, each with the header
-``Stacx-Chunk: i/n``; a failure is one message with ``Stacx-Error``.
+``stacx.<run_id>.>``, so nothing here is recorded): a request is a msgpack ``QueryRequest``
+(the SQL, its bound parameters, and the stream sequence ``after`` that the answer must
+include); the reply is the result as Arrow IPC stream bytes, split into chunks of at most
+``CHUNK`` bytes (NATS caps a message at 1 MiB by default) published to the requester's inbox,
+each with the header ``Stacx-Chunk: i/n``; a failure is one message with ``Stacx-Error``.
 
-Guarantee: the reply reflects every event published before the request was *served* (the
-launcher's ``RunContext.query`` waits for the recorder first), i.e. a remote actor reads its
-own writes, as a local one does. Limits: one reply is materialized in the launcher's memory;
+Guarantee: the reply reflects every event up to stream sequence ``after`` (a remote actor's
+context sends its watermark: what it published or was delivered, so it reads its own writes,
+as a local one does); a request without ``after`` waits for everything published before it
+was *served* (the global barrier). Limits: one reply is materialized in the launcher's memory;
 requests are served one at a time (DuckDB has one writer connection anyway).
 """
 
@@ -19,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Mapping
+from typing import Protocol
 
+import msgspec
 import nats.aio.client
 import pyarrow as pa
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from stacx.actors.base import Query
+from stacx.actors.base import Params, QueryAfter
 from stacx.errors import StacxError
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,19 @@ TIMEOUT_S = 120.0
 
 class QueryError(StacxError):
     """A remote query failed; the message is the launcher's error."""
+
+
+class QueryRequest(msgspec.Struct, frozen=True, kw_only=True):
+    sql: str
+    params: list[object] | dict[str, object] | None = None
+    after: int | None = None  # None: wait for the stream's head when served
+
+
+class ServedQuery(Protocol):
+    """What the service answers with: ``RunContext.query``."""
+
+    def __call__(self, sql: str, params: Params = None, /, *, after: int | None = None,
+                 barrier: bool = False) -> Awaitable[pa.Table]: ...
 
 
 def query_subject(run_id: str) -> str:
@@ -57,7 +75,7 @@ def from_ipc(data: bytes) -> pa.Table:
 class QueryService:
     """Serves ``query`` (the launcher's RunContext.query) to remote actors."""
 
-    def __init__(self, nc: nats.aio.client.Client, run_id: str, query: Query) -> None:
+    def __init__(self, nc: nats.aio.client.Client, run_id: str, query: ServedQuery) -> None:
         self.nc = nc
         self.run_id = run_id
         self.query = query
@@ -77,7 +95,9 @@ class QueryService:
         if not msg.reply:
             return
         try:
-            data = to_ipc(await self.query(msg.data.decode()))
+            req = msgspec.msgpack.decode(msg.data, type=QueryRequest)
+            table = await self.query(req.sql, req.params, after=req.after, barrier=req.after is None)
+            data = to_ipc(table)
         except Exception as exc:  # the caller must see why; the service keeps serving
             await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": _one_line(repr(exc))})
             return
@@ -91,10 +111,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:4000]
 
 
-def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S) -> Query:
-    """A ``Query`` function for a remote actor: sends SQL, reassembles the chunked Arrow reply."""
+def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S) -> QueryAfter:
+    """A query function for a remote actor: sends the SQL, its parameters and the sequence the
+    answer must include (``after``; None: everything published when it is served), and
+    reassembles the chunked Arrow reply."""
 
-    async def query(sql: str) -> pa.Table:
+    async def query(sql: str, params: Params = None, /, *, after: int | None = None) -> pa.Table:
         inbox = nc.new_inbox()
         parts: dict[int, bytes] = {}
         total: list[int] = []
@@ -116,7 +138,9 @@ def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TI
 
         sub = await nc.subscribe(inbox, cb=on_reply)
         try:
-            await nc.publish(query_subject(run_id), sql.encode(), reply=inbox)
+            wire = None if params is None else (dict(params) if isinstance(params, Mapping) else list(params))
+            request = msgspec.msgpack.encode(QueryRequest(sql=sql, params=wire, after=after))
+            await nc.publish(query_subject(run_id), request, reply=inbox)
             try:
                 await asyncio.wait_for(done, timeout)
             except TimeoutError as exc:

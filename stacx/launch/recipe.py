@@ -30,6 +30,7 @@ from typing import Literal
 
 import msgspec
 
+from stacx.errors import ConfigError
 from stacx.imitation.config import ImitationConfig, TeacherConfig
 from stacx.train.config import TrainerConfig
 
@@ -51,22 +52,30 @@ class ModelSection(_Section, frozen=True):
 
 class EngineSection(_Section, frozen=True):
     """An inference backend. ``torch`` runs in the worker's process; ``sglang`` starts (or,
-    with ``url``, uses) an SGLang server; ``openai`` calls an OpenAI-compatible server."""
+    with ``url``, uses) an SGLang server; ``openai`` calls an OpenAI-compatible server.
+
+    A server the worker starts gets every setting below (SGLang: ``--device``,
+    ``--max-running-requests``, ``--context-length``, ``--tp``, ``--mem-fraction-static``, and
+    ``model.dtype`` as ``--dtype``); a server at ``url`` was started with its own, so setting
+    them beside ``url`` is an error at load (see :func:`cross_check`)."""
 
     backend: Literal["torch", "sglang", "openai"] = "torch"
     device: Device = "auto"
     url: str = ""  # an already running server (sglang/openai); empty: start one
-    max_batch: int = 8
-    max_len: int = 8192
-    tp: int = 1  # tensor parallel degree (sglang): GPUs per engine
-    mem_fraction: float = 0.85  # sglang --mem-fraction-static
+    max_batch: int = 8  # sequences decoded at once (sglang --max-running-requests)
+    max_len: int = 8192  # prompt + output tokens (sglang --context-length)
+    tp: int = 1  # tensor parallel degree (sglang only): GPUs per engine
+    mem_fraction: float = 0.85  # sglang only: --mem-fraction-static
 
 
 class SandboxSection(_Section, frozen=True):
-    backend: Literal["docker"] = "docker"
+    # process: image-less tasks in a temp dir with rlimits, no Docker (stacx.sandbox.process)
+    backend: Literal["docker", "process"] = "docker"
     warm: int = 0  # ready containers kept per image (hides start latency)
     max_attempts: int = 3  # attempts per sample on infrastructure failures
     concurrency: int = 2  # episodes at once, per rollout worker
+    # image alias file (TOML/JSON, see stacx.sandbox.aliases); empty: $STACX_IMAGE_ALIASES
+    aliases: str = ""
 
 
 class TasksSection(_Section, frozen=True):
@@ -84,14 +93,15 @@ class TasksSection(_Section, frozen=True):
 
 
 class AgentSection(_Section, frozen=True):
-    name: Literal["swe", "oracle", "null"] = "swe"
+    # retool: math reasoning with Python runs and a \boxed{} answer (stacx.agents.retool)
+    name: Literal["swe", "oracle", "null", "retool"] = "swe"
     max_turns: int = 4
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     # tool_call: <tool_call> JSON, all tools; bash: one prefilled ```bash block per reply
-    # (what a 135M model can do); see stacx.agents.formats
-    format: Literal["tool_call", "bash"] = "tool_call"
+    # (what a 135M model can do); see stacx.agents.formats; python: ```python blocks (retool)
+    format: Literal["tool_call", "bash", "python"] = "tool_call"
     context_budget: int = 8192
     episode_timeout_s: float | None = None  # None: each task's agent.timeout_sec
     seed: int | None = None
@@ -150,10 +160,92 @@ class Recipe(_Section, frozen=True):
     placement: PlacementSection = PlacementSection()
     logging: LoggingSection = LoggingSection()
 
+    def __post_init__(self) -> None:
+        cross_check(self)
+
     @property
     def is_eval(self) -> bool:
         return self.algorithm.name == "eval"
 
     @property
     def needs_teacher(self) -> bool:
-        return self.algorithm.name in ("dagger", "aggrevate", "opd")
+        return self.algorithm.name in TEACHER_ALGORITHMS
+
+    @property
+    def scripted_agent(self) -> bool:
+        """The agent is a script (oracle, null): no model generates, so no engine is started."""
+        return self.agent.name in SCRIPTED_AGENTS
+
+
+TEACHER_ALGORITHMS = ("dagger", "aggrevate", "opd")
+SCRIPTED_AGENTS = ("oracle", "null")
+# What a scripted agent's episodes are good for: demonstrations (sft) and floors/checks (eval).
+# GRPO, OPD, DAgger and AggreVaTe learn from the student's own samples (their views keep
+# policy = 'student' / 'mixture'), so an oracle or null agent would starve the trainer.
+SCRIPTED_ALGORITHMS = ("sft", "eval")
+
+
+def cross_check(recipe: Recipe) -> None:
+    """Reject what the path does not honour, or a combination that cannot work, naming the key.
+
+    Pure; run at every construction (so at load, by ``stacx.launch.loader``). Each problem is
+    ``key.path = value: why``; all of them are reported at once."""
+    problems = list(_problems(recipe))
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _problems(r: Recipe) -> list[str]:
+    out: list[str] = []
+    algo = r.algorithm.name
+    if r.placement.trainer.gpus > 1:
+        out.append(
+            f"placement.trainer.gpus = {r.placement.trainer.gpus:g}: the trainer is "
+            "single-device (one process, one GPU: stacx.train.step); ask for 1 (0 on CPU)"
+        )
+    if r.scripted_agent and algo not in SCRIPTED_ALGORITHMS:
+        out.append(
+            f"agent.name = {r.agent.name!r}: a scripted agent's episodes serve sft "
+            f"(demonstrations) or eval only; {algo} learns from the student's own samples, "
+            "so its trainer would starve (use agent.name = 'swe')"
+        )
+    a = r.agent
+    if a.format == "python" and a.name != "retool":
+        out.append("agent.format = 'python': the retool agent's format (use tool_call or bash)")
+    if a.name == "retool" and a.format == "bash":
+        out.append("agent.format = 'bash': the retool agent runs python (use python or tool_call)")
+    if a.name == "retool" and algo in ("dagger", "aggrevate"):
+        out.append(
+            f"agent.name = 'retool' with algorithm.name = {algo!r}: the imitation roll-ins "
+            "run the SWE agent only (use sft, grpo, opd or eval)"
+        )
+    if r.needs_teacher and not (r.teacher.path or r.teacher.url):
+        out.append(f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url")
+    e, defaults = r.engine, EngineSection()
+    if e.backend == "openai" and not e.url:
+        out.append("engine.url: backend 'openai' needs the url of an OpenAI-compatible server")
+    if e.backend == "openai" and not r.is_eval and not r.scripted_agent:
+        out.append(
+            f"engine.backend = 'openai' with algorithm.name = {algo!r}: an OpenAI-compatible "
+            "server cannot load trained weights; use backend 'torch' or 'sglang'"
+        )
+    if e.backend == "torch":
+        for key in ("tp", "mem_fraction"):
+            if getattr(e, key) != getattr(defaults, key):
+                out.append(
+                    f"engine.{key} = {getattr(e, key)!r}: sglang only (the torch engine runs "
+                    "on one device of the worker's process)"
+                )
+    elif e.url or e.backend == "openai":
+        fixed = {f"engine.{k}": (getattr(e, k), getattr(defaults, k)) for k in _SERVER_KEYS}
+        fixed["model.dtype"] = (r.model.dtype, ModelSection().dtype)
+        for key, (value, default) in fixed.items():
+            if value != default:
+                out.append(
+                    f"{key} = {value!r}: not used with engine.url (the server there was "
+                    "started with its own settings); remove it"
+                )
+    return out
+
+
+_SERVER_KEYS = ("device", "max_batch", "max_len", "tp", "mem_fraction")

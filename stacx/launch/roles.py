@@ -10,22 +10,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat, ChatTokenizer
 from stacx.agents.formats import get_format
-from stacx.agents.loop import AgentConfig
-from stacx.agents.policies import EnginePolicy, always, null_policy, oracle_policy
+from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.policies import EnginePolicy, always
+from stacx.agents.retool import RetoolConfig, retool_agents
 from stacx.errors import ConfigError
-from stacx.events import TurnActor
+from stacx.events import Policy, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
-from stacx.inference.engine import Engine
-from stacx.launch.engines import LATEST_SQL, open_engine
+from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
-from stacx.rollout.manager import MakeExecutor, RolloutConfig, RolloutManager
-from stacx.train.sync import WeightSync
+from stacx.launch.scripted import scripted_executors
+from stacx.launch.weights import WeightSync
+from stacx.ports import Engine
+from stacx.rollout.manager import RolloutConfig, RolloutManager
+
+if TYPE_CHECKING:  # Docker is imported only when a rollout worker starts
+    from stacx.sandbox.environments import DockerEnvironments
+    from stacx.sandbox.process_environments import ProcessEnvironments
 
 
 class RolloutWorker(RolloutManager):
@@ -44,6 +50,8 @@ class MixtureWorker(MixtureRolloutManager):
 
 def agent_config(recipe: Recipe) -> AgentConfig:
     a = recipe.agent
+    if a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
+        raise ConfigError("agent.format = 'python': the SWE agent writes tool_call or bash")
     return AgentConfig(
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
@@ -55,25 +63,52 @@ def agent_config(recipe: Recipe) -> AgentConfig:
     )
 
 
+def retool_config(recipe: Recipe) -> RetoolConfig:
+    a = recipe.agent
+    return RetoolConfig(
+        max_turns=a.max_turns,
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        context_budget=a.context_budget,
+        seed=a.seed,
+        style="tool_call" if a.format == "tool_call" else "python",
+    )
+
+
 def rollout_config(recipe: Recipe) -> RolloutConfig:
-    policy = {"swe": "student", "oracle": "oracle", "null": "null"}[recipe.agent.name]
+    policy = {
+        "swe": Policy.STUDENT,
+        "retool": Policy.STUDENT,
+        "oracle": Policy.ORACLE,
+        "null": Policy.NULL,
+    }[recipe.agent.name]
     return RolloutConfig(
         agent=recipe.agent.name,
         policy=policy,
         concurrency=recipe.sandbox.concurrency,
         max_attempts=recipe.sandbox.max_attempts,
         episode_timeout_s=recipe.agent.episode_timeout_s,
-        agent_config=agent_config(recipe),
     )
 
 
 @contextlib.asynccontextmanager
 async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
-    """A student engine (kept on the latest weights), Docker environments, a rollout manager."""
-    from stacx.rollout.environments import DockerEnvironments
-
+    """A student engine (kept on the latest weights), Docker environments, a rollout manager;
+    for a scripted agent (oracle, null) no engine, only the model's tokenizer."""
     async with contextlib.AsyncExitStack() as stack:
         e = recipe.engine
+        if recipe.scripted_agent:  # oracle / null: no model generates, only its tokenizer frames
+            _, tokenizer = await open_tokenizer(recipe.model.path)
+            chat = ChatFormat(tokenizer)
+            envs = await stack.enter_async_context(docker_environments(recipe, env))
+            make_agent = swe_agents(
+                chat,
+                agent_config(recipe),
+                scripted_executors(recipe.agent.name, chat, get_format(recipe.agent.format)),
+            )
+            yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent)]
+            return
         engine, tokenizer = await open_engine(
             stack,
             backend=e.backend,
@@ -87,15 +122,13 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             mem_fraction=e.mem_fraction,
             log_dir=Path(env.run_dir),
         )
-        weights = WeightSync(engine, label=f"rollout-{index}")
+        weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
         # Before any episode: a resumed run continues on its latest published weights.
         latest = (await env.query(LATEST_SQL)).to_pylist()
         if latest:
             await engine.load_weights(str(latest[0]["path"]), int(latest[0]["version"]))
         chat = ChatFormat(tokenizer)
-        envs = await stack.enter_async_context(
-            DockerEnvironments(run_id=env.run_id, emit=env.emit, warm=recipe.sandbox.warm)
-        )
+        envs = await stack.enter_async_context(docker_environments(recipe, env))
         student = EnginePolicy(engine, TurnActor.STUDENT)
         config = rollout_config(recipe)
         manager: RolloutManager
@@ -106,7 +139,9 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
             imitation = recipe.algorithm.imitation
             roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
-            manager = MixtureWorker(roll_in=roll_in, config=config, envs=envs, chat=chat)
+            manager = MixtureWorker(
+                roll_in=roll_in, config=config, envs=envs, chat=chat, agent=agent_config(recipe)
+            )
             if recipe.algorithm.name == "aggrevate":
                 from stacx.imitation.aggrevate import BranchActor
 
@@ -122,21 +157,33 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                     )
                 )
         else:
-            manager = RolloutWorker(
-                config=config, envs=envs, chat=chat, make_executor=_executors(recipe, chat, student)
+            make_agent = (
+                retool_agents(chat, retool_config(recipe), lambda _t, _i: always(student))
+                if recipe.agent.name == "retool"
+                else swe_agents(chat, agent_config(recipe), lambda _t, _i: always(student))
             )
+            manager = RolloutWorker(config=config, envs=envs, make_agent=make_agent)
         yield [weights, manager, *extra]
 
 
-def _executors(recipe: Recipe, chat: ChatFormat, student: EnginePolicy) -> MakeExecutor:
-    name, fmt = recipe.agent.name, get_format(recipe.agent.format)
-    if name == "swe":
-        return lambda _task, _i: always(student)
-    if name == "oracle":
-        return lambda task, _i: always(
-            oracle_policy(chat, (task.solution_dir / "solve.sh").read_text(), fmt)
-        )
-    return lambda _task, _i: always(null_policy(chat, fmt))
+def docker_environments(
+    recipe: Recipe, env: ActorEnv
+) -> DockerEnvironments | ProcessEnvironments:
+    """The rollout worker's environments: Docker (warm pool and image aliases from [sandbox]),
+    or process sandboxes when sandbox.backend = "process"."""
+    if recipe.sandbox.backend == "process":
+        from stacx.sandbox.process_environments import ProcessEnvironments
+
+        return ProcessEnvironments(run_id=env.run_id, emit=env.emit)
+    from stacx.sandbox.aliases import AliasMap
+    from stacx.sandbox.environments import DockerEnvironments
+
+    return DockerEnvironments(
+        run_id=env.run_id,
+        emit=env.emit,
+        warm=recipe.sandbox.warm,
+        aliases=AliasMap.from_env(recipe.sandbox.aliases or None),
+    )
 
 
 async def open_teacher_engine(
@@ -175,8 +222,10 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 engine,
                 t,
                 # the student's format: a label ends where a student's reply would
-                stop_token_ids=get_format(recipe.agent.format).stop_token_ids(
-                    ChatFormat(tokenizer)
+                stop_token_ids=(
+                    ChatFormat(tokenizer).stop_token_ids  # retool: a reply ends at end of turn
+                    if recipe.agent.name == "retool"
+                    else get_format(recipe.agent.format).stop_token_ids(ChatFormat(tokenizer))
                 ),
                 label=algo in ("dagger", "aggrevate"),
                 score=algo == "opd",
@@ -191,4 +240,4 @@ async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
     It checkpoints every version it publishes, so a stop loses at most the step in progress."""
     from stacx.train.trainer import Trainer
 
-    yield [Trainer(recipe.trainer)]
+    yield [Trainer(recipe.trainer, handoff=env.handoff)]

@@ -29,13 +29,12 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
 import msgspec
 import pyarrow as pa
 
-from stacx.actors.base import Actor
+from stacx.actors.base import Actor, Params, Query
 from stacx.events import (
     Event,
     InfraFailed,
@@ -45,11 +44,10 @@ from stacx.events import (
     derive_id,
     subject,
 )
+from stacx.train import units
 from stacx.train.config import TrainerConfig
 
 log = logging.getLogger(__name__)
-
-Query = Callable[[str], Awaitable[pa.Table]]
 
 
 class TaskRef(msgspec.Struct, frozen=True):
@@ -72,8 +70,17 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     trainer: TrainerConfig | None = None  # for the trainer's readiness (refills); None: no refills
 
     @property
+    def steps_per_iteration(self) -> int:
+        return self.trainer.steps_per_iteration if self.trainer is not None else 1
+
+    @property
+    def iterations(self) -> int:
+        """Rollout iterations that the steps need (one per ``steps_per_iteration`` steps)."""
+        return -(-self.steps // self.steps_per_iteration)
+
+    @property
     def iteration_cap(self) -> int:
-        return self.max_iterations or 4 * self.steps
+        return self.max_iterations or 4 * self.iterations
 
 
 class LogState(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,11 +93,13 @@ class LogState(msgspec.Struct, frozen=True, kw_only=True):
     samples_scheduled: int  # samples of every scheduled group
     groups_lost: int  # groups that failed as a whole (task unreadable) for good
     ready_units: int | None = None  # units the trainer could step on now (None: unknown)
+    units_waiting: int = 0  # done samples whose unit still waits (teacher labels, scores, branches)
 
     @property
     def settled(self) -> bool:
-        """Nothing in flight: every scheduled sample is scored or failed for good."""
-        return self.samples_done >= self.samples_scheduled
+        """Nothing in flight: every scheduled sample is scored or failed for good, and no unit
+        waits for a teacher signal."""
+        return self.samples_done >= self.samples_scheduled and self.units_waiting == 0
 
 
 def tasks_for_iteration(
@@ -146,14 +155,15 @@ def starved(plan: Plan, state: LogState) -> bool:
 def iterations_due(plan: Plan, state: LogState) -> list[int]:
     """Iterations that should have been scheduled by now.
 
-    Training: iteration k is due once ``k <= version`` (sync) or ``k <= version +
-    max_staleness`` (async), for k < steps; and one more (a refill) whenever the trainer is
+    Training: iteration k is due once ``k * S <= version`` (sync; S = the trainer's
+    ``steps_per_iteration``, 1 unless sft/dagger train epochs) or ``k <= version // S +
+    max_staleness`` (async), for the iterations the steps need; and one more (a refill) whenever the trainer is
     starved (a filter such as SFT's ``reward >= 1`` kept too few units, or groups failed),
     up to ``iteration_cap`` iterations in all."""
     if plan.eval:
         return [0]
     ahead = 0 if plan.mode == "sync" else max(0, plan.max_staleness)
-    last = min(plan.steps - 1, state.version + ahead)
+    last = min(plan.iterations - 1, state.version // plan.steps_per_iteration + ahead)
     due = list(range(0, last + 1))
     if starved(plan, state) and state.iterations > last and state.iterations < plan.iteration_cap:
         due = list(range(0, state.iterations + 1))
@@ -181,9 +191,7 @@ def is_done(plan: Plan, state: LogState) -> bool:
 
 
 STATE_SQL = """
-WITH final_fail AS (
-    SELECT DISTINCT episode_id FROM infra_failed WHERE episode_id IS NOT NULL AND NOT will_retry
-), groups AS (
+WITH groups AS (
     SELECT group_id, max(n_samples) AS n_samples, max(iteration) AS iteration
     FROM task_scheduled GROUP BY group_id
 )
@@ -192,11 +200,8 @@ SELECT
   (SELECT count(DISTINCT iteration) FROM groups) AS iterations,
   (SELECT coalesce(sum(n_samples), 0) FROM groups) AS samples_scheduled,
   (SELECT coalesce(max(version), 0) FROM weights_published) AS version,
-  (SELECT count(*) FROM (
-      SELECT group_id, sample_index FROM episodes e LEFT JOIN final_fail f USING (episode_id)
-      GROUP BY group_id, sample_index
-      HAVING bool_or(e.status = 'scored') OR bool_or(f.episode_id IS NOT NULL)
-  )) AS samples_done,
+  (SELECT count(*) FROM samples WHERE done AND group_id IN (SELECT group_id FROM groups))
+      AS samples_done,
   (SELECT count(DISTINCT task_id) FROM infra_failed
       WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry) AS groups_lost
 """
@@ -205,12 +210,14 @@ SELECT
 async def read_state(query: Query, plan: Plan) -> LogState:
     row = (await query(STATE_SQL)).to_pylist()[0]
     version = int(row["version"])
-    ready = None
+    ready: int | None = None
+    waiting = 0
     if plan.trainer is not None and not plan.eval:
-        from stacx.train.units import ready_units_sql
-
-        sql = ready_units_sql(plan.trainer, version)
-        ready = int((await query(f"SELECT count(*) FROM ({sql})")).column(0)[0].as_py())
+        cfg = plan.trainer
+        sql = f"SELECT count(*) FROM ({units.ready_units_sql(cfg)})"
+        ready = int((await query(sql, units.params(cfg, sql, version))).column(0)[0].as_py())
+        sql = units.waiting_sql(cfg)
+        waiting = int((await query(sql, units.params(cfg, sql, version))).column(0)[0].as_py())
     return LogState(
         scheduled=frozenset(row["groups"] or []),
         iterations=int(row["iterations"]),
@@ -219,6 +226,7 @@ async def read_state(query: Query, plan: Plan) -> LogState:
         samples_scheduled=int(row["samples_scheduled"]),
         groups_lost=int(row["groups_lost"]),
         ready_units=ready,
+        units_waiting=waiting,
     )
 
 
@@ -243,7 +251,7 @@ class Scheduler(Actor):
     async def tick(self) -> bool:
         """Schedule what is due and missing; return whether the run is done."""
         while True:
-            state = await read_state(self.query, self.plan)
+            state = await read_state(self._read, self.plan)
             self.state = state
             self.verdict = verdict(self.plan, state)
             if self.verdict is not None:
@@ -256,6 +264,11 @@ class Scheduler(Actor):
                         sent += 1
             if not sent:  # re-read after sending: async mode may have more due
                 return False
+
+    async def _read(self, sql: str, params: Params = None, /) -> pa.Table:
+        # A barrier: it is woken by other actors' events (rewards, weights, failures) that are
+        # not delivered to it, and must see them in the log when it reads.
+        return await self.query(sql, params, barrier=True)
 
     async def run(self, stop: asyncio.Event) -> None:
         wake = asyncio.Event()

@@ -6,62 +6,42 @@ ToolReturned)*, EpisodeFinished, RewardAssigned. An infrastructure failure anywh
 records it as InfraFailed and decides about a retry. A failed attempt is never scored.
 
 The agent's own failures are not infrastructure: a malformed call is an observation, a
-context overflow or an agent timeout is a StopReason, and the verifier still scores them.
+context overflow or an agent timeout is a StopReason, and the verifier still scores them (an
+agent timeout's EpisodeFinished.n_turns counts the turns that ran).
+
+Only infrastructure exceptions become InfraFailure: InfraFailure itself (the adapters'),
+SandboxError, EngineError, TaskError and OSError (transport, and the harness's timeouts).
+Any other exception is a bug in our code and propagates, traceback and all.
+
+The agent and the environments come in through their ports (`Agent`, `Environments` in
+stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.SweAgent,
+stacx.sandbox.environments.DockerEnvironments).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import AbstractAsyncContextManager
-from typing import Protocol
 
 import msgspec
 
-from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, AgentResult, run_agent
-from stacx.agents.policies import Executor
 from stacx.errors import EngineError, SandboxError, TaskError
 from stacx.events import (
     Emit,
     EpisodeFinished,
     EpisodeStarted,
+    Event,
     FailureKind,
+    Policy,
     RewardAssigned,
     StopReason,
+    ToolCalled,
+    TurnGenerated,
     derive_id,
 )
-from stacx.sandbox.protocol import Sandbox
-from stacx.sandbox.tasks import Task
+from stacx.ports import Agent, AgentResult, Environments, InfraFailure, Task, Verdict
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # for tasks whose task.toml sets no agent.timeout_sec
-
-
-class InfraFailure(Exception):
-    """An infrastructure failure of one attempt (never a score)."""
-
-    def __init__(self, kind: FailureKind, message: str) -> None:
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        self.message = message
-
-
-class Verdict(msgspec.Struct, frozen=True, kw_only=True):
-    reward: float
-    metrics: dict[str, float] = msgspec.field(default_factory=dict)
-    verifier_ms: float = 0.0
-
-
-class Environments(Protocol):
-    """Where episodes run. Adapters raise InfraFailure with the right FailureKind."""
-
-    def sandbox(self, task: Task, *, episode_id: str) -> AbstractAsyncContextManager[Sandbox]:
-        """A started sandbox for `task`, released (or recycled) on exit."""
-        ...
-
-    async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
-        """Run the task's verifier in `sandbox` after the agent finished."""
-        ...
 
 
 class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,12 +52,29 @@ class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     iteration: int = 0
     agent: str = "swe"
-    policy: str = "student"
+    policy: Policy = Policy.STUDENT
     timeout_s: float | None = None  # agent-loop wall time; None: the task's (or 600 s)
 
     @property
     def episode_id(self) -> str:
         return episode_id_for(self.run_id, self.group_id, self.sample_index, self.attempt)
+
+
+class _Steps:
+    """Passes an agent's events on, remembering which turns and calls it emitted, so that an
+    agent cancelled by the episode timeout still has its turns counted (EpisodeFinished)."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.turns: set[int] = set()
+        self.calls: set[int] = set()
+
+    async def emit(self, event: Event) -> None:
+        if isinstance(event, TurnGenerated):
+            self.turns.add(event.turn)
+        elif isinstance(event, ToolCalled):
+            self.calls.add(event.turn)
+        await self._emit(event)
 
 
 def episode_id_for(run_id: str, group_id: str, sample_index: int, attempt: int) -> str:
@@ -89,9 +86,7 @@ async def run_episode(
     spec: EpisodeSpec,
     *,
     envs: Environments,
-    chat: ChatFormat,
-    executor: Executor,
-    config: AgentConfig,
+    agent: Agent,
     emit: Emit,
 ) -> tuple[AgentResult, Verdict]:
     """Run one attempt; raises InfraFailure on infrastructure trouble (see module doc)."""
@@ -116,22 +111,23 @@ async def run_episode(
     try:
         async with envs.sandbox(spec.task, episode_id=episode_id) as sandbox:
             phase = FailureKind.EXEC_TRANSPORT
-            agent = run_agent(
+            ran = _Steps(emit)
+            loop = agent.run(
                 run_id=spec.run_id,
                 episode_id=episode_id,
                 instruction=spec.task.instruction,
                 sandbox=sandbox,
-                chat=chat,
-                executor=executor,
-                config=config,
-                emit=emit,
+                emit=ran.emit,
             )
             try:
-                result = await asyncio.wait_for(agent, timeout)
+                result = await asyncio.wait_for(loop, timeout)
             except TimeoutError:
-                # The cancelled loop's counts are lost here; the `turns` view has them.
+                # The cancelled loop returns nothing: count what it emitted before the timeout.
                 result = AgentResult(
-                    stop_reason=StopReason.TIMEOUT, n_turns=0, n_tool_calls=0, transcript_ids=[]
+                    stop_reason=StopReason.TIMEOUT,
+                    n_turns=len(ran.turns),
+                    n_tool_calls=len(ran.calls),
+                    transcript_ids=[],
                 )
             await emit(
                 EpisodeFinished(
@@ -152,11 +148,12 @@ async def run_episode(
     except TaskError as exc:
         raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
     except (SandboxError, OSError) as exc:
+        # OSError covers the transport (connection resets) and the harness's own timeouts
+        # (TimeoutError is an OSError). Adapters wrap their library's errors (aiodocker's
+        # DockerError, HTTP client errors) in SandboxError / EngineError / InfraFailure.
         raise InfraFailure(phase, f"{type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        # A bug or an unwrapped library error: recorded against this attempt (so one bad
-        # episode cannot fail its whole group), with the exception's type in the message.
-        raise InfraFailure(FailureKind.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
+    # Anything else is a bug in our own code: it propagates with its traceback (the actor
+    # runtime logs it and redelivers the task), and is never recorded as infrastructure.
     await emit(
         RewardAssigned(
             run_id=spec.run_id,

@@ -19,39 +19,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import ClassVar
 
 import msgspec
 
 from stacx.actors.base import Actor
-from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig
-from stacx.agents.policies import Executor
 from stacx.errors import TaskError
-from stacx.events import Event, FailureKind, InfraFailed, TaskScheduled, derive_id
-from stacx.rollout.episode import (
-    Environments,
-    EpisodeSpec,
-    InfraFailure,
-    episode_id_for,
-    run_episode,
-)
-from stacx.sandbox.tasks import Task, load_task
+from stacx.events import Event, FailureKind, InfraFailed, Policy, TaskScheduled, derive_id
+from stacx.ports import Environments, InfraFailure, MakeAgent, Task
+from stacx.rollout.episode import EpisodeSpec, episode_id_for, run_episode
 
 log = logging.getLogger(__name__)
-
-MakeExecutor = Callable[[Task, int], Executor]
-"""(task, sample_index) -> the executor of one episode (fresh per episode: scripts are stateful)."""
 
 
 class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = "swe"  # recorded in EpisodeStarted.agent
-    policy: str = "student"  # recorded in EpisodeStarted.policy: student | teacher | mixture
+    policy: Policy = Policy.STUDENT  # recorded in EpisodeStarted.policy
     concurrency: int = 2
     max_attempts: int = 3
     episode_timeout_s: float | None = None  # None: each task's agent.timeout_sec
-    agent_config: AgentConfig = msgspec.field(default_factory=AgentConfig)
 
 
 class SampleState(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,13 +60,11 @@ class RolloutManager(Actor):
         *,
         config: RolloutConfig,
         envs: Environments,
-        chat: ChatFormat,
-        make_executor: MakeExecutor,
+        make_agent: MakeAgent,
     ) -> None:
         self.config = config
         self.envs = envs
-        self.chat = chat
-        self.make_executor = make_executor
+        self.make_agent = make_agent
         self._slots = asyncio.Semaphore(config.concurrency)
         self._groups: dict[str, asyncio.Lock] = {}
 
@@ -88,7 +72,7 @@ class RolloutManager(Actor):
         if not isinstance(event, TaskScheduled):
             return
         try:
-            task = load_task(event.task_path)
+            task = self.envs.task(event.task_path)
         except TaskError as exc:
             # A task that cannot even be read fails for good, once, at task level.
             await self.publish(
@@ -143,9 +127,7 @@ class RolloutManager(Actor):
                     await run_episode(
                         spec,
                         envs=self.envs,
-                        chat=self.chat,
-                        executor=self.make_executor(task, index),
-                        config=self.config.agent_config,
+                        agent=self.make_agent(task, index),
                         emit=self.emit_episode_event,
                     )
                     return
@@ -185,14 +167,16 @@ class RolloutManager(Actor):
 
     async def _states(self, event: TaskScheduled) -> dict[int, SampleState]:
         """What the log says about this group's samples (see the module docstring)."""
-        group = event.group_id.replace("'", "''")
         table = await self.query(
             "SELECT s.sample_index, s.attempt, s.episode_id, "
             "EXISTS (SELECT 1 FROM reward_assigned r WHERE r.episode_id = s.episode_id) AS scored, "
-            "EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id) AS failed, "
+            # episode-level failures only (`turn` set: a teacher's, on one visited state)
             "EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id "
-            "        AND NOT f.will_retry) AS final "
-            f"FROM episode_started s WHERE s.group_id = '{group}' ORDER BY s.sample_index, s.attempt"
+            "        AND f.turn IS NULL) AS failed, "
+            "EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id "
+            "        AND f.turn IS NULL AND NOT f.will_retry) AS final "
+            "FROM episode_started s WHERE s.group_id = ? ORDER BY s.sample_index, s.attempt",
+            [event.group_id],
         )
         states: dict[int, SampleState] = {}
         for row in table.to_pylist():

@@ -14,11 +14,8 @@ Each function returns (sql, columns, rows) so the CLI prints the SQL that made e
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from stacx.actors.base import Query
 
-import pyarrow as pa
-
-Query = Callable[[str], Awaitable[pa.Table]]
 Table = tuple[str, list[str], list[tuple[object, ...]]]
 
 _SAMPLES = """WITH samples AS (
@@ -69,18 +66,9 @@ FAILURES_SQL = """SELECT failure_kind, will_retry, count(*) AS failures, any_val
 FROM infra_failed
 GROUP BY failure_kind, will_retry ORDER BY failures DESC"""
 
-UNSCORED_SQL = """SELECT count(*) AS unscored_samples FROM (
-    SELECT group_id, sample_index FROM episodes
-    GROUP BY group_id, sample_index
-    HAVING count(*) FILTER (WHERE status = 'scored') = 0
-)"""
+UNSCORED_SQL = "SELECT count(*) AS unscored_samples FROM samples WHERE NOT scored"
 
-PROGRESS_SQL = """SELECT count(*) AS done FROM (
-    SELECT s.group_id, s.sample_index FROM episode_started s
-    WHERE EXISTS (SELECT 1 FROM reward_assigned r WHERE r.episode_id = s.episode_id)
-       OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id AND NOT f.will_retry)
-    GROUP BY s.group_id, s.sample_index
-)"""
+PROGRESS_SQL = "SELECT count(*) AS done FROM samples WHERE done"
 
 
 async def run_table(query: Query, sql: str) -> Table:

@@ -2,16 +2,17 @@
 
 Modules (import what you use; this package imports nothing heavy):
 
-- protocol  the Sandbox port and ExecResult
-- docker    DockerSandbox (aiodocker) and Limits
+- docker    DockerSandbox (aiodocker), the Docker backend of the Sandbox port (stacx.ports:
+            Sandbox, ExecResult, Limits)
 - pool      SandboxPool: warm containers per (image, limits), destroyed after use
-- tasks     Harbor task model: task.toml, instruction.md, task sets, tasks.jsonl
+- tasks     Harbor tasks: task.toml, instruction.md, task sets, tasks.jsonl (the Task model
+            itself is in stacx.ports)
 - aliases   base-image alias map (FROM ubuntu:24.04 -> stacx/base:bookworm)
 - images    the offline base image (debootstrap + docker import)
 - build     task images cached by content hash
 - verifier  run tests/test.sh, parse reward.txt / reward.json, emit RewardAssigned/InfraFailed
 - health    a task's healthcheck
-- check     scripted oracle/null agents (`stacx tasks check`)
+- environments  the `Environments` port over Docker (build, pool, healthcheck, verifier)
 - gc        find and remove orphaned sandbox containers
 - cgroups   OOM-kill and pids-limit counters of a container
 - output    bounded capture of a command's output
@@ -21,6 +22,7 @@ An episode, as the rollout engine drives it::
 
     image = await build_task_image(task, pool.docker)           # TaskError -> IMAGE_BUILD
     sandbox = await pool.acquire(image, task_limits(task), episode_id=eid)  # SandboxError -> START
+    await wait_healthy(sandbox, task.config.environment.healthcheck)  # SandboxError -> START
     ... agent: await sandbox.exec(cmd, timeout=...) ...          # SandboxError -> EXEC_TRANSPORT
     outcome = await verify(sandbox, task, emit, run_id, eid)     # RewardAssigned | InfraFailed
     await pool.release(sandbox)

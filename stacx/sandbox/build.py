@@ -24,8 +24,8 @@ from pathlib import Path
 import aiodocker
 
 from stacx.errors import TaskError
+from stacx.ports import Task
 from stacx.sandbox.aliases import AliasMap, rewrite_dockerfile
-from stacx.sandbox.tasks import Task
 
 Log = Callable[[str], None]
 # one build per tag at a time; asyncio locks belong to one event loop, so key by loop too

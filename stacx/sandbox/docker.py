@@ -43,10 +43,10 @@ from aiodocker.types import JSONValue
 
 from stacx.errors import SandboxError
 from stacx.events import new_id
+from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.archive import log_dirs_tar, tar_directory, tar_files
 from stacx.sandbox.cgroups import IN_CONTAINER_PROBE, Counters, Snapshot, parse_counters
 from stacx.sandbox.output import OutputCapture
-from stacx.sandbox.protocol import ExecResult, Limits, Sandbox
 
 LABEL = "stacx"
 DEFAULT_OUTPUT_LIMIT = 1 << 20

@@ -9,8 +9,7 @@ import asyncio
 import time
 
 from stacx.errors import SandboxError
-from stacx.sandbox.protocol import Sandbox
-from stacx.sandbox.tasks import Healthcheck
+from stacx.ports import Healthcheck, Sandbox
 
 
 async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> int:

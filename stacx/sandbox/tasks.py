@@ -4,14 +4,24 @@ A Harbor task is a directory::
 
     instruction.md          what the agent is told
     task.toml               timeouts, resources, metadata (schema below)
-    environment/Dockerfile  the image the agent works in (the folder is the build context)
+    environment/Dockerfile  the image the agent works in (the folder is the build context);
+                            optional: an image-less task runs on the process backend
     tests/test.sh           the verifier; writes /logs/verifier/reward.txt or reward.json
     solution/solve.sh       optional reference solution (the oracle runs it)
 
 The schema mirrors Harbor's TaskConfig (schema_version 1.x: `version` is its old spelling;
 `memory`/`storage` as "2G" are the old spellings of memory_mb/storage_mb). Keys this model does
 not know are not fatal: they are kept in `Task.unknown` (dotted path -> value) so a tool can
-report them. A wrong type is a TaskError naming the file and the key path.
+report them. A wrong type is a TaskError naming the file and the key path. The model itself
+(`Task`, `TaskConfig` and its tables) is part of the ports (stacx.ports), so that engines that
+run tasks need not import this loader.
+
+Answer tasks (math sets, AIME-style) come in a light format instead: a .jsonl file whose lines
+are ``{"id", "problem", "answer", "difficulty"?}``. Each line becomes a `Task` with no
+directory: its `path` is ``<file>#<id>`` (what `load_task` reads back), its instruction the
+problem, and its metadata the reference answer, the difficulty and ``answer_path``, the file
+the agent writes its final answer to; stacx.sandbox.answers scores it (no image, no test.sh).
+A directory that holds no task.toml but .jsonl files is the set of their tasks.
 """
 
 from __future__ import annotations
@@ -25,90 +35,14 @@ from pathlib import Path
 import msgspec
 
 from stacx.errors import TaskError
-from stacx.sandbox.protocol import Limits
-
-
-class Healthcheck(msgspec.Struct, kw_only=True, frozen=True):
-    command: str
-    interval_sec: float = 5.0
-    timeout_sec: float = 30.0
-    start_period_sec: float = 0.0
-    start_interval_sec: float = 5.0
-    retries: int = 3
-
-
-class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
-    timeout_sec: float = 600.0
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-    user: str | int | None = None
-
-
-class AgentConfig(msgspec.Struct, kw_only=True, frozen=True):
-    timeout_sec: float | None = None
-    user: str | int | None = None
-
-
-class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-
-
-class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
-    build_timeout_sec: float = 600.0
-    docker_image: str | None = None
-    cpus: float = 1.0
-    memory_mb: int = 2048
-    storage_mb: int = 10240
-    gpus: int = 0
-    gpu_types: list[str] | None = None
-    allow_internet: bool = True
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-    healthcheck: Healthcheck | None = None
-    skills_dir: str | None = None
-
-
-class PackageInfo(msgspec.Struct, kw_only=True, frozen=True):
-    name: str = ""
-    description: str = ""
-    keywords: list[str] = msgspec.field(default_factory=list)
-
-
-class TaskConfig(msgspec.Struct, kw_only=True, frozen=True):
-    schema_version: str = "1.0"
-    task: PackageInfo | None = None
-    metadata: dict[str, object] = msgspec.field(default_factory=dict)
-    verifier: VerifierConfig = msgspec.field(default_factory=VerifierConfig)
-    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
-    environment: EnvironmentConfig = msgspec.field(default_factory=EnvironmentConfig)
-    solution: SolutionConfig = msgspec.field(default_factory=SolutionConfig)
-    source: str | None = None
-
-
-class Task(msgspec.Struct, kw_only=True, frozen=True):
-    """One task, as `stacx tasks prepare` writes it (one JSON line each)."""
-
-    task_id: str
-    path: str  # absolute path of the task directory
-    instruction: str
-    config: TaskConfig
-    unknown: dict[str, object] = msgspec.field(default_factory=dict)
-    has_solution: bool = False
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.path)
-
-    @property
-    def environment_dir(self) -> Path:
-        return self.dir / "environment"
-
-    @property
-    def tests_dir(self) -> Path:
-        return self.dir / "tests"
-
-    @property
-    def solution_dir(self) -> Path:
-        return self.dir / "solution"
-
+from stacx.ports import (
+    AgentConfig,
+    EnvironmentConfig,
+    Limits,
+    Task,
+    TaskConfig,
+    VerifierConfig,
+)
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _SCALE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024, "": 1 / (1024 * 1024)}
@@ -177,6 +111,12 @@ def parse_task_config(
 
 def load_task(task_dir: str | Path) -> Task:
     """Load one Harbor task directory; raises TaskError naming the missing or bad file."""
+    file, sep, task_id = str(task_dir).rpartition("#")
+    if sep and file.endswith(".jsonl"):  # an answer task: <file>#<id>
+        found = [t for t in read_jsonl(file) if t.task_id == task_id]
+        if not found:
+            raise TaskError(f"{file}: no task with id {task_id!r}")
+        return found[0]
     task_dir = Path(task_dir).resolve()
     if not task_dir.is_dir():
         raise TaskError(f"{task_dir}: not a directory")
@@ -188,12 +128,8 @@ def load_task(task_dir: str | Path) -> Task:
     instruction_path = task_dir / "instruction.md"
     if not instruction_path.is_file():
         raise TaskError(f"{task_dir}: missing instruction.md")
-    if not (task_dir / "environment" / "Dockerfile").is_file() and not (
-        config.environment.docker_image
-    ):
-        raise TaskError(
-            f"{task_dir}: missing environment/Dockerfile (and no environment.docker_image)"
-        )
+    # No environment/Dockerfile and no environment.docker_image: an image-less task (the
+    # process backend runs it; the Docker backend reports it when it builds, as IMAGE_BUILD).
     if not (task_dir / "tests" / "test.sh").is_file():
         raise TaskError(f"{task_dir}: missing tests/test.sh")
     return Task(
@@ -217,9 +153,10 @@ def discover(tasks_dir: str | Path) -> list[Task]:
     if (root / "task.toml").is_file():
         return [load_task(root)]
     dirs = sorted({p.parent for p in root.rglob("task.toml")})
-    if not dirs:
-        raise TaskError(f"{root}: no task.toml found below it (not a Harbor task set)")
-    tasks = [load_task(d) for d in dirs]
+    jsonl = sorted(root.glob("*.jsonl"))
+    if not dirs and not jsonl:
+        raise TaskError(f"{root}: no task.toml found below it, nor a .jsonl (not a task set)")
+    tasks = [load_task(d) for d in dirs] if dirs else [t for f in jsonl for t in read_jsonl(f)]
     seen: dict[str, str] = {}
     for t in tasks:
         if t.task_id in seen:
@@ -242,21 +179,60 @@ def write_jsonl(tasks: list[Task], output: str | Path) -> None:
     tmp.replace(output)
 
 
+ANSWER_PATH = "/logs/agent/answer.txt"  # where an answer task's agent writes its final answer
+
+
+class AnswerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One line of the light answer-task format (see the module docstring)."""
+
+    id: str
+    problem: str
+    answer: str | int | float
+    difficulty: str | None = None
+
+
+_answer_decoder = msgspec.json.Decoder(AnswerRecord)
+
+
+def answer_task(record: AnswerRecord, source: str | Path) -> Task:
+    """The `Task` of one answer record of `source` (an absolute .jsonl path is kept as is)."""
+    answer = record.answer if isinstance(record.answer, str) else repr(record.answer)
+    metadata: dict[str, object] = {"answer": answer, "answer_path": ANSWER_PATH}
+    if record.difficulty is not None:
+        metadata["difficulty"] = record.difficulty
+    return Task(
+        task_id=record.id,
+        path=f"{Path(source).resolve()}#{record.id}",
+        instruction=record.problem,
+        config=TaskConfig(
+            metadata=metadata,
+            verifier=VerifierConfig(timeout_sec=30.0),
+            agent=AgentConfig(timeout_sec=600.0),
+            environment=EnvironmentConfig(cpus=1.0, memory_mb=1024, allow_internet=False),
+        ),
+    )
+
+
 def read_jsonl(path: str | Path) -> list[Task]:
-    """Read a tasks.jsonl written by `write_jsonl`; a bad line is a TaskError naming it."""
+    """Read a tasks.jsonl written by `write_jsonl`, or a file of answer records (a line with a
+    "problem" is one); a bad line is a TaskError naming it."""
     tasks = []
     for lineno, line in enumerate(Path(path).read_bytes().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            tasks.append(_decoder.decode(line))
+            if b'"problem"' in line and b'"task_id"' not in line:
+                tasks.append(answer_task(_answer_decoder.decode(line), path))
+            else:
+                tasks.append(_decoder.decode(line))
         except msgspec.DecodeError as exc:
             raise TaskError(f"{path}:{lineno}: not a task record: {exc}") from exc
     return tasks
 
 
 def load_tasks(source: str | Path) -> list[Task]:
-    """Tasks from a task directory, a directory of tasks, or a tasks.jsonl file."""
+    """Tasks from a task directory, a directory of tasks (or of .jsonl files), a tasks.jsonl
+    file, or a .jsonl of answer records (see the module docstring)."""
     source = Path(source)
     if source.is_file():
         return read_jsonl(source)

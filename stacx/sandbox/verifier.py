@@ -23,8 +23,8 @@ import msgspec
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, FailureKind, InfraFailed, RewardAssigned
-from stacx.sandbox.protocol import Sandbox
-from stacx.sandbox.tasks import Task, resolve_env
+from stacx.ports import InfraFailure, Sandbox, Task, Verdict
+from stacx.sandbox.tasks import resolve_env
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
@@ -189,6 +189,15 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     return VerifierResult(
         reward=metrics["reward"], metrics=metrics, duration_ms=ms(), output=output
     )
+
+
+def verdict(outcome: VerifierOutcome) -> Verdict:
+    """The `Environments` port's answer: a Verdict, or InfraFailure with the failure's kind."""
+    if isinstance(outcome, VerifierFailure):
+        detail = f"{outcome.reason}\n{outcome.output}" if outcome.output else outcome.reason
+        raise InfraFailure(outcome.kind, detail)
+    metrics = {k: v for k, v in outcome.metrics.items() if k != "reward"}
+    return Verdict(reward=outcome.reward, metrics=metrics, verifier_ms=outcome.duration_ms)
 
 
 async def verify(

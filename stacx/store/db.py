@@ -31,6 +31,11 @@ RUN_FILE = "run.json"
 VIEWS_DIR = Path(__file__).resolve().parents[2] / "events" / "views"
 
 
+def quote_ident(name: str) -> str:
+    """A DuckDB identifier, quoted (for names, where a bound parameter cannot go)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def db_path(run_dir: Path | str) -> Path:
     return Path(run_dir) / DB_FILE
 
@@ -60,7 +65,7 @@ def view_files() -> list[Path]:
 
 def load_views(con: duckdb.DuckDBPyConnection, schema: str | None = None) -> None:
     if schema:
-        con.execute(f'USE "{schema}"')
+        con.execute(f"USE {quote_ident(schema)}")
     for f in view_files():
         try:
             con.execute(f.read_text())
@@ -134,17 +139,17 @@ def attach_runs(run_dirs: list[Path | str]) -> duckdb.DuckDBPyConnection:
         d = require_run(d)
         path = db_path(d)
         try:
-            con.execute(f"ATTACH '{path}' AS r{i} (READ_ONLY)")
+            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(path)])
         except duckdb.Error as exc:
             if not _locked(exc):
                 raise
-            con.execute(f"ATTACH '{_snapshot(d)}' AS r{i} (READ_ONLY)")
+            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(_snapshot(d))])
         names.append(f"r{i}")
     tables = [r[0] for r in con.execute(
         "select distinct table_name from duckdb_tables() where database_name = 'r0'").fetchall()]
     for t in tables:
-        union = " UNION ALL BY NAME ".join(f'SELECT * FROM {n}."{t}"' for n in names)
-        con.execute(f'CREATE OR REPLACE TEMP VIEW "{t}" AS {union}')
+        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {n}.{quote_ident(t)}" for n in names)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(t)} AS {union}")
     load_views_readonly(con)
     return con
 

@@ -9,8 +9,14 @@ Why exactly once: on every start the durable consumer is rebuilt to deliver, in 
 from the committed position + 1, so a crash before a commit loses nothing (those messages come
 again, first) and a crash after the commit but before the ack delivers nothing twice; any
 redelivery at or below the committed position is skipped. The position lives in the same
-transaction as the rows, so the two cannot disagree. Publishers' re-sends of an event are
-removed earlier, by JetStream's message-id de-duplication.
+transaction as the rows, so the two cannot disagree.
+
+One row per ``event_id``, ever: publishers' re-sends of an event are removed first by
+JetStream's message-id de-duplication, but only inside the stream's duplicate window (a day)
+and only while the server keeps its de-dup state. The recorder therefore also inserts every
+event's id into ``_event_ids`` (primary key) in the same transaction as its rows, and an event
+whose id is already there (or earlier in the same batch) is skipped: not written, counted in
+``duplicates`` and logged. Its stream sequence still advances the position.
 
 Bad input: a payload that does not decode (unknown kind, malformed bytes, wrong types) goes
 to ``_dead_letters`` with the decoder's reason, in the same transaction; it never stops the
@@ -24,13 +30,14 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 import duckdb
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -64,6 +71,7 @@ class Recorder:
         self.position = 0  # last committed stream sequence
         self.recorded = 0
         self.dead = 0
+        self.duplicates = 0  # events skipped because their event_id was already recorded
         self._advanced = asyncio.Condition()
         self._lock = asyncio.Lock()  # one DuckDB user at a time: the insert loop or a query
         self._stop = asyncio.Event()
@@ -131,6 +139,8 @@ class Recorder:
         index: list[tuple[int, str, str, str, float, str | None]] = []
         dead: list[tuple[int, str, str, bytes, float]] = []
         last_seq = self.position
+        batch_ids: set[str] = set()
+        repeats: list[tuple[str, int]] = []  # (event_id, seq) seen earlier in this batch
         for m in msgs:
             seq = int(m.metadata.sequence.stream)
             if seq <= self.position:
@@ -141,13 +151,22 @@ class Recorder:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((seq, m.subject, f"{type(exc).__name__}: {exc}", m.data, time.time()))
                 continue
+            if ev.event_id in batch_ids:
+                repeats.append((ev.event_id, seq))
+                continue
+            batch_ids.add(ev.event_id)
             by_kind[ev.kind].append(ev)
             seqs[ev.kind].append(seq)
             index.append((seq, ev.event_id, ev.kind, ev.run_id, ev.ts, getattr(ev, "episode_id", None)))
         if last_seq > self.position:
             tables = {k: to_arrow(k, evs, seqs[k]) for k, evs in by_kind.items()}
             async with self._lock:
-                await asyncio.to_thread(self._commit, tables, index, dead, last_seq)
+                written = await asyncio.to_thread(self._commit, tables, index, dead, last_seq)
+            kept = {r[0] for r in written}
+            repeats += [(r[1], r[0]) for r in index if r[0] not in kept]
+            if repeats:
+                self._skipped(repeats[0][0], repeats[0][1], len(repeats))
+            index = written
             self.recorded += len(index)
             self.dead += len(dead)
             async with self._advanced:
@@ -157,12 +176,30 @@ class Recorder:
                 self.on_commit(last_seq)
         await msgs[-1].ack()  # AckAll: everything up to here is durable
 
+    def _skipped(self, event_id: str, seq: int, n: int) -> None:
+        self.duplicates += n
+        log.warning("recorder %s: %d event(s) with an already recorded event_id skipped "
+                    "(e.g. %s at stream sequence %d); %d so far", self.stream, n, event_id, seq,
+                    self.duplicates)
+
     def _commit(self, tables: dict[str, pa.Table], index: list[tuple[int, str, str, str, float, str | None]],
-                dead: list[tuple[int, str, str, bytes, float]], last_seq: int) -> None:
+                dead: list[tuple[int, str, str, bytes, float]], last_seq: int,
+                ) -> list[tuple[int, str, str, str, float, str | None]]:
+        """One transaction: ids, rows, index, dead letters, position. Returns the index rows
+        actually written (without the events whose id was recorded before)."""
         con = self.con
         assert con is not None
         con.execute("BEGIN TRANSACTION")
         try:
+            if index:
+                con.register("_ids", pa.table({"event_id": pa.array([r[1] for r in index], pa.string())}))
+                new = {r[0] for r in con.execute(
+                    "INSERT OR IGNORE INTO _event_ids SELECT event_id FROM _ids RETURNING event_id").fetchall()}
+                con.unregister("_ids")
+                if len(new) < len(index):
+                    index = [r for r in index if r[1] in new]
+                    keep = pa.array(sorted(new), pa.string())
+                    tables = {k: t.filter(pc.is_in(t["event_id"], value_set=keep)) for k, t in tables.items()}
             for kind, tbl in tables.items():
                 con.register("_batch", tbl)
                 con.execute(f'INSERT INTO "{TABLES[kind].name}" SELECT * FROM _batch')
@@ -187,6 +224,7 @@ class Recorder:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        return index
 
     # ---- readers -------------------------------------------------------------------------
 
@@ -195,7 +233,7 @@ class Recorder:
         async with self._advanced:
             await asyncio.wait_for(self._advanced.wait_for(lambda: self.position >= seq), timeout)
 
-    async def query(self, sql: str, params: list[object] | None = None) -> pa.Table:
+    async def query(self, sql: str, params: Sequence[object] | Mapping[str, object] | None = None) -> pa.Table:
         """Run SQL (views included) on the writer's connection, between batches."""
         return await self.read(lambda con: con.sql(sql, params=params).to_arrow_table())
 

@@ -139,14 +139,13 @@ def opd_advantage_lists(
     """``opd_batch`` rows with ``advantages`` recomputed by
     :func:`stacx.train.advantages.opd_advantages` (``discount``, ``center`` over the table's
     tokens, ``grpo_weight * grpo_advantage``) from the rows' ``teacher_logprobs`` and
-    ``student_logprobs``. Rows that are not ``aligned`` keep NULL. With every knob off the
-    view's column is already the answer."""
+    ``student_logprobs``. Rows that are not ``aligned`` keep NULL. This is the one OPD
+    advantage the trainer uses; the view's own ``advantages`` column (the plain per-token log
+    ratio) is a reading aid for users and the test oracle for every knob off."""
     import torch
 
     from stacx.train.advantages import opd_advantages
 
-    if discount == 0.0 and grpo_weight == 0.0 and not center:
-        return table
     cols = {
         c: table.column(c).to_pylist()
         for c in ("aligned", "teacher_logprobs", "student_logprobs", "grpo_advantage")

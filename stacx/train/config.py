@@ -13,9 +13,12 @@ algorithm   default source        unit (readiness, lineage)             loss
 grpo        grpo_batch            a group (all samples scored or final) clipped policy gradient
 opd         opd_batch             an episode (scored, teacher-scored)   clipped policy gradient
 sft         sft_examples          an episode (scored, ``filter`` holds) cross-entropy
-dagger      dagger_dataset        an episode with teacher labels        cross-entropy
-aggrevate   aggrevate_dataset     a parent episode's explored branches  advantage-weighted NLL
+dagger      dagger_dataset        an episode, every state labeled       cross-entropy
+aggrevate   aggrevate_dataset     a parent episode, all k branches done advantage-weighted NLL
 =========== ===================== ===================================== ========================
+
+(``stacx.train.units`` has the exact readiness rules; sft and dagger draw each step from the
+aggregate of every complete unit, new units first.)
 
 ``filter`` is a SQL boolean expression over the source view's columns (e.g.
 ``reward >= 1 and actor = 'oracle'``), applied before readiness is counted.
@@ -74,6 +77,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     batch_groups: int = 4  # grpo: groups per step
     batch_episodes: int = 8  # other algorithms: units (episodes) per step
     min_ready: int | None = None  # units that must be ready before a step; None: a full batch
+    # optimizer steps per rollout iteration (sft, dagger: epochs over the aggregate dataset
+    # after each roll-in; the scheduler starts iteration i once version i * this is published)
+    steps_per_iteration: int = 1
     grad_accumulation: int = 1  # at least this many micro-batches per step
     max_tokens: int = 4096  # token positions per micro-batch (a longer sample gets its own)
     # samples with one prompt (a GRPO group) forward it once (packing.pack_shared): ~n times
@@ -89,6 +95,10 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     opd_grpo_weight: float = 0.0  # weight of the episode's GRPO advantage added to every token
     opd_center: bool = False  # subtract the batch's mean log-ratio advantage (a baseline)
     max_staleness: int = 0  # async: oldest usable sample, in weight versions behind the trainer
+    # readiness of imitation units (derived from the recipe's teacher / algorithm.imitation):
+    # the actors whose turns DAgger's teacher labels, and AggreVaTe's branches per parent
+    label_actors: list[str] = msgspec.field(default_factory=lambda: ["student", "teacher"])
+    branches: int = 2
     # data
     source: str = ""  # view to read; "" = the algorithm's default (see module docstring)
     filter: str = ""  # SQL boolean over the source's columns; "" = the algorithm's default
@@ -142,13 +152,28 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         value = getattr(cfg, key)
         if value not in accepted:
             raise _fail(key, value, " | ".join(accepted))
-    positive = ("steps", "batch_groups", "batch_episodes", "grad_accumulation", "max_tokens")
+    positive = (
+        "steps",
+        "batch_groups",
+        "batch_episodes",
+        "grad_accumulation",
+        "max_tokens",
+        "steps_per_iteration",
+        "branches",
+    )
     for key in positive:
         if getattr(cfg, key) < 1:
             raise _fail(key, getattr(cfg, key), "an integer >= 1")
     for key in ("warmup_steps", "max_staleness", "save_every", "keep_last"):
         if getattr(cfg, key) < 0:
             raise _fail(key, getattr(cfg, key), "an integer >= 0")
+    if cfg.steps_per_iteration > 1 and cfg.algorithm not in ("sft", "dagger"):
+        raise _fail(
+            "steps_per_iteration",
+            cfg.steps_per_iteration,
+            f"1 for {cfg.algorithm} (it uses each unit once; only sft and dagger train epochs "
+            "over an aggregate dataset)",
+        )
     if cfg.min_ready is not None and not 1 <= cfg.min_ready <= cfg.batch_units:
         raise _fail("min_ready", cfg.min_ready, f"an integer in [1, batch size {cfg.batch_units}]")
     if not cfg.lr > 0:

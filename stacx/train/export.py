@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from stacx.inference.models import read_safetensors, resolve_model
+from stacx.hf import read_safetensors, resolve_model
 from stacx.train.checkpoint import WEIGHTS_FILE, CheckpointError, version_dir, versions
 
 BASE_SQL = "SELECT config_json FROM run_started ORDER BY _seq DESC LIMIT 1"

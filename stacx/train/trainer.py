@@ -1,9 +1,9 @@
 """The Trainer actor: readiness from the log, a step, a checkpoint, a new weight version.
 
-Driven by signals (``RunStarted``, ``EpisodeFinished``, ``RewardAssigned``, ``InfraFailed``,
-``TeacherLabeled``, ``TeacherScored``, ``CostToGoEstimated``): each one makes it ask the log,
-in SQL, whether a step is ready (:mod:`stacx.train.units`: enough complete units not trained on
-yet, fresh enough), and while one is it
+Driven by the signals that can complete a unit of its algorithm (``Trainer.wakes``: rewards,
+labels, scores, costs-to-go, failures): each one makes it ask the log, in SQL, whether a step
+is ready (:mod:`stacx.train.units`: in sync mode the step's iteration is settled, and enough
+complete units exist, each with every label, score or branch it waits for), and while one is it
 
 1. materializes the batch from the algorithm's view (Arrow -> samples -> packed tensors),
 2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
@@ -53,7 +53,8 @@ from stacx.events import (
     WeightsPublished,
     derive_id,
 )
-from stacx.train import checkpoint, sync
+from stacx.ports import WeightOffer
+from stacx.train import checkpoint, units
 from stacx.train.config import TrainerConfig
 from stacx.train.step import (
     StepResult,
@@ -62,7 +63,13 @@ from stacx.train.step import (
     train_step,
     trainable_parameters,
 )
-from stacx.train.units import batch_rows_sql, pending_step_sql, ready_units_sql, trainer_state_sql
+from stacx.train.units import (
+    batch_rows_sql,
+    gate_sql,
+    pending_step_sql,
+    ready_units_sql,
+    trainer_state_sql,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +90,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype) -> nn.Module
     """The HF causal LM the engine serves (``resolve_model`` semantics), for training."""
     from transformers import AutoModelForCausalLM
 
-    from stacx.hf import LOAD_LOCK
-    from stacx.inference.models import dtype_kwarg, resolve_model
+    from stacx.hf import LOAD_LOCK, dtype_kwarg, resolve_model
 
     with LOAD_LOCK:  # from_pretrained is not thread-safe (see stacx.hf)
         model: nn.Module = AutoModelForCausalLM.from_pretrained(
@@ -108,11 +114,29 @@ class Trainer(Actor):
     )
     max_inflight: ClassVar[int] = 1
     ack_wait: ClassVar[float] = 120.0
+    # The kinds that can complete a unit of each algorithm (stacx.train.units): only those make
+    # the trainer ask the log; the others are acknowledged at once. RunStarted: a resumed run
+    # re-checks at once.
+    wakes: ClassVar[dict[str, tuple[type[Event], ...]]] = {
+        "grpo": (RunStarted, RewardAssigned, InfraFailed),
+        "sft": (RunStarted, RewardAssigned, InfraFailed),
+        "dagger": (RunStarted, EpisodeFinished, RewardAssigned, TeacherLabeled, InfraFailed),
+        "opd": (RunStarted, RewardAssigned, TeacherScored, InfraFailed),
+        "aggrevate": (RunStarted, RewardAssigned, CostToGoEstimated, InfraFailed),
+    }
 
-    def __init__(self, config: TrainerConfig, *, model: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        model: nn.Module | None = None,
+        handoff: WeightOffer | None = None,
+    ) -> None:
         """``model`` (optional) is the base model to start from instead of ``config.model``;
-        it is trained in place."""
+        it is trained in place. ``handoff`` (optional) receives a snapshot of every version
+        saved, for engines of this process (``trainer.inprocess_handoff``)."""
         self.config = config
+        self.handoff = handoff
         self._base = model
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -132,7 +156,8 @@ class Trainer(Actor):
         rows = (await self.query(trainer_state_sql())).to_pylist()
         latest = rows[0] if rows else None
         self.version = int(latest["version"]) if latest else 0
-        pending = (await self.query(pending_step_sql(self.version))).to_pylist()
+        sql = pending_step_sql()
+        pending = (await self.query(sql, units.params(self.config, sql, self.version))).to_pylist()
         self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
         path = str(latest["path"]) if latest else None
         await asyncio.to_thread(self._build, path)
@@ -163,6 +188,8 @@ class Trainer(Actor):
     # ---- the loop --------------------------------------------------------------------------
 
     async def handle(self, event: Event) -> None:
+        if not isinstance(event, self.wakes[self.config.algorithm]):
+            return
         while not self.finished:
             episode_ids = await self._next_batch()
             if episode_ids is None:
@@ -172,15 +199,23 @@ class Trainer(Actor):
     async def _next_batch(self) -> list[str] | None:
         if self._pending is not None:
             return self._pending
-        units = (await self.query(ready_units_sql(self.config, self.version))).to_pylist()
-        if len(units) < self.config.ready_threshold:
+        cfg = self.config
+        gate = gate_sql(cfg)
+        if gate is not None:
+            (row,) = (await self.query(gate, units.params(cfg, gate, self.version))).to_pylist()
+            if not row["open"]:
+                return None  # its iteration is still in flight: labels, scores or samples
+        sql = ready_units_sql(cfg)
+        ready = (await self.query(sql, units.params(cfg, sql, self.version))).to_pylist()
+        if len(ready) < cfg.ready_threshold:
             return None
-        chosen = units[: self.config.batch_units]
+        chosen = ready[: cfg.batch_units]
         return [str(e) for u in chosen for e in u["episode_ids"]]
 
     async def _step(self, episode_ids: list[str]) -> None:
         cfg = self.config
-        table = await self.query(batch_rows_sql(cfg, episode_ids))
+        sql = batch_rows_sql(cfg)
+        table = await self.query(sql, {"episode_ids": sorted(set(episode_ids))})
         samples = samples_for(cfg, table)
         step = self.version + 1
         assert self.model is not None and self.optimizer is not None
@@ -255,14 +290,14 @@ class Trainer(Actor):
             {"step": step, "algorithm": self.config.algorithm, "loss": result.loss},
             only_trainable=bool(self.config.trainable),
         )
-        if self.config.inprocess_handoff:
+        if self.config.inprocess_handoff and self.handoff is not None:
             # a snapshot: the next step must not change what an engine is copying
             snapshot = {
                 k: v.detach().clone()
                 for k, v in self.model.named_parameters()
                 if v.requires_grad or not self.config.trainable
             }
-            sync.offer(str(path), sha, snapshot)
+            self.handoff.offer(str(path), sha, snapshot)
         return path, sha
 
 

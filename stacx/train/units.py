@@ -1,25 +1,45 @@
 """Readiness and batch selection, in SQL over the log (pure functions that build queries).
 
-A *unit* is what the trainer takes whole or not at all: a GRPO group (its advantages are
-relative to each other), or one episode for the other algorithms (a parent episode and its
-explored branches for AggreVaTe). :func:`ready_units_sql` lists the units that are
+A *unit* is what the trainer takes whole or not at all. It is **complete** only when every
+signal it waits for is in the log, so a step can never run on a half-labeled unit and then
+exclude the rest for good:
 
-- complete: GRPO, every sample of the group is scored or failed for good (``n_samples`` from
-  ``task_scheduled``; without one, the samples seen); otherwise the episode is scored (DAgger:
-  ended in any way, since its labels stand whatever the reward);
-- not trained on yet: none of their episodes appears in the ``episode_ids`` of a committed
-  ``train_step_finished`` (one whose weight version is at most the trainer's);
-- fresh enough (GRPO and OPD only; the other algorithms learn off-policy by design): the
-  oldest weight version of their turns is at most ``staleness`` versions behind ``version``.
-  A turn without a weight version counts as current.
+=========== ====================== ======================================================
+algorithm   unit                   complete when
+=========== ====================== ======================================================
+grpo        a group                every scheduled sample is done (``samples.done``)
+sft         an episode             it is scored
+dagger      a roll-in episode      it ended, and every visited state whose actor is in
+                                   ``label_actors`` has a TeacherLabeled, or a recorded
+                                   teacher failure (InfraFailed with that ``turn``)
+opd         a roll-in episode      it is scored, and every student turn with output has a
+                                   TeacherScored or a recorded teacher failure
+aggrevate   a parent episode       it is scored, and it has ``branches`` explored branches
+                                   each with a CostToGoEstimated or an InfraFailed (a
+                                   parent without turns has none to wait for)
+=========== ====================== ======================================================
 
-oldest first (by when they became complete), then by id, so a redo picks the same batch.
-Rows of the source view that fail the filter are not part of any unit. Every value spliced
-into SQL is an integer or comes from the validated config (view names are identifiers).
+:func:`ready_units_sql` lists the complete units the next step may use:
+
+- *on-policy and cost-sensitive* algorithms (grpo, opd, aggrevate) use a unit once: units
+  already in the ``episode_ids`` of a committed ``train_step_finished`` are left out, and
+  (grpo, opd) units older than ``staleness`` versions are left out too;
+- *dataset* algorithms (sft, dagger) train on the aggregate (DAgger's union over all
+  iterations): every complete unit stays usable; units not trained on yet come first, then the
+  rest in a deterministic shuffle of (unit, step), so ``steps_per_iteration`` steps after one
+  roll-in iteration are epochs over everything labeled so far.
+
+:func:`gate_sql` is the sync-mode barrier for the non-GRPO algorithms: the step after version
+``v`` waits until iteration ``v // steps_per_iteration`` is scheduled and nothing of it, or of
+an earlier iteration, is in flight (every sample done, every unit complete). GRPO's unit is the
+whole group already. :func:`pending_sql` is the in-flight count the scheduler uses to decide
+that nothing is in flight. Queries take bound parameters (``$name``) for every value that is not
+an identifier from the validated config.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from stacx.train.config import TrainerConfig
@@ -33,27 +53,27 @@ EPISODE_COLUMN: Final = {
     "aggrevate": "branch_episode_id",
 }
 
+DATASET_ALGORITHMS: Final = ("sft", "dagger")
+ROLL_IN_POLICIES: Final = ("student", "mixture")
 
-def _trained(version: int) -> str:
-    return (
-        "SELECT DISTINCT unnest(episode_ids) AS episode_id FROM train_step_finished "
-        f"WHERE weight_version <= {int(version)}"
-    )
+Params = dict[str, object]
 
 
 def _where(cfg: TrainerConfig) -> str:
     return f"WHERE ({cfg.row_filter})" if cfg.row_filter else ""
 
 
-def ready_units_sql(cfg: TrainerConfig, version: int) -> str:
-    """Rows (unit_id, episode_ids, min_version, ready_ts) of the units ready for a step."""
-    v = int(version)
-    staleness = cfg.staleness_limit if cfg.algorithm in ("grpo", "opd") else None
-    fresh = (
-        f"AND {v} - coalesce(min(s.min_version), {v}) <= {staleness}"
-        if staleness is not None
-        else ""
+def _trained() -> str:
+    return (
+        "SELECT DISTINCT unnest(episode_ids) AS episode_id FROM train_step_finished "
+        "WHERE weight_version <= $version"
     )
+
+
+def complete_units_sql(cfg: TrainerConfig) -> str:
+    """Rows (unit_id, episode_ids, iteration, min_version, ready_ts) of every complete unit of
+    the source view (see the module table); ``$label_actors`` / ``$branches`` are bound by
+    :func:`params`."""
     ep = EPISODE_COLUMN[cfg.algorithm]
     src = (
         f"SELECT {ep} AS episode_id, min(weight_version) AS min_version "
@@ -61,83 +81,224 @@ def ready_units_sql(cfg: TrainerConfig, version: int) -> str:
     )
     if cfg.algorithm == "grpo":
         return f"""
-WITH trained AS ({_trained(v)}),
-final_fail AS (
-    SELECT DISTINCT episode_id FROM infra_failed WHERE episode_id IS NOT NULL AND NOT will_retry
-),
-sched AS (SELECT group_id, max(n_samples) AS n_samples FROM task_scheduled GROUP BY group_id),
+WITH sched AS (SELECT group_id, max(n_samples) AS n_samples FROM task_scheduled GROUP BY group_id),
 groups AS (
-    SELECT e.group_id,
-           count(DISTINCT e.sample_index)
-               FILTER (WHERE e.status = 'scored' OR ff.episode_id IS NOT NULL) AS n_done,
-           count(DISTINCT e.sample_index) AS n_seen,
-           max(e.finished_ts) AS ready_ts
-    FROM episodes e LEFT JOIN final_fail ff USING (episode_id)
-    GROUP BY e.group_id
+    SELECT group_id, max(iteration) AS iteration,
+           count(*) FILTER (WHERE done) AS n_done, count(*) AS n_seen, max(done_ts) AS ready_ts
+    FROM samples GROUP BY group_id
 ),
 src AS ({src})
 SELECT g.group_id AS unit_id,
        list(DISTINCT s.episode_id ORDER BY s.episode_id) AS episode_ids,
+       any_value(g.iteration) AS iteration,
        min(s.min_version) AS min_version,
        max(g.ready_ts) AS ready_ts
 FROM src s
 JOIN episodes e USING (episode_id)
 JOIN groups g ON g.group_id = e.group_id
 LEFT JOIN sched sc ON sc.group_id = e.group_id
-LEFT JOIN trained t ON t.episode_id = s.episode_id
 WHERE g.n_done >= coalesce(sc.n_samples, g.n_seen)
-GROUP BY g.group_id
-HAVING NOT bool_or(t.episode_id IS NOT NULL) {fresh}
-ORDER BY ready_ts, unit_id
-"""
+GROUP BY g.group_id"""
     if cfg.algorithm == "aggrevate":
         return f"""
-WITH trained AS ({_trained(v)}),
-src AS (
+WITH src AS (
     SELECT parent_episode_id, {ep} AS episode_id, max(ts) AS ts
     FROM {cfg.source_view} {_where(cfg)} GROUP BY ALL
-)
+),
+parents AS ({_aggrevate_parents()})
 SELECT s.parent_episode_id AS unit_id,
        list(DISTINCT s.episode_id ORDER BY s.episode_id) AS episode_ids,
+       any_value(p.iteration) AS iteration,
        NULL::BIGINT AS min_version,
        max(s.ts) AS ready_ts
 FROM src s
-JOIN episodes p ON p.episode_id = s.parent_episode_id
-LEFT JOIN trained t ON t.episode_id = s.episode_id
-WHERE p.status IN ('scored', 'finished', 'failed') AND s.episode_id IS NOT NULL
-GROUP BY s.parent_episode_id
-HAVING NOT bool_or(t.episode_id IS NOT NULL)
-ORDER BY ready_ts, unit_id
-"""
-    complete = (
-        "e.status IN ('scored', 'finished', 'failed')"
-        if cfg.algorithm == "dagger"
-        else "e.status = 'scored'"
-    )
+JOIN parents p ON p.episode_id = s.parent_episode_id
+WHERE p.complete AND s.episode_id IS NOT NULL
+GROUP BY s.parent_episode_id"""
+    if cfg.algorithm == "dagger":
+        complete = (
+            f"e.status IN ('scored', 'finished', 'failed') AND e.episode_id NOT IN ({_unlabeled()})"
+        )
+    elif cfg.algorithm == "opd":
+        complete = f"e.status = 'scored' AND e.episode_id NOT IN ({_unscored()})"
+    else:
+        complete = "e.status = 'scored'"
     return f"""
-WITH trained AS ({_trained(v)}),
-src AS ({src})
+WITH src AS ({src})
 SELECT s.episode_id AS unit_id,
        [s.episode_id] AS episode_ids,
+       any_value(e.iteration) AS iteration,
        min(s.min_version) AS min_version,
        max(e.finished_ts) AS ready_ts
 FROM src s
 JOIN episodes e USING (episode_id)
-LEFT JOIN trained t ON t.episode_id = s.episode_id
 WHERE {complete}
-GROUP BY s.episode_id
-HAVING NOT bool_or(t.episode_id IS NOT NULL) {fresh}
-ORDER BY ready_ts, unit_id
-"""
+GROUP BY s.episode_id"""
 
 
-def batch_rows_sql(cfg: TrainerConfig, episode_ids: list[str]) -> str:
-    """The source view's rows of the chosen episodes, in a stable order."""
+def _turn_failed(alias: str) -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = {alias}.episode_id "
+        f"AND f.turn = {alias}.turn)"
+    )
+
+
+def _roll_in() -> str:
+    policies = ", ".join(f"'{p}'" for p in ROLL_IN_POLICIES)
+    return (
+        "SELECT DISTINCT episode_id FROM episode_started "
+        f"WHERE CAST(policy AS VARCHAR) IN ({policies})"
+    )
+
+
+def _unlabeled() -> str:
+    """Roll-in episodes with a visited state still waiting for its teacher label."""
+    return f"""SELECT t.episode_id FROM turn_generated t
+WHERE t.episode_id IN ({_roll_in()}) AND list_contains($label_actors, CAST(t.actor AS VARCHAR))
+  AND NOT EXISTS (SELECT 1 FROM teacher_labeled l
+                  WHERE l.episode_id = t.episode_id AND l.turn = t.turn)
+  AND NOT {_turn_failed("t")}"""
+
+
+def _unscored() -> str:
+    """Roll-in episodes with a student turn still waiting for its teacher score."""
+    return f"""SELECT t.episode_id FROM turn_generated t
+WHERE t.episode_id IN ({_roll_in()}) AND CAST(t.actor AS VARCHAR) = 'student'
+  AND len(t.output_ids) > 0
+  AND NOT EXISTS (SELECT 1 FROM teacher_scored x
+                  WHERE x.episode_id = t.episode_id AND x.turn = t.turn)
+  AND NOT {_turn_failed("t")}"""
+
+
+def _aggrevate_parents() -> str:
+    """Scored roll-in parents, with whether all their branches have an outcome."""
+    return f"""SELECT p.episode_id, p.iteration,
+       p.n_turns = 0 OR (
+         SELECT count(*) FROM branch_created b WHERE b.parent_episode_id = p.episode_id AND (
+           EXISTS (SELECT 1 FROM cost_to_go_estimated c WHERE c.branch_id = b.branch_id)
+           OR EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = b.episode_id))
+       ) >= $branches AS complete
+FROM episodes p
+WHERE p.episode_id IN ({_roll_in()}) AND p.status = 'scored'"""
+
+
+def params(cfg: TrainerConfig, sql: str, version: int, **extra: object) -> Params:
+    """The bound parameters of `sql` (one of this module's queries): the values it names
+    (DuckDB refuses parameters a query does not use)."""
+    values: Params = {
+        "version": int(version),
+        "next": int(version) + 1,
+        "step": int(version) + 1,
+        "label_actors": list(cfg.label_actors),
+        "branches": int(cfg.branches),
+        "iteration": step_iteration(cfg, version),
+        **extra,
+    }
+    return {k: v for k, v in values.items() if re.search(rf"\${k}\b", sql)}
+
+
+def ready_units_sql(cfg: TrainerConfig) -> str:
+    """Rows (unit_id, episode_ids, min_version, ready_ts, trained) of the units the next step
+    may use, in the order it takes them (bind :func:`params`)."""
+    if cfg.algorithm in DATASET_ALGORITHMS:
+        return f"""
+WITH units AS ({complete_units_sql(cfg)}),
+trained AS ({_trained()})
+SELECT * FROM (
+    SELECT u.unit_id, u.episode_ids, u.min_version, u.ready_ts,
+           EXISTS (SELECT 1 FROM trained t WHERE list_contains(u.episode_ids, t.episode_id))
+               AS trained
+    FROM units u
+)
+ORDER BY trained,
+         CASE WHEN trained THEN md5(unit_id || ':' || CAST($step AS VARCHAR)) END,
+         ready_ts, unit_id"""
+    staleness = cfg.staleness_limit if cfg.algorithm in ("grpo", "opd") else None
+    fresh = (
+        f"AND $version - coalesce(u.min_version, $version) <= {int(staleness)}"
+        if staleness is not None
+        else ""
+    )
+    return f"""
+WITH units AS ({complete_units_sql(cfg)}),
+trained AS ({_trained()})
+SELECT u.unit_id, u.episode_ids, u.min_version, u.ready_ts, false AS trained
+FROM units u
+WHERE NOT EXISTS (
+    SELECT 1 FROM trained t WHERE list_contains(u.episode_ids, t.episode_id)) {fresh}
+ORDER BY u.ready_ts, u.unit_id"""
+
+
+def _waiting(cfg: TrainerConfig) -> str:
+    """Rows (iteration) of done roll-ins whose unit still waits for a teacher signal."""
+    if cfg.algorithm == "dagger":
+        return f"""SELECT e.iteration FROM episodes e
+WHERE e.status IN ('scored', 'finished', 'failed') AND e.episode_id IN ({_unlabeled()})"""
+    if cfg.algorithm == "opd":
+        return f"""SELECT e.iteration FROM episodes e
+WHERE e.status = 'scored' AND e.episode_id IN ({_unscored()})"""
+    if cfg.algorithm == "aggrevate":
+        return f"SELECT iteration FROM ({_aggrevate_parents()}) WHERE NOT complete"
+    return "SELECT NULL::BIGINT AS iteration WHERE false"
+
+
+def waiting_sql(cfg: TrainerConfig) -> str:
+    """One row: how many done roll-ins wait for labels, scores or branches. Bind :func:`params`."""
+    return f"SELECT count(*) FROM ({_waiting(cfg)})"
+
+
+def pending_sql(cfg: TrainerConfig) -> str:
+    """Rows (iteration, pending): per scheduled iteration, the samples not done plus the done
+    units still waiting for a signal (labels, scores, branches). Bind :func:`params`."""
+    lost = (
+        "SELECT DISTINCT task_id FROM infra_failed "
+        "WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry"
+    )
+    return f"""
+WITH sched AS (
+    SELECT group_id, any_value(task_id) AS task_id, max(n_samples) AS n_samples,
+           max(iteration) AS iteration
+    FROM task_scheduled GROUP BY group_id
+),
+done AS (SELECT group_id, count(*) FILTER (WHERE done) AS n_done FROM samples GROUP BY group_id),
+missing AS (
+    SELECT s.iteration, greatest(s.n_samples - coalesce(d.n_done, 0), 0) AS n
+    FROM sched s LEFT JOIN done d USING (group_id)
+    WHERE s.task_id NOT IN ({lost})
+),
+waiting AS ({_waiting(cfg)})
+SELECT iteration, sum(n)::BIGINT AS pending FROM (
+    SELECT iteration, n FROM missing
+    UNION ALL SELECT iteration, 1 AS n FROM waiting
+) GROUP BY iteration ORDER BY iteration"""
+
+
+def gate_sql(cfg: TrainerConfig) -> str | None:
+    """One row (open): may the step after ``$version`` run, i.e. is ``$iteration``
+    (:func:`step_iteration`) scheduled and settled? None when no gate applies (GRPO, async
+    mode). Bind :func:`params`."""
+    if cfg.algorithm == "grpo" or cfg.mode != "sync":
+        return None
+    return f"""
+WITH p AS ({pending_sql(cfg)})
+SELECT EXISTS (SELECT 1 FROM task_scheduled WHERE iteration >= $iteration)
+   AND NOT EXISTS (SELECT 1 FROM p WHERE iteration <= $iteration AND pending > 0) AS open"""
+
+
+def step_iteration(cfg: TrainerConfig, version: int) -> int:
+    """The rollout iteration whose data the step after `version` trains on (sync mode)."""
+    return int(version) // cfg.steps_per_iteration
+
+
+def batch_rows_sql(cfg: TrainerConfig) -> str:
+    """The source view's rows of the chosen episodes (``$episode_ids``), in a stable order."""
     ep = EPISODE_COLUMN[cfg.algorithm]
-    ids = ", ".join("'" + e.replace("'", "''") + "'" for e in episode_ids)
     extra = f"AND ({cfg.row_filter})" if cfg.row_filter else ""
     turn = "turn" if cfg.algorithm != "aggrevate" else "turn, action_index"
-    return f"SELECT * FROM {cfg.source_view} WHERE {ep} IN ({ids}) {extra} ORDER BY {ep}, {turn}"
+    return (
+        f"SELECT * FROM {cfg.source_view} WHERE list_contains($episode_ids, {ep}) {extra} "
+        f"ORDER BY {ep}, {turn}"
+    )
 
 
 def trainer_state_sql() -> str:
@@ -147,11 +308,10 @@ def trainer_state_sql() -> str:
     )
 
 
-def pending_step_sql(version: int) -> str:
-    """A train step recorded for the next version whose weights were never published: a crash
+def pending_step_sql() -> str:
+    """A train step recorded for version ``$next`` whose weights were never published: a crash
     between the two events. Its episode_ids are the batch to redo."""
-    v = int(version) + 1
     return (
-        f"SELECT episode_ids FROM train_step_finished WHERE weight_version = {v} "
-        f"AND {v} NOT IN (SELECT version FROM weights_published) ORDER BY ts DESC LIMIT 1"
+        "SELECT episode_ids FROM train_step_finished WHERE weight_version = $next "
+        "AND $next NOT IN (SELECT version FROM weights_published) ORDER BY ts DESC LIMIT 1"
     )

@@ -11,7 +11,7 @@ from stacx.agents.chat import ChatFormat, ChatTokenizer
 def tokenizer() -> ChatTokenizer:
     from transformers import AutoTokenizer
 
-    from stacx.inference.models import default_model_dir, find_default_gguf, is_prepared
+    from stacx.hf import default_model_dir, find_default_gguf, is_prepared
 
     # The prepared checkpoint's tokenizer is the GGUF's, saved; either is the real one.
     if is_prepared(default_model_dir()):

@@ -1,9 +1,13 @@
-"""Actor runtime: delivery by kind, ack after handle, redelivery on error, supervision, work queues."""
+"""Actor runtime: delivery by kind, ack after handle, redelivery on error, supervision, work
+queues and per-instance consumers, strict mode, causal reads."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+
+import pytest
 
 from stacx import events as ev
 from stacx.actors.base import Actor
@@ -24,7 +28,7 @@ class Counter(Actor):
         assert isinstance(event, ev.TaskScheduled)
         self.attempts += 1
         if self.attempts <= self.fail_first:
-            raise RuntimeError("transient")
+            raise ConnectionError("transient")  # infrastructure: retried, even in strict mode
         self.seen.append(event.task_id)
         await self.publish(ev.EpisodeStarted(run_id=self.run_id, episode_id=f"ep-{event.task_id}",
                                              task_id=event.task_id, group_id=event.group_id,
@@ -48,17 +52,20 @@ async def test_actor_gets_its_kinds_and_publishes(tmp_path: Path) -> None:
         run.spawn(a)
         for i in range(5):
             await run.emit(_task(run.run_id, i))
-        await run.emit(ev.RunFinished(run_id=run.run_id, status="not for the counter"))
+        await run.emit(ev.RunFinished(run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="not for the counter"))
         await _until(lambda: len(a.seen) == 5)
         rows = await run.query("select count(*) from episode_started")
         assert rows.column(0)[0].as_py() == 5
     assert sorted(a.seen) == [f"t{i}" for i in range(5)]
 
 
+class QuickRetry(Counter):
+    retry_delay = 0.05
+
+
 async def test_failed_handle_is_redelivered(tmp_path: Path) -> None:
-    Counter.retry_delay = 0.05
     async with RunContext(tmp_path / "run") as run:
-        a = Counter(fail_first=2)
+        a = QuickRetry(fail_first=2)
         run.spawn(a)
         await run.emit(_task(run.run_id, 0))
         await _until(lambda: a.seen == ["t0"])
@@ -75,7 +82,7 @@ class Crashy(Actor):
     async def run(self, stop: asyncio.Event) -> None:
         self.starts += 1
         if self.starts < 3:
-            raise RuntimeError("boom")
+            raise ConnectionError("boom")
         await stop.wait()
 
 
@@ -114,3 +121,117 @@ async def test_shared_actors_split_a_work_queue_and_resume_after_restart(tmp_pat
         await _until(lambda: w3.seen == ["t99"])
         await asyncio.sleep(0.3)
         assert w3.seen == ["t99"]
+
+
+async def test_unshared_instances_each_get_every_event_and_resume(tmp_path: Path) -> None:
+    async with RunContext(tmp_path / "run") as run:
+        c1, c2 = Counter(), Counter()  # shared = False: one durable consumer each
+        run.spawn(c1)
+        run.spawn(c2)
+        assert (c1.consumer, c2.consumer) == ("counter", "counter-1")
+        for i in range(10):
+            await run.emit(_task(run.run_id, i))
+        await _until(lambda: len(c1.seen) == len(c2.seen) == 10)
+        assert sorted(c1.seen) == sorted(c2.seen)
+    async with RunContext(tmp_path / "run") as run:  # same spawn order, same consumers
+        c3, c4 = Counter(), Counter()
+        run.spawn(c3)
+        run.spawn(c4)
+        await run.emit(_task(run.run_id, 99))
+        await _until(lambda: c3.seen == c4.seen == ["t99"])
+
+
+class Buggy(Actor):
+    name = "buggy"
+    kinds = (ev.TaskScheduled,)
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.starts = 0
+
+    async def on_start(self) -> None:
+        self.starts += 1
+
+    async def handle(self, event: ev.Event) -> None:
+        self.calls += 1
+        raise TypeError("a bug, not bad luck")
+
+
+async def test_strict_mode_crashes_on_a_programming_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACX_STRICT", "1")
+    a = Buggy()
+    with pytest.raises(TypeError, match="a bug"):
+        async with RunContext(tmp_path / "run") as run:
+            run.spawn(a)
+            await run.emit(_task(run.run_id, 0))
+            await _until(lambda: bool(run.crashes))
+    assert (a.calls, a.starts) == (1, 1)  # neither retried nor restarted
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "failed"
+
+
+async def test_without_strict_mode_a_programming_error_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACX_STRICT", "0")
+
+    class Patient(Buggy):
+        retry_delay = 0.01
+        max_deliver = 3
+
+    a = Patient()
+    async with RunContext(tmp_path / "run") as run:
+        run.spawn(a)
+        await run.emit(_task(run.run_id, 0))
+        await _until(lambda: a.calls == 3)
+        rows = await run.query("select count(*) from infra_failed where failure_kind = ?", ["internal"],
+                               barrier=True)
+        assert rows.column(0)[0].as_py() == 1  # gave up after max_deliver: recorded as such
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "completed"
+
+
+class Reader(Actor):
+    """Publishes one EpisodeStarted per task, then reads it back with its own query."""
+
+    name = "reader"
+    kinds = (ev.TaskScheduled,)
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    async def handle(self, event: ev.Event) -> None:
+        assert isinstance(event, ev.TaskScheduled)
+        await self.publish(ev.EpisodeStarted(run_id=self.run_id, episode_id=f"ep-{event.task_id}",
+                                             task_id=event.task_id, group_id=event.group_id))
+        rows = await self.query("select count(*) from episode_started where task_id = ?", [event.task_id])
+        self.counts.append(rows.column(0)[0].as_py())
+
+
+async def test_a_query_waits_for_the_actors_own_writes_not_the_stream_head(tmp_path: Path) -> None:
+    async with RunContext(tmp_path / "run") as run:
+        r = Reader()
+        run.spawn(r)
+        for i in range(5):
+            await run.emit(_task(run.run_id, i))
+        await _until(lambda: len(r.counts) == 5)
+        assert r.counts == [1] * 5  # read-your-writes
+        assert r.ctx.watermark.seq >= 10  # 5 tasks delivered + 5 episodes published
+        # a publish outside the actor does not raise its watermark: it would not wait for it
+        before = r.ctx.watermark.seq
+        await run.emit(ev.RunFinished(run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="probe"))
+        assert r.ctx.watermark.seq == before
+        await r.query("select 1", barrier=True)  # the barrier raises it to the head
+        assert r.ctx.watermark.seq == await run.last_seq()
+
+
+async def test_run_json_says_completed_only_after_the_recorder_drained(tmp_path: Path) -> None:
+    async with RunContext(tmp_path / "ok") as run:
+        await run.emit(_task(run.run_id, 0))
+    ok = json.loads((tmp_path / "ok" / "run.json").read_text())
+    assert (ok["status"], ok["problems"]) == ("completed", [])
+    async with RunContext(tmp_path / "run") as run:
+        assert run.recorder is not None and run._recorder_sup is not None
+        run.recorder.stop()  # the recorder is gone before the run ends: the log is incomplete
+        await run._recorder_sup
+        await run.emit(_task(run.run_id, 0))
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "failed"
+    assert any("recorder did not drain" in p for p in meta["problems"])

@@ -15,7 +15,7 @@ import pytest
 from stacx.bus.client import Publisher, connect, ensure_stream
 from stacx.bus.server import EmbeddedNats
 from stacx.errors import PublishError
-from stacx.events import RunFinished, stream_name
+from stacx.events import RunFinished, RunStatus, stream_name
 
 
 def _alive(pid: int) -> bool:
@@ -65,7 +65,7 @@ async def test_duplicate_publishes_are_deduplicated(nats_server: EmbeddedNats) -
     js = nc.jetstream()
     await ensure_stream(js, "dup")
     pub = Publisher(js, "dup")
-    e = RunFinished(run_id="dup", status="completed")
+    e = RunFinished(run_id="dup", status=RunStatus.COMPLETED)
     s1 = await pub.publish(e)
     s2 = await pub.publish(e)  # same event_id
     assert s1 == s2 and pub.duplicates == 1
@@ -80,7 +80,7 @@ async def test_pipelined_publishes_all_acknowledged(nats_server: EmbeddedNats) -
     await ensure_stream(js, "pipe")
     pub = Publisher(js, "pipe", max_pending=64)
     for i in range(2000):
-        await pub.submit(RunFinished(run_id="pipe", status=str(i)))
+        await pub.submit(RunFinished(run_id="pipe", status=RunStatus.COMPLETED, message=str(i)))
     await pub.flush()
     info = await js.stream_info(stream_name("pipe"))
     assert info.state.messages == 2000
@@ -92,8 +92,8 @@ async def test_unacknowledged_publish_is_an_error_the_caller_sees(nats_server: E
     js = nc.jetstream()
     pub = Publisher(js, "nostream", ack_timeout=1.0)  # no stream captures this subject
     with pytest.raises(PublishError, match="not acknowledged"):
-        await pub.publish(RunFinished(run_id="nostream", status="x"))
-    await pub.submit(RunFinished(run_id="nostream", status="y"))
+        await pub.publish(RunFinished(run_id="nostream", status=RunStatus.COMPLETED, message="x"))
+    await pub.submit(RunFinished(run_id="nostream", status=RunStatus.COMPLETED, message="y"))
     with pytest.raises(PublishError):
         await pub.flush()
     await nc.drain()
@@ -105,10 +105,10 @@ async def test_publish_after_server_death_raises(tmp_path: Path) -> None:
     js = nc.jetstream()
     await ensure_stream(js, "gone")
     pub = Publisher(js, "gone", ack_timeout=1.0)
-    await pub.publish(RunFinished(run_id="gone", status="ok"))
+    await pub.publish(RunFinished(run_id="gone", status=RunStatus.COMPLETED, message="ok"))
     server.stop()
     with pytest.raises(PublishError):
-        await pub.publish(RunFinished(run_id="gone", status="lost?"))
+        await pub.publish(RunFinished(run_id="gone", status=RunStatus.COMPLETED, message="lost?"))
     await nc.close()
 
 
@@ -119,7 +119,7 @@ async def test_external_url_is_used_unchanged(tmp_path: Path, monkeypatch: pytes
         monkeypatch.setenv("STACX_NATS_URL", external.url)
         async with RunContext(tmp_path / "run") as run:
             assert run.server is None and run.nats_url == external.url
-            await run.emit(RunFinished(run_id=run.run_id, status="probe"))
+            await run.emit(RunFinished(run_id=run.run_id, status=RunStatus.COMPLETED, message="probe"))
             rows = await run.query("select count(*) from run_finished")
             assert rows.column(0)[0].as_py() == 1
         nc = await connect(external.url)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 import msgspec
 import pytest
 
 from stacx import events as ev
+from stacx.store.schema import TABLES
 
 
 def _sample(cls: type[ev.Event]) -> ev.Event:
@@ -15,6 +18,9 @@ def _sample(cls: type[ev.Event]) -> ev.Event:
         if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT:
             continue
         t = f.type
+        if isinstance(t, type) and issubclass(t, Enum):
+            values[f.name] = next(iter(t))
+            continue
         values[f.name] = (
             "x" if t is str else 1 if t is int else 0.5 if t is float else [1, 2] if t == list[int]
             else [0.1] if t == list[float] else None
@@ -70,6 +76,44 @@ def test_derived_ids_are_deterministic_and_distinct() -> None:
 
 
 def test_events_are_frozen() -> None:
-    e = ev.RunFinished(run_id="r", status="completed")
+    e = ev.RunFinished(run_id="r", status=ev.RunStatus.COMPLETED)
     with pytest.raises(AttributeError):
         e.status = "failed"  # type: ignore[misc]
+
+
+# Payloads as writers wrote them when these fields were plain strings (same wire values).
+_OLD_ENUM_PAYLOADS: list[tuple[dict[str, object], str, Enum]] = [
+    ({"kind": "EpisodeFinished", "run_id": "r", "episode_id": "e", "stop_reason": "max_turns"},
+     "stop_reason", ev.StopReason.MAX_TURNS),
+    ({"kind": "InfraFailed", "run_id": "r", "failure_kind": "verifier_timeout"},
+     "failure_kind", ev.FailureKind.VERIFIER_TIMEOUT),
+    ({"kind": "TurnGenerated", "run_id": "r", "episode_id": "e", "turn": 0, "prompt_ids": [1],
+      "output_ids": [2], "actor": "teacher"}, "actor", ev.TurnActor.TEACHER),
+    ({"kind": "EpisodeStarted", "run_id": "r", "episode_id": "e", "task_id": "t", "group_id": "g",
+      "policy": "branch"}, "policy", ev.Policy.BRANCH),
+    ({"kind": "RunFinished", "run_id": "r", "status": "interrupted"}, "status", ev.RunStatus.INTERRUPTED),
+]
+
+
+@pytest.mark.parametrize(("payload", "field", "member"), _OLD_ENUM_PAYLOADS)
+def test_enum_fields_decode_old_string_payloads_to_members(payload: dict[str, object], field: str,
+                                                           member: Enum) -> None:
+    for e in (ev.decode(msgspec.msgpack.encode(payload)), ev.decode_json(msgspec.json.encode(payload))):
+        assert getattr(e, field) is member
+    # and they are written back as the same strings, so old readers read new logs
+    assert msgspec.msgpack.decode(ev.encode(e))[field] == payload[field]
+
+
+def test_unknown_enum_value_fails_loudly() -> None:
+    # rule 6: never coerced to a default or kept as a bare string; the recorder dead-letters it
+    bad = {"kind": "EpisodeFinished", "run_id": "r", "episode_id": "e", "stop_reason": "gave_up"}
+    with pytest.raises(msgspec.ValidationError, match="Invalid enum value 'gave_up'"):
+        ev.decode(msgspec.msgpack.encode(bad))
+
+
+def test_enum_fields_are_varchar_columns() -> None:
+    # the columns these fields had as `str`: views and older trace files stay valid
+    columns = {(t.kind, c.name): c.sql_type for t in TABLES.values() for c in t.columns}
+    for kind, field in [("EpisodeFinished", "stop_reason"), ("InfraFailed", "failure_kind"),
+                        ("TurnGenerated", "actor"), ("EpisodeStarted", "policy"), ("RunFinished", "status")]:
+        assert columns[(kind, field)] == "VARCHAR"

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import msgspec
 
+from stacx import events as ev
 from stacx.bus.client import Publisher, connect, ensure_stream
 from stacx.bus.server import EmbeddedNats
 from stacx.events import stream_name
@@ -91,8 +92,83 @@ async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_pa
     assert total == 12  # the good events all landed after the bad ones
 
 
+async def _record_until(js: object, run_id: str, run_dir: Path, seq: int) -> Recorder:
+    rec = Recorder(js, run_id, run_dir)  # type: ignore[arg-type]
+    task = asyncio.create_task(rec.run())
+    await rec.wait_for(seq, timeout=30)
+    rec.stop()
+    await task
+    rec.close()
+    return rec
+
+
+async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # JetStream de-duplicates by Nats-Msg-Id only inside its window; a redo after that (or
+    # under another message id) reaches the stream, and the recorder must still write it once.
+    run_id, run_dir = "r4", tmp_path / "run"
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    redo = ev.EpisodeFinished(run_id=run_id, episode_id="ep", stop_reason=ev.StopReason.SUBMITTED,
+                              event_id=ev.derive_id(run_id, "ep", "finished"))
+    subj, data = ev.subject(run_id, redo.kind), ev.encode(redo)
+    pub = Publisher(js, run_id)
+    await pub.publish(redo)
+    await js.publish(subj, data, headers={"Nats-Msg-Id": "another-id"})  # same batch
+    other = ev.RewardAssigned(run_id=run_id, episode_id="ep", reward=1.0)
+    await pub.publish(other)
+    rec = await _record_until(js, run_id, run_dir, 3)
+    assert rec.duplicates == 1
+    await js.publish(subj, data)  # no message id at all, in a later batch: checked against the file
+    rec = await _record_until(js, run_id, run_dir, 4)  # a fresh recorder: the ids are in the file
+    assert rec.duplicates == 1
+    await nc.drain()
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    assert con.execute("select count(*) from episode_finished where event_id = ?", [redo.event_id]).fetchone() == (1,)
+    assert con.execute("select count(*), count(distinct event_id) from _events").fetchone() == (2, 2)
+    assert con.execute("select seq from _position").fetchone() == (4,)  # skipped, not stuck
+    con.close()
+
+
+async def test_a_file_from_before_the_id_table_is_indexed_on_open(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    run_id, run_dir = "r5", tmp_path / "run"
+    events = episode_events(run_id, 2)
+    await _publish_all(nats_server.url, run_id, events)
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await _record_until(js, run_id, run_dir, len(events))
+    con = duckdb.connect(str(db.db_path(run_dir)))  # make it look like an older STACX wrote it
+    con.execute("drop table _event_ids")
+    con.execute("delete from _meta where key = 'event_ids'")
+    con.close()
+    await js.publish(ev.subject(run_id, events[0].kind), ev.encode(events[0]))  # a late redo
+    rec = await _record_until(js, run_id, run_dir, len(events) + 1)
+    await nc.drain()
+    assert rec.duplicates == 1
+    total, distinct, _ = _counts(run_dir)
+    assert total == distinct == len(events)
+
+
+async def test_an_unknown_enum_value_is_dead_lettered(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    run_id, run_dir = "r6", tmp_path / "run"
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    await js.publish(ev.subject(run_id, "EpisodeFinished"), msgspec.msgpack.encode(
+        {"kind": "EpisodeFinished", "run_id": run_id, "episode_id": "e", "stop_reason": "gave_up"}))
+    rec = await _record_until(js, run_id, run_dir, 1)
+    await nc.drain()
+    assert rec.dead == 1
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    (reason,) = con.execute("select reason from _dead_letters").fetchone()
+    con.close()
+    assert "gave_up" in reason
+
+
 def _spawn_recorder(url: str, run_id: str, run_dir: Path, until: int | None = None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "stacx.store.process", url, run_id, str(run_dir)]
+    args = [sys.executable, "-m", "stacx.actors.recorder_process", url, run_id, str(run_dir)]
     if until is not None:
         args += ["--until-seq", str(until)]
     return subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig
+from stacx.agents.loop import AgentConfig, SweAgent
 from stacx.agents.policies import ScriptedPolicy, always, oracle_policy
 from stacx.agents.toolcalls import render_tool_call
 from stacx.events import TaskScheduled
@@ -17,13 +18,15 @@ from stacx.imitation.aggrevate import (
     BranchActor,
     BranchSetup,
     RecordedTurn,
-    branches_pending_sql,
     run_branch,
 )
 from stacx.imitation.config import ImitationConfig
-from stacx.rollout.environments import DockerEnvironments
+from stacx.ports import Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
-from stacx.sandbox.tasks import Task, load_task
+from stacx.sandbox.environments import DockerEnvironments
+from stacx.sandbox.tasks import load_task
+from stacx.train import units
+from stacx.train.config import TrainerConfig
 from tests.imitation.conftest import BASIC, wait_for
 
 pytestmark = pytest.mark.docker
@@ -65,9 +68,7 @@ async def _parent(
     await run_episode(
         spec,
         envs=envs,
-        chat=chat,
-        executor=always(student(chat, texts)),
-        config=AGENT,
+        agent=SweAgent(chat=chat, executor=always(student(chat, texts)), config=AGENT),
         emit=run.emit,
     )
     return spec.episode_id
@@ -83,7 +84,8 @@ async def test_non_deterministic_prefix_drops_the_branch(tmp_path: Path, chat: C
             run, envs, chat, task, [bash("echo $RANDOM$RANDOM"), bash("echo hi"), SUBMIT]
         )
         recorded = [
-            RecordedTurn(**r) for r in (await run.query(RECORDED_SQL.format(e=parent))).to_pylist()
+            msgspec.convert(r, RecordedTurn)
+            for r in (await run.query(RECORDED_SQL, {"episode_id": parent})).to_pylist()
         ]
         setup = BranchSetup(
             run_id=run.run_id, task=task, parent_episode_id=parent, turn=1, agent=AGENT
@@ -140,7 +142,9 @@ async def test_branch_actor_estimates_cost_to_go_per_exploration_action(
             == 2
         )
         await run.stop_actors()
-        pending = (await run.query(branches_pending_sql(0, 2))).column(0)[0].as_py()
+        readiness = TrainerConfig(algorithm="aggrevate", branches=2)
+        sql = units.waiting_sql(readiness)
+        pending = (await run.query(sql, units.params(readiness, sql, 0))).column(0)[0].as_py()
         rows = (
             await run.query(
                 "SELECT action_index, q, advantage, actor, prompt_ids, n_actions, parent_episode_id "
@@ -168,7 +172,7 @@ async def test_branch_actor_estimates_cost_to_go_per_exploration_action(
     ]
     assert all(r["parent_episode_id"] == parent and r["n_actions"] == 2 for r in rows)
     assert all(r["prompt_ids"] == parent_prompt for r in rows)  # the same state
-    assert pending == 0  # what the iteration driver waits on
+    assert pending == 0  # what the trainer's readiness and the scheduler wait on
     # the learner explored at the state, the teacher finished (oracle: solve, submit)
     assert branch_actors == [
         {"action_index": 0, "actors": ["student"]},

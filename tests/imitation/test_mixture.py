@@ -12,12 +12,12 @@ from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import Action, ScriptedPolicy
 from stacx.agents.toolcalls import render_tool_call
 from stacx.errors import ConfigError
+from stacx.events import TaskScheduled
 from stacx.imitation.config import ImitationConfig, beta_at
-from stacx.imitation.iteration import samples_done_sql, schedule_iteration
 from stacx.imitation.mixture import MixtureExecutor, MixtureRollIn, MixtureRolloutManager
-from stacx.inference.engine import SamplingParams
-from stacx.rollout.environments import DockerEnvironments
+from stacx.ports import SamplingParams
 from stacx.rollout.manager import RolloutConfig
+from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.tasks import load_task
 from tests.imitation.conftest import BASIC, wait_for
 
@@ -82,14 +82,28 @@ async def test_roll_in_records_who_acted_and_beta(tmp_path: Path, chat: ChatForm
         config,
         "seed",
     )
-    rollout = RolloutConfig(concurrency=2, agent_config=AgentConfig(max_turns=5))
+    rollout = RolloutConfig(concurrency=2)
     async with (
         RunContext(tmp_path / "run", recipe="test") as run,
         DockerEnvironments(run_id=run.run_id, emit=run.emit) as envs,
     ):
-        run.spawn(MixtureRolloutManager(roll_in=roll_in, config=rollout, envs=envs, chat=chat))
-        await schedule_iteration(run.emit, run.run_id, [task], iteration=1, n_samples=2)
-        assert await wait_for(run.query, samples_done_sql(1), 2, timeout=240) == 2
+        run.spawn(
+            MixtureRolloutManager(
+                roll_in=roll_in, config=rollout, envs=envs, chat=chat, agent=AgentConfig(max_turns=5)
+            )
+        )
+        await run.emit(
+            TaskScheduled(
+                run_id=run.run_id,
+                task_id=task.task_id,
+                task_path=str(task.path),
+                group_id="g1",
+                n_samples=2,
+                iteration=1,
+            )
+        )
+        done = "SELECT count(*) FROM samples WHERE done AND iteration = 1"
+        assert await wait_for(run.query, done, 2, timeout=240) == 2
         await run.stop_actors()
         started = (
             await run.query(

@@ -11,9 +11,11 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.prompts import system_prompt, task_message
 from stacx.events import EpisodeStarted, TurnGenerated
 from stacx.imitation.config import TeacherConfig
-from stacx.imitation.teacher import TeacherActor, label_params, labels_pending_sql
-from stacx.inference.engine import SamplingParams
+from stacx.imitation.teacher import TeacherActor, label_params
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import SamplingParams
+from stacx.train import units
+from stacx.train.config import TrainerConfig
 from tests.imitation.conftest import wait_for
 
 pytestmark = pytest.mark.model
@@ -80,7 +82,9 @@ async def test_labels_use_exact_prompt_ids_and_scores_equal_engine_score(
             "SELECT (SELECT count(*) FROM teacher_labeled WHERE episode_id = 'e-branch') "
             "+ (SELECT count(*) FROM teacher_scored WHERE episode_id = 'e-branch')"
         )
-        pending = await run.query(labels_pending_sql(1, CONFIG.label_actors))
+        readiness = TrainerConfig(algorithm="dagger", label_actors=list(CONFIG.label_actors))
+        sql = units.waiting_sql(readiness)
+        pending = await run.query(sql, units.params(readiness, sql, 0))
         dataset = (
             await run.query(
                 "SELECT turn, prompt_matches, iteration FROM dagger_dataset ORDER BY turn"

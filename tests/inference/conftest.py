@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stacx.inference.models import resolve_model
+from stacx.hf import resolve_model
 from stacx.inference.sglang_server import free_port, wait_healthy
 from stacx.inference.torch_engine import TorchEngine
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stacx.inference.engine import SamplingParams
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

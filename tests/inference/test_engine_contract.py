@@ -14,10 +14,10 @@ import pytest
 from safetensors.torch import save_file
 
 from stacx.errors import EngineError
-from stacx.inference.engine import Engine, SamplingParams
 from stacx.inference.openai_client import OpenAIEngine
 from stacx.inference.sglang_client import SGLangEngine
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import Engine, SamplingParams
 
 BACKENDS = ["torch", "sglang", "openai"]
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)

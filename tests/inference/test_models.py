@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from stacx import hf as models
 from stacx.errors import ConfigError
-from stacx.inference import models
 
 
 def test_default_is_prepared_once_and_then_instant(model_dir: str) -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from stacx.errors import EngineError
-from stacx.inference.engine import SamplingParams
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 
@@ -54,18 +54,18 @@ async def test_in_memory_state_dict_load_changes_outputs_and_version(
     norm = torch_engine.model.state_dict()["model.norm.weight"].clone()
     v = torch_engine.weight_version
     try:
-        await torch_engine.load_weights({"model.norm.weight": norm * 0.25}, v + 1)
+        await torch_engine.load_state({"model.norm.weight": norm * 0.25}, v + 1)
         (after,) = await torch_engine.generate([prompt], GREEDY)
         assert after.weight_version == v + 1
         assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     finally:
-        await torch_engine.load_weights({"model.norm.weight": norm}, v + 2)
+        await torch_engine.load_state({"model.norm.weight": norm}, v + 2)
 
 
 async def test_unknown_weight_name_is_refused_and_changes_nothing(torch_engine) -> None:
     v = torch_engine.weight_version
     with pytest.raises(EngineError, match="unknown parameter"):
-        await torch_engine.load_weights({"model.no_such.weight": torch.zeros(3)}, v + 1)
+        await torch_engine.load_state({"model.no_such.weight": torch.zeros(3)}, v + 1)
     assert torch_engine.weight_version == v
 
 

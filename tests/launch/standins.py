@@ -1,6 +1,8 @@
-"""Stand-in roles for launcher tests: real actors on the real bus and log, with no model or
-Docker. Selected through the recipe's `placement.builders` (so they also run under Ray and in
-a `stacx run` subprocess).
+"""Stand-in roles for the launcher-mechanics tests (test_launch.py, test_plot.py): real actors
+on the real bus and log, with no model or Docker, for checks that do not depend on what the
+roles compute. Selected through the recipe's `placement.builders`. They prove nothing about
+the real rollout manager or trainer: crash-resume and Ray placement are tested with the real
+roles (test_crash.py, test_ray.py).
 
 - rollout: for each sample of a TaskScheduled, publishes EpisodeStarted, one TurnGenerated
   (stamped with the latest published weight version), EpisodeFinished and RewardAssigned, with
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 from collections.abc import AsyncIterator
 from typing import ClassVar
@@ -23,7 +24,7 @@ from stacx.actors.base import Actor
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 
-DELAY_S = float(os.environ.get("STACX_STANDIN_DELAY", "0.05"))
+DELAY_S = 0.05  # EpisodeStarted to its turn: briefly in flight, as real episodes are
 
 
 class FakeRollout(Actor):
@@ -64,7 +65,7 @@ class FakeRollout(Actor):
                     output_ids=[4, 5],
                     logprobs=[-0.1, -0.2],
                     weight_version=version,
-                    engine=f"pid{os.getpid()}",
+                    engine="standin",
                 )
             )
             await self.publish(
@@ -149,6 +150,3 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
 @contextlib.asynccontextmanager
 async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
     yield [FakeTrainer(recipe.tasks.per_iteration, recipe.tasks.group_size)]
-
-
-BUILDERS = {"rollout": "tests.launch.standins:rollout", "trainer": "tests.launch.standins:trainer"}

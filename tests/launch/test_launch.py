@@ -1,5 +1,12 @@
-"""The launcher end to end with stand-in roles (real NATS, real DuckDB, real scheduler and
-recorder; tests/launch/standins.py instead of a model and Docker)."""
+"""The launcher's own mechanics: recipe recorded in RunStarted, resume rules (a different
+recipe is refused with the diff, a rerun of a finished run adds no work), the CLI's dry run
+and errors, TensorBoard output, the eval verdict.
+
+The NATS server, DuckDB log, recorder and scheduler are real; the rollout and trainer roles are
+the stand-ins of tests/launch/standins.py, because none of these checks depends on what the
+roles compute, and the real roles (model, Docker) would add minutes each. The real roles are
+run end to end by test_real.py, killed and resumed by test_crash.py, placed on Ray by
+test_ray.py."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ TINY = [
 
 def test_tiny_grpo_publishes_versions_and_rolls_out_with_them(tmp_path: Path) -> None:
     bootstrap_base_image()
-    recipe = next(ROOT.glob("recipes/*/*grpo*tiny*.toml"))
+    recipe = ROOT / "recipes" / "swe" / "grpo_tiny.toml"
     run_dir = tmp_path / "r"
     proc = subprocess.run(
         [

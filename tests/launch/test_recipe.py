@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,17 @@ def test_unknown_role_in_builders() -> None:
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_bundled_recipe_validates(path: Path) -> None:
-    r = load_recipe(path)
+    overrides = []
+    data = tomllib.loads(path.read_text())
+    teacher = data.get("teacher", {})
+    if data.get("algorithm", {}).get("name") in ("dagger", "aggrevate", "opd") and not (
+        teacher.get("path") or teacher.get("url")
+    ):
+        # a recipe whose header says `--set teacher.path=...`: without it, it must not load
+        with pytest.raises(ConfigError, match=r"teacher\.path"):
+            load_recipe(path)
+        overrides = ["teacher.path=runs/gap/teacher-model"]
+    r = load_recipe(path, overrides)
     assert isinstance(r, Recipe)
     roles = {x.name for x in roles_for(r)}
     assert "rollout" in roles
@@ -190,3 +201,111 @@ def test_task_filters_by_difficulty_and_name_the_bad_value() -> None:
     bad = convert({"name": "x", "tasks": {"path": "basic", "difficulty": ["trival"]}})
     with pytest.raises(ConfigError, match=r"tasks.difficulty: \['trival'\].*accepted: easy"):
         select_tasks(bad)
+
+
+# ---- cross-checks: a setting the path does not honour, or a combination that cannot work ----
+
+
+def test_trainer_asking_for_several_gpus_is_rejected() -> None:
+    msg = _error({"name": "x", "placement": {"trainer": {"gpus": 4}}})
+    assert msg.startswith("r.toml:") and "placement.trainer.gpus = 4" in msg
+    assert "single-device" in msg
+    assert convert({"name": "x", "placement": {"trainer": {"gpus": 1}}}).placement.trainer.gpus == 1
+
+
+def test_openai_engine_cannot_serve_a_training_run() -> None:
+    url = "http://127.0.0.1:1"
+    msg = _error({"name": "x", "engine": {"backend": "openai", "url": url}})
+    assert "engine.backend = 'openai'" in msg and "weights" in msg
+    ok = {"name": "x", "algorithm": {"name": "eval"}, "engine": {"backend": "openai", "url": url}}
+    assert convert(ok).engine.backend == "openai"  # eval never loads weights
+
+
+def test_openai_engine_needs_a_url() -> None:
+    msg = _error({"name": "x", "algorithm": {"name": "eval"}, "engine": {"backend": "openai"}})
+    assert "engine.url" in msg
+
+
+@pytest.mark.parametrize("agent", ["oracle", "null"])
+@pytest.mark.parametrize("algo", ["grpo", "opd", "dagger", "aggrevate"])
+def test_scripted_agent_with_an_on_policy_algorithm_is_rejected(agent: str, algo: str) -> None:
+    data = {
+        "name": "x",
+        "agent": {"name": agent},
+        "algorithm": {"name": algo},
+        "teacher": {"path": "default"},
+    }
+    msg = _error(data)
+    assert f"agent.name = {agent!r}" in msg and algo in msg
+
+
+@pytest.mark.parametrize("algo", ["sft", "eval"])
+def test_scripted_agent_serves_sft_and_eval(algo: str) -> None:
+    r = convert({"name": "x", "agent": {"name": "oracle"}, "algorithm": {"name": algo}})
+    assert r.scripted_agent
+
+
+@pytest.mark.parametrize("algo", ["dagger", "aggrevate", "opd"])
+def test_teacher_algorithm_without_a_teacher_is_rejected(algo: str) -> None:
+    msg = _error({"name": "x", "algorithm": {"name": algo}})
+    assert "teacher.path" in msg and repr(algo) in msg
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("engine.device", "cuda"), ("engine.max_batch", 64), ("engine.max_len", 32768),
+     ("engine.tp", 2), ("model.dtype", "bfloat16")],
+)  # fmt: skip
+def test_server_settings_beside_an_engine_url_are_rejected(key: str, value: object) -> None:
+    section, leaf = key.split(".")
+    data: dict[str, object] = {"name": "x", "algorithm": {"name": "eval"}}
+    data["engine"] = {"backend": "sglang", "url": "http://127.0.0.1:1"}
+    data.setdefault(section, {})[leaf] = value  # type: ignore[index]
+    msg = _error(data)
+    assert f"{key} = {value!r}" in msg and "engine.url" in msg
+
+
+@pytest.mark.parametrize("key,value", [("tp", 2), ("mem_fraction", 0.5)])
+def test_sglang_only_settings_on_the_torch_engine_are_rejected(key: str, value: object) -> None:
+    msg = _error({"name": "x", "engine": {"backend": "torch", key: value}})
+    assert f"engine.{key} = {value!r}" in msg and "sglang only" in msg
+
+
+def test_sglang_server_gets_every_engine_setting() -> None:
+    from stacx.launch.engines import sglang_args
+
+    args = sglang_args(
+        device="cuda", dtype="bfloat16", max_batch=64, max_len=32768, tp=2, mem_fraction=0.8
+    )
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags == {
+        "--tp": "2",
+        "--mem-fraction-static": "0.8",
+        "--max-running-requests": "64",
+        "--context-length": "32768",
+        "--device": "cuda",
+        "--dtype": "bfloat16",
+    }
+    auto = sglang_args(device="auto", dtype="auto", max_batch=8, max_len=8192, tp=1, mem_fraction=1)
+    assert "--device" not in auto and "--dtype" not in auto
+
+
+def test_plan_prints_only_settings_the_engine_uses() -> None:
+    from stacx.launch.plan import describe
+
+    with_url = convert(
+        {"name": "x", "algorithm": {"name": "eval"},
+         "engine": {"backend": "sglang", "url": "http://h:1"}}
+    )  # fmt: skip
+    (detail,) = [row[4] for row in describe(with_url, roles_for(with_url)) if row[0] == "rollout"]
+    assert "http://h:1" in detail and "device=" not in detail
+    oracle = convert({"name": "x", "algorithm": {"name": "eval"}, "agent": {"name": "oracle"}})
+    (detail,) = [row[4] for row in describe(oracle, roles_for(oracle)) if row[0] == "rollout"]
+    assert "no engine" in detail and "device=" not in detail
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    msg = _error(
+        {"name": "x", "agent": {"name": "oracle"}, "placement": {"trainer": {"gpus": 2}}}
+    )
+    assert "placement.trainer.gpus" in msg and "agent.name" in msg

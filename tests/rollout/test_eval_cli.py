@@ -17,7 +17,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_unknown_task_set_is_a_named_error() -> None:
     proc = run_cli("--tasks", "no-such-set", "--agent", "null")
     assert proc.returncode == 2
-    assert "no-such-set" in proc.stderr and "bundled: basic" in proc.stderr
+    assert "--tasks 'no-such-set'" in proc.stderr
+    assert "bundled:" in proc.stderr and "basic" in proc.stderr.split("bundled:")[1]
 
 
 @pytest.mark.docker

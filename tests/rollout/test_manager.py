@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import ActionFormat
+from stacx.agents.loop import AgentConfig, swe_agents
 from stacx.agents.policies import ScriptedPolicy, always
 from stacx.agents.toolcalls import render_tool_call
-from stacx.events import EpisodeStarted, RewardAssigned, TaskScheduled, derive_id
+from stacx.errors import SandboxError
+from stacx.events import (
+    EpisodeStarted,
+    Event,
+    FailureKind,
+    RewardAssigned,
+    TaskScheduled,
+    derive_id,
+)
+from stacx.launch.presets import eval_recipe, run_eval
+from stacx.launch.scripted import SOLVE_COMMAND, scripted_executors
+from stacx.ports import AgentResult, InfraFailure
 from stacx.rollout import report
-from stacx.rollout.environments import DockerEnvironments
-from stacx.rollout.evaluate import EvalConfig, evaluate, executor_factory
+from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.tasks import load_task
 from stacx.store.db import connect_run
 
@@ -32,8 +48,10 @@ def rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
 
 
 async def test_oracle_eval_scores_every_sample_and_a_rerun_adds_nothing(tmp_path: Path) -> None:
-    config = EvalConfig(tasks=str(BASIC), agent="oracle", limit=3, n_samples=2, concurrency=3)
-    result = await evaluate(config, tmp_path / "run")
+    config = eval_recipe(
+        tasks=str(BASIC), agent="oracle", limit=3, n_samples=2, concurrency=3, progress="off"
+    )
+    result = await run_eval(config, tmp_path / "run")
     assert result.unscored == 0
     got = rows(
         tmp_path / "run",
@@ -48,8 +66,11 @@ async def test_oracle_eval_scores_every_sample_and_a_rerun_adds_nothing(tmp_path
         tmp_path / "run", "SELECT actor, weight_version, logprobs IS NULL FROM turn_generated"
     )
     assert set(turns) == {("oracle", None, True)}
+    # one execution: the oracle's call runs the task's own solve.sh (not its text replayed)
+    calls = rows(tmp_path / "run", "SELECT DISTINCT arguments_json FROM tool_called WHERE turn = 0")
+    assert [json.loads(c[0]) for c in calls] == [{"command": SOLVE_COMMAND}]
 
-    again = await evaluate(config, tmp_path / "run")
+    again = await run_eval(config, tmp_path / "run")
     assert again.run_id == result.run_id
     assert rows(tmp_path / "run", "SELECT count(*) FROM episode_started") == [(6,)]
 
@@ -84,8 +105,9 @@ async def test_redelivered_task_skips_finished_samples_and_retires_dangling_ones
             RolloutManager(
                 config=RolloutConfig(agent="oracle"),
                 envs=envs,
-                chat=chat,
-                make_executor=executor_factory("oracle", chat, None),
+                make_agent=swe_agents(
+                    chat, AgentConfig(), scripted_executors("oracle", chat, ActionFormat())
+                ),
             )
         )
         for _ in range(2):  # delivered twice (distinct event ids): must not double-count
@@ -130,8 +152,9 @@ async def test_unbuildable_image_is_an_infra_failure_not_a_zero(tmp_path: Path) 
     (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
     (task / "instruction.md").write_text("Nothing.\n")
     (task / "task.toml").write_text('version = "1.0"\n')
-    result = await evaluate(
-        EvalConfig(tasks=str(tmp_path / "tasks"), agent="null", max_attempts=2), tmp_path / "run"
+    result = await run_eval(
+        eval_recipe(tasks=str(tmp_path / "tasks"), agent="null", max_attempts=2, progress="off"),
+        tmp_path / "run",
     )
     assert result.unscored == 1
     got = rows(
@@ -160,8 +183,11 @@ async def test_sandbox_dying_mid_episode_is_retried_then_given_up(
             RolloutManager(
                 config=RolloutConfig(agent="script", max_attempts=2),
                 envs=envs,
-                chat=chat,
-                make_executor=lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),
+                make_agent=swe_agents(
+                    chat,
+                    AgentConfig(),
+                    lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),
+                ),
             )
         )
         await run.emit(
@@ -197,8 +223,11 @@ async def test_episode_timeout_stops_the_agent_and_the_verifier_still_scores(
             RolloutManager(
                 config=RolloutConfig(agent="script", episode_timeout_s=2.0),
                 envs=envs,
-                chat=chat,
-                make_executor=lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),
+                make_agent=swe_agents(
+                    chat,
+                    AgentConfig(),
+                    lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),
+                ),
             )
         )
         await run.emit(
@@ -209,4 +238,63 @@ async def test_episode_timeout_stops_the_agent_and_the_verifier_still_scores(
         while (await run.query(report.PROGRESS_SQL)).column(0)[0].as_py() < 1:  # noqa: ASYNC110
             await asyncio.sleep(0.5)
         got = (await run.query("SELECT status, stop_reason, reward FROM episodes")).to_pylist()
+        finished = (await run.query("SELECT n_turns FROM episode_finished")).to_pylist()
     assert got == [{"status": "scored", "stop_reason": "timeout", "reward": 0.0}]
+    assert finished == [{"n_turns": 1}]  # the turn that ran before the timeout is counted
+
+
+class _Raises:
+    """An agent whose loop raises `exc` at its first step (a bug, or a dead sandbox)."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    async def run(self, **_: object) -> AgentResult:
+        raise self.exc
+
+
+async def test_a_bug_propagates_and_only_infrastructure_becomes_an_infra_failure(
+    tmp_path: Path,
+) -> None:
+    task = load_task(BASIC / "write-answer-42")
+    events: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    async with DockerEnvironments(run_id="bug") as envs:
+        spec = EpisodeSpec(run_id="bug", task=task, group_id="g", sample_index=0, attempt=0)
+        with pytest.raises(TypeError, match="our own bug"):
+            await run_episode(spec, envs=envs, agent=_Raises(TypeError("our own bug")), emit=emit)
+        spec = msgspec.structs.replace(spec, attempt=1)
+        with pytest.raises(InfraFailure) as failure:
+            await run_episode(
+                spec, envs=envs, agent=_Raises(SandboxError("container gone")), emit=emit
+            )
+    assert failure.value.kind == FailureKind.EXEC_TRANSPORT
+    assert not any(isinstance(e, RewardAssigned) for e in events)
+
+
+async def test_a_task_healthcheck_gates_every_rollout(tmp_path: Path) -> None:
+    """DockerEnvironments (what every rollout runs in) waits for the task's healthcheck; one
+    that never passes is a START failure before the agent starts, never a score."""
+    src = BASIC / "write-answer-42"
+    for name, command in (("healthy", "true"), ("never-healthy", "exit 3")):
+        shutil.copytree(src, tmp_path / "tasks" / name)
+        toml = tmp_path / "tasks" / name / "task.toml"
+        toml.write_text(
+            toml.read_text() + f"\n[environment.healthcheck]\ncommand = '{command}'\n"
+            "interval_sec = 0.1\nretries = 2\n"
+        )
+    result = await run_eval(
+        eval_recipe(tasks=str(tmp_path / "tasks"), agent="oracle", max_attempts=1, progress="off"),
+        tmp_path / "run",
+    )
+    assert result.unscored == 1
+    got = rows(tmp_path / "run", "SELECT task_id, status, reward, failure_kind FROM episodes")
+    assert sorted(got) == [
+        ("healthy", "scored", 1.0, None),
+        ("never-healthy", "failed", None, "start"),
+    ]
+    assert rows(tmp_path / "run", "SELECT count(*) FROM turn_generated t JOIN episodes e "
+                "USING (episode_id) WHERE e.task_id = 'never-healthy'") == [(0,)]  # fmt: skip

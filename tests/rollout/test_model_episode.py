@@ -1,5 +1,6 @@
 """One real episode: the default model (in-process torch engine) in a real sandbox, through
-`evaluate` (RunContext, NATS, DuckDB, rollout manager, verifier). Short: 2 turns, few tokens."""
+the eval preset over the launcher (RunContext, NATS, DuckDB, rollout manager, verifier). Short:
+2 turns, few tokens."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig, swe_agents
 from stacx.agents.policies import EnginePolicy, always
 from stacx.events import TaskScheduled
+from stacx.launch.presets import eval_recipe, run_eval
 from stacx.rollout import report
-from stacx.rollout.environments import DockerEnvironments
-from stacx.rollout.evaluate import EvalConfig, evaluate
 from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.tasks import load_task
 from stacx.store.db import connect_run
 
@@ -25,7 +27,8 @@ BASIC = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic"
 
 
 async def test_model_episode_is_scored_and_token_exact(tmp_path: Path) -> None:
-    config = EvalConfig(
+    config = eval_recipe(
+        progress="off",
         tasks=str(BASIC / "create-hello-file"),
         agent="swe",
         max_turns=2,
@@ -33,7 +36,7 @@ async def test_model_episode_is_scored_and_token_exact(tmp_path: Path) -> None:
         temperature=1.0,
         seed=1,
     )
-    result = await evaluate(config, tmp_path / "run")
+    result = await run_eval(config, tmp_path / "run")
     assert result.unscored == 0
     con = connect_run(tmp_path / "run")
     try:
@@ -73,8 +76,9 @@ async def test_engine_failure_is_an_infra_failure_not_a_score(
             RolloutManager(
                 config=RolloutConfig(max_attempts=1),
                 envs=envs,
-                chat=chat,
-                make_executor=lambda _t, _i: always(EnginePolicy(engine)),
+                make_agent=swe_agents(
+                    chat, AgentConfig(), lambda _t, _i: always(EnginePolicy(engine))
+                ),
             )
         )
         await run.emit(
@@ -97,7 +101,8 @@ async def test_default_model_writes_commands_in_the_bash_format(tmp_path: Path) 
     """The tiny recipes' format: the 135M model, prefilled with a ```bash fence, writes a
     command (a bash ToolCalled every sample) and stops at the closing fence, well before its
     token budget; the verifier scores every sample."""
-    config = EvalConfig(
+    config = eval_recipe(
+        progress="off",
         tasks=str(BASIC),
         include=["make-output-directory", "make-script-executable"],
         agent="swe",
@@ -108,7 +113,7 @@ async def test_default_model_writes_commands_in_the_bash_format(tmp_path: Path) 
         format="bash",
         concurrency=3,
     )
-    result = await evaluate(config, tmp_path / "run")
+    result = await run_eval(config, tmp_path / "run")
     assert result.unscored == 0
     con = connect_run(tmp_path / "run")
     try:

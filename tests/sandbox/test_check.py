@@ -1,4 +1,5 @@
-"""`stacx tasks check` and `prepare`: scripted agents through the real verifier, recorded runs."""
+"""`stacx tasks check` and `prepare`: the oracle/null eval preset through the launcher, the
+episode runner and the real verifier; verdicts computed from the recorded run."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from stacx.actors.run import RunContext
-from stacx.events import RewardAssigned
-from stacx.sandbox.check import check_tasks
-from stacx.sandbox.tasks import discover
+from stacx.launch.presets import check_tasks
+from stacx.launch.scripted import SOLVE_COMMAND
+from stacx.store.db import connect_run
 
-from .conftest import Recorder, make_task
+from .conftest import make_task
 
 pytestmark = pytest.mark.docker
 
@@ -56,20 +56,29 @@ async def stacx(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_check_records_episodes_through_run_context(tmp_path: Path, base_image: str) -> None:
-    tasks = discover(task_set(tmp_path / "set"))
-    async with RunContext(tmp_path / "run", recipe="check-test") as run:
-        rows = await check_tasks(tasks, "oracle", emit=run.emit, run_id=run.run_id, concurrency=2)
-        rewards = await run.query("select reward from reward_assigned order by reward")
-        tools = await run.query("select tool, exit_code from tool_returned")
-        finished = await run.query("select stop_reason from episode_finished")
+def rows_of(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
+    con = connect_run(run_dir)
+    try:
+        return con.sql(sql).fetchall()
+    finally:
+        con.close()
+
+
+async def test_check_is_one_eval_run_of_the_oracle(tmp_path: Path, base_image: str) -> None:
+    run_dir, rows = await check_tasks(task_set(tmp_path / "set"), "oracle", run_dir=tmp_path / "r")
+    assert run_dir == tmp_path / "r"
     assert [(r.task_id, r.ok, r.reward) for r in rows] == [
         ("answer", True, 1.0),
         ("answer-json", True, 1.0),
     ]
-    assert rewards.column("reward").to_pylist() == [1.0, 1.0]
-    assert tools.to_pylist() == [{"tool": "bash", "exit_code": 0}] * 2
-    assert finished.column("stop_reason").to_pylist() == ["agent_done"] * 2
+    # the launcher's run: the resolved eval recipe first, then ordinary episodes
+    assert rows_of(run_dir, "select recipe from run_started") == [("tasks-check-oracle",)]
+    assert rows_of(run_dir, "select reward from reward_assigned") == [(1.0,), (1.0,)]
+    calls = rows_of(run_dir, "select arguments_json, exit_code from tool_called "
+                    "join tool_returned using (episode_id, turn) where tool_called.tool = 'bash'")  # fmt: skip
+    assert [(json.loads(a), code) for a, code in calls] == [({"command": SOLVE_COMMAND}, 0)] * 2
+    stops = rows_of(run_dir, "select stop_reason, n_turns from episodes")
+    assert stops == [("submitted", 2)] * 2  # solve.sh, then submit: a token-level demonstration
 
 
 async def test_cli_prepare_then_check_exit_codes(tmp_path: Path, base_image: str) -> None:
@@ -119,8 +128,7 @@ async def test_healthcheck_gates_the_agent(tmp_path: Path, base_image: str) -> N
         toml=hc.format(cmd="test -f /tmp/up || { touch /tmp/up; false; }"),
     )
     make_task(tmp_path, "never-healthy", test_sh=GOOD_TEST, toml=hc.format(cmd="exit 3"))
-    emitted = Recorder()
-    rows = await check_tasks(discover(tmp_path), "oracle", emit=emitted, run_id="hc")
+    _, rows = await check_tasks(tmp_path, "oracle", run_dir=tmp_path / "run")
     assert [(r.task_id, r.ok, r.failure) for r in rows] == [
         ("becomes-healthy", True, None),
         ("never-healthy", False, "start"),
@@ -128,17 +136,21 @@ async def test_healthcheck_gates_the_agent(tmp_path: Path, base_image: str) -> N
     assert "healthcheck `exit 3` failed 2 time(s)" in rows[1].reason
 
 
-async def test_oracle_killed_by_memory_limit_is_oom_not_reward(
+async def test_a_limit_the_solution_hits_is_an_outcome_the_verifier_scores(
     tmp_path: Path, base_image: str
 ) -> None:
+    """A child of solve.sh OOM-killed by the task's memory limit is the task's own outcome (the
+    observation says so); the sandbox survived, so the verifier scores it: not infrastructure."""
     make_task(
         tmp_path,
         "tight",
         test_sh=GOOD_TEST,
-        solve_sh="python3 -c 'b = bytearray(300 * 2**20)'; echo 42 > /app/answer.txt\n",
+        solve_sh="python3 -c 'b = bytearray(300 * 2**20)' || exit 1; echo 42 > /app/answer.txt\n",
         toml="[environment]\nmemory_mb = 96\n",
     )
-    emitted = Recorder()
-    (row,) = await check_tasks(discover(tmp_path), "oracle", emit=emitted, run_id="oom")
-    assert (row.ok, row.failure, row.reward) == (False, "oom", None)
-    assert emitted.of(RewardAssigned) == []
+    run_dir, (row,) = await check_tasks(tmp_path, "oracle", run_dir=tmp_path / "run")
+    assert (row.ok, row.failure, row.reward) == (False, None, 0.0)
+    assert row.reason.startswith("solve.sh exit 1")
+    assert rows_of(run_dir, "select count(*) from infra_failed") == [(0,)]
+    (output,) = rows_of(run_dir, "select output from tool_returned where tool = 'bash'")
+    assert "out of memory" in str(output[0])

@@ -7,16 +7,17 @@ then run as Harbor would: oracle scores 1.0, the null agent 0.0, with no network
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import aiodocker
 import pytest
 
-from stacx.events import RewardAssigned
+from stacx.launch.presets import check_tasks
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
-from stacx.sandbox.check import check_tasks
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.tasks import load_task, task_limits
+from stacx.store.db import connect_run
 
 from .conftest import FIXTURES, Recorder
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.docker
 
 
 async def test_third_party_task_oracle_and_null(
-    base_image: str, docker: aiodocker.Docker, emitted: Recorder
+    base_image: str, docker: aiodocker.Docker, emitted: Recorder, tmp_path: Path
 ) -> None:
     task = load_task(FIXTURES / "others-csv-report")
     image = await build_task_image(task, docker, AliasMap())
@@ -34,8 +35,16 @@ async def test_third_party_task_oracle_and_null(
         async with pool.sandbox(image, limits) as sb:
             r = await sb.exec("ls /sys/class/net; ls /app/data; python3 -m pytest --version")
             assert r.stdout.split()[:2] == ["lo", "sales.csv"] and r.exit_code == 0
-        rows = await check_tasks([task], "oracle", emit=emitted, run_id="others", pool=pool)
-        rows += await check_tasks([task], "null", emit=emitted, run_id="others", pool=pool)
+    rows, metrics = [], []
+    for agent in ("oracle", "null"):
+        run_dir, got = await check_tasks(task.path, agent, run_dir=tmp_path / agent)
+        rows += got
+        con = connect_run(run_dir)
+        try:
+            metrics += [
+                json.loads(m) for (m,) in con.sql("select metrics_json from episodes").fetchall()
+            ]
+        finally:
+            con.close()
     assert [(r.agent, r.ok, r.reward) for r in rows] == [("oracle", True, 1.0), ("null", True, 0.0)]
-    metrics = [json.loads(e.metrics_json) for e in emitted.of(RewardAssigned)]  # type: ignore[attr-defined]
     assert metrics == [{"reward": 1.0, "n_checks": 2.0}, {"reward": 0.0, "n_checks": 2.0}]

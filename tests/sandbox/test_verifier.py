@@ -9,10 +9,11 @@ import aiodocker
 import pytest
 
 from stacx.events import FailureKind, InfraFailed, RewardAssigned
+from stacx.ports import Task
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
 from stacx.sandbox.docker import DockerSandbox
-from stacx.sandbox.tasks import Task, load_task, task_limits
+from stacx.sandbox.tasks import load_task, task_limits
 from stacx.sandbox.verifier import VerifierFailure, VerifierOutcome, VerifierResult, verify
 
 from .conftest import Recorder, make_task

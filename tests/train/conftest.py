@@ -33,8 +33,8 @@ class Log:
             self.con.execute(f'INSERT INTO "{TABLES[kind].name}" SELECT * FROM _batch')
             self.con.unregister("_batch")
 
-    def rows(self, sql: str) -> list[dict[str, object]]:
-        cur = self.con.execute(sql)
+    def rows(self, sql: str, params: dict[str, object] | None = None) -> list[dict[str, object]]:
+        cur = self.con.execute(sql, params) if params else self.con.execute(sql)
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stacx.actors.run import RunContext
-from stacx.inference.models import load_hf_model, read_safetensors, resolve_model
+from stacx.hf import load_hf_model, read_safetensors, resolve_model
 from stacx.train import checkpoint
 from stacx.train.checkpoint import CheckpointError
 from stacx.train.export import export_hf

@@ -10,10 +10,7 @@ import torch
 
 from stacx.train.advantages import (
     AdvantageInputError,
-    aggrevate_advantages,
     discounted_returns,
-    group_advantages,
-    group_index,
     opd_advantages,
 )
 from stacx.train.losses import (
@@ -25,6 +22,7 @@ from stacx.train.losses import (
     sft_loss,
     token_logprobs,
 )
+from tests.train.oracles import aggrevate_advantages, group_advantages, group_index
 
 F64 = torch.float64
 

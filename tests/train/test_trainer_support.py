@@ -17,7 +17,7 @@ from stacx.actors.run import RunContext
 def tokenizer() -> object:
     from transformers import AutoTokenizer
 
-    from stacx.inference.models import resolve_model
+    from stacx.hf import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model("default"))
 

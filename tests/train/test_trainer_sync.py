@@ -13,11 +13,10 @@ from safetensors.torch import load_file
 
 from stacx import events as ev
 from stacx.actors.run import RunContext
-from stacx.inference.engine import SamplingParams
 from stacx.inference.torch_engine import TorchEngine
-from stacx.train import sync
+from stacx.launch.weights import InProcessWeights, WeightSync
+from stacx.ports import SamplingParams
 from stacx.train.config import TrainerConfig
-from stacx.train.sync import WeightSync
 from stacx.train.trainer import Trainer
 
 from .test_trainer_support import column, emit_group, prompt_ids, until, until_sql
@@ -43,8 +42,10 @@ async def test_published_weights_are_loaded_and_stamped(
     tmp_path: Path, engine: TorchEngine, in_process: bool
 ) -> None:
     async with RunContext(tmp_path / "run") as run:
-        run.spawn(WeightSync(engine, label="e0"))
-        run.spawn(Trainer(TrainerConfig(**FAST, steps=1, inprocess_handoff=in_process)))
+        handoff = InProcessWeights()  # what the launcher hands both under local placement
+        run.spawn(WeightSync(engine, label="e0", handoff=handoff))
+        cfg = TrainerConfig(**FAST, steps=1, inprocess_handoff=in_process)
+        run.spawn(Trainer(cfg, handoff=handoff))
         before = engine_norm(engine).clone()
         await emit_group(run, "g", [1.0, 0.0])
         await until_sql(run, "select count(*) from weights where engine = 'e0'", 1)
@@ -67,9 +68,10 @@ async def test_a_digest_mismatch_is_never_loaded(tmp_path: Path, engine: TorchEn
     from safetensors.torch import save_file
 
     save_file({"model.norm.weight": torch.zeros(576)}, str(weights))
-    sync.offer("elsewhere", "x", {})  # nothing in memory for this path
+    handoff = InProcessWeights()
+    handoff.offer("elsewhere", "x", {})  # nothing in memory for this path
     async with RunContext(tmp_path / "run") as run:
-        run.spawn(QuickSync(engine, label="e0"))
+        run.spawn(QuickSync(engine, label="e0", handoff=handoff))
         await run.emit(
             ev.WeightsPublished(run_id=run.run_id, version=1, path=str(weights), sha256="0" * 64)
         )

@@ -49,7 +49,7 @@ def build_model(spec: str, device: torch.device, dtype: torch.dtype) -> torch.nn
         with torch.device(device):
             model = transformers.Qwen3ForCausalLM(cfg)
         return model.to(dtype).eval()
-    from stacx.inference.models import dtype_kwarg, resolve_model
+    from stacx.hf import dtype_kwarg, resolve_model
 
     path = resolve_model(spec)
     return (
@@ -82,7 +82,7 @@ def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> int:
 
 
 def stacx_generate(engine: object, prompts: list[list[int]], new: int) -> int:
-    from stacx.inference.engine import SamplingParams
+    from stacx.ports import SamplingParams
 
     params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
     gens = asyncio.run(engine.generate(prompts, params))  # type: ignore[attr-defined]

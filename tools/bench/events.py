@@ -66,7 +66,7 @@ async def raw_rate(url: str, events: list[Event]) -> float:
 
 def start_recorder(url: str, run_id: str, run_dir: Path, until: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stacx.store.process", url, run_id, str(run_dir),
+        [sys.executable, "-m", "stacx.actors.recorder_process", url, run_id, str(run_dir),
          "--until-seq", str(until), "--report"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     return proc

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from stacx.inference.models import load_hf_model
+from stacx.hf import load_hf_model
 from stacx.train.config import TrainerConfig
 from stacx.train.packing import Sample, shared_positions
 from stacx.train.step import make_optimizer, train_step, trainable_parameters

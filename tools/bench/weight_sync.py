@@ -34,8 +34,8 @@ import torch
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.inference.torch_engine import TorchEngine
-from stacx.train import checkpoint, sync
-from stacx.train.sync import WeightSync
+from stacx.launch.weights import InProcessWeights, WeightSync
+from stacx.train import checkpoint
 from stacx.train.trainer import load_model
 
 
@@ -62,7 +62,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     version = 0
     with tempfile.TemporaryDirectory() as tmp:
         async with RunContext(Path(tmp) / "run", recipe="bench-weight-sync") as run:
-            run.spawn(WeightSync(engine, label="bench"))
+            handoff = InProcessWeights()
+            run.spawn(WeightSync(engine, label="bench", handoff=handoff))
             for _ in range(args.repeats):
                 version += 1
                 path, sha = checkpoint.save(run.run_dir, version, model, opt, {})
@@ -74,9 +75,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     path, sha = checkpoint.save(run.run_dir, version, model, opt, {})
                     if in_memory:
                         snap = {k: v.detach().clone() for k, v in model.named_parameters()}
-                        sync.offer(str(path), sha, snap)
+                        handoff.offer(str(path), sha, snap)
                     else:
-                        sync.offer("", "", {})
+                        handoff.offer("", "", {})
                     await run.emit(
                         ev.WeightsPublished(
                             run_id=run.run_id,

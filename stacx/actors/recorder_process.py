@@ -1,4 +1,4 @@
-"""Run a recorder as its own process: `python -m stacx.store.process URL RUN_ID RUN_DIR`.
+"""Run a recorder as its own process: `python -m stacx.actors.recorder_process URL RUN_ID RUN_DIR`.
 
 Used when the recorder should not share a core with the publishers (benchmarks, Ray placement)
 and by the kill -9 tests. With ``--until-seq N`` it exits 0 once everything up to stream

@@ -1,8 +1,10 @@
-"""The rollout manager's `Environments` over the environment engine: task images, the warm
-pool, the verifier (all from stacx.sandbox), with their failures mapped to FailureKind.
+"""The `Environments` port (stacx.ports) over Docker: task images, the warm pool, the verifier,
+with their failures mapped to FailureKind (raised as InfraFailure). stacx.launch hands it to
+the rollout manager.
 
 - image build failure (or a base image with no local alias) -> IMAGE_BUILD;
-- container start failure -> START;
+- container start failure, or a task healthcheck ([environment.healthcheck]) that does not
+  pass before the agent starts -> START;
 - verifier timeout / no reward / OOM / transport -> the verifier's own kind.
 
 The pool's SandboxStarted/SandboxStopped events go through `emit`. Sandboxes are never
@@ -20,22 +22,30 @@ import aiodocker
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, FailureKind
-from stacx.rollout.episode import InfraFailure, Verdict
+from stacx.ports import InfraFailure, Sandbox, Task, Verdict
+from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
-from stacx.sandbox.check import task_limits
+from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.pool import SandboxPool
-from stacx.sandbox.protocol import Sandbox
-from stacx.sandbox.tasks import Task
-from stacx.sandbox.verifier import VerifierFailure, run_verifier
+from stacx.sandbox.tasks import load_task, task_limits
+from stacx.sandbox.verifier import run_verifier, verdict
 
 
 class DockerEnvironments:
     """Docker-backed `Environments`; an async context manager owning a client and a pool."""
 
-    def __init__(self, *, run_id: str, emit: Emit | None = None, warm: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        emit: Emit | None = None,
+        warm: int = 0,
+        aliases: AliasMap | None = None,
+    ) -> None:
         self.run_id = run_id
         self.emit = emit
         self.warm = warm  # ready containers kept per (image, limits); 0: start on demand
+        self.aliases = aliases  # base-image aliases for builds; None: $STACX_IMAGE_ALIASES
         self._docker: aiodocker.Docker | None = None
         self._pool: SandboxPool | None = None
 
@@ -54,27 +64,32 @@ class DockerEnvironments:
         if self._docker is not None:
             await self._docker.close()
 
+    def task(self, path: str) -> Task:
+        return load_task(path)
+
     @contextlib.asynccontextmanager
     async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
         assert self._pool is not None and self._docker is not None, "use `async with`"
         try:
-            image = await build_task_image(task, self._docker)
+            image = await build_task_image(task, self._docker, self.aliases)
             limits = task_limits(task)
-        except TaskError as exc:
+        except (TaskError, aiodocker.DockerError) as exc:
             raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
         try:
             sandbox = await self._pool.acquire(image, limits, episode_id=episode_id)
-        except SandboxError as exc:
+        except (SandboxError, aiodocker.DockerError) as exc:
             raise InfraFailure(FailureKind.START, str(exc)) from exc
+        healthcheck = task.config.environment.healthcheck
+        if healthcheck is not None:  # the agent starts only once the task's services are up
+            try:
+                await wait_healthy(sandbox, healthcheck)
+            except (SandboxError, aiodocker.DockerError) as exc:
+                await self._pool.release(sandbox, reason="unhealthy")
+                raise InfraFailure(FailureKind.START, str(exc)) from exc
         try:
             yield sandbox
         finally:
             await self._pool.release(sandbox)
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
-        outcome = await run_verifier(sandbox, task)
-        if isinstance(outcome, VerifierFailure):
-            detail = f"{outcome.reason}\n{outcome.output}" if outcome.output else outcome.reason
-            raise InfraFailure(outcome.kind, detail)
-        metrics = {k: v for k, v in outcome.metrics.items() if k != "reward"}
-        return Verdict(reward=outcome.reward, metrics=metrics, verifier_ms=outcome.duration_ms)
+        return verdict(await run_verifier(sandbox, task))

@@ -1,4 +1,5 @@
-"""Weight sync: engines pick up what the trainer publishes.
+"""Weight sync: engines pick up what the trainer publishes (wired here, in launch, because it
+joins the two engines: the trainer's output and an inference engine).
 
 :class:`WeightSync` is a small actor living next to one engine (one instance per engine; its
 durable consumer is named after the engine's label). On ``WeightsPublished`` it loads the new
@@ -8,10 +9,12 @@ new version (so it includes bus delivery and any queueing).
 
 Two transports:
 
-- in process (the embedded default, trainer and engine in one launcher process): the trainer
-  hands a snapshot of its state dict to :func:`offer` as well as writing the file; a
-  ``TorchEngine`` in the same process copies tensors from memory (device to device on a GPU),
-  with no file read and no hashing: the snapshot is the bytes the file was written from;
+- in process (the embedded default, trainer and engine in one launcher process): the launcher
+  creates one :class:`InProcessWeights` per process and hands it to the trainer (which offers
+  a snapshot of its state dict as well as writing the file) and to every WeightSync (which
+  takes it); an engine with the ``LoadsState`` capability (stacx.ports; the torch engine) copies
+  tensors from memory (device to device on a GPU), with no file read and no hashing: the
+  snapshot is the bytes the file was written from;
 - across processes: the engine loads ``path`` (safetensors); with ``verify`` (default) the file's
   sha256 is checked against the event first, and a mismatch is an error (the event comes back
   later, and after ``max_deliver`` attempts an ``InfraFailed`` is recorded), never a silent load.
@@ -20,7 +23,7 @@ Guarantees: versions only move forward (a ``WeightsPublished`` older than what t
 serves, or older than the newest in the log, is skipped: an engine that lags skips straight
 to the newest); on start the engine catches up to the newest published version in the log, so
 a restarted launcher serves the weights it stopped with. Limits: the in-memory handoff keeps
-only the newest snapshot, in this process.
+only the newest snapshot, and only within one process (Ray placement uses the file).
 """
 
 from __future__ import annotations
@@ -30,46 +33,59 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from stacx.actors.base import Actor
 from stacx.errors import EngineError, StacxError
 from stacx.events import Event, WeightsLoaded, WeightsPublished, derive_id
-from stacx.inference.engine import Engine
+from stacx.ports import Engine, LoadsState
 from stacx.train.checkpoint import sha256_file
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_offered: dict[str, tuple[str, Mapping[str, torch.Tensor]]] = {}  # path -> (sha256, state)
 
+class InProcessWeights:
+    """The in-process weight handoff (see the module docstring): the `WeightOffer` port for
+    the trainer, `take` for WeightSync. Keeps only the newest offer."""
 
-def offer(path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
-    """Make ``state`` (a snapshot the caller will not modify) the in-memory copy of ``path``.
-    Only the newest offer is kept."""
-    with _lock:
-        _offered.clear()
-        _offered[path] = (sha256, state)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offered: tuple[str, str, Mapping[str, torch.Tensor]] | None = None
 
+    def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Make ``state`` (a snapshot the caller will not modify) the in-memory copy of
+        ``path``."""
+        with self._lock:
+            self._offered = (path, sha256, state)
 
-def take(path: str, sha256: str) -> Mapping[str, torch.Tensor] | None:
-    """The in-memory copy of ``path`` if one was offered with this digest."""
-    with _lock:
-        hit = _offered.get(path)
-    return hit[1] if hit is not None and hit[0] == sha256 else None
+    def take(self, path: str, sha256: str) -> Mapping[str, torch.Tensor] | None:
+        """The in-memory copy of ``path`` if one was offered with this digest."""
+        with self._lock:
+            hit = self._offered
+        return hit[2] if hit is not None and hit[:2] == (path, sha256) else None
 
 
 class WeightSync(Actor):
-    """Loads published weights into one engine. Construct with the engine, then spawn."""
+    """Loads published weights into one engine. Construct with the engine (and the process's
+    `InProcessWeights`, if the trainer shares this process), then spawn."""
 
     name: ClassVar[str] = "weight-sync"
     kinds: ClassVar[tuple[type[Event], ...]] = (WeightsPublished,)
     max_inflight: ClassVar[int] = 1
 
-    def __init__(self, engine: Engine, *, label: str | None = None, verify: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        label: str | None = None,
+        verify: bool = True,
+        handoff: InProcessWeights | None = None,
+    ) -> None:
         self.engine = engine
+        self.handoff = handoff
         self.label = label or engine.name
         self.verify = verify
         # one durable consumer per engine: two engines must each see every WeightsPublished
@@ -116,9 +132,9 @@ class WeightSync(Actor):
 
     async def _load(self, event: WeightsPublished) -> None:
         start = time.perf_counter()
-        state = take(event.path, event.sha256)
-        if state is not None and _takes_state(self.engine):
-            await self.engine.load_weights(state, event.version)  # type: ignore[arg-type]
+        state = self.handoff.take(event.path, event.sha256) if self.handoff is not None else None
+        if state is not None and isinstance(self.engine, LoadsState):
+            await self.engine.load_state(state, event.version)
         else:
             if self.verify:
                 digest = await asyncio.to_thread(sha256_file, event.path)
@@ -139,9 +155,3 @@ class WeightSync(Actor):
             )
         )
 
-
-def _takes_state(engine: Engine) -> bool:
-    """Engines whose load_weights accepts an in-memory state dict (same process)."""
-    from stacx.inference.torch_engine import TorchEngine
-
-    return isinstance(engine, TorchEngine)

@@ -1,0 +1,68 @@
+"""The scripted agents' executors (oracle, null), wired here because the oracle touches the task.
+
+- ``oracle``: one turn whose text is the reference solution's body as a bash call in the
+  agent's format (the demonstration SFT trains on), executed as Harbor's oracle executes it:
+  solution/ uploaded to /solution, then ``bash /solution/solve.sh`` in the image's WORKDIR with
+  [solution].env, as the task's agent user, under the task's agent timeout. ToolCalled records
+  that command; ToolReturned its output (and any sandbox limit that killed part of it). Then
+  a submit turn. See stacx.agents.policies for why the text and the execution differ.
+- ``null``: one submit turn; the verifier still runs (the floor every task must beat).
+
+This is the one oracle: ``stacx tasks check``, ``stacx eval --agent oracle``, the eval recipes
+and SFT's demonstrations all run it through the same episode runner.
+
+Limits: a task without solution/solve.sh has no oracle; the launcher leaves such tasks out of
+an oracle run (stacx.launch.launcher.select_tasks) and says which.
+"""
+
+from __future__ import annotations
+
+from stacx.agents.chat import ChatFormat
+from stacx.agents.formats import ActionFormat
+from stacx.agents.policies import MakeExecutor, ScriptedCall, always, null_policy, oracle_policy
+from stacx.agents.toolcalls import ToolCall
+from stacx.agents.tools import Observation, ToolRun, bash_observation
+from stacx.ports import Sandbox, Task
+from stacx.rollout.episode import DEFAULT_AGENT_TIMEOUT_S
+from stacx.sandbox.tasks import resolve_env
+
+SOLUTION_DIR = "/solution"
+SOLVE_COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
+
+
+def run_solution(task: Task) -> ToolRun:
+    """The task's solve.sh, run in a sandbox as Harbor's oracle runs it (module docstring)."""
+
+    async def run(sandbox: Sandbox) -> Observation:
+        env = resolve_env(task.config.solution.env, where=f"{task.path}/task.toml: solution.env")
+        agent = task.config.agent
+        timeout = agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
+        await sandbox.upload_dir(str(task.solution_dir), SOLUTION_DIR)
+        result = await sandbox.exec(
+            ["bash", f"{SOLUTION_DIR}/solve.sh"],
+            timeout=timeout,
+            env=env or None,
+            user=None if agent.user is None else str(agent.user),
+        )
+        return bash_observation(result, timeout)
+
+    return run
+
+
+def solution_call(task: Task) -> ScriptedCall:
+    return ScriptedCall(
+        call=ToolCall(name="bash", arguments={"command": SOLVE_COMMAND}), run=run_solution(task)
+    )
+
+
+def scripted_executors(agent: str, chat: ChatFormat, fmt: ActionFormat) -> MakeExecutor:
+    """(task, sample_index) -> a fresh executor of the scripted `agent` (oracle or null)."""
+    if agent == "oracle":
+        return lambda task, _i: always(
+            oracle_policy(
+                chat, (task.solution_dir / "solve.sh").read_text(), fmt, solution_call(task)
+            )
+        )
+    if agent == "null":
+        return lambda _task, _i: always(null_policy(chat, fmt))
+    raise ValueError(f"{agent!r} is not a scripted agent (oracle, null)")

@@ -1,0 +1,310 @@
+"""The ports: the in-memory vocabulary that engines share, beside `stacx.events` (the vocabulary
+that goes over the bus).
+
+An engine (sandbox, inference, agents, rollout, train) never imports another engine; where it
+needs one, it names the port here, and `stacx.launch` builds the concrete adapter and wires it
+in. Every name below is a frozen `msgspec.Struct` (data) or a structural `Protocol` (a
+capability), plus `InfraFailure`, the one exception that crosses a port.
+
+- Rollout engine: `Engine`, `SamplingParams`, `Generation`, and the optional `LoadsState`
+  capability (weights from memory, same process); `WeightOffer`, the trainer's side of that
+  in-process handoff.
+- Environment engine: `Sandbox`, `ExecResult`, `Limits`; `Task` and its `TaskConfig` (the
+  Harbor task.toml model; loading it stays in `stacx.sandbox.tasks`).
+- Rollout: `Environments` (where episodes run and are verified), `Verdict`, `InfraFailure`;
+  `Agent` (one episode's agent loop in a started sandbox), `AgentResult`, `MakeAgent`.
+
+Guarantees: importing this module loads neither torch nor Docker nor NATS. Not here: how any
+port is implemented, and any type only one engine uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+
+import msgspec
+
+from stacx.events import Emit, FailureKind, StopReason
+
+if TYPE_CHECKING:
+    import torch
+
+# ---- rollout engine ---------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False  # keep generating past EOS (stop_token_ids still stop); benchmarks
+
+
+class Generation(msgspec.Struct, frozen=True, kw_only=True):
+    output_ids: list[int]
+    logprobs: list[float] | None  # log p(token) under the sampling distribution's model, one per id
+    finish_reason: str  # "stop" (EOS or a stop token) | "length" | "abort"
+    weight_version: int
+    gen_ms: float = 0.0
+    queue_ms: float = 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generator of token ids: token ids in, token ids + logprobs + weight version out.
+
+    Every backend (in-process torch, SGLang server, OpenAI-compatible server, the `stacx serve`
+    HTTP front) implements this Protocol and passes the one contract suite in
+    tests/inference/test_engine_contract.py. Text appears only at the edges (chat templates in
+    the agent, the OpenAI routes of `stacx serve`). Implementations must be safe to call
+    concurrently.
+    """
+
+    name: str
+
+    async def generate(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[Generation]: ...
+
+    async def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """Logprob of each of `output_ids` given `prompt_ids` (teacher scoring, OPD)."""
+        ...
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """Load a safetensors checkpoint; later tokens carry `version`."""
+        ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoadsState(Protocol):
+    """An Engine capability: load weights from an in-memory state dict (an engine in the
+    trainer's process), with no file read. Engines without it load from the file only."""
+
+    async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+class WeightOffer(Protocol):
+    """The trainer's side of the in-process weight handoff: it offers a snapshot of the state
+    it has just written to `path` (with digest `sha256`), and will not modify it after."""
+
+    def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+# ---- environment engine -----------------------------------------------------------------------
+
+
+class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
+    exit_code: int | None  # None when the command was killed (timeout) before it exited
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_ms: float = 0.0
+    truncated: bool = False  # output was longer than the cap; the kept part ends with a marker
+    oom_killed: bool = False
+    pids_limited: bool = False  # a fork was refused by the pids limit (the command was killed)
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits of one sandbox (a task's [environment] plus STACX's own pids limit);
+    every backend enforces them (see stacx.sandbox.tasks.task_limits)."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 1024
+    allow_internet: bool = True
+    storage_mb: int | None = None  # applied only where the storage driver supports quotas
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Sandbox(Protocol):
+    """A place where an agent's actions run, with limits.
+
+    Backends (Docker through aiodocker is the one shipped) implement this Protocol and pass
+    tests/sandbox/test_sandbox_contract.py. A sandbox is not a security boundary against a
+    determined attacker on a shared kernel; it contains the failures an agent causes by
+    accident (fork bombs, runaway memory, infinite loops, floods of output, network use where
+    forbidden).
+    """
+
+    id: str
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# Harbor's task.toml (schema_version 1.x), as `stacx.sandbox.tasks` parses it.
+
+
+class Healthcheck(msgspec.Struct, kw_only=True, frozen=True):
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
+class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
+    timeout_sec: float = 600.0
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    user: str | int | None = None
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """task.toml's [agent] table (not the agent loop's settings: stacx.agents.loop.AgentConfig)."""
+
+    timeout_sec: float | None = None
+    user: str | int | None = None
+
+
+class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
+    build_timeout_sec: float = 600.0
+    docker_image: str | None = None
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    gpus: int = 0
+    gpu_types: list[str] | None = None
+    allow_internet: bool = True
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    healthcheck: Healthcheck | None = None
+    skills_dir: str | None = None
+
+
+class PackageInfo(msgspec.Struct, kw_only=True, frozen=True):
+    name: str = ""
+    description: str = ""
+    keywords: list[str] = msgspec.field(default_factory=list)
+
+
+class TaskConfig(msgspec.Struct, kw_only=True, frozen=True):
+    schema_version: str = "1.0"
+    task: PackageInfo | None = None
+    metadata: dict[str, object] = msgspec.field(default_factory=dict)
+    verifier: VerifierConfig = msgspec.field(default_factory=VerifierConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    environment: EnvironmentConfig = msgspec.field(default_factory=EnvironmentConfig)
+    solution: SolutionConfig = msgspec.field(default_factory=SolutionConfig)
+    source: str | None = None
+
+
+class Task(msgspec.Struct, kw_only=True, frozen=True):
+    """One Harbor task, as `stacx tasks prepare` writes it (one JSON line each)."""
+
+    task_id: str
+    path: str  # absolute path of the task directory
+    instruction: str
+    config: TaskConfig
+    unknown: dict[str, object] = msgspec.field(default_factory=dict)  # dotted key -> value
+    has_solution: bool = False
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.path)
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.dir / "environment"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.dir / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.dir / "solution"
+
+
+# ---- rollout ----------------------------------------------------------------------------------
+
+
+class InfraFailure(Exception):
+    """An infrastructure failure of one attempt (never a score); the rollout manager records
+    it as InfraFailed with its `kind`."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    reward: float
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    verifier_ms: float = 0.0
+
+
+class Environments(Protocol):
+    """Where episodes run. Adapters raise InfraFailure with the right FailureKind."""
+
+    def task(self, path: str) -> Task:
+        """The task at `path` (as TaskScheduled.task_path names it); a TaskError if unreadable."""
+        ...
+
+    def sandbox(self, task: Task, *, episode_id: str) -> AbstractAsyncContextManager[Sandbox]:
+        """A started sandbox for `task`, released (or recycled) on exit."""
+        ...
+
+    async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
+        """Run the task's verifier in `sandbox` after the agent finished."""
+        ...
+
+
+class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
+    stop_reason: StopReason
+    n_turns: int
+    n_tool_calls: int
+    transcript_ids: list[int]  # the last prompt (or prompt + output when the episode ended)
+
+
+class Agent(Protocol):
+    """One episode's agent: acts in a started sandbox until it stops, emitting its turn and
+    tool events through `emit`. What raises is infrastructure (sandbox transport, engine);
+    the agent's own failures are a StopReason or an observation."""
+
+    async def run(
+        self, *, run_id: str, episode_id: str, instruction: str, sandbox: Sandbox, emit: Emit
+    ) -> AgentResult: ...
+
+
+MakeAgent = Callable[[Task, int], Agent]
+"""(task, sample_index) -> the agent of one episode (fresh per episode: scripts are stateful)."""

@@ -1,0 +1,646 @@
+"""The process backend of the Sandbox port: image-less tasks (math, code-interpreter tools) on
+machines without Docker. `sandbox.backend = "process"` in a recipe.
+
+NOT A SECURITY BOUNDARY. It contains the accidents an agent causes (a fork bomb, a memory bomb,
+a runaway loop, a flood of output, network use where forbidden), on the host's own kernel,
+filesystem and binaries. A command that means harm can read and write whatever the user it
+runs as can, outside the sandbox's own directories.
+
+The view a command gets. Each sandbox owns a fresh temp directory, its root R. Six absolute
+paths are the sandbox's own: the workdir (/app), /logs (with /logs/verifier and /logs/agent,
+writable by anyone), /tests, /solution, /tmp (mode 1777) and /home (HOME=/home/sandbox); each is
+R/<path>. Every other absolute path (/usr, /etc, /work, /root, ...) IS THE HOST'S, read-write.
+How that view is made depends on what the machine allows, probed once per process (`isolation()`):
+
+- ``namespaces`` (root, or unprivileged user namespaces): each command runs under
+  ``unshare --mount [--net]``, which rbind-mounts every other top-level host directory into R
+  and chroots into R. Paths are exact everywhere, inside scripts too: test.sh writing
+  /logs/verifier/reward.txt, a solution writing /app/x.
+- ``rewrite`` (no mount namespace): commands run on the host's tree, and the six paths are
+  rewritten to R/<path> in the command line only (a str command or each argv item, where a path
+  starts a word); paths named inside scripts are NOT rewritten, so a Harbor verifier (whose
+  test.sh names /logs) cannot work, and ProcessEnvironments refuses to start (InfraFailure
+  START) rather than score it.
+
+The file API (read_file, write_file, upload_dir) maps paths the same way in both modes.
+
+Per command, and what is and is not contained:
+- its own session and process group (`start_new_session`); a timeout signals the group (TERM,
+  then KILL `KILL_GRACE_S` later); `timed_out` is set, `exit_code` is None.
+- rlimits: address space = Limits.memory_mb (RLIMIT_AS counts virtual memory: a runtime that
+  reserves big mappings, like Go or a JVM, needs more than it uses), CPU seconds (= timeout x
+  max(cpus, 1) + 1, or the sandbox's `cpu_seconds`; a hit ends the command by SIGXCPU and is
+  reported as `timed_out`), open files (`OPEN_FILES`), processes = Limits.pids (RLIMIT_NPROC).
+  RLIMIT_NPROC counts every process of the command's real uid, and is not enforced at all for
+  root. So when STACX runs as root, each sandbox runs its commands as a uid of its own
+  (`SANDBOX_UID_BASE` + n, no passwd entry), which makes the pids limit per sandbox and lets
+  close() kill every process the sandbox left behind, those that escaped their process group
+  too (`kill(-1)` as that uid). A command run as user "0"/"root" (the verifier's cleanup) has
+  no pids limit; a named user (``nobody``) shares its limit with that user's other processes.
+  As non-root, commands run as the caller's own user (`user` is ignored, with a warning) and
+  the limit counts all of its processes; close() then kills only the process groups it knows.
+- Limits.cpus is not a CPU share (no cgroups here): only the CPU-seconds limit above.
+  storage_mb is not applied.
+- no network when Limits.allow_internet is false and the platform allows a network namespace
+  (only loopback, brought up); otherwise a warning is logged once and the network is the host's.
+- output is capped per stream (OutputCapture); past `flood_limit` bytes the group is killed.
+- flags, from what a process can observe (no cgroup counters): `oom_killed` when the command
+  died by SIGKILL that STACX did not send (the kernel's OOM killer) or failed with an
+  allocation error on stderr (Python's MemoryError, "Cannot allocate memory", bad_alloc: how an
+  RLIMIT_AS hit looks); `pids_limited` when a fork was refused on stderr ("fork: Resource
+  temporarily unavailable", BlockingIOError errno 11); the command's processes are then killed.
+  These read stderr, so a command that prints such a line itself is misreported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import pwd
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, Self
+
+from stacx.errors import SandboxError
+from stacx.events import new_id
+from stacx.ports import ExecResult, Limits, Sandbox
+from stacx.sandbox.output import OutputCapture
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+DEFAULT_FLOOD_LIMIT = 64 << 20
+KILL_GRACE_S = 2.0  # TERM, then KILL this much later
+DRAIN_GRACE_S = 2.0  # after the command exits, how long a background child may hold its pipes
+OPEN_FILES = 4096
+SANDBOX_UID_BASE = 200_000  # root only: sandbox n runs as uid BASE + n (no passwd entry)
+HOME = "/home/sandbox"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Isolation = Literal["namespaces", "rewrite"]
+
+_OOM_LINE = re.compile(
+    rb"^(\w*MemoryError\b|.*std::bad_alloc|.*Cannot allocate memory|.*[Oo]ut of memory)", re.M
+)
+_FORK_REFUSED = re.compile(
+    rb"fork: (retry: )?Resource temporarily unavailable|[Cc]annot fork|can't fork"
+    rb"|BlockingIOError: \[Errno 11\]"
+)
+_uids = itertools.count()
+
+# Run by `unshare` as (uid 0 of) the new mount namespace: bind the host's top-level dirs into
+# the sandbox root, then chroot into it as the command's user. Arguments: root, cwd, userspec,
+# "1" to bring loopback up, the dirs to bind (ending with "--"), then the command.
+_SETUP = r"""
+set -e
+R=$1 CWD=$2 SPEC=$3 LO=$4; shift 4
+while [ "$1" != -- ]; do mount --rbind "/$1" "$R/$1"; shift; done; shift
+if [ "$LO" = 1 ]; then ip link set lo up 2>/dev/null || true; fi
+exec chroot --userspec="$SPEC" "$R" /bin/sh -c 'cd "$0" && exec "$@"' "$CWD" "$@"
+"""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    isolation: Isolation
+    unshare: tuple[str, ...]  # the unshare prefix ("unshare", "--mount", ...), without --net
+    net: bool  # a network namespace can be made
+
+
+_probe: _Probe | None = None
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def isolation() -> _Probe:
+    """What this machine allows, probed once per process (a real namespace + chroot run)."""
+    global _probe
+    if _probe is not None:
+        return _probe
+    base = ("unshare",) if _is_root() else ("unshare", "--user", "--map-root-user")
+    ok = shutil.which("unshare") is not None and shutil.which("chroot") is not None
+    probe: _Probe | None = None
+    if ok:
+        with tempfile.TemporaryDirectory(prefix="stacx-probe-") as root:
+            binds = _prepare_root(Path(root), ())
+            for net in (True, False):
+                argv = [*base, "--mount", *(["--net"] if net else []), "--", "/bin/sh", "-c"]
+                argv += [_SETUP, "setup", root, "/", "0:0", "0", *binds, "--", "true"]
+                if _quiet(argv):
+                    probe = _Probe("namespaces", (*base, "--mount"), net)
+                    break
+    if probe is None:
+        net = ok and _quiet([*base, "--net", "--", "true"])
+        probe = _Probe("rewrite", (*base,) if net else (), net)
+        log.warning(
+            "process sandbox: no mount namespace here; absolute paths are rewritten in "
+            "command lines only (a Harbor verifier cannot run)"
+        )
+    if not probe.net:
+        log.warning("process sandbox: no network namespace here; commands reach the network")
+    _probe = probe
+    return probe
+
+
+def _quiet(argv: list[str]) -> bool:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _prepare_root(root: Path, mapped: tuple[str, ...]) -> list[str]:
+    """Mirror the host's top level in `root`: symlinks copied, dirs made as mountpoints
+    (returned, for the setup script to bind), `mapped` names left to the sandbox."""
+    binds = []
+    for entry in sorted(os.scandir("/"), key=lambda e: e.name):
+        target = root / entry.name
+        if entry.name in mapped or target.exists() or target.is_symlink():
+            continue
+        if entry.is_symlink():
+            target.symlink_to(os.readlink(entry.path))
+        elif entry.is_dir():
+            target.mkdir()
+            binds.append(entry.name)
+    return binds
+
+
+def _live_processes(uid: int) -> list[int]:
+    """Pids of `uid`'s processes that are not zombies (from /proc)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get(
+            "State", ""
+        ).strip().startswith(("Z", "X")):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _preexec(
+    limits: Limits, cpu_seconds: float | None, ids: tuple[int, int] | None
+) -> Callable[[], None]:
+    """Runs in the child between fork and exec: rlimits, and (rewrite mode) the uid switch."""
+    memory = limits.memory_mb << 20
+    nproc = limits.pids
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if cpu_seconds is not None:
+            soft = max(int(cpu_seconds + 0.999), 1)
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+        if ids is not None:
+            os.setgroups([])
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+
+    return apply
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> int:
+    """The command's exit status, as soon as it exits. (`proc.wait()` also waits for its
+    pipes to close, which a background child holding them can delay forever.)"""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfd here: poll the status below
+        fd = -1
+    if fd >= 0:
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    while proc.returncode is None:  # exited; the child watcher reaps it a moment later
+        await asyncio.sleep(0.005)
+    return proc.returncode
+
+
+class ProcessSandbox:
+    """One sandbox root with limits. Use as an async context manager or `await create(...)`;
+    `close()` kills what is left and removes the root; it is idempotent."""
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        workdir: str = "/app",
+        run_id: str = "",
+        episode_id: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        flood_limit: int = DEFAULT_FLOOD_LIMIT,
+        cpu_seconds: float | None = None,
+        isolation_override: Isolation | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.workdir = workdir
+        self.run_id = run_id
+        self.episode_id = episode_id
+        self.output_limit = output_limit
+        self.flood_limit = flood_limit
+        self.cpu_seconds = cpu_seconds  # CPU seconds per command without a timeout (None: none)
+        self.id = f"stacx-proc-{new_id()[:16]}"
+        self.root: Path | None = None
+        self.start_ms = 0.0
+        self.mapped = tuple(
+            dict.fromkeys((workdir.strip("/"), "logs", "tests", "solution", "tmp", "home"))
+        )
+        probe = isolation()
+        self.isolation: Isolation = isolation_override or probe.isolation
+        self._probe = probe
+        # root: a uid of its own (see the module docstring); else the caller's own user
+        self.uid = SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if _is_root() else None
+        self._binds: list[str] = []
+        self._groups: set[int] = set()
+        self._closed = False
+        self._warned_user = False
+        self._rewrite = re.compile(
+            r"(?<![\w.~/-])/(" + "|".join(re.escape(m) for m in self.mapped) + r")(?=/|$|[^\w.-])"
+        )
+
+    @classmethod
+    async def create(cls, limits: Limits | None = None, **kwargs: object) -> ProcessSandbox:
+        sandbox = cls(limits, **kwargs)  # type: ignore[arg-type]
+        await sandbox.start()
+        return sandbox
+
+    async def start(self) -> None:
+        """Make the root and its own directories (owned by the sandbox's uid)."""
+        t0 = time.perf_counter()
+        try:
+            root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))
+            root.chmod(0o755)
+            self.root = root
+            modes = {self.workdir.strip("/"): 0o755, "tmp": 0o1777, "tests": 0o755}
+            for name in self.mapped:
+                (root / name).mkdir(parents=True, exist_ok=True)
+                (root / name).chmod(modes.get(name, 0o755))
+            for sub, mode in (("logs/verifier", 0o777), ("logs/agent", 0o777), (HOME[1:], 0o755)):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+                (root / sub).chmod(mode)
+            for name in (self.workdir.strip("/"), "solution", HOME[1:]):
+                self._own(root / name)
+            if self.isolation == "namespaces":
+                self._binds = _prepare_root(root, self.mapped)
+        except OSError as exc:
+            await self.close()
+            raise SandboxError(f"cannot make a process sandbox: {exc}") from exc
+        self.start_ms = (time.perf_counter() - t0) * 1000
+
+    async def __aenter__(self) -> Self:
+        if self.root is None:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ---- paths --------------------------------------------------------------------------
+
+    def host_path(self, path: str) -> Path:
+        """Where `path` (absolute, or relative to the workdir) is on the host."""
+        root = self._root()
+        p = Path(os.path.normpath(os.path.join(self.workdir, path)))
+        first = p.parts[1] if len(p.parts) > 1 else ""
+        return root / p.relative_to("/") if first in self.mapped else p
+
+    def _root(self) -> Path:
+        if self.root is None or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not running")
+        return self.root
+
+    def _own(self, path: Path) -> None:
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid, follow_symlinks=False)
+
+    def _in_root(self, path: Path) -> bool:
+        return self.root is not None and path.is_relative_to(self.root)
+
+    # ---- exec ---------------------------------------------------------------------------
+
+    def _ids(self, user: str | None) -> tuple[int, int] | None:
+        """(uid, gid) a command runs as; None: the caller's own (non-root)."""
+        if not _is_root():
+            if user not in (None, "", "0", "root") and not self._warned_user:
+                self._warned_user = True
+                log.warning("process sandbox %s: not root, user %r ignored", self.id, user)
+            return None
+        if not user:
+            assert self.uid is not None
+            return self.uid, self.uid
+        try:
+            pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        except (KeyError, ValueError):
+            if user.isdigit():
+                return int(user), int(user)
+            raise SandboxError(f"sandbox {self.id}: no user {user!r} on this host") from None
+        return pw.pw_uid, pw.pw_gid
+
+    def _argv(self, cmd: str | list[str], cwd: str, ids: tuple[int, int] | None) -> list[str]:
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        net = not self.limits.allow_internet and self._probe.net
+        if self.isolation == "rewrite":
+            argv = [self._rewrite.sub(lambda m: str(self._root()) + m.group(0), a) for a in argv]
+            return [*self._probe.unshare, *(["--net"] if net else []), "--", *argv] if net else argv
+        spec = "0:0" if ids is None else f"{ids[0]}:{ids[1]}"
+        return [
+            *self._probe.unshare,
+            *(["--net"] if net else []),
+            "--",
+            "/bin/sh",
+            "-c",
+            _SETUP,
+            "setup",
+            str(self._root()),
+            cwd,
+            spec,
+            "1" if net else "0",
+            *self._binds,
+            "--",
+            *argv,
+        ]
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run a command (a str runs under `bash -c`); never raises for the command's own
+        failure, only SandboxError when the sandbox is closed or the command cannot start."""
+        root = self._root()
+        ids = self._ids(user)
+        cwd = os.path.normpath(os.path.join(self.workdir, cwd or self.workdir))
+        full_env = {
+            "PATH": os.environ.get("PATH", DEFAULT_PATH),
+            "HOME": HOME,
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            **self.limits.env,
+            **(env or {}),
+        }
+        host_cwd = "/"
+        if self.isolation == "rewrite":
+            host_cwd = str(self.host_path(cwd))
+            full_env = {
+                k: self._rewrite.sub(lambda m: str(root) + m.group(0), v)
+                for k, v in full_env.items()
+            }
+        cpu = self.cpu_seconds if timeout is None else timeout * max(self.limits.cpus, 1.0) + 1
+        preexec = _preexec(self.limits, cpu, ids if self.isolation == "rewrite" else None)
+        out, err = OutputCapture(self.output_limit), OutputCapture(self.output_limit)
+        tails = [bytearray(), bytearray()]  # the last bytes of stderr, for the flag patterns
+        t0 = time.perf_counter()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(cmd, cwd, ids),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+                cwd=host_cwd,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except OSError as exc:
+            raise SandboxError(f"exec in sandbox {self.id} failed: {exc}") from exc
+        self._groups.add(proc.pid)
+        flooded = forks_refused = False
+        killed = False  # STACX sent the KILL (a timeout, a flood): not an OOM kill
+
+        def kill(sig: signal.Signals = signal.SIGKILL) -> None:
+            nonlocal killed
+            killed = killed or sig == signal.SIGKILL
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, sig)
+
+        async def pump(stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray) -> None:
+            nonlocal flooded, forks_refused
+            assert stream is not None
+            while chunk := await stream.read(1 << 16):
+                cap.feed(chunk)
+                tail += chunk
+                del tail[:-8192]
+                if cap is err and not forks_refused and _FORK_REFUSED.search(tail):
+                    # a fork bomb: its children would hold every pid, so it goes at once
+                    forks_refused = True
+                    kill()
+                if not flooded and out.total + err.total > self.flood_limit:
+                    flooded = True
+                    kill()
+
+        readers = asyncio.gather(pump(proc.stdout, out, tails[0]), pump(proc.stderr, err, tails[1]))
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await _exited(proc)
+            except TimeoutError:
+                timed_out = True
+                kill(signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(KILL_GRACE_S):
+                        await _exited(proc)
+                except TimeoutError:
+                    pass
+                kill()
+                await _exited(proc)
+            # A background child may hold the pipes open: it goes with its group (and, past
+            # that, with the sandbox's uid), and its output is cut off there.
+            for step in range(3):
+                try:
+                    async with asyncio.timeout(DRAIN_GRACE_S):
+                        await asyncio.shield(readers)
+                    break
+                except TimeoutError:
+                    kill()
+                    if step:
+                        await self._sweep(ids)
+            else:
+                readers.cancel()
+        except BaseException:
+            kill()
+            readers.cancel()
+            raise
+        finally:
+            self._groups.discard(proc.pid)
+        duration_ms = (time.perf_counter() - t0) * 1000
+        rc = proc.returncode
+        assert rc is not None
+        sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else 0)
+        stderr_tail = bytes(tails[1])
+        if sig == signal.SIGXCPU and not timed_out:
+            timed_out = True
+            err.feed(b"\n[stacx: the command ran out of its CPU-seconds limit (SIGXCPU)]\n")
+        oom = not timed_out and (
+            (sig == signal.SIGKILL and not killed)
+            or (rc != 0 and _OOM_LINE.search(stderr_tail) is not None)
+        )
+        pids = forks_refused
+        if pids or oom or timed_out:
+            kill()  # a fork bomb's children, a timed-out command's stragglers
+            await self._sweep(ids)
+        if flooded:
+            err.feed(
+                f"\n[stacx: output flood: the command was killed after printing more than "
+                f"{self.flood_limit} bytes]\n".encode()
+            )
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        exit_code: int | None = None if timed_out else (128 + -rc if rc < 0 else rc)
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            duration_ms=duration_ms,
+            truncated=t1 or t2 or flooded,
+            oom_killed=oom,
+            pids_limited=pids,
+        )
+
+    async def _sweep(self, ids: tuple[int, int] | None) -> None:
+        """Kill every process of the sandbox's own uid (those outside any known group too)."""
+        if ids is None or self.uid is None or ids[0] != self.uid:
+            return
+        uid = self.uid
+
+        def as_uid_kill_all() -> None:
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)  # every process of `uid`, except this one
+
+        for _ in range(50):
+            # kill(-1) is atomic against fork; the helper's exec may then fail (the uid is
+            # over its RLIMIT_NPROC), after the kill. Repeat until no live process is left.
+            with contextlib.suppress(OSError):
+                proc = await asyncio.create_subprocess_exec(
+                    "true", preexec_fn=as_uid_kill_all, start_new_session=True
+                )
+                await proc.wait()
+            if not _live_processes(uid):
+                return
+            await asyncio.sleep(0.02)
+        log.warning("process sandbox %s: processes of uid %d survive a kill", self.id, uid)
+
+    # ---- files --------------------------------------------------------------------------
+
+    async def read_file(self, path: str) -> bytes:
+        """A file's bytes; FileNotFoundError if it does not exist, IsADirectoryError for a dir."""
+        p = self.host_path(path)
+        if p.is_dir():
+            raise IsADirectoryError(f"{path} (in sandbox {self.id}) is not a regular file")
+        try:
+            return await asyncio.to_thread(p.read_bytes)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} (in sandbox {self.id})") from None
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file (parents created as needed, owned by the sandbox's uid)."""
+        payload = data.encode() if isinstance(data, str) else data
+        p = self.host_path(path)
+        await asyncio.to_thread(self._write, p, payload, mode)
+
+    def _write(self, p: Path, payload: bytes, mode: int) -> None:
+        self._makedirs(p.parent)
+        p.write_bytes(payload)
+        p.chmod(mode)
+        if self._in_root(p):
+            self._own(p)
+
+    def _makedirs(self, d: Path) -> None:
+        missing = []
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        for m in reversed(missing):
+            m.mkdir(mode=0o755)
+            if self._in_root(m):
+                self._own(m)
+
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> None:
+        """Copy a local directory's contents into `remote_dir` (created as needed), modes kept;
+        an existing directory's mode is left as it is."""
+        dest = self.host_path(remote_dir)
+        await asyncio.to_thread(self._copy_tree, Path(local_dir), dest)
+
+    def _copy_tree(self, src: Path, dest: Path) -> None:
+        if not src.is_dir():
+            raise SandboxError(f"upload: {src} is not a directory")
+        self._makedirs(dest)
+        for dirpath, dirnames, filenames in os.walk(src):
+            rel = Path(dirpath).relative_to(src)
+            for name in dirnames:
+                d = dest / rel / name
+                if not d.exists():
+                    d.mkdir()
+                    shutil.copymode(Path(dirpath) / name, d)
+                    if self._in_root(d):
+                        self._own(d)
+            for name in filenames:
+                f = dest / rel / name
+                shutil.copy2(Path(dirpath) / name, f, follow_symlinks=False)
+                if self._in_root(f):
+                    self._own(f)
+
+    # ---- close --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Kill the sandbox's processes and remove its root. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for pgid in list(self._groups):
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
+        if self.uid is not None:
+            await self._sweep((self.uid, self.uid))
+        if self.root is not None:
+            await asyncio.to_thread(self._remove_root, self.root)
+
+    def _remove_root(self, root: Path) -> None:
+        # The host's dirs are bound into the root only inside each command's own mount
+        # namespace; should one ever be mounted here, removing the root would delete host files.
+        for name in self._binds:
+            mountpoint = root / name
+            if os.path.ismount(mountpoint) or any(mountpoint.iterdir()):
+                log.error("process sandbox %s: %s is not an empty dir; root kept", self.id, mountpoint)
+                return
+            mountpoint.rmdir()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if TYPE_CHECKING:  # mypy checks that the backend implements the port
+    _conforms: type[Sandbox] = ProcessSandbox

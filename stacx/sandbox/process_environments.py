@@ -1,0 +1,125 @@
+"""The `Environments` port (stacx.ports) over process sandboxes (stacx.sandbox.process), for
+image-less tasks on machines without Docker: `sandbox.backend = "process"`.
+
+A task needs no environment/Dockerfile here. A task that has one (or a docker_image) runs on
+the host's own tree all the same, with a warning once per task: its image is not built and
+nothing it installs is there. The workdir is /app (Harbor's convention; no image names one).
+
+Failures, as DockerEnvironments maps them:
+- a bad [environment] table (an unset ${VAR} in environment.env) -> START (no image to build);
+- a sandbox that cannot be made, a machine with no mount namespace (the verifier's /logs and
+  /tests could not be the sandbox's: see stacx.sandbox.process), a failing healthcheck -> START;
+- the verifier's own kinds (timeout, no reward, OOM, pids limit, transport), from run_verifier.
+What the task's own processes hit while the agent acts (a MemoryError, a refused fork) is an
+observation on the ExecResult, never an InfraFailure.
+
+Sandboxes are never reused: each episode gets a fresh root, removed on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from stacx.errors import SandboxError, TaskError
+from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped
+from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
+from stacx.sandbox.health import wait_healthy
+from stacx.sandbox.process import ProcessSandbox, isolation
+from stacx.sandbox.tasks import load_task, task_limits
+from stacx.sandbox.verifier import run_verifier, verdict
+
+log = logging.getLogger(__name__)
+IMAGE = "process"  # SandboxStarted.image of a process sandbox
+
+
+class ProcessEnvironments:
+    """Process-backed `Environments`; an async context manager (it owns nothing long-lived)."""
+
+    def __init__(self, *, run_id: str, emit: Emit | None = None, workdir: str = "/app") -> None:
+        self.run_id = run_id
+        self.emit = emit
+        self.workdir = workdir
+        self._warned: set[str] = set()
+
+    async def __aenter__(self) -> Self:
+        isolation()  # probe (and warn) once, before the first episode
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    def task(self, path: str) -> Task:
+        return load_task(path)
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
+        if isolation().isolation != "namespaces":
+            raise InfraFailure(
+                FailureKind.START,
+                "the process backend needs mount namespaces (unshare --mount) to give a task "
+                "its own /logs and /tests; this machine has none",
+            )
+        has_image = (task.environment_dir / "Dockerfile").is_file() or bool(
+            task.config.environment.docker_image
+        )
+        if has_image and task.task_id not in self._warned:
+            self._warned.add(task.task_id)
+            log.warning(
+                "task %s has an image; the process backend runs it on the host instead",
+                task.task_id,
+            )
+        try:
+            limits = task_limits(task)
+        except TaskError as exc:
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        sandbox = ProcessSandbox(
+            limits, workdir=self.workdir, run_id=self.run_id, episode_id=episode_id
+        )
+        try:
+            await sandbox.start()
+        except SandboxError as exc:
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        reason = "released"
+        try:
+            if self.emit is not None:
+                await self.emit(
+                    SandboxStarted(
+                        run_id=self.run_id,
+                        sandbox_id=sandbox.id,
+                        image=IMAGE,
+                        episode_id=episode_id,
+                        start_ms=sandbox.start_ms,
+                    )
+                )
+            healthcheck = task.config.environment.healthcheck
+            if healthcheck is not None:
+                try:
+                    await wait_healthy(sandbox, healthcheck)
+                except SandboxError as exc:
+                    reason = "unhealthy"
+                    raise InfraFailure(FailureKind.START, str(exc)) from exc
+            yield sandbox
+        finally:
+            await sandbox.close()
+            if self.emit is not None:
+                await self.emit(
+                    SandboxStopped(
+                        run_id=self.run_id,
+                        sandbox_id=sandbox.id,
+                        episode_id=episode_id,
+                        reason=reason,
+                    )
+                )
+
+    async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
+        return verdict(await run_verifier(sandbox, task))
+
+
+if TYPE_CHECKING:  # mypy checks that the adapter implements the port
+    _conforms: type[Environments] = ProcessEnvironments

@@ -163,6 +163,9 @@ class TaskScheduled(_Kind, frozen=True, kw_only=True, tag=True):
     n_samples: int = 1
     iteration: int = 0
     split: str = "train"
+    # sync mode: the weight version its samples must be generated with (the rollout worker
+    # waits until its engine serves it); None: whatever the engine serves (async, eval)
+    weight_version: int | None = None
 
 
 class EpisodeStarted(_Kind, frozen=True, kw_only=True, tag=True):

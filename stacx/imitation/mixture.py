@@ -21,6 +21,7 @@ outside such a manager, ``MixtureRollIn.iteration`` is used.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import ClassVar
 
@@ -104,8 +105,11 @@ class MixtureRolloutManager(RolloutManager):
         envs: Environments,
         chat: ChatFormat,
         agent: AgentConfig,
+        serves: Callable[[], int | None] | None = None,
     ) -> None:
-        super().__init__(config=config, envs=envs, make_agent=swe_agents(chat, agent, roll_in))
+        super().__init__(
+            config=config, envs=envs, make_agent=swe_agents(chat, agent, roll_in), serves=serves
+        )
         self.roll_in = roll_in
 
     async def handle(self, event: Event) -> None:

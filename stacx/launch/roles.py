@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat, ChatTokenizer
@@ -26,12 +26,8 @@ from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
 from stacx.launch.weights import WeightSync
-from stacx.ports import Engine
+from stacx.ports import Engine, Environments
 from stacx.rollout.manager import RolloutConfig, RolloutManager
-
-if TYPE_CHECKING:  # Docker is imported only when a rollout worker starts
-    from stacx.sandbox.environments import DockerEnvironments
-    from stacx.sandbox.process_environments import ProcessEnvironments
 
 
 class RolloutWorker(RolloutManager):
@@ -140,7 +136,12 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             imitation = recipe.algorithm.imitation
             roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
             manager = MixtureWorker(
-                roll_in=roll_in, config=config, envs=envs, chat=chat, agent=agent_config(recipe)
+                roll_in=roll_in,
+                config=config,
+                envs=envs,
+                chat=chat,
+                agent=agent_config(recipe),
+                serves=lambda: engine.weight_version,
             )
             if recipe.algorithm.name == "aggrevate":
                 from stacx.imitation.aggrevate import BranchActor
@@ -162,15 +163,20 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 if recipe.agent.name == "retool"
                 else swe_agents(chat, agent_config(recipe), lambda _t, _i: always(student))
             )
-            manager = RolloutWorker(config=config, envs=envs, make_agent=make_agent)
+            manager = RolloutWorker(
+                config=config,
+                envs=envs,
+                make_agent=make_agent,
+                serves=lambda: engine.weight_version,
+            )
         yield [weights, manager, *extra]
 
 
 def docker_environments(
     recipe: Recipe, env: ActorEnv
-) -> DockerEnvironments | ProcessEnvironments:
+) -> contextlib.AbstractAsyncContextManager[Environments]:
     """The rollout worker's environments: Docker (warm pool and image aliases from [sandbox]),
-    or process sandboxes when sandbox.backend = "process"."""
+    or process sandboxes when sandbox.backend = "process". Docker is imported only here."""
     if recipe.sandbox.backend == "process":
         from stacx.sandbox.process_environments import ProcessEnvironments
 

@@ -124,8 +124,14 @@ def group_id_for(run_id: str, iteration: int, slot: int) -> str:
     return derive_id(run_id, "group", iteration, slot)
 
 
-def iteration_events(run_id: str, plan: Plan, iteration: int) -> list[TaskScheduled]:
-    """The TaskScheduled events of one iteration (ids derived, so re-sends are de-duplicated)."""
+def iteration_events(
+    run_id: str, plan: Plan, iteration: int, version: int | None = None
+) -> list[TaskScheduled]:
+    """The TaskScheduled events of one iteration (ids derived, so re-sends are de-duplicated).
+
+    In sync mode each carries the weight version its samples must be generated with: the
+    iteration's own (``iteration * steps_per_iteration``), or ``version`` (the newest published)
+    for a refill beyond it."""
     if plan.eval:
         chosen = plan.tasks
     else:
@@ -140,6 +146,11 @@ def iteration_events(run_id: str, plan: Plan, iteration: int) -> list[TaskSchedu
             n_samples=plan.group_size,
             iteration=iteration,
             split="eval" if plan.eval else "train",
+            weight_version=(
+                min(iteration * plan.steps_per_iteration, version)
+                if version is not None and plan.mode == "sync" and not plan.eval
+                else None
+            ),
         )
         for slot, t in enumerate(chosen)
     ]
@@ -258,7 +269,7 @@ class Scheduler(Actor):
                 return True
             sent = 0
             for iteration in iterations_due(self.plan, state):
-                for ev in iteration_events(self.run_id, self.plan, iteration):
+                for ev in iteration_events(self.run_id, self.plan, iteration, state.version):
                     if ev.group_id not in state.scheduled:
                         await self.publish(ev)
                         sent += 1

@@ -13,6 +13,8 @@ Modules (import what you use; this package imports nothing heavy):
 - verifier  run tests/test.sh, parse reward.txt / reward.json, emit RewardAssigned/InfraFailed
 - health    a task's healthcheck
 - environments  the `Environments` port over Docker (build, pool, healthcheck, verifier)
+- process   ProcessSandbox: the process backend (temp root, rlimits, namespaces), no Docker
+- process_environments  the `Environments` port over process sandboxes (image-less tasks)
 - gc        find and remove orphaned sandbox containers
 - cgroups   OOM-kill and pids-limit counters of a container
 - output    bounded capture of a command's output

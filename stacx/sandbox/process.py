@@ -42,12 +42,13 @@ Per command, and what is and is not contained:
 - Limits.cpus is not a CPU share (no cgroups here): only the CPU-seconds limit above.
   storage_mb is not applied.
 - no network when Limits.allow_internet is false and the platform allows a network namespace
-  (only loopback, brought up); otherwise a warning is logged once and the network is the host's.
+  (only loopback, brought up where `ip` is installed: the GPU machine has none, so there even
+  loopback is down); otherwise a warning is logged once and the network is the host's.
 - output is capped per stream (OutputCapture); past `flood_limit` bytes the group is killed.
 - flags, from what a process can observe (no cgroup counters): `oom_killed` when the command
-  died by SIGKILL that STACX did not send (the kernel's OOM killer) or failed with an
-  allocation error on stderr (Python's MemoryError, "Cannot allocate memory", bad_alloc: how an
-  RLIMIT_AS hit looks); `pids_limited` when a fork was refused on stderr ("fork: Resource
+  died by SIGKILL that STACX did not send (the kernel's OOM killer), or when an allocation
+  error reached stderr (a line starting "MemoryError", "Cannot allocate memory", bad_alloc: how
+  an RLIMIT_AS hit looks), from any of its processes, even if the command went on and exited 0; `pids_limited` when a fork was refused on stderr ("fork: Resource
   temporarily unavailable", BlockingIOError errno 11); the command's processes are then killed.
   These read stderr, so a command that prints such a line itself is misreported.
 """
@@ -59,6 +60,7 @@ import contextlib
 import itertools
 import logging
 import os
+import posixpath
 import pwd
 import re
 import resource
@@ -91,9 +93,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 Isolation = Literal["namespaces", "rewrite"]
 
-_OOM_LINE = re.compile(
-    rb"^(\w*MemoryError\b|.*std::bad_alloc|.*Cannot allocate memory|.*[Oo]ut of memory)", re.M
-)
+_OOM_LINE = re.compile(rb"^(MemoryError\b|.*std::bad_alloc|.*[Cc]annot allocate memory)", re.M)
 _FORK_REFUSED = re.compile(
     rb"fork: (retry: )?Resource temporarily unavailable|[Cc]annot fork|can't fork"
     rb"|BlockingIOError: \[Errno 11\]"
@@ -229,14 +229,21 @@ async def _exited(proc: asyncio.subprocess.Process) -> int:
     except OSError:  # already reaped, or no pidfd here: poll the status below
         fd = -1
     if fd >= 0:
-        ready = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, readable)
         try:
             await ready
         finally:
             loop.remove_reader(fd)
             os.close(fd)
-    while proc.returncode is None:  # exited; the child watcher reaps it a moment later
+    # It has exited; the child watcher reaps it and sets the status a moment later (there is
+    # no event to wait on for that, short of proc.wait(), which waits for the pipes too).
+    while proc.returncode is None:  # noqa: ASYNC110
         await asyncio.sleep(0.005)
     return proc.returncode
 
@@ -274,7 +281,9 @@ class ProcessSandbox:
         self.isolation: Isolation = isolation_override or probe.isolation
         self._probe = probe
         # root: a uid of its own (see the module docstring); else the caller's own user
-        self.uid = SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if _is_root() else None
+        self.uid = (
+            SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if _is_root() else None
+        )
         self._binds: list[str] = []
         self._groups: set[int] = set()
         self._closed = False
@@ -293,24 +302,27 @@ class ProcessSandbox:
         """Make the root and its own directories (owned by the sandbox's uid)."""
         t0 = time.perf_counter()
         try:
-            root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))
-            root.chmod(0o755)
-            self.root = root
-            modes = {self.workdir.strip("/"): 0o755, "tmp": 0o1777, "tests": 0o755}
-            for name in self.mapped:
-                (root / name).mkdir(parents=True, exist_ok=True)
-                (root / name).chmod(modes.get(name, 0o755))
-            for sub, mode in (("logs/verifier", 0o777), ("logs/agent", 0o777), (HOME[1:], 0o755)):
-                (root / sub).mkdir(parents=True, exist_ok=True)
-                (root / sub).chmod(mode)
-            for name in (self.workdir.strip("/"), "solution", HOME[1:]):
-                self._own(root / name)
-            if self.isolation == "namespaces":
-                self._binds = _prepare_root(root, self.mapped)
+            self.root = await asyncio.to_thread(self._make_root)
         except OSError as exc:
             await self.close()
             raise SandboxError(f"cannot make a process sandbox: {exc}") from exc
         self.start_ms = (time.perf_counter() - t0) * 1000
+
+    def _make_root(self) -> Path:
+        root = self.root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))  # close() removes it
+        root.chmod(0o755)
+        modes = {self.workdir.strip("/"): 0o755, "tmp": 0o1777, "tests": 0o755}
+        for name in self.mapped:
+            (root / name).mkdir(parents=True, exist_ok=True)
+            (root / name).chmod(modes.get(name, 0o755))
+        for sub, mode in (("logs/verifier", 0o777), ("logs/agent", 0o777), (HOME[1:], 0o755)):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            (root / sub).chmod(mode)
+        for name in (self.workdir.strip("/"), "solution", HOME[1:]):
+            self._own(root / name)
+        if self.isolation == "namespaces":
+            self._binds = _prepare_root(root, self.mapped)
+        return root
 
     async def __aenter__(self) -> Self:
         if self.root is None:
@@ -403,7 +415,7 @@ class ProcessSandbox:
         failure, only SandboxError when the sandbox is closed or the command cannot start."""
         root = self._root()
         ids = self._ids(user)
-        cwd = os.path.normpath(os.path.join(self.workdir, cwd or self.workdir))
+        cwd = posixpath.normpath(posixpath.join(self.workdir, cwd or self.workdir))
         full_env = {
             "PATH": os.environ.get("PATH", DEFAULT_PATH),
             "HOME": HOME,
@@ -446,7 +458,9 @@ class ProcessSandbox:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, sig)
 
-        async def pump(stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray) -> None:
+        async def pump(
+            stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray
+        ) -> None:
             nonlocal flooded, forks_refused
             assert stream is not None
             while chunk := await stream.read(1 << 16):
@@ -506,7 +520,7 @@ class ProcessSandbox:
             err.feed(b"\n[stacx: the command ran out of its CPU-seconds limit (SIGXCPU)]\n")
         oom = not timed_out and (
             (sig == signal.SIGKILL and not killed)
-            or (rc != 0 and _OOM_LINE.search(stderr_tail) is not None)
+            or _OOM_LINE.search(stderr_tail) is not None  # a child's, too (as Docker counts it)
         )
         pids = forks_refused
         if pids or oom or timed_out:
@@ -636,7 +650,9 @@ class ProcessSandbox:
         for name in self._binds:
             mountpoint = root / name
             if os.path.ismount(mountpoint) or any(mountpoint.iterdir()):
-                log.error("process sandbox %s: %s is not an empty dir; root kept", self.id, mountpoint)
+                log.error(
+                    "process sandbox %s: %s is not an empty dir; root kept", self.id, mountpoint
+                )
                 return
             mountpoint.rmdir()
         shutil.rmtree(root, ignore_errors=True)

@@ -25,11 +25,10 @@ async def _open(request: pytest.FixtureRequest, backend: str, limits: Limits) ->
     if backend == "docker":
         from stacx.sandbox.docker import DockerSandbox
 
+        # its own client (closed with it): `docker` is an async fixture, which an async
+        # fixture cannot request by name
         return await DockerSandbox.create(
-            request.getfixturevalue("base_image"),
-            limits,
-            docker=request.getfixturevalue("docker"),
-            run_id="test",
+            request.getfixturevalue("base_image"), limits, run_id="test"
         )
     return await ProcessSandbox.create(limits, run_id="test")
 

@@ -135,11 +135,10 @@ async def test_process_close_removes_the_root_and_is_idempotent() -> None:
         assert _live_processes(sb.uid) == []
 
 
-async def test_process_paths_outside_the_sandbox_are_the_hosts(tmp_path: Path) -> None:
+async def test_process_paths_outside_the_sandbox_are_the_hosts() -> None:
     # documented: only the workdir, /logs, /tests, /solution, /tmp and /home are the sandbox's
     if isolation().isolation != "namespaces":
         pytest.skip("no mount namespace here")
-    host_file = Path("/work") if Path("/work").is_dir() else Path("/etc")
     async with await ProcessSandbox.create(Limits()) as sb:
-        r = await sb.exec(["ls", "-d", str(host_file)])
-    assert r.stdout.strip() == str(host_file)
+        r = await sb.exec(["cat", "/etc/hostname"])
+    assert r.stdout == Path("/etc/hostname").read_text()  # noqa: ASYNC240

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         cwd=ROOT, check=True, capture_output=True, text=True,
     )  # fmt: skip
     log.append(" ".join(["stacx", "sql", *map(shlex.quote, runs), shlex.quote(sql)]))
-    rates = {str(r["run_id"]): float(r["pass_rate"]) for r in json.loads(proc.stdout)}
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]  # JSON lines
+    rates = {str(r["run_id"]): float(r["pass_rate"]) for r in rows}
     by_policy = {n: rates[_run_id(out / f"eval-{n}")] for n in policies}
     s, t = by_policy["student"], by_policy["teacher"]
     print("\n| policy | pass rate | gap closed |\n|---|---|---|")

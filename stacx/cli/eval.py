@@ -16,12 +16,13 @@ import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import click
 
 from stacx.cli._common import friendly_errors, render, run_interruptible
 
-AGENTS = ("swe", "oracle", "null")
+AGENTS = ("swe", "retool", "oracle", "null")
 
 
 def resolve_tasks(spec: str) -> Path:
@@ -78,11 +79,11 @@ def resolve_tasks(spec: str) -> Path:
 @click.option(
     "--format",
     "action_format",
-    type=click.Choice(["tool_call", "bash"]),
-    default="tool_call",
-    show_default=True,
-    help="How the agent writes actions: <tool_call> JSON, or one prefilled ```bash block "
-    "(small models).",
+    type=click.Choice(["tool_call", "bash", "python"]),
+    default=None,
+    help="How the agent writes actions: <tool_call> JSON, one prefilled ```bash block "
+    "(small models; swe), or ```python blocks (retool). Default: python for retool, else "
+    "tool_call.",
 )
 @click.option(
     "--max-attempts",
@@ -104,6 +105,14 @@ def resolve_tasks(spec: str) -> Path:
     help="Default: runs/eval-<UTC timestamp>.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--sandbox",
+    "backend",
+    type=click.Choice(["auto", "docker", "process"]),
+    default="auto",
+    show_default=True,
+    help="Sandbox backend (auto: process when every task is an image-less answer task).",
+)
 @friendly_errors
 def cli(
     tasks_spec: str,
@@ -117,11 +126,12 @@ def cli(
     max_turns: int,
     max_new_tokens: int,
     temperature: float,
-    action_format: str,
+    action_format: str | None,
     max_attempts: int,
     episode_timeout: float | None,
     run_dir: Path | None,
     seed: int,
+    backend: Literal["auto", "docker", "process"],
 ) -> None:
     """Evaluate an agent on a task set; print pass@1, pass@k, reward, effort and failures."""
     from stacx.launch.presets import eval_recipe, run_eval
@@ -138,10 +148,11 @@ def cli(
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        format=action_format,
+        format=action_format or ("python" if agent == "retool" else "tool_call"),
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,
+        backend=backend,
     )
     run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -65,8 +65,14 @@ def eval_recipe(
     seed: int | None = 0,
     name: str = "eval",
     progress: Progress = "auto",
+    backend: Literal["docker", "process", "auto"] = "auto",
 ) -> Recipe:
-    """`stacx eval`'s flags as a recipe (every task once, `n_samples` samples each)."""
+    """`stacx eval`'s flags as a recipe (every task once, `n_samples` samples each).
+
+    ``backend = "auto"``: the process sandbox when every task of the set is a light-format
+    answer task (no image to run), else Docker."""
+    if backend == "auto":
+        backend = "process" if _all_answer_tasks(tasks) else "docker"
     return convert(
         {
             "name": name,
@@ -87,12 +93,29 @@ def eval_recipe(
                 "episode_timeout_s": episode_timeout_s,
                 "seed": seed,
             },
-            "sandbox": {"concurrency": concurrency, "max_attempts": max_attempts},
+            "sandbox": {
+                "backend": backend,
+                "concurrency": concurrency,
+                "max_attempts": max_attempts,
+            },
             "algorithm": {"name": "eval"},
             "logging": {"progress": progress, "tensorboard": False, "plot": False},
         },
         source="stacx eval",
     )
+
+
+def _all_answer_tasks(spec: str) -> bool:
+    from stacx.errors import StacxError
+    from stacx.launch.launcher import resolve_tasks
+    from stacx.sandbox.answers import is_answer_task
+    from stacx.sandbox.tasks import load_tasks
+
+    try:
+        tasks = load_tasks(resolve_tasks(spec))
+    except StacxError:
+        return False  # the recipe's own validation reports the bad path
+    return bool(tasks) and all(is_answer_task(t) for t in tasks)
 
 
 class EvalResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Self
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
+from stacx.sandbox.answers import is_answer_task, verify_answer
 from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.process import ProcessSandbox, isolation
 from stacx.sandbox.tasks import load_task, task_limits
@@ -118,6 +119,10 @@ class ProcessEnvironments:
                 )
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
+        """Harbor's verifier (tests/test.sh), or for a light-format answer task (a jsonl
+        problem) the answer check of stacx.sandbox.answers on the agent's answer file."""
+        if is_answer_task(task):
+            return verdict(await verify_answer(sandbox, task))
         return verdict(await run_verifier(sandbox, task))
 
 

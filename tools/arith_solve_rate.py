@@ -37,7 +37,7 @@ from stacx.sandbox.verifier import VerifierResult  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    tasks = load_tasks(ROOT / "recipes" / "tasks" / "arith")
+    tasks = load_tasks(ROOT / "recipes" / "tasks" / "math")
     t0 = time.perf_counter()
     engine = TorchEngine(args.model, device="cpu", max_batch=args.samples)
     assert engine.tokenizer is not None

@@ -1,4 +1,4 @@
-"""Generate the bundled math set recipes/tasks/arith/ (answer tasks, stacx.sandbox.tasks format).
+"""Generate the bundled math set recipes/tasks/math/ (answer tasks, stacx.sandbox.tasks format).
 
 Three tiers, each a `difficulty`:
 
@@ -11,7 +11,7 @@ is in the file (train.jsonl, heldout.jsonl) and in the id ("train-easy-007"), so
 it with `tasks.include = ["train-*"]`. Deterministic: the same seed writes the same bytes, so
 the committed files are reproducible::
 
-    python tools/make_arith.py            # writes recipes/tasks/arith/{train,heldout}.jsonl
+    python tools/make_arith.py            # writes recipes/tasks/math/{train,heldout}.jsonl
     python tools/make_arith.py --check    # exits 1 if the committed files differ
 """
 
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "arith"
+OUT = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "math"
 SEED = 20250711
 HELDOUT_FRACTION = 0.2
 N_EASY = 250

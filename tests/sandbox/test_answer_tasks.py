@@ -1,4 +1,4 @@
-"""Answer tasks in the light .jsonl format (stacx.sandbox.tasks), and the bundled arith set."""
+"""Answer tasks in the light .jsonl format (stacx.sandbox.tasks), and the bundled math set."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stacx.errors import TaskError
 from stacx.sandbox.tasks import ANSWER_PATH, discover, load_task, load_tasks, select
 
 ROOT = Path(__file__).resolve().parents[2]
-ARITH = ROOT / "recipes" / "tasks" / "arith"
+ARITH = ROOT / "recipes" / "tasks" / "math"
 
 
 def write(path: Path, *records: dict[str, object]) -> Path:

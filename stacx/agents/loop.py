@@ -25,7 +25,7 @@ import msgspec
 from stacx.agents import prompts
 from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import FormatName, get_format
-from stacx.agents.policies import Executor, MakeExecutor
+from stacx.agents.policies import Action, Executor, MakeExecutor, Policy
 from stacx.agents.toolcalls import MalformedCall, ToolCall
 from stacx.agents.tools import Observation, ToolLimits, ToolRun, execute, render_observation
 from stacx.events import Emit, StopReason, ToolCalled, ToolReturned, TurnGenerated, derive_id
@@ -48,6 +48,53 @@ def turn_seed(seed: int, episode_id: str, turn: int) -> int:
     """A sampling seed per (episode, turn): reproducible, yet distinct across the samples of a
     group (one shared seed would make every sample of a task identical, and pass@k moot)."""
     return int(derive_id(seed, episode_id, turn)[:8], 16)
+
+
+async def act_and_record(
+    run_id: str,
+    episode_id: str,
+    turn: int,
+    prompt: list[int],
+    policy: Policy,
+    emit: Emit,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop_token_ids: list[int],
+    seed: int | None,
+) -> Action | None:
+    """One turn of any in-house agent: `policy` acts on the exact `prompt` ids, and the turn is
+    recorded as its TurnGenerated (derived id, so a redo publishes the same event). None: a
+    scripted policy has nothing more to do (nothing is recorded)."""
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop_token_ids=stop_token_ids,
+        seed=None if seed is None else turn_seed(seed, episode_id, turn),
+    )
+    action = await policy.act(prompt, params)
+    if action is None:
+        return None
+    await emit(
+        TurnGenerated(
+            run_id=run_id,
+            event_id=derive_id(episode_id, "turn", turn),
+            episode_id=episode_id,
+            turn=turn,
+            prompt_ids=prompt,
+            output_ids=action.output_ids,
+            logprobs=action.logprobs,
+            weight_version=action.weight_version,
+            finish_reason=action.finish_reason,
+            actor=policy.actor,
+            engine=action.engine,
+            gen_ms=action.gen_ms,
+            queue_ms=action.queue_ms,
+        )
+    )
+    return action
 
 
 async def run_agent(
@@ -76,15 +123,14 @@ async def run_agent(
                 n_tool_calls=n_calls,
                 transcript_ids=prompt,
             )
-        policy = executor(turn)
-        params = SamplingParams(
+        action = await act_and_record(
+            run_id, episode_id, turn, prompt, executor(turn), emit,
             max_new_tokens=min(config.max_new_tokens, room),
             temperature=config.temperature,
             top_p=config.top_p,
             stop_token_ids=stops,
-            seed=None if config.seed is None else turn_seed(config.seed, episode_id, turn),
-        )
-        action = await policy.act(prompt, params)
+            seed=config.seed,
+        )  # fmt: skip
         if action is None:
             return AgentResult(
                 stop_reason=StopReason.AGENT_DONE,
@@ -92,23 +138,6 @@ async def run_agent(
                 n_tool_calls=n_calls,
                 transcript_ids=prompt,
             )
-        await emit(
-            TurnGenerated(
-                run_id=run_id,
-                event_id=derive_id(episode_id, "turn", turn),
-                episode_id=episode_id,
-                turn=turn,
-                prompt_ids=prompt,
-                output_ids=action.output_ids,
-                logprobs=action.logprobs,
-                weight_version=action.weight_version,
-                finish_reason=action.finish_reason,
-                actor=policy.actor,
-                engine=action.engine,
-                gen_ms=action.gen_ms,
-                queue_ms=action.queue_ms,
-            )
-        )
         transcript = prompt + action.output_ids
         # A scripted action may bring its own call and execution (the oracle's solve.sh):
         # its text stays the demonstration, its call is what runs (stacx.agents.policies).

@@ -42,12 +42,12 @@ import msgspec
 
 from stacx.agents import retool_prompt as prompts
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import turn_seed
+from stacx.agents.loop import act_and_record
 from stacx.agents.policies import Executor, MakeExecutor
 from stacx.agents.toolcalls import OPEN_TAG, MalformedCall, ToolCall, parse_action
 from stacx.agents.tools import Observation, truncate
-from stacx.events import Emit, StopReason, ToolCalled, ToolReturned, TurnGenerated, derive_id
-from stacx.ports import Agent, AgentResult, MakeAgent, SamplingParams, Sandbox, Task
+from stacx.events import Emit, StopReason, ToolCalled, ToolReturned, derive_id
+from stacx.ports import Agent, AgentResult, MakeAgent, Sandbox, Task
 
 PYTHON = "python"
 ANSWER = "answer"
@@ -182,15 +182,14 @@ async def run_retool(
                 n_tool_calls=n_calls,
                 transcript_ids=prompt,
             )
-        policy = executor(turn)
-        params = SamplingParams(
+        action = await act_and_record(
+            run_id, episode_id, turn, prompt, executor(turn), emit,
             max_new_tokens=min(config.max_new_tokens, room),
             temperature=config.temperature,
             top_p=config.top_p,
             stop_token_ids=chat.stop_token_ids,
-            seed=None if config.seed is None else turn_seed(config.seed, episode_id, turn),
-        )
-        action = await policy.act(prompt, params)
+            seed=config.seed,
+        )  # fmt: skip
         if action is None:
             return AgentResult(
                 stop_reason=StopReason.AGENT_DONE,
@@ -198,23 +197,6 @@ async def run_retool(
                 n_tool_calls=n_calls,
                 transcript_ids=prompt,
             )
-        await emit(
-            TurnGenerated(
-                run_id=run_id,
-                event_id=derive_id(episode_id, "turn", turn),
-                episode_id=episode_id,
-                turn=turn,
-                prompt_ids=prompt,
-                output_ids=action.output_ids,
-                logprobs=action.logprobs,
-                weight_version=action.weight_version,
-                finish_reason=action.finish_reason,
-                actor=policy.actor,
-                engine=action.engine,
-                gen_ms=action.gen_ms,
-                queue_ms=action.queue_ms,
-            )
-        )
         transcript = prompt + action.output_ids
         reply = parse_reply(chat.decode(action.output_ids))
         record = _Recorder(run_id, episode_id, turn, emit)

@@ -63,21 +63,27 @@ import os
 import posixpath
 import pwd
 import re
-import resource
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Self
 
 from stacx.errors import SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
+from stacx.sandbox.containment import (
+    SETUP,
+    Isolation,
+    exited,
+    is_root,
+    isolation,
+    live_processes,
+    preexec,
+    prepare_root,
+)
 from stacx.sandbox.output import OutputCapture
 
 log = logging.getLogger(__name__)
@@ -86,12 +92,9 @@ DEFAULT_OUTPUT_LIMIT = 1 << 20
 DEFAULT_FLOOD_LIMIT = 64 << 20
 KILL_GRACE_S = 2.0  # TERM, then KILL this much later
 DRAIN_GRACE_S = 2.0  # after the command exits, how long a background child may hold its pipes
-OPEN_FILES = 4096
 SANDBOX_UID_BASE = 200_000  # root only: sandbox n runs as uid BASE + n (no passwd entry)
 HOME = "/home/sandbox"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-Isolation = Literal["namespaces", "rewrite"]
 
 _OOM_LINE = re.compile(rb"^(MemoryError\b|.*std::bad_alloc|.*[Cc]annot allocate memory)", re.M)
 _FORK_REFUSED = re.compile(
@@ -99,154 +102,6 @@ _FORK_REFUSED = re.compile(
     rb"|BlockingIOError: \[Errno 11\]"
 )
 _uids = itertools.count()
-
-# Run by `unshare` as (uid 0 of) the new mount namespace: bind the host's top-level dirs into
-# the sandbox root, then chroot into it as the command's user. Arguments: root, cwd, userspec,
-# "1" to bring loopback up, the dirs to bind (ending with "--"), then the command.
-_SETUP = r"""
-set -e
-R=$1 CWD=$2 SPEC=$3 LO=$4; shift 4
-while [ "$1" != -- ]; do mount --rbind "/$1" "$R/$1"; shift; done; shift
-if [ "$LO" = 1 ]; then ip link set lo up 2>/dev/null || true; fi
-exec chroot --userspec="$SPEC" "$R" /bin/sh -c 'cd "$0" && exec "$@"' "$CWD" "$@"
-"""
-
-
-@dataclass(frozen=True)
-class _Probe:
-    isolation: Isolation
-    unshare: tuple[str, ...]  # the unshare prefix ("unshare", "--mount", ...), without --net
-    net: bool  # a network namespace can be made
-
-
-_probe: _Probe | None = None
-
-
-def _is_root() -> bool:
-    return os.geteuid() == 0
-
-
-def isolation() -> _Probe:
-    """What this machine allows, probed once per process (a real namespace + chroot run)."""
-    global _probe
-    if _probe is not None:
-        return _probe
-    base = ("unshare",) if _is_root() else ("unshare", "--user", "--map-root-user")
-    ok = shutil.which("unshare") is not None and shutil.which("chroot") is not None
-    probe: _Probe | None = None
-    if ok:
-        with tempfile.TemporaryDirectory(prefix="stacx-probe-") as root:
-            binds = _prepare_root(Path(root), ())
-            for net in (True, False):
-                argv = [*base, "--mount", *(["--net"] if net else []), "--", "/bin/sh", "-c"]
-                argv += [_SETUP, "setup", root, "/", "0:0", "0", *binds, "--", "true"]
-                if _quiet(argv):
-                    probe = _Probe("namespaces", (*base, "--mount"), net)
-                    break
-    if probe is None:
-        net = ok and _quiet([*base, "--net", "--", "true"])
-        probe = _Probe("rewrite", (*base,) if net else (), net)
-        log.warning(
-            "process sandbox: no mount namespace here; absolute paths are rewritten in "
-            "command lines only (a Harbor verifier cannot run)"
-        )
-    if not probe.net:
-        log.warning("process sandbox: no network namespace here; commands reach the network")
-    _probe = probe
-    return probe
-
-
-def _quiet(argv: list[str]) -> bool:
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-def _prepare_root(root: Path, mapped: tuple[str, ...]) -> list[str]:
-    """Mirror the host's top level in `root`: symlinks copied, dirs made as mountpoints
-    (returned, for the setup script to bind), `mapped` names left to the sandbox."""
-    binds = []
-    for entry in sorted(os.scandir("/"), key=lambda e: e.name):
-        target = root / entry.name
-        if entry.name in mapped or target.exists() or target.is_symlink():
-            continue
-        if entry.is_symlink():
-            target.symlink_to(os.readlink(entry.path))
-        elif entry.is_dir():
-            target.mkdir()
-            binds.append(entry.name)
-    return binds
-
-
-def _live_processes(uid: int) -> list[int]:
-    """Pids of `uid`'s processes that are not zombies (from /proc)."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = Path(entry.path, "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get(
-            "State", ""
-        ).strip().startswith(("Z", "X")):
-            pids.append(int(entry.name))
-    return pids
-
-
-def _preexec(
-    limits: Limits, cpu_seconds: float | None, ids: tuple[int, int] | None
-) -> Callable[[], None]:
-    """Runs in the child between fork and exec: rlimits, and (rewrite mode) the uid switch."""
-    memory = limits.memory_mb << 20
-    nproc = limits.pids
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        if cpu_seconds is not None:
-            soft = max(int(cpu_seconds + 0.999), 1)
-            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
-        if ids is not None:
-            os.setgroups([])
-            os.setgid(ids[1])
-            os.setuid(ids[0])
-
-    return apply
-
-
-async def _exited(proc: asyncio.subprocess.Process) -> int:
-    """The command's exit status, as soon as it exits. (`proc.wait()` also waits for its
-    pipes to close, which a background child holding them can delay forever.)"""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # already reaped, or no pidfd here: poll the status below
-        fd = -1
-    if fd >= 0:
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        loop.add_reader(fd, readable)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-    # It has exited; the child watcher reaps it and sets the status a moment later (there is
-    # no event to wait on for that, short of proc.wait(), which waits for the pipes too).
-    while proc.returncode is None:  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
-    return proc.returncode
-
 
 class ProcessSandbox:
     """One sandbox root with limits. Use as an async context manager or `await create(...)`;
@@ -282,7 +137,7 @@ class ProcessSandbox:
         self._probe = probe
         # root: a uid of its own (see the module docstring); else the caller's own user
         self.uid = (
-            SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if _is_root() else None
+            SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if is_root() else None
         )
         self._binds: list[str] = []
         self._groups: set[int] = set()
@@ -321,7 +176,7 @@ class ProcessSandbox:
         for name in (self.workdir.strip("/"), "solution", HOME[1:]):
             self._own(root / name)
         if self.isolation == "namespaces":
-            self._binds = _prepare_root(root, self.mapped)
+            self._binds = prepare_root(root, self.mapped)
         return root
 
     async def __aenter__(self) -> Self:
@@ -362,7 +217,7 @@ class ProcessSandbox:
 
     def _ids(self, user: str | None) -> tuple[int, int] | None:
         """(uid, gid) a command runs as; None: the caller's own (non-root)."""
-        if not _is_root():
+        if not is_root():
             if user not in (None, "", "0", "root") and not self._warned_user:
                 self._warned_user = True
                 log.warning("process sandbox %s: not root, user %r ignored", self.id, user)
@@ -391,7 +246,7 @@ class ProcessSandbox:
             "--",
             "/bin/sh",
             "-c",
-            _SETUP,
+            SETUP,
             "setup",
             str(self._root()),
             cwd,
@@ -431,7 +286,7 @@ class ProcessSandbox:
                 for k, v in full_env.items()
             }
         cpu = self.cpu_seconds if timeout is None else timeout * max(self.limits.cpus, 1.0) + 1
-        preexec = _preexec(self.limits, cpu, ids if self.isolation == "rewrite" else None)
+        child_setup = preexec(self.limits, cpu, ids if self.isolation == "rewrite" else None)
         out, err = OutputCapture(self.output_limit), OutputCapture(self.output_limit)
         tails = [bytearray(), bytearray()]  # the last bytes of stderr, for the flag patterns
         t0 = time.perf_counter()
@@ -444,7 +299,7 @@ class ProcessSandbox:
                 env=full_env,
                 cwd=host_cwd,
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=child_setup,
             )
         except OSError as exc:
             raise SandboxError(f"exec in sandbox {self.id} failed: {exc}") from exc
@@ -480,17 +335,17 @@ class ProcessSandbox:
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    await _exited(proc)
+                    await exited(proc)
             except TimeoutError:
                 timed_out = True
                 kill(signal.SIGTERM)
                 try:
                     async with asyncio.timeout(KILL_GRACE_S):
-                        await _exited(proc)
+                        await exited(proc)
                 except TimeoutError:
                     pass
                 kill()
-                await _exited(proc)
+                await exited(proc)
             # A background child may hold the pipes open: it goes with its group (and, past
             # that, with the sandbox's uid), and its output is cut off there.
             for step in range(3):
@@ -564,7 +419,7 @@ class ProcessSandbox:
                     "true", preexec_fn=as_uid_kill_all, start_new_session=True
                 )
                 await proc.wait()
-            if not _live_processes(uid):
+            if not live_processes(uid):
                 return
             await asyncio.sleep(0.02)
         log.warning("process sandbox %s: processes of uid %d survive a kill", self.id, uid)

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stacx.ports import Limits, Sandbox
-from stacx.sandbox.process import ProcessSandbox, _live_processes
+from stacx.sandbox.containment import live_processes as _live_processes
+from stacx.sandbox.process import ProcessSandbox
 
 TIGHT = Limits(cpus=1, memory_mb=256, pids=128, allow_internet=False)
 ROOMY = Limits(memory_mb=128)  # and the internet allowed

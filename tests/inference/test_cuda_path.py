@@ -23,11 +23,18 @@ def small_qwen3() -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM(cfg).float().cuda().eval()
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-async def test_cuda_greedy_equals_hf_generate(graphs: bool) -> None:
+@pytest.mark.parametrize(
+    ("graphs", "lengths"),
+    [
+        (True, (5, 17, 40)),  # <= gemv_rows rows: compiled reduction GEMVs, 16 steps per replay
+        (True, (5, 17, 40, 9, 33, 12, 27, 50, 3, 21, 44, 8)),  # cuBLAS GEMMs, 16 steps per replay
+        (False, (5, 17, 40)),
+    ],
+)
+async def test_cuda_greedy_equals_hf_generate(graphs: bool, lengths: tuple[int, ...]) -> None:
     model = small_qwen3()
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (5, 17, 40)]
+    prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
     refs = []
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
@@ -41,8 +48,9 @@ async def test_cuda_greedy_equals_hf_generate(graphs: bool) -> None:
             pad_token_id=0,
         )
         refs.append(out[0, len(p) :].tolist())
-    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=128,
+    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
                          cuda_graphs=graphs)  # fmt: skip
+    assert (engine.decode_steps, engine.decoder.gemv_rows) == ((16, 4) if graphs else (16, 0))
     try:
         gens = await engine.generate(
             prompts, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)

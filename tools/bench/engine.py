@@ -5,8 +5,9 @@ In one run, on one device, with the same model object and the same prompts:
   2. STACX: ``TorchEngine.generate`` on the same B prompts (continuous batching; on CUDA a
      static KV cache and CUDA-graph decode steps).
 Generation length is fixed (EOS ignored); tokens/s = B * new_tokens / wall time, prefill
-included for both. Each side gets one untimed warm-up run first (STACX's at full length, so
-that graph captures and compiles are not timed).
+included for both (STACX's prefix cache is flushed before each call). Each side gets one
+untimed warm-up run first (STACX's at full length, so that graph captures and compiles are not
+timed).
 
 Defaults: on CUDA, a Qwen3-0.6B-shaped model (random init, bf16; config in DESIGN.md), prompt
 256, 256 new tokens, batch 1 and 64. ``--model default --device cpu`` measures SmolLM2-135M
@@ -83,10 +84,18 @@ def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> int:
 
 
 def stacx_generate(engine: object, prompts: list[list[int]], new: int) -> int:
+    """Greedy `new` tokens per prompt; the engine's prefix cache is flushed first, so every
+    call prefills its prompts in full, as HF generate does (and every call has the shapes of
+    the warm-up: no plan or kernel of the prefix-reuse path is first built inside a timed run)."""
     from stacx.ports import SamplingParams
 
     params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
-    gens = asyncio.run(engine.generate(prompts, params))  # type: ignore[attr-defined]
+
+    async def go() -> list:  # type: ignore[type-arg]
+        await engine.flush_cache()  # type: ignore[attr-defined]
+        return await engine.generate(prompts, params)  # type: ignore[attr-defined,no-any-return]
+
+    gens = asyncio.run(go())
     lens = {len(g.output_ids) for g in gens}
     if lens != {new}:
         raise RuntimeError(f"engine produced lengths {sorted(lens)}, expected {new}")
@@ -106,30 +115,46 @@ def hf_tokens(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> list[l
     return [row[prompts.shape[1]:].tolist() for row in out]
 
 
-def profile_decode(engine: object, prompts: list[list[int]], new: int) -> dict[str, float]:
-    """Torch-profile one generate: wall time vs summed CUDA kernel time, per generated token
-    step (the difference is where the GPU waits on the host: launches, syncs, Python)."""
+def profile_decode(engine: object, b: int) -> dict[str, object]:
+    """Replay the decode graphs the timed run used for batch `b` (CUDA events, no host in the
+    loop) and torch-profile one replay of the longest: GPU ms per decode step, kernels per
+    step, summed kernel ms per step (the difference is the gaps between kernels) and the top
+    kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    stacx_generate(engine, prompts, new)  # same shapes as the profiled call: no captures in it
+    graphed = engine._graphed  # type: ignore[attr-defined]
+    rows = min(s for s in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if s >= b)
+    mine = [(k, g) for k, (g, _) in graphed.greedy.items() if k[0] == rows]
+    steps_of = {k: k[2] for k, _ in mine}
+    mine += [((*k, 1), g) for k, (g, _) in graphed.graphs.items() if k[0] == rows]
+    steps_of.update({(*k, 1): 1 for k in graphed.graphs if k[0] == rows})
+    if not mine:
+        return {}
+    key, graph = max(mine, key=lambda kg: (kg[0][2], kg[0][1]))  # most steps, longest keys
+    steps = key[2]
+    graph.replay()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        stacx_generate(engine, prompts, new)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
         torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
-    top = sorted((e for e in events if e.device_type.name == "CUDA"),
-                 key=lambda e: -e.self_device_time_total)[:8]  # fmt: skip
-    kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
-    out = {"wall_ms_per_step": round(wall * 1e3 / new, 3),
-           "kernel_ms_per_step": round(kernel_us / 1e3 / new, 3),
-           "kernels_per_step": round(kernels / new, 1)}  # fmt: skip
-    out["gpu_busy"] = round(out["kernel_ms_per_step"] / out["wall_ms_per_step"], 3)
-    print(f"profile b={len(prompts)}: {out}", file=sys.stderr)
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
+    out: dict[str, object] = {
+        "graph": list(key),
+        "gpu_ms_per_step": round(start.elapsed_time(stop) / 10 / steps, 3),
+        "kernel_ms_per_step": round(sum(e.self_device_time_total for e in events) / 1e3 / steps, 3),
+        "kernels_per_step": round(sum(e.count for e in events) / steps, 1),
+    }
+    print(f"profile b={b}: {out}", file=sys.stderr)
     for e in top:
-        print(f"  {e.self_device_time_total / 1e3 / new:8.3f} ms/step  {e.key[:90]}", file=sys.stderr)
+        print(f"  {e.self_device_time_total / 1e3 / steps:8.3f} ms/step {e.count // steps:4d}x  "
+              f"{e.key[:80]}", file=sys.stderr)  # fmt: skip
     return out
 
 
@@ -154,12 +179,13 @@ def main() -> None:
     ap.add_argument("--batches", default=None, help="comma-separated, e.g. 1,64")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--skip-hf", action="store_true", help="only measure STACX")
-    ap.add_argument("--decode-steps", type=int, default=1,
-                    help="greedy decode steps per CUDA-graph replay (1: one step per replay)")
+    ap.add_argument("--decode-steps", type=int, default=None,
+                    help="greedy decode steps per CUDA-graph replay (default: the engine's)")
     ap.add_argument("--compile-mode", default=None,
                     help="torch.compile mode of the CUDA decode step, e.g. max-autotune-no-cudagraphs")
-    ap.add_argument("--gemv-rows", type=int, default=0,
-                    help="CUDA decode steps of at most this many rows use reduction GEMVs")
+    ap.add_argument("--gemv-rows", type=int, default=None,
+                    help="CUDA decode steps of at most this many rows use reduction GEMVs "
+                         "(default: the engine's; 0: off)")
     ap.add_argument("--no-fuse", action="store_true",
                     help="separate q/k/v and gate/up GEMMs (the engine fuses them by default)")
     ap.add_argument("--profile", action="store_true",
@@ -223,32 +249,41 @@ def main() -> None:
         from stacx.inference.torch_engine import TorchEngine
         from stacx.ports import SamplingParams
 
+        tuning = {k: v for k, v in (("decode_steps", args.decode_steps),
+                                    ("gemv_rows", args.gemv_rows)) if v is not None}  # fmt: skip
         engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
-                             max_len=prompt_len + new + 8, decode_steps=args.decode_steps,
-                             compile_mode=args.compile_mode, gemv_rows=args.gemv_rows,
-                             fuse=not args.no_fuse)  # fmt: skip
-        result.update(decode_steps=args.decode_steps, compile_mode=args.compile_mode,
-                      gemv_rows=args.gemv_rows, fused=not args.no_fuse)
+                             max_len=prompt_len + new + 8, compile_mode=args.compile_mode,
+                             fuse=not args.no_fuse, **tuning)  # fmt: skip
+        result.update(decode_steps=engine.decode_steps, compile_mode=args.compile_mode,
+                      gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse)
         for b in batches:
             ids = all_prompts[:b].tolist()
             try:
                 # warm-up at full length: captures every CUDA graph the timed run replays (one per
                 # batch x key-length bucket x steps per replay), as a long-running engine has
                 stacx_generate(engine, ids, new)
+                before = dict(engine.stats)
                 rate = timed(lambda i=ids: stacx_generate(engine, i, new), device)
                 result[f"stacx_tok_s_b{b}"] = round(rate, 1)
-                print(f"stacx b={b}: {rate:.1f} tok/s", file=sys.stderr)
+                calls = engine.stats["decode_calls"] - before["decode_calls"]
+                steps = engine.stats["decode_steps"] - before["decode_steps"]
+                result[f"stacx_steps_per_call_b{b}"] = round(steps / max(calls, 1), 2)
+                sync(device)
+                t0 = time.perf_counter()
+                stacx_generate(engine, ids, 1)  # the prefill and its first token
+                sync(device)
+                result[f"stacx_prefill_ms_b{b}"] = round((time.perf_counter() - t0) * 1e3, 1)
+                print(f"stacx b={b}: {rate:.1f} tok/s (prefill + first token "
+                      f"{result[f'stacx_prefill_ms_b{b}']} ms)", file=sys.stderr)  # fmt: skip
                 if args.profile and gpu:
-                    result[f"profile_b{b}"] = profile_decode(engine, ids, min(new, 64))
+                    result[f"profile_b{b}"] = profile_decode(engine, b)
             except Exception as e:
                 errors[f"stacx_b{b}"] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
                 result[f"stacx_tok_s_b{b}"] = None
         graphed = getattr(engine, "_graphed", None)
         if graphed is not None:
-            compiled = (
-                getattr(engine.decoder, "_decode_fn", None) is not engine.decoder._decode_impl
-            )
+            compiled = engine.decoder.compiled
             print(f"cuda graphs {sorted(graphed.graphs)}, compiled={compiled}", file=sys.stderr)
             result["stacx_compiled"] = compiled
         if args.check_hf:

@@ -40,7 +40,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -49,56 +48,20 @@ from torch import nn
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model, read_safetensors
 from stacx.inference.decoder import Decoder, KVCache
+from stacx.inference.engine_requests import (
+    Item,
+    Request,
+    common_prefix,
+    eos_ids,
+    post,
+    put_done,
+    put_tokens,
+)
 from stacx.inference.sampling import RowParams, sample
 from stacx.ports import Generation, GenerationDelta, SamplingParams
 
 T = TypeVar("T")
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    row: RowParams
-    stop_ids: frozenset[int]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
-    submitted: float
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    slot: int = -1
-    admitted: float = 0.0
-    cancelled: bool = False
-    # a streamed request: called in `loop` with the ids (and logprobs) sampled since the last call
-    on_tokens: Callable[[list[int], list[float]], None] | None = None
-    streamed: int = 0  # output ids already handed to on_tokens
-
-    @property
-    def cached(self) -> int:
-        """Tokens whose keys are in the cache (all but the last sampled one)."""
-        return len(self.prompt) + max(0, len(self.output) - 1)
-
-
-_Item = tuple[int, list[int], list[float]] | tuple[int, _Request]  # a stream's queue: ids | done
-
-
-def _deliver(fut: asyncio.Future[T], value: T | BaseException) -> None:
-    if fut.done():
-        return
-    if isinstance(value, BaseException):
-        fut.set_exception(value)
-    else:
-        fut.set_result(value)
-
-
-def _post(
-    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T], value: T | BaseException
-) -> None:
-    try:
-        loop.call_soon_threadsafe(_deliver, fut, value)
-    except RuntimeError:  # the caller's event loop is closed; nobody is waiting
-        pass
 
 
 class TorchEngine:
@@ -169,7 +132,7 @@ class TorchEngine:
         self.decoder = Decoder(self.model, max_len, fuse=fuse)
         self.device = dev
         self.max_len = self.decoder.max_len
-        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
         self._cache: KVCache = self.decoder.new_cache()
@@ -193,10 +156,10 @@ class TorchEngine:
                 if compile is None or compile:
                     self.decoder.enable_compile(compile_mode, gemv_rows)
                 self._graphed = GraphedDecode(self.decoder, self._cache)
-        self._owner: list[_Request | None] = []
+        self._owner: list[Request | None] = []
         self._slot_tokens: list[list[int]] = []  # tokens whose keys are valid, per slot
         self._version = weight_version
-        self._waiting: collections.deque[_Request] = collections.deque()
+        self._waiting: collections.deque[Request] = collections.deque()
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
@@ -234,12 +197,12 @@ class TorchEngine:
         """`generate`, streamed: each prompt's new ids as each step produces them (see the
         module docstring); leaving early aborts the unfinished requests."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
         reqs = [self._request(p, params, i, loop) for i, p in enumerate(prompts)]
         for i, r in enumerate(reqs):
-            r.on_tokens = functools.partial(_put_tokens, queue, i)
+            r.on_tokens = functools.partial(put_tokens, queue, i)
             # scheduled after the on_tokens calls the worker posted before it finished r
-            r.future.add_done_callback(functools.partial(_put_done, queue, i, r))
+            r.future.add_done_callback(functools.partial(put_done, queue, i, r))
         self._submit(reqs)
         sent = [0] * len(reqs)
         try:
@@ -264,7 +227,7 @@ class TorchEngine:
             for r in reqs:
                 r.cancelled = True  # finished ones are unaffected; the others abort next step
 
-    def _submit(self, reqs: list[_Request]) -> None:
+    def _submit(self, reqs: list[Request]) -> None:
         with self._cv:
             if self._closing:
                 raise EngineError("the engine is closed")
@@ -313,7 +276,7 @@ class TorchEngine:
 
     def _request(
         self, prompt: list[int], params: SamplingParams, index: int, loop: asyncio.AbstractEventLoop
-    ) -> _Request:
+    ) -> Request:
         if not prompt:
             raise EngineError("empty prompt: generation needs at least one prompt token")
         self._check_ids(prompt)
@@ -326,7 +289,7 @@ class TorchEngine:
         if params.seed is not None and params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        req = _Request(
+        req = Request(
             prompt=list(prompt),
             params=params,
             row=RowParams(params.temperature, params.top_p, params.top_k, gen),
@@ -348,7 +311,7 @@ class TorchEngine:
                 value: T | BaseException = fn()
             except Exception as e:
                 value = e if isinstance(e, EngineError) else EngineError(f"{type(e).__name__}: {e}")
-            _post(loop, fut, value)
+            post(loop, fut, value)
 
         with self._cv:
             if self._closing:
@@ -381,7 +344,7 @@ class TorchEngine:
             pending = list(self._waiting)
             self._waiting.clear()
         for r in pending + [r for r in self._owner if r is not None]:
-            _post(r.loop, r.future, self._generation(r, "abort"))
+            post(r.loop, r.future, self._generation(r, "abort"))
 
     def _n_active(self) -> int:
         return sum(r is not None for r in self._owner)
@@ -389,7 +352,7 @@ class TorchEngine:
     def _fail_all(self, err: EngineError) -> None:
         for i, r in enumerate(self._owner):
             if r is not None:
-                _post(r.loop, r.future, err)
+                post(r.loop, r.future, err)
                 self._owner[i] = None
                 self._slot_tokens[i] = []
 
@@ -402,7 +365,7 @@ class TorchEngine:
             return len(self._owner) - 1, 0
         best, best_len = free[0], 0
         for i in free:
-            n = _common_prefix(self._slot_tokens[i], prompt, len(prompt) - 1)
+            n = common_prefix(self._slot_tokens[i], prompt, len(prompt) - 1)
             if n > best_len:
                 best, best_len = i, n
         if best_len < MIN_PREFIX_REUSE:
@@ -410,7 +373,7 @@ class TorchEngine:
         return best, best_len
 
     def _admit(self) -> None:
-        batch: list[tuple[_Request, int]] = []
+        batch: list[tuple[Request, int]] = []
         with self._cv:
             # admitted requests own their slot at once, so _n_active() already counts them
             while self._waiting and self._n_active() < self.max_batch:
@@ -485,7 +448,7 @@ class TorchEngine:
         rows = torch.tensor([r.slot for r in live], device=logits.device)
         self._accept(live, logits.index_select(0, rows))
 
-    def _greedy_chunk(self, live: list[_Request]) -> int:
+    def _greedy_chunk(self, live: list[Request]) -> int:
         """How many greedy steps to run in one replay (1: the per-step path).
 
         A power of two (few graph shapes), no more than the most tokens any row may still
@@ -502,7 +465,7 @@ class TorchEngine:
             k *= 2
         return k
 
-    def _accept_chunk(self, reqs: list[_Request], out_2_K_B: torch.Tensor) -> None:
+    def _accept_chunk(self, reqs: list[Request], out_2_K_B: torch.Tensor) -> None:
         """Take each row's tokens of a multi-step replay up to its stop; discard the rest."""
         tok_K_B, lp_K_B = out_2_K_B.tolist()  # the one device->host transfer of the chunk
         done: set[int] = set()
@@ -512,7 +475,7 @@ class TorchEngine:
                     done.add(r.slot)
         self._hand_over(reqs)
 
-    def _accept(self, reqs: list[_Request], logits_B_V: torch.Tensor) -> None:
+    def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         tokens, logprobs = sample(logits_B_V, [r.row for r in reqs])
         # one device->host transfer (ids < 2**24 are exact in float32)
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
@@ -520,7 +483,7 @@ class TorchEngine:
             self._take(r, int(tok_f), lp)
         self._hand_over(reqs)
 
-    def _hand_over(self, reqs: list[_Request]) -> None:
+    def _hand_over(self, reqs: list[Request]) -> None:
         """Post each streamed, unfinished request's new ids to its loop (a finished one's come
         with its Generation)."""
         for r in reqs:
@@ -532,7 +495,7 @@ class TorchEngine:
                 except RuntimeError:  # the caller's event loop is closed; nobody is waiting
                     pass
 
-    def _take(self, r: _Request, tok: int, lp: float) -> bool:
+    def _take(self, r: Request, tok: int, lp: float) -> bool:
         """Append one sampled token to `r`; finish it on a stop or a limit (returns True)."""
         if r.output:
             self._slot_tokens[r.slot].append(r.output[-1])  # its keys were just written
@@ -546,12 +509,12 @@ class TorchEngine:
             return True
         return False
 
-    def _finish(self, r: _Request, reason: str) -> None:
+    def _finish(self, r: Request, reason: str) -> None:
         self._owner[r.slot] = None
         # the slot keeps prompt + output[:-1] as a reusable prefix
-        _post(r.loop, r.future, self._generation(r, reason))
+        post(r.loop, r.future, self._generation(r, reason))
 
-    def _generation(self, r: _Request, reason: str) -> Generation:
+    def _generation(self, r: Request, reason: str) -> Generation:
         now = time.monotonic()
         admitted = r.admitted or now
         return Generation(
@@ -590,30 +553,3 @@ class TorchEngine:
         for i, r in enumerate(self._owner):
             if r is None:
                 self._slot_tokens[i] = []
-
-
-def _put_tokens(queue: asyncio.Queue[_Item], i: int, ids: list[int], lps: list[float]) -> None:
-    queue.put_nowait((i, ids, lps))
-
-
-def _put_done(queue: asyncio.Queue[_Item], i: int, r: _Request, _: object) -> None:
-    queue.put_nowait((i, r))
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _eos_ids(model: nn.Module, tokenizer: object) -> frozenset[int]:
-    ids: set[int] = set()
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else (eos or []))
-    tok_eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(tok_eos, int):
-        ids.add(tok_eos)
-    return frozenset(ids)

@@ -8,6 +8,12 @@ per completion id, e.g. ``behavior_logprobs``) and which carry one value per row
 over the completion (e.g. the episode's GRPO ``advantage``). :func:`read_batch` runs a query
 and packs the result.
 
+Multi-turn episodes train as one sequence per episode (segment): :func:`episode_sequences`
+merges rows that carry whole prompts; for the views whose prompts come from ``turns``, the
+trainer reads the rows without them (:func:`linear_columns`) and :func:`chained_sequences`
+builds the same sequences from the stored deltas (:func:`turn_prompts`), in time and memory
+linear in the ids ``turn_generated`` holds.
+
 Guarantees: a NULL where a value is needed, or a per-token list whose length differs from the
 completion's, raises :class:`BatchError` naming the column and the row's episode and turn;
 nothing is silently dropped or padded. Limits: the whole result is materialized in memory
@@ -17,6 +23,7 @@ nothing is silently dropped or padded. Limits: the whole result is materialized 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import duckdb
 import pyarrow as pa
@@ -114,45 +121,153 @@ def episode_sequences(samples: Sequence[Sample], episodes: Sequence[object]) -> 
 
     A prompt that does not extend the sequence (a rewritten history: a new gateway segment, a
     DAgger label instead of the executed action, a turn left out by a filter whose ids are
-    not in the next prompt) starts a new sequence; nothing is ever merged on a guess."""
+    not in the next prompt) starts a new sequence; nothing is ever merged on a guess.
+
+    This takes whole prompts (the views' rows); :func:`chained_sequences` gives the same
+    sequences from the stored deltas, without materializing a whole prompt per turn."""
     if len(samples) != len(episodes):
         raise BatchError(f"{len(samples)} samples but {len(episodes)} episode ids")
+    prompts = [(list(s.prompt_ids), len(s.prompt_ids)) for s in samples]
+    return _merge(samples, episodes, prompts)
+
+
+# The training views whose prompt_ids is the `turns` view's whole prompt of the row's (episode,
+# turn) and whose completion is that turn's output_ids, with what a linear read puts in place of
+# the columns computed from the whole prompt (sft_examples' loss_mask is a 0 per prompt id, then
+# a 1 per completion id, so its completion part is all 1). dagger_dataset's prompts are the
+# labels' own (TeacherLabeled stores them whole), so it is not one of them.
+TURN_PROMPT_VIEWS: Final[dict[str, dict[str, str]]] = {
+    "sft_examples": {"loss_mask": "[1 for _x in completion_ids]"},
+    "grpo_batch": {},
+    "opd_batch": {},
+    "aggrevate_dataset": {},
+}
+
+# Every stored turn of the chosen episodes, as turn_generated holds it (a turn's new prompt ids
+# after prefix_len; NULL prefix_len: a row older than the column, stored whole).
+STORED_TURNS_SQL: Final = (
+    "SELECT episode_id, turn, coalesce(prefix_len, 0) AS prefix_len, prompt_ids, output_ids "
+    "FROM turn_generated WHERE list_contains($episode_ids, episode_id) ORDER BY episode_id, turn"
+)
+
+
+def linear_columns(view: str) -> str | None:
+    """The select list that reads training view `view` without its whole prompts
+    (``prompt_ids`` is ``[]``, see :data:`TURN_PROMPT_VIEWS`), for :func:`chained_sequences`;
+    None when `view` is not one of those views as the project defines them (a view file of
+    ``STACX_VIEWS_PATH`` that names it may define it otherwise: then the whole prompts are read)."""
+    if view not in TURN_PROMPT_VIEWS:
+        return None
+    from stacx.store.db import VIEWS_DIR, view_files
+
+    if any(f.parent != VIEWS_DIR and view in f.read_text() for f in view_files()):
+        return None
+    replaced = {"prompt_ids": "[]::INTEGER[]", **TURN_PROMPT_VIEWS[view]}
+    return "* REPLACE (" + ", ".join(f"{e} AS {c}" for c, e in replaced.items()) + ")"
+
+
+Prompt = tuple[list[int], int]
+"""A whole prompt as ``(ids, n)``: the prompt is ``ids[:n]``. The turns of one chain (a turn
+stored whole and the turns stored after it with ``prefix_len``) share one ``ids`` list."""
+
+
+def turn_prompts(stored: pa.Table) -> dict[tuple[object, int], Prompt]:
+    """Each stored turn's whole prompt, keyed by (episode_id, turn), from
+    :data:`STORED_TURNS_SQL`'s rows: one list per chain, built once, so this is linear in the
+    stored ids. The ``turns`` view's rule: a turn with ``prefix_len`` > 0 continues turn - 1's
+    prompt + output, which must be exactly ``prefix_len`` ids long; a missing turn or a
+    different length raises :class:`BatchError` (never a wrong prompt)."""
+    cols = [stored.column(c).to_pylist() for c in ("episode_id", "turn", "prefix_len")]
+    prompts, outputs = (stored.column(c).to_pylist() for c in ("prompt_ids", "output_ids"))
+    out: dict[tuple[object, int], Prompt] = {}
+    ids: list[int] = []
+    last: tuple[object, int] | None = None
+    for i, (episode, turn, prefix_len) in enumerate(zip(*cols, strict=True)):
+        if (episode, turn) in out:
+            raise BatchError(f"episode {episode} turn {turn}: stored twice in turn_generated")
+        if prefix_len:
+            if last != (episode, turn - 1) or prefix_len != len(ids):
+                raise BatchError(
+                    f"episode {episode} turn {turn} has prefix_len {prefix_len} but turn "
+                    f"{turn - 1} is missing or differs in length"
+                )
+        else:
+            ids = []  # a new chain
+        ids.extend(prompts[i] or [])
+        out[(episode, turn)] = (ids, len(ids))
+        ids.extend(outputs[i] or [])
+        last = (episode, turn)
+    return out
+
+
+def chained_sequences(
+    samples: Sequence[Sample],
+    keys: Sequence[tuple[object, int]],
+    prompts: Mapping[tuple[object, int], Prompt],
+) -> list[Sample]:
+    """:func:`episode_sequences` for samples read without their prompts (``prompt_ids`` empty,
+    see :func:`linear_columns`): sample i's whole prompt is ``prompts[keys[i]]`` (``keys[i]``
+    its (episode, turn), `prompts` from :func:`turn_prompts`). Within a chain a later turn's
+    prompt extends an earlier turn's prompt + output by construction, so it merges after a
+    check of the sample's completion against the stored output (O(output)); across chains (a
+    rewritten history, a log that stores every prompt whole) the prompts are compared token by
+    token, as :func:`episode_sequences` does. Same sequences, linear in the stored ids."""
+    if len(samples) != len(keys):
+        raise BatchError(f"{len(samples)} samples but {len(keys)} (episode, turn) keys")
+    whole = []
+    for sample, key in zip(samples, keys, strict=True):
+        if sample.prompt_ids:
+            raise BatchError(
+                f"episode {key[0]} turn {key[1]}: a prompt was read (see linear_columns)"
+            )
+        if key not in prompts:
+            raise BatchError(f"episode {key[0]} turn {key[1]}: no such turn in turn_generated")
+        whole.append(prompts[key])
+    return _merge(samples, [k[0] for k in keys], whole)
+
+
+def _merge(
+    samples: Sequence[Sample], episodes: Sequence[object], prompts: Sequence[Prompt]
+) -> list[Sample]:
+    """The merge of :func:`episode_sequences`, sample i's whole prompt being
+    ``prompts[i][0][:prompts[i][1]]`` (its own ``prompt_ids`` are not read)."""
     out: list[Sample] = []
-    ids: list[int] = []  # the current sequence: prompt + completion so far
-    first: Sample | None = None
-    completion: list[int] = []
+    seq: list[int] = []  # the current sequence: prompt + completion so far
+    n_prompt = 0
+    chain: list[int] | None = None  # when set, seq == chain[:len(seq)]
     mask: list[int] = []
     values: dict[str, list[float]] = {}
     current: object = None
+    started = False
 
     def close() -> None:
-        if first is not None:
-            out.append(Sample(first.prompt_ids, completion, values, mask))
+        if started:
+            out.append(Sample(seq[:n_prompt], seq[n_prompt:], values, mask))
 
-    for sample, episode in zip(samples, episodes, strict=True):
-        prompt = list(sample.prompt_ids)
-        n = len(ids)
-        if first is not None and episode == current and len(prompt) >= n and prompt[:n] == ids:
-            gap = prompt[n:]
-            completion += gap
+    for sample, episode, (ids, n) in zip(samples, episodes, prompts, strict=True):
+        end = len(seq)
+        if started and episode == current and n >= end and (ids is chain or ids[:end] == seq):
+            gap = ids[end:n]
+            seq += gap
             mask += [0] * len(gap)
             for name in values:
                 values[name] += [0.0] * len(gap)
         else:
             close()
-            first, current, completion, mask = sample, episode, [], []
+            started, current, seq, n_prompt, mask = True, episode, ids[:n], n, []
             values = {name: [] for name in sample.token_values}
         if sorted(sample.token_values) != sorted(values):
             raise BatchError(
                 f"episode {episode}: token values {sorted(sample.token_values)} differ from "
                 f"the sequence's {sorted(values)}"
             )
-        completion += list(sample.completion_ids)
-        n_out = len(sample.completion_ids)
-        mask += [1] * n_out if sample.loss_mask is None else list(sample.loss_mask)
+        completion = list(sample.completion_ids)
+        # the chain's next ids are this turn's output: later turns of the chain extend seq
+        chain = ids if ids[n : n + len(completion)] == completion else None
+        seq += completion
+        mask += [1] * len(completion) if sample.loss_mask is None else list(sample.loss_mask)
         for name, v in sample.token_values.items():
             values[name] += list(v)
-        ids = prompt + list(sample.completion_ids)
     close()
     return out
 

@@ -6,7 +6,8 @@ is ready (:mod:`stacx.train.units`: in sync mode the step's iteration is settled
 complete units exist, each with every label, score or branch it waits for), and while one is it
 
 1. materializes the batch from the algorithm's view (Arrow -> samples -> packed tensors; with
-   ``pack_episodes`` the turns of an episode that extend each other are one sequence),
+   ``pack_episodes`` the turns of an episode that extend each other are one sequence, rebuilt
+   from the stored deltas: `step_batch`),
 2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
 3. writes ``checkpoints/v<version>/`` (weights, optimizer state) atomically,
 4. publishes ``TrainStepFinished{step, episode_ids, ...}`` (the lineage: what this version was
@@ -33,9 +34,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 
@@ -55,10 +60,17 @@ from stacx.events import (
 )
 from stacx.ports import WeightOffer
 from stacx.train import checkpoint, units
-from stacx.train.batches import episode_sequences
+from stacx.train.batches import (
+    STORED_TURNS_SQL,
+    chained_sequences,
+    episode_sequences,
+    linear_columns,
+    turn_prompts,
+)
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup
 from stacx.train.model import build, load_model, pick_device
+from stacx.train.packing import Sample
 from stacx.train.step import StepResult, samples_for, train_step
 from stacx.train.units import (
     EPISODE_COLUMN,
@@ -195,13 +207,10 @@ class Trainer(Actor):
 
     async def _step(self, episode_ids: list[str]) -> None:
         cfg = self.config
-        sql = batch_rows_sql(cfg)
-        table = await self.query(sql, {"episode_ids": sorted(set(episode_ids))})
-        samples = samples_for(cfg, table)
-        n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
-        if cfg.pack_episodes:  # one sequence per episode (segment), not one per turn
-            ep = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
-            samples = episode_sequences(samples, ep)
+        read = time.perf_counter()
+        batch = await step_batch(cfg, self.query, episode_ids)
+        table, samples, n_rows = batch.table, batch.samples, batch.n_rows
+        batch_ms = (time.perf_counter() - read) * 1e3
         step = self.version + 1
         assert self.model is not None and self.optimizer is not None
         model, optimizer = self.model, self.optimizer
@@ -221,7 +230,10 @@ class Trainer(Actor):
             result.duration_ms,
             save_ms,
         )
-        rewards = _episode_rewards(table.to_pylist())
+        # the columns the lineage needs, not the token lists (a whole prompt per row)
+        meta = ("episode_id", "branch_episode_id", "reward", "weight_version")
+        rows = table.select([c for c in meta if c in table.column_names]).to_pylist()
+        rewards = _episode_rewards(rows)
         await self.publish(
             TrainStepFinished(
                 run_id=self.run_id,
@@ -242,7 +254,9 @@ class Trainer(Actor):
                         "n_loss_tokens": result.n_loss_tokens,
                         "n_sequences": result.n_samples,  # packed: one per episode segment
                         "checkpoint_ms": save_ms,
-                        "max_staleness": _max_staleness(table.to_pylist(), self.version),
+                        "batch_ms": batch_ms,  # the batch's queries and samples
+                        "batch_prompt_ids": batch.prompt_ids_read,
+                        "max_staleness": _max_staleness(rows, self.version),
                     }
                 ),
                 episode_ids=sorted(set(episode_ids)),
@@ -300,6 +314,51 @@ class Trainer(Actor):
         if self.config.inprocess_handoff and self.handoff is not None:
             self.handoff.offer(str(path), sha, state)
         return path, sha
+
+
+Query = Callable[[str, dict[str, object]], Awaitable[pa.Table]]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    table: pa.Table  # the source view's rows (without prompts when read linearly)
+    samples: list[Sample]  # what the step forwards: packed sequences or one per row
+    n_rows: int  # the rows the step trains on
+    prompt_ids_read: int  # prompt ids the queries materialized (Arrow)
+
+
+async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -> StepBatch:
+    """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
+    read with `query` (the actor's ``query``).
+
+    With ``pack_episodes`` each episode's turns that extend each other are one sequence. For
+    the views that take their prompts from ``turns`` (``batches.TURN_PROMPT_VIEWS``) the rows
+    are read without their whole prompts and each episode's sequence is rebuilt from the
+    stored deltas (``batches.chained_sequences``): Arrow, Python and the check are linear in
+    the turns' stored ids. Another source view (a user's, or ``dagger_dataset``) is read with
+    its whole prompts and merged by ``batches.episode_sequences``."""
+    chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
+    columns = linear_columns(cfg.source_view) if cfg.pack_episodes else None
+    table = await query(batch_rows_sql(cfg, columns or "*"), chosen)
+    samples = samples_for(cfg, table)
+    n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
+    read = _n_prompt_ids(table)
+    if cfg.pack_episodes:
+        episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
+        if columns is None:
+            samples = episode_sequences(samples, episodes)
+        else:
+            stored = await query(STORED_TURNS_SQL, chosen)
+            read += _n_prompt_ids(stored)
+            keys = list(zip(episodes, table.column("turn").to_pylist(), strict=True))
+            samples = chained_sequences(samples, keys, turn_prompts(stored))
+    return StepBatch(table, samples, n_rows, read)
+
+
+def _n_prompt_ids(table: pa.Table) -> int:
+    if "prompt_ids" not in table.column_names:
+        return 0
+    return int(pc.sum(pc.list_value_length(table.column("prompt_ids"))).as_py() or 0)
 
 
 def _episode_rewards(rows: list[dict[str, object]]) -> list[float]:

@@ -290,13 +290,14 @@ def step_iteration(cfg: TrainerConfig, version: int) -> int:
     return int(version) // cfg.steps_per_iteration
 
 
-def batch_rows_sql(cfg: TrainerConfig) -> str:
-    """The source view's rows of the chosen episodes (``$episode_ids``), in a stable order."""
+def batch_rows_sql(cfg: TrainerConfig, columns: str = "*") -> str:
+    """The source view's rows of the chosen episodes (``$episode_ids``), in a stable order;
+    ``columns``: the select list (``stacx.train.batches.linear_columns`` leaves prompts out)."""
     ep = EPISODE_COLUMN[cfg.algorithm]
     extra = f"AND ({cfg.row_filter})" if cfg.row_filter else ""
     turn = "turn" if cfg.algorithm != "aggrevate" else "turn, action_index"
     return (
-        f"SELECT * FROM {cfg.source_view} WHERE list_contains($episode_ids, {ep}) {extra} "
+        f"SELECT {columns} FROM {cfg.source_view} WHERE list_contains($episode_ids, {ep}) {extra} "
         f"ORDER BY {ep}, {turn}"
     )
 

@@ -1,7 +1,9 @@
 """Multi-turn episodes stored linearly (each turn's new prompt ids once, ``prefix_len``) and
 trained as one packed sequence per episode (segment): the ``turns`` view rebuilds whole prompts
-for new and old logs, and an episode's sequence gives the per-turn samples' logprobs, losses and
-gradients (a real tiny transformers model, a real DuckDB log, the trainer's own functions)."""
+for new and old logs; the trainer's batch read (``step_batch``) rebuilds each episode's sequence
+from the stored ids only, the same sequences the whole-prompt rows merge into, and an episode's
+sequence gives the per-turn samples' logprobs, losses and gradients (a real tiny transformers
+model, a real DuckDB log, the trainer's own functions)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 import msgspec
+import pyarrow as pa
 import pytest
 import torch
 from torch import nn
@@ -21,14 +24,19 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.store import db
-from stacx.train.batches import episode_sequences
+from stacx.train.batches import (
+    BatchError,
+    chained_sequences,
+    episode_sequences,
+    linear_columns,
+    turn_prompts,
+)
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
 from stacx.train.losses import policy_gradient_loss, sft_loss
 from stacx.train.packing import Sample, pack
-from stacx.train.step import samples_for, train_step
-from stacx.train.trainer import Trainer, load_model
-from stacx.train.units import batch_rows_sql
+from stacx.train.step import train_step
+from stacx.train.trainer import Query, Trainer, load_model, step_batch
 
 from .conftest import Log
 from .test_trainer_support import prompt_ids, text_ids, until_sql
@@ -166,31 +174,44 @@ def test_episode_sequence_gives_the_per_turn_logprobs_and_gradients(tiny: Qwen3F
     assert len(merged) == 4  # a, b's two segments, c
     assert sum(s.n_positions for s in merged) < sum(s.n_positions for s in turns)
 
-    def run(samples: list[Sample], loss: str) -> tuple[list[float], float, list[torch.Tensor]]:
-        tiny.zero_grad()
-        batch = pack(samples, row_tokens=256)
-        lp = packed_token_logprobs(tiny, batch, boundaries="position_ids", chunk_tokens=16)
-        mask = batch.loss_mask_R_T
-        if loss == "sft":
-            out = sft_loss(lp, mask)
-        else:
-            values = batch.values_R_T
-            out = policy_gradient_loss(lp, values["behavior_logprobs"], values["advantages"], mask)
-        out.loss.backward()
-        flat = [float(x) for per in batch.per_sample(lp.detach()) for x in per]
-        return flat, float(out.loss.detach()), [p.grad.clone() for p in tiny.parameters()]  # type: ignore[union-attr]
-
     for loss in ("sft", "grpo"):
-        lp_turns, loss_turns, grads_turns = run(turns, loss)
-        lp_seq, loss_seq, grads_seq = run(merged, loss)
-        # the model's tokens only, in the same order: every output id of every turn
-        assert len(lp_seq) == len(lp_turns) == sum(len(o) for t in episodes.values() for _, o in t)
-        assert lp_seq == pytest.approx(lp_turns, abs=1e-10)
-        assert loss_seq == pytest.approx(loss_turns, abs=1e-12)
-        # fp64 model, but Qwen3's RMSNorm computes in fp32: equal up to fp32 rounding
-        for g_seq, g_turn in zip(grads_seq, grads_turns, strict=True):
-            assert float((g_seq - g_turn).norm()) <= 1e-6 * float(g_turn.norm()) + 1e-12
-        assert any(float(g.abs().sum()) > 0 for g in grads_seq)
+        assert_same_logprobs_and_gradients(tiny, merged, turns, loss)
+    assert sum(len(o) for t in episodes.values() for _, o in t) == sum(
+        len(s.completion_ids) for s in turns
+    )
+
+
+def forward_backward(
+    model: nn.Module, samples: list[Sample], loss: str
+) -> tuple[list[float], float, list[torch.Tensor]]:
+    """The loss tokens' logprobs (in order), the loss and the gradients of one packed batch."""
+    model.zero_grad()
+    batch = pack(samples, row_tokens=256)
+    lp = packed_token_logprobs(model, batch, boundaries="position_ids", chunk_tokens=16)
+    mask = batch.loss_mask_R_T
+    if loss == "sft":
+        out = sft_loss(lp, mask)
+    else:
+        values = batch.values_R_T
+        out = policy_gradient_loss(lp, values["behavior_logprobs"], values["advantages"], mask)
+    out.loss.backward()
+    flat = [float(x) for per in batch.per_sample(lp.detach()) for x in per]
+    return flat, float(out.loss.detach()), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+def assert_same_logprobs_and_gradients(
+    model: nn.Module, merged: list[Sample], turns: list[Sample], loss: str
+) -> None:
+    lp_turns, loss_turns, grads_turns = forward_backward(model, turns, loss)
+    lp_seq, loss_seq, grads_seq = forward_backward(model, merged, loss)
+    # the model's tokens only, in the same order: every output id of every turn
+    assert len(lp_seq) == len(lp_turns) == sum(len(s.completion_ids) for s in turns)
+    assert lp_seq == pytest.approx(lp_turns, abs=1e-10)
+    assert loss_seq == pytest.approx(loss_turns, abs=1e-12)
+    # fp64 model, but Qwen3's RMSNorm computes in fp32: equal up to fp32 rounding
+    for g_seq, g_turn in zip(grads_seq, grads_turns, strict=True):
+        assert float((g_seq - g_turn).norm()) <= 1e-6 * float(g_turn.norm()) + 1e-12
+    assert any(float(g.abs().sum()) > 0 for g in grads_seq)
 
 
 def test_turns_that_do_not_extend_the_sequence_are_never_merged() -> None:
@@ -206,49 +227,103 @@ def test_turns_that_do_not_extend_the_sequence_are_never_merged() -> None:
     assert list(out[0].token_values["v"]) == [0.5, 0.0, 0.1]
 
 
-def grpo_group(
-    log: Log, group: str, rewards: list[float], n_turns: int, seed: int
-) -> list[list[Turn]]:
-    """A scored group of multi-turn episodes of one task (one first prompt), stored linearly."""
+def test_a_completion_other_than_the_stored_output_ends_the_chain() -> None:
+    """Within a chain a turn merges without comparing prompts only while the sequence is the
+    chain's ids: a row whose completion is not the turn's stored output (a label in place of
+    the executed action) leaves the chain, so the next turn is compared token by token and,
+    as it does not extend the label, starts a new sequence."""
+    stored = pa.table({"episode_id": ["e"] * 3, "turn": [0, 1, 2], "prefix_len": [0, 3, 6],
+                       "prompt_ids": [[1, 2], [4, 5], [7]], "output_ids": [[3], [6], [8]]})  # fmt: skip
+    prompts = turn_prompts(stored)
+    assert [prompts["e", t][0][: prompts["e", t][1]] for t in range(3)] == [
+        [1, 2], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7],
+    ]  # fmt: skip
+    executed = [Sample([], [3]), Sample([], [6]), Sample([], [8])]
+    labeled = [Sample([], [3]), Sample([], [9]), Sample([], [8])]  # turn 1: a label, not 6
+    keys = [("e", 0), ("e", 1), ("e", 2)]
+    got = [contents(chained_sequences(s, keys, prompts)) for s in (executed, labeled)]
+    assert got[0] == [([1, 2], [3, 4, 5, 6, 7, 8], [1, 0, 0, 1, 0, 1], {})]
+    assert got[1] == [
+        ([1, 2], [3, 4, 5, 9], [1, 0, 0, 1], {}),
+        ([1, 2, 3, 4, 5, 6, 7], [8], [1], {}),
+    ]
+    whole = [
+        Sample(prompts[k][0][: prompts[k][1]], s.completion_ids)
+        for k, s in zip(keys, labeled, strict=True)
+    ]
+    assert got[1] == contents(episode_sequences(whole, ["e"] * 3))
+
+
+def grpo_group(log: Log, group: str = "g", *, n_turns: int = 4, seed: int = 4) -> list[str]:
+    """A scored GRPO group of multi-turn episodes of one task (one first prompt), stored as each
+    kind of log has them: e0 linearly, its turn 2 a teacher's (a turn the student rows leave
+    out); e1 linearly, its history rewritten at turn 2 (a new chain: a new sequence); e2 as
+    older STACX stored it, every prompt whole. Returns the episode ids."""
     rng = random.Random(seed)
     first = [rng.randrange(1, 60) for _ in range(8)]
-    log.write(
-        ev.TaskScheduled(
-            run_id="r", task_id="t", task_path="/x", group_id=group, n_samples=len(rewards)
-        )
-    )
-    made = []
-    for i, reward in enumerate(rewards):
+    shapes = [(None, True), (2, True), (None, False)]  # (rewrite_at, linear)
+    log.write(ev.TaskScheduled(run_id="r", task_id="t", task_path="/x", group_id=group,
+                               n_samples=len(shapes)))  # fmt: skip
+    ids = []
+    for i, ((rewrite_at, linear), reward) in enumerate(zip(shapes, [1.0, 0.0, 0.5], strict=True)):
         eid = f"{group}-e{i}"
-        turns = episode(rng, n_turns, first=first)
-        made.append(turns)
+        turns = episode(rng, n_turns, rewrite_at=rewrite_at, first=first)
+        events = turn_events("r", eid, turns, linear=linear)
+        if i == 0:
+            events[2] = msgspec.structs.replace(events[2], actor=ev.TurnActor.TEACHER)
         log.write(
-            ev.EpisodeStarted(
-                run_id="r", episode_id=eid, task_id="t", group_id=group, sample_index=i
-            ),
-            *turn_events("r", eid, turns),
-            ev.EpisodeFinished(
-                run_id="r", episode_id=eid, stop_reason="submitted", n_turns=n_turns
-            ),
+            ev.EpisodeStarted(run_id="r", episode_id=eid, task_id="t", group_id=group,
+                              sample_index=i),
+            *events,
+            ev.EpisodeFinished(run_id="r", episode_id=eid, stop_reason="submitted",
+                               n_turns=n_turns),
             ev.RewardAssigned(run_id="r", episode_id=eid, reward=reward),
-        )
-    return made
+        )  # fmt: skip
+        ids.append(eid)
+    return ids
+
+
+def query_of(log: Log, read: list[pa.Table] | None = None) -> Query:
+    """The trainer's ``query`` over the test's log; ``read`` collects every table returned."""
+
+    async def query(sql: str, params: dict[str, object]) -> pa.Table:
+        table = log.con.sql(sql, params=params).to_arrow_table()
+        if read is not None:
+            read.append(table)
+        return table
+
+    return query
+
+
+def contents(samples: list[Sample]) -> list[tuple[object, ...]]:
+    return [(list(s.prompt_ids), list(s.completion_ids), list(s.loss_mask or []),
+             {k: list(v) for k, v in s.token_values.items()}) for s in samples]  # fmt: skip
+
+
+def whole_config(cfg: TrainerConfig) -> TrainerConfig:
+    """The per-turn read: every row with its whole prompt (the view's), no packing."""
+    return msgspec.structs.replace(cfg, pack_episodes=False)
 
 
 @pytest.mark.parametrize("share", [False, True])
-def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
+async def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
     log: Log, tiny: Qwen3ForCausalLM, share: bool
 ) -> None:
-    """`share`: the group's episodes start with one prompt, forwarded once (`pack_shared`)."""
-    grpo_group(log, "g", [1.0, 0.0, 0.5], n_turns=4, seed=4)
+    """The trainer's batch read (`step_batch`: rows without prompts, each episode rebuilt from
+    the stored deltas) and its step give the per-turn samples' loss, gradients and update.
+    `share`: the group's episodes start with one prompt, forwarded once (`pack_shared`)."""
+    eids = grpo_group(log)
     cfg = TrainerConfig(
         algorithm="grpo", optimizer="sgd", lr=0.5, max_tokens=64, share_prompts=False
     )
-    chosen = {"episode_ids": ["g-e0", "g-e1", "g-e2"]}
-    table = log.con.sql(batch_rows_sql(cfg), params=chosen).to_arrow_table()
-    rows = samples_for(cfg, table)
-    episodes = episode_sequences(rows, table.column("episode_id").to_pylist())
-    assert (len(rows), len(episodes)) == (12, 3)
+    per_turn_batch = await step_batch(whole_config(cfg), query_of(log), eids)
+    packed_batch = await step_batch(cfg, query_of(log), eids)
+    rows, episodes = per_turn_batch.samples, packed_batch.samples
+    n_rows, n_packed_rows = per_turn_batch.n_rows, packed_batch.n_rows
+    # 12 turns less e0's teacher turn; e0 (across its teacher turn), e1's two chains, e2
+    assert (len(rows), n_rows, n_packed_rows, len(episodes)) == (11, 11, 11, 4)
+    for loss in ("sft", "grpo"):
+        assert_same_logprobs_and_gradients(tiny, episodes, rows, loss)
     results, params = [], []
     for samples, shared in ((rows, False), (episodes, share)):
         model = copy.deepcopy(tiny)
@@ -265,6 +340,88 @@ def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
     assert packed.n_tokens < whole if share else packed.n_tokens == whole  # and the prompt once
     for a, b in zip(*params, strict=True):
         torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "sft"])
+async def test_the_batch_read_rebuilds_the_sequences_from_the_stored_ids_only(
+    log: Log, algorithm: str
+) -> None:
+    """The linear read gives exactly the sequences merged from the whole-prompt rows (ids, loss
+    mask, behavior logprobs, advantages), while the prompt ids it reads are the stored ones:
+    never a whole prompt per turn (sft: the filter leaves the teacher's turn out)."""
+    eids = grpo_group(log)
+    cfg = TrainerConfig(algorithm=algorithm, filter="actor = 'student'" * (algorithm == "sft"))
+    whole_batch = await step_batch(whole_config(cfg), query_of(log), eids)
+    episodes = whole_batch.table.column("episode_id").to_pylist()
+    expected = episode_sequences(whole_batch.samples, episodes)
+    read: list[pa.Table] = []
+    batch = await step_batch(cfg, query_of(log, read), eids)
+    got = batch.samples
+    assert contents(got) == contents(expected) and len(got) == 4
+
+    def n_ids(sql: str) -> int:
+        return int(log.rows(sql)[0]["n"])
+
+    stored = n_ids("select sum(len(prompt_ids)) AS n from turn_generated")
+    whole = n_ids("select sum(len(prompt_ids)) AS n from turns where actor = 'student'")
+    prompts_read = sum(sum(len(p) for p in t.column("prompt_ids").to_pylist()) for t in read)
+    assert prompts_read == batch.prompt_ids_read == stored < whole  # (e2: every prompt whole)
+    assert whole_batch.prompt_ids_read == whole
+
+
+async def test_the_batch_read_merges_an_old_log_by_its_tokens(tmp_path: Path) -> None:
+    """A log older than ``prefix_len`` (the recorder re-adds the column: NULL on every row, each
+    prompt whole): the turns that extend each other token-exactly are still one sequence."""
+    con = db.open_writer(tmp_path / "run")
+    log = Log(con)
+    rng = random.Random(6)
+    for eid in ("a", "b"):
+        log.write(*turn_events("r", eid, episode(rng, 4), linear=False))
+    con.execute("ALTER TABLE turn_generated DROP COLUMN prefix_len")  # as a log of last week
+    con.close()
+    log = Log(db.open_writer(tmp_path / "run"))
+    assert log.rows("select count(*) AS n from turn_generated where prefix_len is null") == [
+        {"n": 8}
+    ]
+    cfg = TrainerConfig(algorithm="sft", filter="turn >= 0")
+    rows = (await step_batch(whole_config(cfg), query_of(log), ["a", "b"])).samples
+    got = (await step_batch(cfg, query_of(log), ["a", "b"])).samples
+    assert contents(got) == contents(episode_sequences(rows, ["a"] * 4 + ["b"] * 4))
+    assert len(got) == 2
+    log.con.close()
+
+
+async def test_the_batch_read_refuses_a_chain_it_cannot_rebuild(log: Log) -> None:
+    """A turn stored after a missing turn, or with a prefix_len that is not its predecessor's
+    prompt + output length, is an error naming it: never merged on a guess."""
+    rng = random.Random(7)
+    a = turn_events("r", "a", episode(rng, 3))
+    b = turn_events("r", "b", episode(rng, 3))
+    b[1] = msgspec.structs.replace(b[1], prefix_len=b[1].prefix_len - 1)
+    log.write(a[0], a[2], *b)
+    cfg = TrainerConfig(algorithm="sft", filter="turn >= 0")
+    with pytest.raises(BatchError, match=r"episode a turn 2 has prefix_len .* turn 1 is missing"):
+        await step_batch(cfg, query_of(log), ["a"])
+    with pytest.raises(BatchError, match="episode b turn 1 has prefix_len"):
+        await step_batch(cfg, query_of(log), ["b"])
+
+
+def test_only_the_turn_backed_views_are_read_without_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert linear_columns("sft_examples") == (
+        "* REPLACE ([]::INTEGER[] AS prompt_ids, [1 for _x in completion_ids] AS loss_mask)"
+    )
+    assert linear_columns("grpo_batch") == "* REPLACE ([]::INTEGER[] AS prompt_ids)"
+    assert linear_columns("dagger_dataset") is None  # the labels' own prompts, stored whole
+    assert linear_columns("my_view") is None
+    # a user's view file that (re)defines a training view: its prompts may be anything
+    (tmp_path / "90_mine.sql").write_text(
+        "CREATE OR REPLACE VIEW sft_examples AS SELECT * FROM turns;"
+    )
+    monkeypatch.setenv("STACX_VIEWS_PATH", str(tmp_path))
+    assert linear_columns("sft_examples") is None
+    assert linear_columns("grpo_batch") is not None
 
 
 @pytest.fixture(scope="module")

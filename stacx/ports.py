@@ -374,8 +374,9 @@ class StepFailed(InfraFailure):
     (the sandbox itself is fine; a dead sandbox stays a plain InfraFailure). Harbor's trial
     records it as that step's exception, runs no later step and scores the steps that ran; the
     episode runner does the same (StepFailed event, then the combined verdict). `verified` is
-    the verdict of the step verified just before it (None when the first step fails). To a
-    caller that knows no steps (the remote sandbox service) it is a START InfraFailure."""
+    the verdict of the step verified just before it (None when the first step fails). The
+    remote sandbox service sends it back as itself (stacx.sandbox.remote_wire.StepFailure);
+    to a caller that knows no steps it is a START InfraFailure."""
 
     def __init__(
         self, step: str, exception_type: str, message: str, verified: Verdict | None = None

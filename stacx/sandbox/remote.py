@@ -16,7 +16,9 @@ Failures:
   upload_dir with the same bytes, stop, status, fetching a reply's pieces); an exec or a
   verify that times out raises SandboxError (EXEC_TRANSPORT) and is never re-sent.
 - The verifier runs on the service (`DockerEnvironments.verify` with the task directory the
-  service holds), so per-phase network switches and multi-step tasks behave as locally.
+  service holds), so per-phase network switches and multi-step tasks behave as locally: a
+  step whose setup.sh or healthcheck fails comes back as that StepFailed (reply
+  "step_failed"), at a start or after a step's verify, never as a START failure.
 - A reply "internal" (a bug in the service) raises RuntimeError with the service's traceback:
   our own bugs are not infrastructure failures.
 
@@ -65,6 +67,7 @@ from stacx.sandbox.remote_wire import (
     admin_subject,
     run_subject,
     split,
+    step_failed_of,
     task_digest,
 )
 from stacx.sandbox.tasks import load_task
@@ -165,6 +168,8 @@ def _raise_for(reply: Reply, where: str) -> None:
             return
         case "infra":
             raise InfraFailure(reply.failure_kind or FailureKind.START, reply.message)
+        case "step_failed":  # a step's setup.sh or healthcheck: the episode runner's to record
+            raise step_failed_of(reply)
         case "not_found":
             raise FileNotFoundError(reply.message)
         case "is_dir":

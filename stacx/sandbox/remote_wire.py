@@ -35,7 +35,7 @@ from pathlib import Path
 import msgspec
 
 from stacx.events import FailureKind
-from stacx.ports import ExecResult, Verdict
+from stacx.ports import ExecResult, StepFailed, Verdict
 
 ADVERT = "stacx.sandbox.advert"
 DISCOVER = "stacx.sandbox.discover"
@@ -265,14 +265,25 @@ class SandboxRow(msgspec.Struct, frozen=True, kw_only=True):
     memory_mb: float | None = None
 
 
+class StepFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A multi-step task's step that could not start (stacx.ports.StepFailed), on the wire."""
+
+    step: str
+    exception_type: str
+    message: str
+    verified: Verdict | None = None  # the step verified just before it
+
+
 class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A service's answer. `error` names what went wrong: "infra" (with `failure_kind`),
-    "sandbox", "not_found", "is_dir", "auth", "full", "missing_task", "unknown_sandbox",
-    "internal" (a bug in the service: `message` has its traceback)."""
+    "step_failed" (with `step_failed`: a step's setup.sh or healthcheck failed, at a start or
+    after a step's verify), "sandbox", "not_found", "is_dir", "auth", "full", "missing_task",
+    "unknown_sandbox", "internal" (a bug in the service: `message` has its traceback)."""
 
     error: str = ""
     message: str = ""
     failure_kind: FailureKind | None = None
+    step_failed: StepFailure | None = None
     started: Started | None = None
     exec: ExecResult | None = None
     verdict: Verdict | None = None
@@ -280,6 +291,20 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     blob: BlobRef | None = None
     rows: list[SandboxRow] | None = None
     count: int = 0
+
+
+def step_failed_reply(exc: StepFailed) -> Reply:
+    failure = StepFailure(step=exc.step, exception_type=exc.exception_type,
+                          message=exc.step_message, verified=exc.verified)  # fmt: skip
+    return Reply(error="step_failed", message=exc.message, step_failed=failure)
+
+
+def step_failed_of(reply: Reply) -> StepFailed:
+    """The StepFailed a "step_failed" reply carries, as the local backend raises it."""
+    if reply.step_failed is None:
+        raise ValueError(f"a step_failed reply without its step: {reply.message}")
+    f = reply.step_failed
+    return StepFailed(f.step, f.exception_type, f.message, f.verified)
 
 
 ENCODER = msgspec.msgpack.Encoder()

@@ -45,7 +45,7 @@ from nats.aio.msg import Msg
 from stacx.bus.client import connect
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Event, FailureKind, SandboxStarted, new_id
-from stacx.ports import InfraFailure, Sandbox, Task
+from stacx.ports import InfraFailure, Sandbox, StepFailed, Task
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.gc import collect_garbage
@@ -81,6 +81,7 @@ from stacx.sandbox.remote_wire import (
     run_subject,
     run_token,
     split,
+    step_failed_reply,
     subject_token,
 )
 from stacx.sandbox.tasks import load_task
@@ -400,6 +401,8 @@ class SandboxService:
                 task = next((t for t in held.task.step_tasks if t.step == req.step), held.task)
                 try:
                     found = await held.envs.verify(sb, task, episode_id=req.episode_id)
+                except StepFailed as exc:  # the next step's setup: an outcome, not infra
+                    return step_failed_reply(exc)
                 except InfraFailure as exc:
                     return Reply(error="infra", failure_kind=exc.kind, message=exc.message)
                 return Reply(verdict=found)
@@ -432,6 +435,9 @@ class SandboxService:
             stack = contextlib.AsyncExitStack()
             try:
                 sb = await stack.enter_async_context(envs.sandbox(task, episode_id=req.episode_id))
+            except StepFailed as exc:  # the first step's setup or healthcheck
+                await stack.aclose()
+                return step_failed_reply(exc)
             except InfraFailure as exc:
                 await stack.aclose()
                 return Reply(error="infra", failure_kind=exc.kind, message=exc.message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from tests.sandbox.conftest import make_task
 
 pytestmark = pytest.mark.docker
 
+FEATURES = Path(__file__).parents[1] / "harbor" / "fixtures" / "features"
 SOLVE = "sleep 3\necho done > /app/out\n"  # long enough for the kill to land mid-episode
 TEST = "if [ -f /app/out ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
 
@@ -158,6 +160,47 @@ async def test_eval_survives_a_service_killed_mid_run(
             "sandbox", "gc", "--url", services.url
         )
         assert not [s for s in await list_sandboxes(docker) if s.pid == victim.pid]
+
+
+async def test_a_failing_step_comes_back_as_that_steps_exception_not_as_infra(
+    services: Services, base_image: str, tmp_path: Path
+) -> None:
+    """Harbor's step semantics through a service: a second step whose setup.sh fails (after
+    the first step's verify) and a first step whose healthcheck fails (at the start) are each
+    that step's StepFailed, scored from the steps that ran as locally
+    (tests/harbor/test_harbor_tasks.py), never START failures retried as infra."""
+    from stacx.launch.presets import eval_recipe, run_eval
+
+    tasks = tmp_path / "tasks"
+    for name in ("step-setup-fails", "step-check-fails"):
+        shutil.copytree(FEATURES / name, tasks / name)
+    services.start("a")
+    await services.wait_live("a")
+    recipe = eval_recipe(tasks=str(tasks), agent="oracle", concurrency=2, progress="off")
+    recipe = msgspec.structs.replace(
+        recipe,
+        sandbox=msgspec.structs.replace(recipe.sandbox, backend="remote", url=services.url),
+    )
+    result = await run_eval(recipe, tmp_path / "run", echo=lambda _: None)
+    assert result.unscored == 0
+    con = connect_run(tmp_path / "run")
+    try:
+        failed = con.sql(
+            "SELECT e.task_id, f.step, f.exception_type, f.message, e.reward, e.stop_reason "
+            "FROM step_failed f JOIN episodes e USING (episode_id) ORDER BY 1"
+        ).fetchall()
+        infra = con.sql("SELECT count(*) FROM infra_failed").fetchall()
+    finally:
+        con.close()
+    assert infra == [(0,)]
+    (check, setup) = failed
+    assert check[:3] == ("step-check-fails", "first", "HealthcheckError") and check[4] == 0.0
+    assert setup[:4] == (
+        "step-setup-fails", "two", "RuntimeError",
+        "Step 'two' setup.sh exited with code 3: no data for step two",
+    )  # fmt: skip
+    assert setup[4] == 1.0  # Harbor's mean over the verified step one
+    assert check[5] == setup[5] == "step_failed"
 
 
 async def test_a_silent_service_fails_pending_requests_as_host_lost(

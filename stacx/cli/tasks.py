@@ -85,7 +85,8 @@ def prepare(source: Path | None, tasks_dir: Path | None, output: Path) -> None:
     """Parse every task under SOURCE into a tasks.jsonl (one task per line); a task that
     does not load is reported with the reason and left out (exit 1)."""
     from stacx.errors import StacxError
-    from stacx.sandbox.tasks import discover_all, write_jsonl
+    from stacx.sandbox.jsonl_tasks import write_jsonl
+    from stacx.sandbox.tasks import discover_all
 
     root = source or tasks_dir
     if root is None:

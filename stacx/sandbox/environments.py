@@ -69,14 +69,8 @@ from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.steps import following, start_step
-from stacx.sandbox.tasks import (
-    episode_network,
-    load_task,
-    network_mode,
-    resolve_env,
-    task_limits,
-    verifier_separate,
-)
+from stacx.sandbox.task_network import episode_network, network_mode
+from stacx.sandbox.tasks import load_task, resolve_env, task_limits, verifier_separate
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done

@@ -36,15 +36,14 @@ import msgspec
 
 from stacx.errors import TaskError
 from stacx.ports import (
-    AgentConfig,
-    EnvironmentConfig,
     Limits,
     Task,
     TaskConfig,
     VerifierConfig,
 )
 from stacx.sandbox.compose import compose_file, load_compose
-from stacx.sandbox.egress_proxy import bad_entry
+from stacx.sandbox.jsonl_tasks import read_jsonl
+from stacx.sandbox.task_network import check_allowlist, network_mode
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _SCALE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024, "": 1 / (1024 * 1024)}
@@ -170,79 +169,6 @@ def _check_values(config: TaskConfig, where: str) -> None:
         )
 
 
-def network_mode(task: Task, phase: str) -> str:
-    """The network policy of `phase` ("agent" | "verifier"): the phase's own override, else
-    [environment].network_mode, else the deprecated allow_internet ("public" when true)."""
-    env = task.config.environment
-    override = task.config.agent.network_mode if phase == "agent" else None
-    if phase == "verifier":
-        override = task.config.verifier.network_mode
-    if override is not None:
-        return override
-    if env.network_mode is not None:
-        return env.network_mode
-    return "public" if env.allow_internet else "no-network"
-
-
-def allowed_hosts(task: Task, phase: str) -> list[str]:
-    """The hosts an "allowlist" phase may reach: the phase's own allowed_hosts when it sets
-    its network_mode, else [environment].allowed_hosts (none listed: no egress at all)."""
-    own = task.config.agent if phase == "agent" else task.config.verifier
-    if own.network_mode is not None and own.allowed_hosts is not None:
-        return list(own.allowed_hosts)
-    return list(task.config.environment.allowed_hosts or [])
-
-
-def episode_network(task: Task) -> tuple[set[str], list[str] | None]:
-    """The network modes of every phase of the task (and its steps), and the allowed hosts
-    when some phase is "allowlist" (the same for all of them: _check_allowlist)."""
-    modes: set[str] = set()
-    hosts: list[str] | None = None
-    for view in task.step_tasks or [task]:
-        for phase in ("agent", "verifier"):
-            mode = network_mode(view, phase)
-            modes.add(mode)
-            if mode == "allowlist":
-                hosts = sorted(set(allowed_hosts(view, phase)))
-    return modes, hosts
-
-
-def _check_allowlist(task: Task, where: Path) -> None:
-    """What the Docker backend cannot do with "allowlist", refused at load (rather than run
-    with a looser policy): next to a "public" phase (the proxy variables are fixed when the
-    container starts), with other hosts in another phase, with compose services; and
-    allowed_hosts entries that are not host names / IPs with an optional port."""
-    modes, hosts = episode_network(task)
-    if hosts is None:
-        return
-    for view in task.step_tasks or [task]:
-        for phase in ("agent", "verifier"):
-            if network_mode(view, phase) != "allowlist":
-                continue
-            mine = sorted(set(allowed_hosts(view, phase)))
-            if mine != hosts:
-                raise TaskError(
-                    f"{where}: network_mode = 'allowlist' with different allowed_hosts in "
-                    f"different phases ({mine} and {hosts}) is not supported"
-                )
-            bad = [h for h in mine if bad_entry(h)]
-            if bad:
-                raise TaskError(
-                    f"{where}: allowed_hosts {bad}: each entry is a host name, '*.' a domain, "
-                    "or an IP address, optionally with ':port'"
-                )
-    if "public" in modes:
-        raise TaskError(
-            f"{where}: network_mode = 'allowlist' in one phase and 'public' in another is not "
-            "supported: the sandbox's proxy settings are fixed when it starts (use 'allowlist' "
-            "or 'no-network' for every phase)"
-        )
-    if compose_file(task.environment_dir) is not None:
-        raise TaskError(
-            f"{where}: network_mode = 'allowlist' with a docker-compose.yaml is not supported"
-        )
-
-
 def step_verifier(task: VerifierConfig, step: VerifierConfig) -> VerifierConfig:
     """A step's [steps.verifier] over the task's [verifier], key by key: what the step sets
     wins (env merged), the rest is the task's. The mode as Harbor resolves it: the step's
@@ -318,7 +244,7 @@ def load_task(task_dir: str | Path) -> Task:
     notes = task_notes(task_dir, config, unknown)
     if config.steps:
         task = _multi_step_task(task_dir, config, unknown, notes)
-        _check_allowlist(task, toml_path)
+        check_allowlist(task, toml_path)
         return task
     instruction_path = task_dir / "instruction.md"
     if not instruction_path.is_file():
@@ -336,7 +262,7 @@ def load_task(task_dir: str | Path) -> Task:
         has_solution=(task_dir / "solution" / "solve.sh").is_file(),
         notes=notes,
     )
-    _check_allowlist(task, toml_path)
+    check_allowlist(task, toml_path)
     return task
 
 
@@ -447,71 +373,6 @@ def discover_all(tasks_dir: str | Path) -> tuple[list[Task], list[Unloadable]]:
             raise TaskError(f"duplicate task id {task_id!r}: {seen[task_id]} and {path}")
         seen[task_id] = path
     return sorted(tasks, key=lambda t: t.task_id), sorted(broken, key=lambda t: t.task_id)
-
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Task)
-
-
-def write_jsonl(tasks: list[Task], output: str | Path) -> None:
-    """Write tasks, one JSON object per line (atomically: a temp file renamed into place)."""
-    output = Path(output)
-    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
-    with tmp.open("wb") as f:
-        for t in tasks:
-            f.write(_encoder.encode(t) + b"\n")
-    tmp.replace(output)
-
-
-ANSWER_PATH = "/logs/agent/answer.txt"  # where an answer task's agent writes its final answer
-
-
-class AnswerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One line of the light answer-task format (see the module docstring)."""
-
-    id: str
-    problem: str
-    answer: str | int | float
-    difficulty: str | None = None
-
-
-_answer_decoder = msgspec.json.Decoder(AnswerRecord)
-
-
-def answer_task(record: AnswerRecord, source: str | Path) -> Task:
-    """The `Task` of one answer record of `source` (an absolute .jsonl path is kept as is)."""
-    answer = record.answer if isinstance(record.answer, str) else repr(record.answer)
-    metadata: dict[str, object] = {"answer": answer, "answer_path": ANSWER_PATH}
-    if record.difficulty is not None:
-        metadata["difficulty"] = record.difficulty
-    return Task(
-        task_id=record.id,
-        path=f"{Path(source).resolve()}#{record.id}",
-        instruction=record.problem,
-        config=TaskConfig(
-            metadata=metadata,
-            verifier=VerifierConfig(timeout_sec=30.0),
-            agent=AgentConfig(timeout_sec=600.0),
-            environment=EnvironmentConfig(cpus=1.0, memory_mb=1024, allow_internet=False),
-        ),
-    )
-
-
-def read_jsonl(path: str | Path) -> list[Task]:
-    """Read a tasks.jsonl written by `write_jsonl`, or a file of answer records (a line with a
-    "problem" is one); a bad line is a TaskError naming it."""
-    tasks = []
-    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            if b'"problem"' in line and b'"task_id"' not in line:
-                tasks.append(answer_task(_answer_decoder.decode(line), path))
-            else:
-                tasks.append(_decoder.decode(line))
-        except msgspec.DecodeError as exc:
-            raise TaskError(f"{path}:{lineno}: not a task record: {exc}") from exc
-    return tasks
 
 
 def load_tasks(source: str | Path) -> list[Task]:

@@ -31,8 +31,8 @@ from stacx.events import (
 )
 from stacx.ports import AgentResult, Limits
 from stacx.sandbox.answers import verify_answer
+from stacx.sandbox.jsonl_tasks import ANSWER_PATH, AnswerRecord, answer_task
 from stacx.sandbox.process import ProcessSandbox
-from stacx.sandbox.tasks import ANSWER_PATH, AnswerRecord, answer_task
 from stacx.sandbox.verifier import VerifierResult
 from stacx.toolcalls import MalformedCall, render_tool_call
 

@@ -15,15 +15,8 @@ from stacx.ports import StepFailed, Verdict
 from stacx.rollout.episode import combine_steps
 from stacx.sandbox.compose import binds, load_compose
 from stacx.sandbox.egress_proxy import host_allowed
-from stacx.sandbox.tasks import (
-    allowed_hosts,
-    discover,
-    discover_all,
-    episode_network,
-    load_task,
-    network_mode,
-    task_limits,
-)
+from stacx.sandbox.task_network import allowed_hosts, episode_network, network_mode
+from stacx.sandbox.tasks import discover, discover_all, load_task, task_limits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MIXED = FIXTURES / "mixed"

@@ -12,7 +12,8 @@ from stacx.cli.eval import resolve_tasks
 from stacx.errors import ConfigError
 from stacx.launch.launcher import select_tasks, unsolvable_tasks
 from stacx.launch.presets import eval_recipe
-from stacx.sandbox.tasks import discover, write_jsonl
+from stacx.sandbox.jsonl_tasks import write_jsonl
+from stacx.sandbox.tasks import discover
 
 BASIC = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic"
 

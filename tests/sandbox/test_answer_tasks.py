@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stacx.errors import TaskError
-from stacx.sandbox.tasks import ANSWER_PATH, discover, load_task, load_tasks, select
+from stacx.sandbox.jsonl_tasks import ANSWER_PATH
+from stacx.sandbox.tasks import discover, load_task, load_tasks, select
 
 ROOT = Path(__file__).resolve().parents[2]
 ARITH = ROOT / "recipes" / "tasks" / "math"

@@ -8,14 +8,8 @@ import pytest
 
 from stacx.errors import TaskError
 from stacx.sandbox.images import extra_certificates, split_pem_bundle
-from stacx.sandbox.tasks import (
-    discover,
-    load_task,
-    parse_task_config,
-    read_jsonl,
-    resolve_env,
-    write_jsonl,
-)
+from stacx.sandbox.jsonl_tasks import read_jsonl, write_jsonl
+from stacx.sandbox.tasks import discover, load_task, parse_task_config, resolve_env
 
 from .conftest import FIXTURES, make_task
 

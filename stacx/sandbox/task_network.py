@@ -1,0 +1,85 @@
+"""A task's network policy per phase (agent, verifier; each step's too): Harbor 1.4's
+network_mode / allowed_hosts, with the deprecated allow_internet, and what "allowlist" can be
+combined with on the Docker backend (checked when the task loads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stacx.errors import TaskError
+from stacx.ports import Task
+from stacx.sandbox.compose import compose_file
+from stacx.sandbox.egress_proxy import bad_entry
+
+
+def network_mode(task: Task, phase: str) -> str:
+    """The network policy of `phase` ("agent" | "verifier"): the phase's own override, else
+    [environment].network_mode, else the deprecated allow_internet ("public" when true)."""
+    env = task.config.environment
+    override = task.config.agent.network_mode if phase == "agent" else None
+    if phase == "verifier":
+        override = task.config.verifier.network_mode
+    if override is not None:
+        return override
+    if env.network_mode is not None:
+        return env.network_mode
+    return "public" if env.allow_internet else "no-network"
+
+
+def allowed_hosts(task: Task, phase: str) -> list[str]:
+    """The hosts an "allowlist" phase may reach: the phase's own allowed_hosts when it sets
+    its network_mode, else [environment].allowed_hosts (none listed: no egress at all)."""
+    own = task.config.agent if phase == "agent" else task.config.verifier
+    if own.network_mode is not None and own.allowed_hosts is not None:
+        return list(own.allowed_hosts)
+    return list(task.config.environment.allowed_hosts or [])
+
+
+def episode_network(task: Task) -> tuple[set[str], list[str] | None]:
+    """The network modes of every phase of the task (and its steps), and the allowed hosts
+    when some phase is "allowlist" (the same for all of them: _check_allowlist)."""
+    modes: set[str] = set()
+    hosts: list[str] | None = None
+    for view in task.step_tasks or [task]:
+        for phase in ("agent", "verifier"):
+            mode = network_mode(view, phase)
+            modes.add(mode)
+            if mode == "allowlist":
+                hosts = sorted(set(allowed_hosts(view, phase)))
+    return modes, hosts
+
+
+def check_allowlist(task: Task, where: Path) -> None:
+    """What the Docker backend cannot do with "allowlist", refused at load (rather than run
+    with a looser policy): next to a "public" phase (the proxy variables are fixed when the
+    container starts), with other hosts in another phase, with compose services; and
+    allowed_hosts entries that are not host names / IPs with an optional port."""
+    modes, hosts = episode_network(task)
+    if hosts is None:
+        return
+    for view in task.step_tasks or [task]:
+        for phase in ("agent", "verifier"):
+            if network_mode(view, phase) != "allowlist":
+                continue
+            mine = sorted(set(allowed_hosts(view, phase)))
+            if mine != hosts:
+                raise TaskError(
+                    f"{where}: network_mode = 'allowlist' with different allowed_hosts in "
+                    f"different phases ({mine} and {hosts}) is not supported"
+                )
+            bad = [h for h in mine if bad_entry(h)]
+            if bad:
+                raise TaskError(
+                    f"{where}: allowed_hosts {bad}: each entry is a host name, '*.' a domain, "
+                    "or an IP address, optionally with ':port'"
+                )
+    if "public" in modes:
+        raise TaskError(
+            f"{where}: network_mode = 'allowlist' in one phase and 'public' in another is not "
+            "supported: the sandbox's proxy settings are fixed when it starts (use 'allowlist' "
+            "or 'no-network' for every phase)"
+        )
+    if compose_file(task.environment_dir) is not None:
+        raise TaskError(
+            f"{where}: network_mode = 'allowlist' with a docker-compose.yaml is not supported"
+        )

@@ -58,7 +58,7 @@ def derive_id(*parts: object) -> str:
     Re-publishing an event with the same derived id after a crash is dropped twice over:
     by JetStream's message-id de-duplication inside the stream's duplicate window
     (``stacx.bus.client.DUPLICATE_WINDOW_S``), and at any time by the recorder, which writes
-    at most one row per ``event_id`` (``_event_ids``, checked in the same transaction as the
+    at most one row per ``event_id`` (checked against ``_events`` in the same transaction as the
     rows). So an actor that redoes work cannot double-count, however late it redoes it.
     """
     return uuid.uuid5(_NAMESPACE, "\x1f".join(map(str, parts))).hex

@@ -20,10 +20,28 @@ transaction as the rows, so the two cannot disagree.
 
 One row per ``event_id``, ever: publishers' re-sends of an event are removed first by
 JetStream's message-id de-duplication, but only inside the stream's duplicate window (a day)
-and only while the server keeps its de-dup state. The recorder therefore also inserts every
-event's id into ``_event_ids`` (primary key) in the same transaction as its rows, and an event
+and only while the server keeps its de-dup state. The recorder therefore also checks every
+event's id against the ids in ``_events``, in the same transaction as its rows, and an event
 whose id is already there (or earlier in the same batch) is skipped: not written, counted in
-``duplicates`` and logged. Its stream sequence still advances the position.
+``duplicates`` and logged. Its stream sequence still advances the position. Only the ids that
+``stacx.store.seen_ids`` (hashes of every id in the file) flags are looked up, so a commit
+without repeats spends no statement on this.
+
+Checkpoints (folding the WAL into the file) are the recorder's, not DuckDB's automatic ones:
+after a commit is acknowledged, once the WAL holds ``checkpoint_bytes``, and when the stream is
+idle with at least ``idle_checkpoint_bytes`` in it. DuckDB's own would run inside the COMMIT
+that crosses its threshold, delaying that batch's events too. A checkpoint blocks the next
+commit while it runs, so the ones on the hot path skip DuckDB's vacuum (``max_vacuum_tasks =
+0``). Vacuum merges the partly filled row groups that every checkpoint leaves (the log is
+append only: there are no deleted rows for it to reclaim), i.e. re-compresses TurnGenerated's
+token lists: with it, checkpoints at 10k events/s took 20-65 ms and every few 150-340 ms;
+without, ~20-30 ms (bare file, 16 MiB of WAL). Those row groups pile up, one per table per
+checkpoint: the file grows larger (168 MB against ~125 MB at 100k bench events) and each
+checkpoint a little slower (21 -> 32 ms over 200k events). So once ``compact_after``
+checkpoints have skipped it, the next idle checkpoint vacuums: the stream is quiet then,
+and what arrives during it waits (~0.7 s for 45 checkpoints' worth, bare file). The WAL
+stays below ``checkpoint_bytes`` plus one batch, which bounds its replay when a file is opened
+after a crash.
 
 Bad input: a payload that does not decode (unknown kind, malformed bytes, wrong types) goes
 to ``_dead_letters`` with the decoder's reason, in the same transaction; it never stops the
@@ -56,6 +74,7 @@ from nats.js.errors import NotFoundError
 from stacx.events import Event, decode, decode_many, split_batch, stream_name
 from stacx.store import db
 from stacx.store.schema import DEAD_SCHEMA, EVENTS_SCHEMA, TABLES, to_arrow
+from stacx.store.seen_ids import SeenIds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,12 +86,14 @@ DeadRow = tuple[int, str, str, bytes, float]  # a ``_dead_letters`` row
 
 @dataclass(frozen=True)
 class _Batch:
-    """A fetched batch, decoded: rows per kind, index rows, dead letters, its last sequence."""
+    """A fetched batch, decoded: rows per table (the kinds' and ``_events``), its events'
+    index rows, dead letters, its last sequence."""
 
-    tables: dict[str, pa.Table]
+    tables: dict[str, pa.Table]  # by DuckDB table name; every one has an event_id column
     index: list[IndexRow]
     dead: list[DeadRow]
     repeats: list[tuple[str, int]]  # (event_id, seq) repeated inside the batch
+    maybe_seen: list[str]  # ids that may be in the log already: looked up in the commit
     last_seq: int
 
 
@@ -81,6 +102,8 @@ class Recorder:
 
     def __init__(self, js: JetStreamContext, run_id: str, run_dir: Path, *,
                  batch: int = 200, fetch_timeout: float = 0.25, drain_s: float = 0.002,
+                 checkpoint_bytes: int = 16 << 20, idle_checkpoint_bytes: int = 1 << 20,
+                 compact_after: int = 16,
                  on_commit: Callable[[int], None] | None = None):
         self.js = js
         self.run_id = run_id
@@ -92,8 +115,14 @@ class Recorder:
         self.fetch_timeout = fetch_timeout  # idle long poll for the first message of a batch
         self.drain_s = drain_s  # then at most this long for more that are already on their way
         self.stream = stream_name(run_id)
+        self.checkpoint_bytes = checkpoint_bytes
+        self.idle_checkpoint_bytes = idle_checkpoint_bytes
+        self.compact_after = compact_after
+        self.checkpoints = 0
+        self._unvacuumed = 0  # checkpoints since the last one that vacuumed
         self.on_commit = on_commit  # called with the committed position (benchmarks, progress)
         self.con: duckdb.DuckDBPyConnection | None = None
+        self.seen: SeenIds | None = None
         self.position = 0  # last committed stream sequence
         self._taken = 0  # last stream sequence handed to a commit (in flight or done)
         self.recorded = 0
@@ -113,10 +142,13 @@ class Recorder:
             # on inserts of a few hundred rows (here p50 24 vs 28-35 ms, p99 72 vs 78-91 ms at
             # 3k events/s, tools/bench/events.py); it also runs queries of a live run serially
             self.con.execute("SET threads = 1")
+        self.con.execute("SET checkpoint_threshold = '1TB'")  # see "Checkpoints" above
+        self.con.execute("SET max_vacuum_tasks = 0")
         row = self.con.execute("select seq from _position where stream = ?", [self.stream]).fetchone()
         if row is None:  # one row per stream from the start, so a commit is a plain UPDATE
             self.con.execute("INSERT INTO _position VALUES (?, 0)", [self.stream])
         self.position = self._taken = int(row[0]) if row else 0
+        self.seen = SeenIds(self.con)
 
     def close(self) -> None:
         if self.con is not None:
@@ -136,6 +168,14 @@ class Recorder:
             while not self._stop.is_set():
                 msgs = await self._fetch(sub)
                 if not msgs:
+                    if commit is not None:
+                        await commit
+                        commit = None
+                    wal = self._wal_bytes()
+                    if self._unvacuumed >= self.compact_after and wal > 0:  # (DuckDB skips a
+                        await self._checkpoint(vacuum=True)  # checkpoint with nothing to write)
+                    elif wal >= self.idle_checkpoint_bytes:
+                        await self._checkpoint()
                     continue
                 if self._gap(msgs, fresh):
                     if commit is not None:
@@ -248,14 +288,20 @@ class Recorder:
         if last_seq <= self._taken:
             return None
         self._taken = last_seq
-        tables = {k: to_arrow(k, evs, seqs[k]) for k, evs in by_kind.items()}
-        return _Batch(tables, index, dead, repeats, last_seq)
+        assert self.seen is not None
+        hashes = self.seen.hashes([r[1] for r in index])
+        maybe_seen = [r[1] for r, hit in zip(index, self.seen.maybe_seen(hashes), strict=True) if hit]
+        self.seen.add(hashes)
+        tables = {TABLES[k].name: to_arrow(k, evs, seqs[k]) for k, evs in by_kind.items()}
+        if index:
+            tables["_events"] = _rows(index, EVENTS_SCHEMA)
+        return _Batch(tables, index, dead, repeats, maybe_seen, last_seq)
 
     async def _record(self, msgs: list[Msg], batch: _Batch | None) -> None:
         if batch is not None:
             async with self._lock:
                 written = await asyncio.to_thread(
-                    self._commit, batch.tables, batch.index, batch.dead, batch.last_seq)
+                    self._commit, batch.tables, batch.index, batch.dead, batch.maybe_seen, batch.last_seq)
             kept = {r[1] for r in written}
             repeats = batch.repeats + [(r[1], r[0]) for r in batch.index if r[1] not in kept]
             if repeats:
@@ -268,6 +314,32 @@ class Recorder:
             if self.on_commit is not None:
                 self.on_commit(batch.last_seq)
         await msgs[-1].ack()  # AckAll: everything up to here is durable
+        if self._wal_bytes() >= self.checkpoint_bytes:
+            await self._checkpoint()
+
+    def _wal_bytes(self) -> int:
+        try:
+            return db.wal_path(self.run_dir).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    async def _checkpoint(self, vacuum: bool = False) -> None:
+        con = self.con
+        assert con is not None
+
+        def checkpoint() -> None:
+            if vacuum:
+                con.execute("SET max_vacuum_tasks = 100")  # DuckDB's default
+            try:
+                con.execute("CHECKPOINT")
+            finally:
+                if vacuum:
+                    con.execute("SET max_vacuum_tasks = 0")
+
+        async with self._lock:
+            await asyncio.to_thread(checkpoint)
+        self.checkpoints += 1
+        self._unvacuumed = 0 if vacuum else self._unvacuumed + 1
 
     @staticmethod
     def _salvage(m: Msg, seq: int, dead: list[DeadRow]) -> list[Event]:
@@ -293,32 +365,27 @@ class Recorder:
                     self.duplicates)
 
     def _commit(self, tables: dict[str, pa.Table], index: list[IndexRow], dead: list[DeadRow],
-                last_seq: int) -> list[IndexRow]:
-        """One transaction: ids, rows, index, dead letters, position. Returns the index rows
+                maybe_seen: list[str], last_seq: int) -> list[IndexRow]:
+        """One transaction: rows, index, dead letters, position. Returns the index rows
         actually written (without the events whose id was recorded before)."""
         con = self.con
         assert con is not None
         con.execute("BEGIN TRANSACTION")
         try:
-            if index:
-                ids = pa.table({"event_id": pa.array([r[1] for r in index], pa.string())})
-                new = {r[0] for r in _from_arrow(
-                    con, "INSERT OR IGNORE INTO _event_ids SELECT event_id FROM arrow_rows RETURNING event_id",
-                    ids).fetchall()}
-                if len(new) < len(index):
-                    index = [r for r in index if r[1] in new]
-                    keep = pa.array(sorted(new), pa.string())
-                    tables = {k: t.filter(pc.is_in(t["event_id"], value_set=keep)) for k, t in tables.items()}
-            for kind, rows in tables.items():
-                _from_arrow(con, f"INSERT INTO {db.quote_ident(TABLES[kind].name)} SELECT * FROM arrow_rows", rows)
-            if index:
-                _from_arrow(con, "INSERT INTO _events SELECT * FROM arrow_rows", pa.Table.from_arrays(
-                    [pa.array(col, type=f.type) for col, f in zip(zip(*index, strict=True), EVENTS_SCHEMA, strict=True)],
-                    schema=EVENTS_SCHEMA))
+            if maybe_seen:
+                ids = pa.table({"event_id": pa.array(maybe_seen, pa.string())})
+                old = pa.array([r[0] for r in _from_arrow(
+                    con, "SELECT DISTINCT event_id FROM _events WHERE event_id IN (SELECT event_id FROM arrow_rows)",
+                    ids).fetchall()], pa.string())
+                if len(old):
+                    recorded = set(old.to_pylist())
+                    index = [r for r in index if r[1] not in recorded]
+                    tables = {k: t.filter(pc.invert(pc.is_in(t["event_id"], value_set=old)))
+                              for k, t in tables.items()}
+            for name, rows in tables.items():
+                _from_arrow(con, f"INSERT INTO {db.quote_ident(name)} SELECT * FROM arrow_rows", rows)
             if dead:
-                _from_arrow(con, "INSERT INTO _dead_letters SELECT * FROM arrow_rows", pa.Table.from_arrays(
-                    [pa.array(col, type=f.type) for col, f in zip(zip(*dead, strict=True), DEAD_SCHEMA, strict=True)],
-                    schema=DEAD_SCHEMA))
+                _from_arrow(con, "INSERT INTO _dead_letters SELECT * FROM arrow_rows", _rows(dead, DEAD_SCHEMA))
             con.execute("UPDATE _position SET seq = ? WHERE stream = ?", [last_seq, self.stream])
             con.execute("COMMIT")
         except BaseException:
@@ -343,7 +410,12 @@ class Recorder:
         con = self.con
         assert con is not None
         async with self._lock:
-            return await asyncio.to_thread(lambda: fn(con.cursor()))
+            return await asyncio.to_thread(lambda: fn(db.writer_cursor(con)))
+
+
+def _rows(rows: Sequence[tuple[object, ...]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(zip(*rows, strict=True), schema, strict=True)], schema=schema)
 
 
 def _from_arrow(con: duckdb.DuckDBPyConnection, sql: str, arrow_rows: pa.Table) -> duckdb.DuckDBPyConnection:

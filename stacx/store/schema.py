@@ -3,8 +3,7 @@
 One table per kind, named in snake_case (``TurnGenerated`` -> ``turn_generated``); one typed
 column per Struct field (LIST columns for token arrays) plus ``_seq`` (the JetStream stream
 sequence). Bookkeeping tables: ``_events`` (every recorded event: seq, event_id, kind, ts,
-episode_id), ``_event_ids`` (every recorded event_id, primary key: the recorder writes an id at
-most once, ever), ``_position`` (the last committed stream sequence, written in the same
+episode_id; the recorder writes an event_id at most once, ever), ``_position`` (the last committed stream sequence, written in the same
 transaction as the rows), ``_dead_letters`` (undecodable or unknown payloads, with the reason).
 
 Enum fields (``StopReason``, ``FailureKind``, ...) are VARCHAR columns holding the member's
@@ -102,7 +101,6 @@ BOOKKEEPING = [
     """CREATE TABLE IF NOT EXISTS _dead_letters (
         _seq BIGINT, subject VARCHAR, reason VARCHAR, payload BLOB, recorded_ts DOUBLE)""",
     "CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
-    "CREATE TABLE IF NOT EXISTS _event_ids (event_id VARCHAR PRIMARY KEY)",
 ]
 EVENTS_SCHEMA = pa.schema(
     [("_seq", pa.int64()), ("event_id", pa.string()), ("kind", pa.string()),
@@ -127,11 +125,12 @@ def create_all(con: duckdb.DuckDBPyConnection) -> None:
             if c.name not in have:
                 con.execute(f'ALTER TABLE "{t.name}" ADD COLUMN "{c.name}" {c.sql_type}')
     con.execute("INSERT OR IGNORE INTO _meta VALUES ('format', 'stacx-trace-v1')")
-    if con.execute("SELECT 1 FROM _meta WHERE key = 'event_ids'").fetchone() is None:
-        # a file written before _event_ids existed: index the ids it already holds, once
-        con.execute("INSERT OR IGNORE INTO _event_ids SELECT DISTINCT event_id FROM _events "
-                    "WHERE event_id IS NOT NULL")
-        con.execute("INSERT INTO _meta VALUES ('event_ids', 'v1')")
+    # Files of earlier versions kept every id again in ``_event_ids`` (a primary key, whose
+    # index cost each commit ~3 ms and grew with the run); ``_events`` holds the same ids. The
+    # table goes, and so does its marker, so that an older writer re-indexes the ids if it
+    # opens this file again.
+    con.execute("DROP TABLE IF EXISTS _event_ids")
+    con.execute("DELETE FROM _meta WHERE key = 'event_ids'")
 
 
 def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:

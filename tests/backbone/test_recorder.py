@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -18,6 +19,7 @@ from stacx.bus.server import EmbeddedNats
 from stacx.events import stream_name
 from stacx.store import db
 from stacx.store.recorder import Recorder
+from stacx.store.seen_ids import SeenIds
 from tests.backbone.factory import episode_events
 
 
@@ -96,8 +98,13 @@ async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_pa
     assert total == 12  # the good events all landed after the bad ones
 
 
-async def _record_until(js: object, run_id: str, run_dir: Path, seq: int) -> Recorder:
+async def _record_until(js: object, run_id: str, run_dir: Path, seq: int,
+                        opened: Callable[[Recorder], None] | None = None) -> Recorder:
+    """Record up to stream sequence `seq`; `opened` sees the recorder once its file is open."""
     rec = Recorder(js, run_id, run_dir)  # type: ignore[arg-type]
+    if opened is not None:
+        rec.open()
+        opened(rec)
     task = asyncio.create_task(rec.run())
     await rec.wait_for(seq, timeout=30)
     rec.stop()
@@ -136,23 +143,114 @@ async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(
     con.close()
 
 
-async def test_a_file_from_before_the_id_table_is_indexed_on_open(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_a_redo_long_after_and_across_restarts_is_recorded_once(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # The ids of a file written by an earlier recorder are found again after a restart (the
+    # id filter is seeded from the file), also when the file still has the older version's
+    # ``_event_ids`` table (which goes on open), and however many batches lie in between.
     run_id, run_dir = "r5", tmp_path / "run"
-    events = episode_events(run_id, 2)
-    last = await _publish_all(nats_server.url, run_id, events)
+    events = episode_events(run_id, 30)
+    last = await _publish_all(nats_server.url, run_id, events[:12])
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     await _record_until(js, run_id, run_dir, last)
-    con = duckdb.connect(str(db.db_path(run_dir)))  # make it look like an older STACX wrote it
-    con.execute("drop table _event_ids")
-    con.execute("delete from _meta where key = 'event_ids'")
+    con = duckdb.connect(str(db.db_path(run_dir)))  # as the previous STACX version left it
+    con.execute("create table _event_ids (event_id varchar primary key)")
+    con.execute("insert into _event_ids select event_id from _events")
+    con.execute("insert into _meta values ('event_ids', 'v1')")
     con.close()
-    await js.publish(ev.subject(run_id, events[0].kind), ev.encode(events[0]))  # a late redo
-    rec = await _record_until(js, run_id, run_dir, last + 1)
+    last = await _publish_all(nats_server.url, run_id, events[12:])
+    await _record_until(js, run_id, run_dir, last)
+    for e in (events[0], events[-1]):  # late redos under fresh message ids, one batch each
+        await js.publish(ev.subject(run_id, e.kind), ev.encode(e), headers={"Nats-Msg-Id": f"redo-{e.event_id}"})
+        last += 1
+        rec = await _record_until(js, run_id, run_dir, last)
+        assert rec.duplicates == 1
     await nc.drain()
-    assert rec.duplicates == 1
     total, distinct, _ = _counts(run_dir)
     assert total == distinct == len(events)
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    left = con.execute("select count(*) from duckdb_tables() where table_name = '_event_ids'").fetchone()
+    marker = con.execute("select count(*) from _meta where key = 'event_ids'").fetchone()
+    con.close()
+    assert left == marker == (0,)
+
+
+async def test_an_id_the_filter_flags_but_the_file_lacks_is_recorded(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # The id filter only says which ids to look up; a flagged id that is not in the file (a
+    # hash collision, or a commit that failed after its ids were added) is still written.
+    run_id, run_dir = "r7", tmp_path / "run"
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    fresh = ev.RewardAssigned(run_id=run_id, episode_id="ep", reward=1.0)
+    await Publisher(js, run_id).publish(fresh)
+
+    def flag(rec: Recorder) -> None:
+        assert rec.seen is not None
+        rec.seen.add(rec.seen.hashes([fresh.event_id]))
+
+    rec = await _record_until(js, run_id, run_dir, 1, opened=flag)
+    await nc.drain()
+    assert (rec.recorded, rec.duplicates) == (1, 0)
+    assert _counts(run_dir)[:2] == (1, 1)
+
+
+async def test_checkpoints_skip_vacuum_until_the_stream_is_idle(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    # every commit of a few episodes checkpoints (a 20 kB threshold) without vacuum, so each
+    # leaves a row group per table; once the stream is idle with something in the WAL (a late
+    # redo, too small to checkpoint), one checkpoint vacuums them into one
+    run_id, run_dir = "r8", tmp_path / "run"
+    events = episode_events(run_id, 40)
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_stream(js, run_id)
+    rec = Recorder(js, run_id, run_dir, checkpoint_bytes=20_000, compact_after=4)  # type: ignore[arg-type]
+    task = asyncio.create_task(rec.run())
+
+    def row_groups() -> int:
+        assert rec.con is not None
+        (n,) = rec.con.execute("select count(distinct row_group_id) from pragma_storage_info('reward_assigned')").fetchone()
+        return int(n)
+
+    seen = []
+    for i in range(0, len(events), 48):  # a few episodes per commit, one after the other
+        last = await _publish_all(nats_server.url, run_id, events[i:i + 48])
+        await rec.wait_for(last, timeout=30)
+        seen.append(await rec.read(lambda con: row_groups()))
+    await _publish_all(nats_server.url, run_id, events[:1])  # a late redo: idle after it
+
+    async def compacted() -> None:
+        while rec._unvacuumed:  # noqa: ASYNC110 (the recorder signals no event on a checkpoint)
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(compacted(), timeout=30)
+    rec.stop()
+    await task
+    assert seen[-1] >= 4 and row_groups() == 1
+    rec.close()
+    await nc.drain()
+    total, distinct, _ = _counts(run_dir)
+    assert total == distinct == len(events)
+
+
+def test_the_id_filter_holds_every_id_it_was_given(tmp_path: Path) -> None:
+    # past its merge point (the recent set folded into the sorted array) and across a re-open
+    con = db.open_writer(tmp_path / "run")
+    seen = SeenIds(con)
+    ids = [ev.new_id() for _ in range(70_000)]
+    for i in range(0, len(ids), 1000):
+        seen.add(seen.hashes(ids[i:i + 1000]))
+    assert len(seen) == len(ids) and len(seen._sorted) > 65_536  # merged once
+    assert seen.maybe_seen(seen.hashes(ids)).all()
+    assert not seen.maybe_seen(seen.hashes([ev.new_id() for _ in range(1000)])).any()
+    con.execute("insert into _events (event_id) select unnest(?)", [ids[:10]])
+    again = SeenIds(con)
+    assert again.maybe_seen(again.hashes(ids[:10])).all() and len(again) == 10
+    con.close()
 
 
 async def test_an_unknown_enum_value_is_dead_lettered(nats_server: EmbeddedNats, tmp_path: Path) -> None:

@@ -7,8 +7,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from stacx.bus.server import EmbeddedNats
+
+# Without a GPU the CUDA decode kernels' tests (tests/inference/test_triton_kernels.py) run under
+# Triton's CPU interpreter. Triton reads this once, when it is first imported, and other test
+# modules' imports (transformers) may import it early: so it is set before any collection.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

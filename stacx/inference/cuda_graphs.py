@@ -4,7 +4,7 @@ Per decode step the engine runs ~25 small kernels per layer; at small batch the 
 Python and kernel launches, not on math. Capturing :meth:`Decoder.decode` once per
 (batch bucket, key-length bucket) and replaying it removes that overhead.
 
-Greedy rows go further (``run_greedy``): one graph holds ``steps`` consecutive decode steps
+Greedy rows go further (``launch_greedy``): one graph holds ``steps`` consecutive decode steps
 with the argmax and its logprob computed on the GPU and each step's token fed to the next, so
 the host launches once and synchronizes once per ``steps`` tokens instead of per token. Rows
 that stop inside a chunk simply have their extra tokens discarded by the engine; the keys they
@@ -20,6 +20,7 @@ the scratch cell (see decoder.py), so running a bucket larger than the live batc
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -36,6 +37,21 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
     return n
 
 
+class GreedyChunk(NamedTuple):
+    """A launched multi-step greedy replay: its [2, steps, rows] tokens and logprobs land in
+    ``host`` (pinned) once ``done`` has completed."""
+
+    host: torch.Tensor
+    done: torch.cuda.Event
+    rows: int
+    steps: int
+
+    def read(self) -> tuple[list[list[float]], list[list[float]]]:
+        self.done.synchronize()
+        tok, lp = self.host[:, :, : self.rows].tolist()
+        return tok, lp
+
+
 class GraphedDecode:
     """``run(ids, pos, kv_len)`` -> logits [len(ids), V], replaying a captured graph."""
 
@@ -44,9 +60,11 @@ class GraphedDecode:
         dev = decoder.device
         self.ids = torch.zeros(cache.slots, dtype=torch.long, device=dev)
         self.pos = torch.full((cache.slots,), cache.capacity - 1, dtype=torch.long, device=dev)
+        self.last = torch.zeros_like(self.ids)  # each greedy replay's last token per row
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.greedy: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        self._host: dict[tuple[int, int], list[torch.Tensor]] = {}  # pinned outputs, 2 per shape
 
     def _kv_bucket(self, kv_len: int) -> int:
         """The smallest bucket >= kv_len: powers of two and their midpoints, so a step reads at
@@ -70,23 +88,43 @@ class GraphedDecode:
         return out[:n]
 
     @torch.inference_mode()
-    def run_greedy(self, ids: list[int], pos: list[int], kv_len: int, steps: int) -> torch.Tensor:
-        """``steps`` greedy tokens per row in one replay: [2, steps, len(ids)] float32 on the
-        device, tokens (exact: ids < 2**24) then their logprobs under the raw logits.
-
-        ``kv_len`` must cover every real row's last position: ``max(pos) + steps``."""
-        n = len(ids)
+    def launch_greedy(
+        self, ids: list[int] | None, pos: list[int] | None, n: int, kv_len: int, steps: int
+    ) -> GreedyChunk | None:
+        """``steps`` greedy tokens for rows ``[0, n)`` in one replay, without waiting for them:
+        the replay, then the copy of its [2, steps, n] tokens (exact in float32: ids < 2**24)
+        and logprobs (under the raw logits) to pinned host memory, then the inputs advanced on
+        the device (each row's last token, at its position + ``steps``). So the next chunk can
+        be launched before this one's tokens are read: ``ids`` None launches from those
+        advanced inputs, continuing the previous launch over the same rows (None is returned
+        if its graph is not captured yet). ``kv_len`` must cover every real row's last
+        position: ``max(pos) + steps``."""
         b = min(bucket(n, BATCH_BUCKETS), self.cache.slots)
         t = self._kv_bucket(kv_len)
-        self._load_inputs(ids, pos, n, b)
         key = (b, t, steps)
-        if key not in self.greedy:
-            if (b, t) not in self.graphs:  # compiles/falls back to eager exactly like `run`
-                self.graphs[(b, t)] = self._capture(b, t)
-            self.greedy[key] = self._capture_greedy(b, t, steps)
+        if ids is None:
+            if key not in self.greedy:
+                return None
+        else:
+            assert pos is not None
+            self._load_inputs(ids, pos, n, b)  # first: a capture's warm-up steps read them
+            if key not in self.greedy:
+                if (b, t) not in self.graphs:
+                    self.graphs[(b, t)] = self._capture(b, t)
+                self.greedy[key] = self._capture_greedy(b, t, steps)
         graph, out = self.greedy[key]
         graph.replay()
-        return out[:, :, :n]
+        pinned = self._host.setdefault((steps, b), [])
+        if len(pinned) < 2:
+            pinned.append(torch.empty(out.shape, dtype=out.dtype, pin_memory=True))
+        host = pinned.pop(0)
+        pinned.append(host)  # alternate: one chunk being read while the next is in flight
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.ids[:b].copy_(self.last[:b])
+        self.pos[:b].add_(steps).clamp_(max=self.cache.capacity - 1)
+        return GreedyChunk(host, done, n, steps)
 
     def _load_inputs(self, ids: list[int], pos: list[int], n: int, b: int) -> None:
         self.ids[:n].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
@@ -101,10 +139,17 @@ class GraphedDecode:
         tok = ids.clone()
         for i in range(steps):
             pos = torch.clamp(pos0 + i, max=scratch)
-            logits = self.decoder.decode(self.cache, tok, pos, t).float()
+            logits = self.decoder.decode(self.cache, tok, pos, t)
+            if self.decoder.kernels:  # the argmax and its logprob in one pass over the logits
+                from stacx.inference.triton_kernels import greedy_pick
+
+                tok = greedy_pick(logits, out[0, i], out[1, i])
+                continue
+            logits = logits.float()
             tok = torch.argmax(logits, dim=-1)  # the same ops as sampling.sample at temperature 0
             out[0, i] = tok.float()
             out[1, i] = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
+        self.last[:b].copy_(tok)
         return out
 
     def _capture_greedy(self, b: int, t: int, steps: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -121,11 +166,13 @@ class GraphedDecode:
     def _capture(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         try:
             return self._capture_once(b, t)
-        except Exception as e:  # torch.compile unavailable or failing here: eager still works
-            if not self.decoder.compiled:
+        except Exception as e:  # torch.compile or Triton failing on this GPU: eager still works
+            kind = "Triton" if self.decoder.kernels else "compiled"
+            if not (self.decoder.compiled or self.decoder.kernels):
                 raise
             warnings.warn(
-                f"compiled decode failed ({type(e).__name__}: {e}); using eager", stacklevel=2
+                f"the {kind} decode step failed ({type(e).__name__}: {e}); using eager torch ops",
+                stacklevel=2,
             )
             self.decoder.disable_compile()
             return self._capture_once(b, t)

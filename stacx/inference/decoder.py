@@ -27,6 +27,8 @@ frequencies depend on the sequence length ("dynamic"), ALiBi, MoE blocks.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -118,6 +120,8 @@ class Decoder:
         self.cos, self.sin = self._rope_tables(hf, self.max_len + 1)
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
+        self.kernels = False  # see enable_kernels
+        self._kl: list[KernelLayer] = []
         self.qkv_split = (self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
         self.fused_qkv: list[Fused | None] = []
         self.fused_gate_up: list[Fused | None] = []
@@ -212,7 +216,52 @@ class Decoder:
 
     def disable_compile(self) -> None:
         self.gemv_rows, self.compiled = 0, False
+        self.kernels = False
         self._decode_fn = self._decode_small = self._decode_impl
+
+    def kernels_unsupported(self) -> str | None:
+        """Why the Triton decode step cannot run this model (None: it can)."""
+        if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "it runs on CUDA devices (or under TRITON_INTERPRET=1)"
+        if importlib.util.find_spec("triton") is None:
+            return "the triton package is not installed"
+        if self.head_dim & (self.head_dim - 1) or self.head_dim < 16:
+            return f"head_dim {self.head_dim} is not a power of two >= 16"
+        norms = [self.norm]
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if self.fused_qkv[i] is None or self.fused_gate_up[i] is None:
+                return f"layer {i}'s q/k/v or gate/up projections are not plain nn.Linear"
+            if type(attn.o_proj) is not nn.Linear or type(mlp.down_proj) is not nn.Linear:
+                return f"layer {i}'s o_proj or down_proj is not a plain nn.Linear"
+            if type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+                return f"layer {i}'s activation is {type(mlp.act_fn).__name__}, not SiLU"
+            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [attn.q_norm, attn.k_norm] if self.qk_norm else []
+        for norm in norms:
+            if not _is_rmsnorm(norm):
+                return f"{type(norm).__name__} is not an RMSNorm (weight * x / rms(x))"
+        return None
+
+    def enable_kernels(self, gemv_rows: int = 0) -> None:
+        """Run decode steps as the hand-written step of triton_kernels.py instead of torch ops
+        (9-10 kernels per layer, 6-7 for at most ``gemv_rows`` rows; attention reads each row's
+        valid keys only). No torch.compile, so no compile per shape either."""
+        reason = self.kernels_unsupported()
+        if reason is not None:
+            raise EngineError(f"the Triton decode step cannot run this model: {reason}")
+        self._kl = []
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, gate_up = self.fused_qkv[i], self.fused_gate_up[i]
+            assert qkv is not None and gate_up is not None  # kernels_unsupported checked
+            self._kl.append(KernelLayer(
+                _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), qkv,
+                (attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)) if self.qk_norm else None,
+                Fused(attn.o_proj.weight, attn.o_proj.bias), gate_up,
+                Fused(mlp.down_proj.weight, mlp.down_proj.bias),
+            ))  # fmt: skip
+        self.kernels, self.gemv_rows = True, gemv_rows
 
     @torch.inference_mode()
     def decode(
@@ -223,6 +272,8 @@ class Decoder:
         Reads keys ``[0, kv_len)``; every real row needs ``pos < kv_len <= capacity``.
         Fixed shapes for fixed (B, kv_len): safe to capture in a CUDA graph.
         """
+        if self.kernels:
+            return self._decode_kernels(cache.k, cache.v, ids_B, pos_B, kv_len)
         small = ids_B.shape[0] <= self.gemv_rows
         fn = getattr(self, "_decode_small" if small else "_decode_fn", self._decode_impl)
         visible = torch.arange(kv_len, device=ids_B.device)[None, :] <= pos_B[:, None]
@@ -256,6 +307,45 @@ class Decoder:
             x = x + self._project(layer.self_attn.o_proj, out)
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         return self._project(self.lm_head, self.norm(x))
+
+    def _decode_kernels(
+        self,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+        ids_B: torch.Tensor,
+        pos_B: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        """`_decode_impl` as Triton kernels; row r is cache slot r. Projections: cuBLAS GEMMs,
+        or for at most ``gemv_rows`` rows GEMV kernels with the norms, the residual adds and
+        the SiLU gate folded in (6 kernels per layer, plus attention's combine)."""
+        from stacx.inference import triton_kernels as tk
+
+        n = ids_B.shape[0]
+        x = self.embed(ids_B)
+        small = n <= self.gemv_rows
+        residual: torch.Tensor | None = None
+        for i, w in enumerate(self._kl):
+            if small:
+                qkv = tk.gemv(x, *w.qkv, norm=w.in_norm)
+            else:
+                x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
+                qkv = F.linear(h, w.qkv.weight, w.qkv.bias)
+            q = tk.rope_cache(qkv, pos_B, None, k_cache[i], v_cache[i], self.cos, self.sin,
+                              self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
+            out = tk.decode_attention(q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling)
+            if small:
+                x = tk.gemv(out.view(n, -1), *w.o, residual=x)
+                act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
+                x = tk.gemv(act, *w.down, residual=x)
+                continue
+            x, h = tk.add_rmsnorm(x, F.linear(out.view(n, -1), w.o.weight, w.o.bias), *w.post_norm)
+            act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
+            residual = F.linear(act, w.down.weight, w.down.bias)
+        if small and type(self.lm_head) is nn.Linear:
+            return tk.gemv(x, self.lm_head.weight, self.lm_head.bias, norm=_norm(self.norm))
+        _, h = tk.add_rmsnorm(x, residual, *_norm(self.norm))
+        return self._project(self.lm_head, h)
 
     @torch.inference_mode()
     def prefill(
@@ -318,9 +408,11 @@ class Decoder:
         (a real token never sees a padded one) and runs as one fused kernel without a mask."""
         n, c = ids.shape
         x = self.embed(ids)
-        cos, sin = self.cos[pos], self.sin[pos]
         key_pos = torch.arange(kv_len, device=ids.device)
         mask = None if fresh else (key_pos[None, None, :] <= pos[:, :, None])[:, None]
+        if self.kernels:
+            return self._prefill_chunk_kernels(cache, slot_idx, x, pos, kv_len, mask)
+        cos, sin = self.cos[pos], self.sin[pos]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
             kc, vc = cache.k[i], cache.v[i]
@@ -343,10 +435,75 @@ class Decoder:
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         return x
 
+    def _prefill_chunk_kernels(
+        self,
+        cache: KVCache,
+        slot_idx: torch.Tensor,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        kv_len: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`_prefill_chunk` with the kernel step's fused norms, rope + cache writes and SiLU
+        gate (~9 launches per layer instead of ~25); attention reads the keys back from the
+        cache (``mask`` None: causal over the chunk, as in `_prefill_chunk`)."""
+        from stacx.inference import triton_kernels as tk
+
+        n, c, _ = x.shape
+        slots = slot_idx.repeat_interleave(c)  # one slot per token, materialized
+        residual: torch.Tensor | None = None
+        for i, w in enumerate(self._kl):
+            x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
+            qkv = F.linear(h, w.qkv.weight, w.qkv.bias).view(n * c, -1)
+            kc, vc = cache.k[i], cache.v[i]
+            q = tk.rope_cache(qkv, pos.reshape(-1), slots, kc, vc, self.cos, self.sin,
+                              self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
+            out = F.scaled_dot_product_attention(
+                q.view(n, c, self.n_heads, self.head_dim).transpose(1, 2),
+                kc[slot_idx, :, :kv_len],
+                vc[slot_idx, :, :kv_len],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scaling,
+                enable_gqa=self.rep > 1,
+            )
+            o = F.linear(out.transpose(1, 2).reshape(n, c, -1), w.o.weight, w.o.bias)
+            x, h = tk.add_rmsnorm(x, o, *w.post_norm)
+            act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
+            residual = F.linear(act, w.down.weight, w.down.bias)
+        return x if residual is None else x + residual
+
 
 class Fused(NamedTuple):
     weight: torch.Tensor  # [sum of out_features, in_features]
     bias: torch.Tensor | None
+
+
+class KernelLayer(NamedTuple):
+    """One layer's tensors as the Triton decode step reads them (the model's own, in place)."""
+
+    in_norm: tuple[torch.Tensor, float]  # weight, eps
+    post_norm: tuple[torch.Tensor, float]
+    qkv: Fused
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None  # q weight, k weight, eps
+    o: Fused
+    gate_up: Fused
+    down: Fused
+
+
+def _is_rmsnorm(module: Any) -> bool:
+    """transformers' Llama-style RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``."""
+    return type(module).__name__.endswith("RMSNorm") and isinstance(
+        getattr(module, "weight", None), torch.Tensor
+    ) and isinstance(getattr(module, "variance_epsilon", getattr(module, "eps", None)), float)
+
+
+def _eps(norm: Any) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _norm(norm: Any) -> tuple[torch.Tensor, float]:
+    return norm.weight, _eps(norm)
 
 
 def fuse_rows(linears: list[Any]) -> Fused | None:

@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -59,6 +59,9 @@ from stacx.inference.engine_requests import (
 )
 from stacx.inference.sampling import RowParams, sample
 from stacx.ports import Generation, GenerationDelta, SamplingParams
+
+if TYPE_CHECKING:
+    from stacx.inference.cuda_graphs import GreedyChunk
 
 T = TypeVar("T")
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
@@ -85,6 +88,7 @@ class TorchEngine:
         compile_mode: str | None = None,
         fuse: bool = True,
         gemv_rows: int = 4,
+        kernels: bool | None = None,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
@@ -108,6 +112,10 @@ class TorchEngine:
         against 1.37 ms with cuBLAS; greedy outputs equal HF ``generate`` on CUDA (tested).
         ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
         only to measure the difference.
+        ``kernels`` (CUDA graphs only; default: on where the model allows it, see
+        ``Decoder.kernels_unsupported``): decode steps of more than ``gemv_rows`` rows run as
+        the hand-written Triton step (triton_kernels.py) instead of the torch.compile'd one;
+        True where the model does not allow it is an error.
         """
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
@@ -137,6 +145,13 @@ class TorchEngine:
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
         self._cache: KVCache = self.decoder.new_cache()
         self._graphed = None
+        self._ahead: tuple[list[Request], GreedyChunk] | None = None  # see _continuation
+        if kernels and not (dev.type == "cuda" and cuda_graphs):
+            raise EngineError(
+                "kernels=True needs a CUDA device with cuda_graphs=True (the Triton decode step "
+                f"is captured in CUDA graphs); this engine runs on {dev.type}"
+                + ("" if cuda_graphs else " without CUDA graphs")
+            )
         if dev.type == "cuda":
             # static cache at full size: CUDA graphs need fixed addresses
             d = self.decoder
@@ -153,7 +168,9 @@ class TorchEngine:
             if cuda_graphs:
                 from stacx.inference.cuda_graphs import GraphedDecode
 
-                if compile is None or compile:
+                if kernels or (kernels is None and self.decoder.kernels_unsupported() is None):
+                    self.decoder.enable_kernels(gemv_rows)
+                elif compile is None or compile:
                     self.decoder.enable_compile(compile_mode, gemv_rows)
                 self._graphed = GraphedDecode(self.decoder, self._cache)
         self._owner: list[Request | None] = []
@@ -163,8 +180,10 @@ class TorchEngine:
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
-        # decode_calls: device calls (graph replays) that made the decode steps
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0}
+        # decode_calls: device calls (graph replays) that made the decode steps; decode_ahead:
+        # those launched before their predecessor's tokens were read (see _continuation)
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
+                      "decode_ahead": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -332,13 +351,16 @@ class TorchEngine:
                     break
                 jobs = list(self._jobs)
                 self._jobs.clear()
-            for job in jobs:
-                job()
             try:
+                if jobs or self._waiting:
+                    self._drain()  # before a weight load, and before the batch changes
+                for job in jobs:
+                    job()
                 self._admit()
                 if self._n_active():
                     self._step()
             except Exception as e:  # a broken step fails the requests in it, not the engine
+                self._ahead = None
                 self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
         with self._cv:
             pending = list(self._waiting)
@@ -411,6 +433,9 @@ class TorchEngine:
         self._cache.grow(max(slots, self._cache.slots), min(cap, self.max_len + 1))
 
     def _step(self) -> None:
+        if self._ahead is not None:  # a continuation is running: its tokens come first
+            self._run_chunk(*self._ahead)
+            return
         live = [r for r in self._owner if r is not None]
         for r in live:
             if r.cancelled:
@@ -428,10 +453,9 @@ class TorchEngine:
         steps = self._greedy_chunk(live)
         if steps > 1:
             assert self._graphed is not None
-            out = self._graphed.run_greedy(ids, pos, kv_len + steps - 1, steps)
-            self.stats["decode_steps"] += steps
-            self.stats["decode_calls"] += 1
-            self._accept_chunk(live, out)
+            launched = self._graphed.launch_greedy(ids, pos, hi, kv_len + steps - 1, steps)
+            assert launched is not None  # inputs given: never None
+            self._run_chunk(live, launched)
             return
         if self._graphed is not None:
             logits = self._graphed.run(ids, pos, kv_len)
@@ -460,14 +484,61 @@ class TorchEngine:
         room = self._cache.capacity - 1 - max(r.cached for r in live)
         left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
                    for r in live)
+        return self._chunk_steps(left, room)
+
+    def _chunk_steps(self, left: int, room: int) -> int:
         k = 1
         while k * 2 <= min(self.decode_steps, left, room):
             k *= 2
         return k
 
-    def _accept_chunk(self, reqs: list[Request], out_2_K_B: torch.Tensor) -> None:
-        """Take each row's tokens of a multi-step replay up to its stop; discard the rest."""
-        tok_K_B, lp_K_B = out_2_K_B.tolist()  # the one device->host transfer of the chunk
+    def _run_chunk(self, reqs: list[Request], chunk: GreedyChunk) -> None:
+        """Take a launched multi-step replay's tokens; first launch its continuation where the
+        batch goes on unchanged, so that the GPU runs it while this thread reads these tokens
+        (the host work per chunk, ~3 ms at 64 rows, would otherwise leave the GPU idle)."""
+        self.stats["decode_steps"] += chunk.steps
+        self.stats["decode_calls"] += 1
+        self._ahead = self._continuation(reqs, chunk)
+        self._accept_chunk(reqs, chunk)
+
+    def _continuation(self, reqs: list[Request], chunk: GreedyChunk) -> tuple[list[Request], GreedyChunk] | None:
+        """Launch the chunk after `chunk` over the same rows from the inputs it left on the
+        device, before its tokens are read (None: the batch may change, so the next step is
+        planned on the host). Rows that stop inside `chunk` go on in the continuation; their
+        extra tokens are discarded, like a chunk's tokens after a stop, and the keys they write
+        lie past their end. Only while nothing else waits: a new request, a job (a weight load
+        must not land between a chunk's launch and the reading of its tokens) or a cancel."""
+        assert self._graphed is not None
+        if self._waiting or self._jobs or any(r.cancelled for r in reqs):
+            return None
+        if [r for r in self._owner if r is not None] != reqs:
+            return None  # admitted or finished since `chunk` was planned
+        pos = [r.cached + chunk.steps for r in reqs]  # after `chunk`, every row still running
+        made = [len(r.output) + chunk.steps for r in reqs]
+        room = self._cache.capacity - 1 - max(pos)
+        left = max(min(r.params.max_new_tokens - m, self.max_len - len(r.prompt) - m)
+                   for r, m in zip(reqs, made, strict=True))  # fmt: skip
+        steps = self._chunk_steps(left, room)
+        if steps <= 1:
+            return None
+        nxt = self._graphed.launch_greedy(None, None, chunk.rows, max(pos) + steps, steps)
+        if nxt is None:
+            return None
+        self.stats["decode_ahead"] += 1
+        return reqs, nxt
+
+    def _drain(self) -> None:
+        """Take the tokens of a continuation launched ahead, if any."""
+        if self._ahead is not None:
+            reqs, chunk = self._ahead
+            self._ahead = None
+            self._accept_chunk(reqs, chunk)
+
+    def _accept_chunk(self, reqs: list[Request], chunk: GreedyChunk) -> None:
+        """Take each row's tokens of a multi-step replay up to its stop; discard the rest (and
+        all of a row that had finished before it: a continuation runs rows that stopped)."""
+        tok_K_B, lp_K_B = chunk.read()  # the one device->host transfer of the chunk
+        reqs = [r for r in reqs if self._owner[r.slot] is r]
         done: set[int] = set()
         for toks, lps in zip(tok_K_B, lp_K_B, strict=True):
             for r in reqs:

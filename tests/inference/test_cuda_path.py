@@ -24,14 +24,17 @@ def small_qwen3() -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(
-    ("graphs", "lengths"),
+    ("graphs", "gemv_rows", "lengths"),
     [
-        (True, (5, 17, 40)),  # <= gemv_rows rows: compiled reduction GEMVs, 16 steps per replay
-        (True, (5, 17, 40, 9, 33, 12, 27, 50, 3, 21, 44, 8)),  # cuBLAS GEMMs, 16 steps per replay
-        (False, (5, 17, 40)),
+        (True, 4, (5, 17, 40)),  # <= gemv_rows rows: compiled reduction GEMVs, 16 steps per replay
+        (True, 0, (5, 17, 40)),  # the Triton kernel step at 3 rows (keys split across programs)
+        (True, 4, (5, 17, 40, 9, 33, 12, 27, 50, 3, 21, 44, 8)),  # the kernel step, cuBLAS GEMMs
+        (False, 4, (5, 17, 40)),
     ],
 )
-async def test_cuda_greedy_equals_hf_generate(graphs: bool, lengths: tuple[int, ...]) -> None:
+async def test_cuda_greedy_equals_hf_generate(
+    graphs: bool, gemv_rows: int, lengths: tuple[int, ...]
+) -> None:
     model = small_qwen3()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
@@ -49,8 +52,11 @@ async def test_cuda_greedy_equals_hf_generate(graphs: bool, lengths: tuple[int, 
         )
         refs.append(out[0, len(p) :].tolist())
     engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
-                         cuda_graphs=graphs)  # fmt: skip
-    assert (engine.decode_steps, engine.decoder.gemv_rows) == ((16, 4) if graphs else (16, 0))
+                         cuda_graphs=graphs, gemv_rows=gemv_rows)  # fmt: skip
+    d = engine.decoder
+    assert (engine.decode_steps, d.gemv_rows, d.kernels) == (
+        (16, gemv_rows, True) if graphs else (16, 0, False)
+    )
     try:
         gens = await engine.generate(
             prompts, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
@@ -83,9 +89,35 @@ async def test_multi_step_greedy_replay_equals_one_step_per_replay() -> None:
         finally:
             await engine.close()
         results.append([(g.output_ids, g.finish_reason, g.logprobs) for g in [first, *gens, *long]])
+        # 16 steps per replay: chunks were launched while the previous one's tokens were read
+        assert (engine.stats["decode_ahead"] > 0) == (steps == 16)
     one, multi = results
     assert [r[:2] for r in multi] == [r[:2] for r in one]
     assert multi[1][1] == "stop" and len(multi[1][0]) <= 22
     assert multi[4][1] == "length" and len(multi[4][0]) == 160 - len(prompts[1])  # context limit
     for (_, _, lp1), (_, _, lpm) in zip(one, multi, strict=True):
         assert torch.allclose(torch.tensor(lp1), torch.tensor(lpm), atol=1e-4)
+
+
+async def test_a_request_joining_a_running_greedy_batch_gets_its_own_tokens() -> None:
+    """A request submitted while chunks run ahead on the device waits for them to be read,
+    is admitted, and both get exactly their greedy tokens (each equal to running it alone)."""
+    import asyncio
+
+    model = small_qwen3()
+    gen = torch.Generator().manual_seed(3)
+    first, second = (torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (11, 23))
+    params = SamplingParams(max_new_tokens=100, temperature=0.0, ignore_eos=True)
+    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160)
+    try:
+        alone = [(await engine.generate([p], params))[0].output_ids for p in (first, second)]
+        await engine.flush_cache()
+        ahead = engine.stats["decode_ahead"]
+        running = asyncio.ensure_future(engine.generate([first], params))
+        while engine.stats["decode_ahead"] == ahead:  # noqa: ASYNC110 (a counter of the engine thread)
+            await asyncio.sleep(0.001)
+        (late,) = await engine.generate([second], params)
+        (early,) = await running
+    finally:
+        await engine.close()
+    assert [early.output_ids, late.output_ids] == alone

@@ -132,6 +132,10 @@ def profile_decode(engine: object, b: int) -> dict[str, object]:
         return {}
     key, graph = max(mine, key=lambda kg: (kg[0][2], kg[0][1]))  # most steps, longest keys
     steps = key[2]
+    # real rows whose steps end at the graph's last key (the inputs the timed run left behind
+    # may be padded rows at the scratch cell, which the kernel step's attention skips)
+    pos0 = key[1] - steps
+    graphed._load_inputs([1] * b, [pos0] * b, b, rows)
     graph.replay()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -147,6 +151,7 @@ def profile_decode(engine: object, b: int) -> dict[str, object]:
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
     out: dict[str, object] = {
         "graph": list(key),
+        "first_pos": pos0,
         "gpu_ms_per_step": round(start.elapsed_time(stop) / 10 / steps, 3),
         "kernel_ms_per_step": round(sum(e.self_device_time_total for e in events) / 1e3 / steps, 3),
         "kernels_per_step": round(sum(e.count for e in events) / steps, 1),
@@ -186,6 +191,9 @@ def main() -> None:
     ap.add_argument("--gemv-rows", type=int, default=None,
                     help="CUDA decode steps of at most this many rows use reduction GEMVs "
                          "(default: the engine's; 0: off)")
+    ap.add_argument("--kernels", choices=("on", "off"), default=None,
+                    help="CUDA decode steps above --gemv-rows rows as Triton kernels (default: the "
+                         "engine's: on where the model allows)")
     ap.add_argument("--no-fuse", action="store_true",
                     help="separate q/k/v and gate/up GEMMs (the engine fuses them by default)")
     ap.add_argument("--profile", action="store_true",
@@ -249,13 +257,15 @@ def main() -> None:
         from stacx.inference.torch_engine import TorchEngine
         from stacx.ports import SamplingParams
 
-        tuning = {k: v for k, v in (("decode_steps", args.decode_steps),
+        kernels = None if args.kernels is None else args.kernels == "on"
+        tuning = {k: v for k, v in (("decode_steps", args.decode_steps), ("kernels", kernels),
                                     ("gemv_rows", args.gemv_rows)) if v is not None}  # fmt: skip
         engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
                              max_len=prompt_len + new + 8, compile_mode=args.compile_mode,
                              fuse=not args.no_fuse, **tuning)  # fmt: skip
         result.update(decode_steps=engine.decode_steps, compile_mode=args.compile_mode,
-                      gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse)
+                      gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse,
+                      kernels=engine.decoder.kernels)
         for b in batches:
             ids = all_prompts[:b].tolist()
             try:

@@ -1,0 +1,460 @@
+"""Triton kernels of the hand-written CUDA decode step (see :meth:`Decoder.enable_kernels`).
+
+A decode step is bound by the bytes it reads and by the number of kernels it launches, not by
+arithmetic. The torch-op step runs ~15 kernels per layer (norms, rope, the cache writes, the
+masked softmax and two attention matmuls that read every row's keys up to the bucket); these
+kernels make it 9 per layer (10 when attention is split), and attention reads only each row's
+valid keys:
+
+- :func:`add_rmsnorm`: the residual add and the next RMSNorm, one kernel;
+- :func:`rope_cache`: Qwen3's per-head q/k RMSNorm, rotary embedding of q and k, and the k/v
+  cache writes, one kernel for every head of every token;
+- :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
+  (a program serves the ``rep`` query heads of one kv head), split over the keys when the
+  batch alone does not fill the GPU (flash-decoding), then one small combine kernel;
+- :func:`silu_mul`: the gated MLP's ``silu(gate) * up``.
+
+Numerics follow transformers' eager modules op by op: intermediates are rounded to the model
+dtype where the torch ops round them (the norm's ``x * rstd`` before the weight multiply, each
+rope product and their sum, the silu before the multiply); attention keeps an fp32 online
+softmax, as SDPA's fused kernels do. Projections stay cuBLAS GEMMs (``F.linear``).
+
+Every kernel also runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors,
+which is how the tests check them where there is no GPU. Importing this module needs the
+``triton`` package (it ships with torch's CUDA builds).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64  # keys per attention tile
+# Triton's interpreter multiplies bf16 operands of tl.dot as raw bits (3.6.0): upcast there
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TARGET_PROGRAMS = 264  # ~2 per SM on an H100/H200: split the keys until the grid has this many
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    X, R, W, Y, XO, n_cols, stride, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + row * stride + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(XO.dtype.element_ty)
+        tl.store(XO + row * stride + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    xn = (xf * rstd).to(Y.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride + cols, (w * xn).to(Y.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + residual, rmsnorm(x + residual) * weight)``, or ``(x, rmsnorm(x) * weight)``
+    without a residual; ``x`` [..., hidden] contiguous."""
+    n_cols = x.shape[-1]
+    rows = x.numel() // n_cols
+    y = torch.empty_like(x)
+    xo = torch.empty_like(x) if residual is not None else x
+    _add_rmsnorm_kernel[(rows,)](
+        x, residual if residual is not None else x, weight, y, xo, n_cols, n_cols, eps,
+        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n_cols),
+    )  # fmt: skip
+    return xo, y
+
+
+@triton.jit
+def _rope_cache_kernel(
+    QKV, Q, KC, VC, COS, SIN, POS, SLOT, QNW, KNW,
+    qkv_stride, kc_slot, kc_head, kc_pos, eps,
+    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
+    ROW_SLOTS: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    j = tl.program_id(1)  # [0, H): q heads, [H, H + Hkv): k heads, then v heads
+    d = tl.arange(0, HALF)
+    dim = 2 * HALF
+    pos = tl.load(POS + t)
+    base = QKV + t * qkv_stride + j * dim
+    x1 = tl.load(base + d)
+    x2 = tl.load(base + HALF + d)
+    if j < N_HEADS + N_KV:
+        dt = Q.dtype.element_ty
+        if QK_NORM:
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / dim + eps)
+            if j < N_HEADS:
+                w1 = tl.load(QNW + d).to(tl.float32)
+                w2 = tl.load(QNW + HALF + d).to(tl.float32)
+            else:
+                w1 = tl.load(KNW + d).to(tl.float32)
+                w2 = tl.load(KNW + HALF + d).to(tl.float32)
+            x1 = (w1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
+            x2 = (w2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        c1 = tl.load(COS + pos * dim + d).to(tl.float32)
+        c2 = tl.load(COS + pos * dim + HALF + d).to(tl.float32)
+        s1 = tl.load(SIN + pos * dim + d).to(tl.float32)
+        s2 = tl.load(SIN + pos * dim + HALF + d).to(tl.float32)
+        # q * cos + rotate_half(q) * sin, rounded per op as the torch expression is
+        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
+        if j < N_HEADS:
+            out = Q + (t * N_HEADS + j) * dim
+            tl.store(out + d, o1)
+            tl.store(out + HALF + d, o2)
+        else:
+            slot = t if ROW_SLOTS else tl.load(SLOT + t)
+            out = KC + slot * kc_slot + (j - N_HEADS) * kc_head + pos * kc_pos
+            tl.store(out + d, o1)
+            tl.store(out + HALF + d, o2)
+    else:
+        slot = t if ROW_SLOTS else tl.load(SLOT + t)
+        out = VC + slot * kc_slot + (j - N_HEADS - N_KV) * kc_head + pos * kc_pos
+        tl.store(out + d, x1)
+        tl.store(out + HALF + d, x2)
+
+
+def rope_cache(
+    qkv: torch.Tensor,
+    pos: torch.Tensor,
+    slot: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    q_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+) -> torch.Tensor:
+    """From ``qkv`` [T, (H + 2 Hkv) * D] (rows may be strided), return q [T, H, D] with its
+    norm (``q_norm``: the q and k norm weights and their eps, or None) and rope applied, and
+    write each token's normed, roped k and its v into the caches ([slots, Hkv, capacity, D])
+    at ``(slot[t], pos[t])`` (``slot`` None: token t's slot is t, as in a decode step);
+    ``cos``/``sin``: [positions, D] tables."""
+    tokens, dim = qkv.shape[0], k_cache.shape[-1]
+    pos = pos.contiguous()  # the kernel reads pos[t] and slot[t] at t's offset
+    slot = None if slot is None else slot.contiguous()
+    q = torch.empty(tokens, n_heads, dim, dtype=qkv.dtype, device=qkv.device)
+    qw, kw, eps = q_norm if q_norm is not None else (cos, cos, 0.0)
+    _rope_cache_kernel[(tokens, n_heads + 2 * n_kv)](
+        qkv, q, k_cache, v_cache, cos, sin, pos, pos if slot is None else slot, qw, kw,
+        qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        N_HEADS=n_heads, N_KV=n_kv, HALF=dim // 2, QK_NORM=q_norm is not None,
+        ROW_SLOTS=slot is None,
+    )  # fmt: skip
+    return q
+
+
+@triton.jit
+def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK: tl.constexpr,
+                 F32_DOT: tl.constexpr):  # fmt: skip
+    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax."""
+    n = start + tl.arange(0, BLOCK)
+    valid = n < hi
+    offs = n[:, None] * kc_pos + d[None, :]
+    k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
+    v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
+    if F32_DOT:
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if F32_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _decode_attn_kernel(
+    Q, KC, VC, POS, OUT, PO, PM, PL, keys, scale,
+    kc_slot, kc_head, kc_pos,
+    N_HEADS: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, DIM: tl.constexpr,
+    BLOCK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, F32_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    r = tl.arange(0, REP_PAD)
+    d = tl.arange(0, DIM)
+    heads = g * REP + r
+    q = tl.load(Q + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=(r < REP)[:, None], other=0.0)
+    pos = tl.load(POS + b)
+    length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, length)
+    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([REP_PAD], tl.float32)
+    acc = tl.zeros([REP_PAD, DIM], tl.float32)
+    kbase = KC + b * kc_slot + g * kc_head
+    vbase = VC + b * kc_slot + g * kc_head
+    if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past the length
+        for start in range(0, CHUNK, BLOCK):
+            if lo + start < hi:
+                m_i, l_i, acc = _attend_tile(
+                    q, kbase, vbase, lo + start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK, F32_DOT
+                )
+    else:
+        for start in range(lo, hi, BLOCK):
+            m_i, l_i, acc = _attend_tile(
+                q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK, F32_DOT
+            )
+    rmask = (r < REP)[:, None]
+    if SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], out.to(OUT.dtype.element_ty), mask=rmask)
+    else:
+        part = (b * N_HEADS + heads) * SPLITS + s  # [B, H, SPLITS] partials
+        tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
+        tl.store(PM + part, m_i, mask=r < REP)
+        tl.store(PL + part, l_i, mask=r < REP)
+
+
+@triton.jit
+def _combine_kernel(PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr):
+    bh = tl.program_id(0)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, DIM)
+    live = sp < SPLITS
+    m = tl.load(PM + bh * SPLITS + sp, mask=live, other=float("-inf"))
+    l_s = tl.load(PL + bh * SPLITS + sp, mask=live, other=0.0)
+    top = tl.max(m, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys (a padded row): zeros
+    w = tl.exp(m - top)
+    total = tl.sum(l_s * w, axis=0)
+    acc = tl.load(PO + (bh * SPLITS + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
+
+
+def attention_splits(batch: int, n_kv: int, keys: int) -> int:
+    """How many key ranges each (row, kv head) is split into for a step reading at most `keys`
+    keys: enough for ~TARGET_PROGRAMS programs, at least one tile of keys each."""
+    return max(1, min(triton.cdiv(TARGET_PROGRAMS, batch * n_kv), triton.cdiv(keys, BLOCK_N)))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    keys: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per row: ``q`` [B, H, D]; row b attends to its cache slot
+    b's keys ``[0, pos[b]]`` if ``pos[b] < keys``, else to none (a padded row: zeros). ``keys``
+    bounds the grid (the step's key bucket), not the reads. Returns [B, H, D] in q's dtype."""
+    batch, n_heads, dim = q.shape
+    n_kv = k_cache.shape[1]
+    rep = n_heads // n_kv
+    splits = attention_splits(batch, n_kv, keys)
+    chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
+    out = torch.empty_like(q)
+    if splits > 1:
+        po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=q.device)
+        pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+    else:
+        po = pm = pl = out
+    _decode_attn_kernel[(batch, n_kv, splits)](
+        q, k_cache, v_cache, pos, out, po, pm, pl, keys, scale,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        N_HEADS=n_heads, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), DIM=dim,
+        BLOCK=BLOCK_N, SPLITS=splits, CHUNK=chunk, F32_DOT=q.dtype == torch.float32 or INTERPRET,
+        INTERPRETED=INTERPRET,
+    )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(batch * n_heads,)](
+            po, pm, pl, out, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
+        )
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(GU, OUT, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    dt = OUT.dtype.element_ty
+    g = tl.load(GU + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    tl.store(OUT + row * inter + cols, (act * u).to(dt), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` [..., 2I] (gate columns first), contiguous."""
+    inter = gate_up.shape[-1] // 2
+    rows = gate_up.numel() // (2 * inter)
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, BIAS, RES, Y, NW, rows, n_out, x_stride, eps,
+    N_IN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
+):  # fmt: skip
+    dt = Y.dtype.element_ty
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = n < n_out
+    m = tl.arange(0, ROWS)
+    mrow = (m < rows)[:, None]
+    if NORM:  # the RMSNorm of each input row, folded in front of the product
+        sq = tl.zeros([ROWS, BLOCK_K], tl.float32)
+        for k0 in range(0, N_IN, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            xk = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mrow & (k < N_IN)[None, :], other=0.0)
+            sq += xk.to(tl.float32) * xk.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / N_IN + eps)
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
+    acc_up = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, N_IN, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kin = k < N_IN
+        x = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mrow & kin[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if NORM:
+            nw = tl.load(NW + k, mask=kin, other=0.0).to(tl.float32)
+            x = (nw[None, :] * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        wmask = live[:, None] & kin[None, :]
+        w = tl.load(W + n[:, None] * N_IN + k[None, :], mask=wmask, other=0.0).to(tl.float32)
+        acc += x[:, None, :] * w[None, :, :]
+        if GLU:
+            wu = tl.load(W + (n + n_out)[:, None] * N_IN + k[None, :], mask=wmask, other=0.0)
+            acc_up += x[:, None, :] * wu.to(tl.float32)[None, :, :]
+    y = tl.sum(acc, axis=2)  # [ROWS, BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(BIAS + n, mask=live, other=0.0).to(tl.float32)[None, :]
+    y = y.to(dt).to(tl.float32)
+    if GLU:
+        up = tl.sum(acc_up, axis=2)
+        if HAS_BIAS:
+            up += tl.load(BIAS + n_out + n, mask=live, other=0.0).to(tl.float32)[None, :]
+        act = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
+        y = act * up.to(dt).to(tl.float32)
+    offs = m[:, None] * n_out + n[None, :]
+    omask = mrow & live[None, :]
+    if HAS_RES:
+        y = tl.load(RES + offs, mask=omask, other=0.0).to(tl.float32) + y
+    tl.store(Y + offs, y.to(dt), mask=omask)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+    glu: bool = False,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows (<= 4) as one bandwidth-bound kernel with
+    its neighbours folded in: ``norm`` (weight, eps) applies that RMSNorm to ``x`` first;
+    ``glu``: ``weight`` holds gate rows then up rows, the result is ``silu(gate) * up``;
+    ``residual`` is added to the result. fp32 accumulation, as cuBLAS."""
+    rows, n_in = x.shape
+    n_out = weight.shape[0] // 2 if glu else weight.shape[0]
+    y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
+    # H200, bf16, one row (triton.testing.do_bench_cudagraph over 32 configs per shape): 8 output
+    # rows per program where that still gives >= 512 programs, else 4; long K tiles
+    pad = triton.next_power_of_2(rows)
+    block_n = 8 if triton.cdiv(n_out, 8) >= 512 else 4
+    # a [rows, block_n, block_k] fp32 accumulator: 64 registers per thread at 4 warps
+    block_k = min(1024, triton.next_power_of_2(n_in), 8192 // (pad * block_n))
+    nw, eps = norm if norm is not None else (weight, 0.0)
+    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
+        x, weight, bias if bias is not None else weight, residual if residual is not None else y,
+        y, nw, rows, n_out, x.stride(0), eps,
+        N_IN=n_in, ROWS=pad, BLOCK_N=block_n, BLOCK_K=block_k,
+        NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, GLU=glu,
+    )  # fmt: skip
+    return y
+
+
+PICK_BLOCK = 1024
+
+
+@triton.jit
+def _pick_partial_kernel(
+    LOGITS, PMAX, PIDX, PSUM, vocab, stride,
+    SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    idx = tl.zeros([], tl.int32)
+    for start in range(0, CHUNK, BLOCK):
+        cols = s * CHUNK + start + tl.arange(0, BLOCK)
+        x = tl.load(LOGITS + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        top = tl.max(x, axis=0)
+        at = tl.argmax(x, axis=0, tie_break_left=True) + s * CHUNK + start
+        new = tl.maximum(m, top)
+        safe = tl.where(new == float("-inf"), 0.0, new)
+        total = total * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+        idx = tl.where(top > m, at, idx)  # strictly greater: the first index of a tie wins
+        m = new
+    tl.store(PMAX + row * SPLITS + s, m)
+    tl.store(PIDX + row * SPLITS + s, idx)
+    tl.store(PSUM + row * SPLITS + s, total)
+
+
+@triton.jit
+def _pick_combine_kernel(PMAX, PIDX, PSUM, TOK, OUT_TOK, OUT_LP, SPLITS: tl.constexpr,
+                         SPLITS_PAD: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0)
+    sp = tl.arange(0, SPLITS_PAD)
+    live = sp < SPLITS
+    m = tl.load(PMAX + row * SPLITS + sp, mask=live, other=float("-inf"))
+    idx = tl.load(PIDX + row * SPLITS + sp, mask=live, other=2**30)
+    total = tl.load(PSUM + row * SPLITS + sp, mask=live, other=0.0)
+    top = tl.max(m, axis=0)
+    best = tl.min(tl.where(m == top, idx, 2**30), axis=0)  # the first index holding the max
+    lse = top + tl.log(tl.sum(total * tl.exp(m - top), axis=0))
+    tl.store(TOK + row, best.to(tl.int64))
+    tl.store(OUT_TOK + row, best.to(tl.float32))
+    tl.store(OUT_LP + row, top - lse)
+
+
+def greedy_pick(logits: torch.Tensor, out_tok: torch.Tensor, out_lp: torch.Tensor) -> torch.Tensor:
+    """Per row of ``logits`` [B, V]: the argmax (the first index of a tie, as ``torch.argmax``)
+    and its ``log_softmax``, in one pass over the logits (two small kernels, instead of a float
+    copy, an argmax and a full log_softmax). Writes the token (as float32) to ``out_tok`` [B]
+    and its logprob to ``out_lp`` [B]; returns the tokens as int64 [B]."""
+    rows, vocab = logits.shape
+    splits = max(1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows)))
+    chunk = triton.cdiv(triton.cdiv(vocab, splits), PICK_BLOCK) * PICK_BLOCK
+    dev = logits.device
+    pmax = torch.empty(rows, splits, dtype=torch.float32, device=dev)
+    pidx = torch.empty(rows, splits, dtype=torch.int32, device=dev)
+    psum = torch.empty(rows, splits, dtype=torch.float32, device=dev)
+    tok = torch.empty(rows, dtype=torch.int64, device=dev)
+    _pick_partial_kernel[(rows, splits)](
+        logits, pmax, pidx, psum, vocab, logits.stride(0), SPLITS=splits, CHUNK=chunk, BLOCK=PICK_BLOCK
+    )
+    _pick_combine_kernel[(rows,)](
+        pmax, pidx, psum, tok, out_tok, out_lp, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits)
+    )
+    return tok

@@ -19,6 +19,11 @@ in-place loads (``copy_``, ``load_state_dict``) keep working and land in the fus
 later ``param.data = other`` (not in-place) would leave the fused tensor stale; the engine never
 does that. Layers whose projections are not plain ``nn.Linear`` run unfused.
 
+On CUDA the engine runs the step as Triton kernels instead (``enable_kernels``,
+triton_kernels.py: the same arithmetic, ~9 kernels per layer, attention over each row's valid
+keys only); the torch-op step below is the CPU path, the reference the kernels are tested
+against, and the torch.compile path where the kernels do not apply.
+
 Supported: decoder-only models with Llama-style blocks, i.e. transformers ``model_type`` in
 ``SUPPORTED_MODEL_TYPES`` (SmolLM2 is ``llama``; Qwen2/Qwen3 included, with Qwen3's q/k norms).
 Not supported: sliding-window attention (contexts are capped at the window), rope types whose

@@ -92,8 +92,13 @@ class TorchEngine:
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
-        ``compile`` (default: on with CUDA graphs) fuses the decode step with torch.compile;
-        the first step of each new shape then compiles (tens of seconds), later ones replay.
+        ``kernels`` (CUDA graphs only; default: on where the model allows it, see
+        ``Decoder.kernels_unsupported``): decode steps and prefills run as the hand-written
+        Triton step (triton_kernels.py); True where the model does not allow it is an error.
+        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-01: 1,044 tok/s at batch
+        1 and 28,527 at batch 64 against 744 and 20,315 with the torch.compile'd step.
+        ``compile`` (without the kernels; default: on with CUDA graphs) fuses the decode step
+        with torch.compile; the first step of each new shape then compiles (tens of seconds).
         ``threads`` sets torch's intra-op CPU threads for the whole process (None:
         $STACX_TORCH_THREADS, else 1 on machines with <= 2 cores, else torch's default).
         On a small, busy machine fewer threads can be much faster: OpenMP barriers stall when
@@ -101,21 +106,18 @@ class TorchEngine:
         load).
         ``decode_steps`` (CUDA graphs only): when every running request is greedy, up to this
         many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
-        once per replay (1: one step per replay, sampled on the host side as for other rows).
-        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-01: 16 steps per replay
-        gave 18,656 tok/s at batch 64 against 10,077 with 1, and (with ``gemv_rows=4``) 638
-        tok/s at batch 1 against 220.
+        once per replay (1: one step per replay, sampled on the host side as for other rows);
+        the next replay is launched before the last one's tokens are read, while the batch
+        goes on unchanged. Same machine and bench, compiled step: 16 steps per replay gave
+        18,656 tok/s at batch 64 against 10,077 with 1.
         ``compile_mode``: torch.compile's mode for the decode step (None: its default).
-        ``gemv_rows`` (compiled CUDA decode): steps of at most this many rows are compiled with
-        their projections as inductor reduction kernels instead of cuBLAS GEMMs (see
-        decoder.py; 0: off). Same machine and bench: 1.06 ms of kernels per step at batch 1
-        against 1.37 ms with cuBLAS; greedy outputs equal HF ``generate`` on CUDA (tested).
+        ``gemv_rows`` (CUDA): steps of at most this many rows run their projections as GEMV
+        kernels instead of cuBLAS GEMMs (0: off): with the kernels, Triton GEMVs with the norm,
+        residual add and SiLU gate folded in (batch 1: 0.91 ms per step against 1.37 with
+        cuBLAS); compiled, inductor reduction kernels. Greedy outputs equal HF ``generate`` on
+        CUDA in fp32 (tested).
         ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
-        only to measure the difference.
-        ``kernels`` (CUDA graphs only; default: on where the model allows it, see
-        ``Decoder.kernels_unsupported``): decode steps of more than ``gemv_rows`` rows run as
-        the hand-written Triton step (triton_kernels.py) instead of the torch.compile'd one;
-        True where the model does not allow it is an error.
+        only to measure the difference (the kernels need it).
         """
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")

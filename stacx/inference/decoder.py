@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -97,6 +98,7 @@ class Decoder:
     def __init__(self, model: nn.Module, max_len: int, *, fuse: bool = True) -> None:
         # transformers modules are dynamically typed (config fields, submodules by name)
         hf: Any = model
+        self.model = model
         cfg = hf.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise EngineError(
@@ -351,6 +353,33 @@ class Decoder:
             return tk.gemv(x, self.lm_head.weight, self.lm_head.bias, norm=_norm(self.norm))
         _, h = tk.add_rmsnorm(x, residual, *_norm(self.norm))
         return self._project(self.lm_head, h)
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """``log_softmax(logits)[token]`` of each output token after the prompt (teacher
+        forcing), in a cache of its own."""
+        ids = prompt_ids + output_ids
+        cache = self.new_cache()
+        cache.grow(1, len(ids) + 1)
+        (logits,) = self.prefill(cache, [0], [0], [ids], [len(prompt_ids) - 1])
+        logp = torch.log_softmax(logits[: len(output_ids)].float(), dim=-1)
+        target = torch.tensor(output_ids, device=logp.device)[:, None]
+        return logp.gather(1, target).squeeze(1).tolist()  # type: ignore[no-any-return]
+
+    def load_in_place(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy `state` into the model's parameters in place (``copy_``: the fused tensors and
+        captured CUDA graphs stay valid); an unknown name or a shape mismatch is an
+        :class:`EngineError` and changes nothing."""
+        own = self.model.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise EngineError(f"weights: unknown parameter names {unknown[:5]} (not in this model)")
+        bad = [k for k, t in state.items() if tuple(t.shape) != tuple(own[k].shape)]
+        if bad:
+            raise EngineError(f"weights: shape mismatch for {bad[:5]}")
+        with torch.no_grad():
+            for k, t in state.items():
+                own[k].copy_(t.to(device=own[k].device, dtype=own[k].dtype))
 
     @torch.inference_mode()
     def prefill(

@@ -263,7 +263,7 @@ class TorchEngine:
         self._check_ids(ids)
         if len(ids) > self.max_len:
             raise EngineError(f"score: {len(ids)} tokens exceed the context limit {self.max_len}")
-        return await self._call(lambda: self._score(prompt_ids, output_ids))
+        return await self._call(lambda: self.decoder.score(prompt_ids, output_ids))
 
     async def load_weights(self, path: str | os.PathLike[str], version: int) -> None:
         """Load a safetensors file or a directory of them (see `load_state` for the keys)."""
@@ -483,12 +483,14 @@ class TorchEngine:
             return 1
         if self._waiting and self._n_active() < self.max_batch:
             return 1
-        room = self._cache.capacity - 1 - max(r.cached for r in live)
-        left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
-                   for r in live)
-        return self._chunk_steps(left, room)
+        return self._chunk_steps(live, 0)
 
-    def _chunk_steps(self, left: int, room: int) -> int:
+    def _chunk_steps(self, reqs: list[Request], ahead: int) -> int:
+        """A power of two (few graph shapes), no more than the most tokens any row may still
+        produce, nor than the cache has room for, once each row has made `ahead` more."""
+        room = self._cache.capacity - 1 - max(r.cached for r in reqs) - ahead
+        left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
+                   for r in reqs) - ahead  # fmt: skip
         k = 1
         while k * 2 <= min(self.decode_steps, left, room):
             k *= 2
@@ -515,15 +517,11 @@ class TorchEngine:
             return None
         if [r for r in self._owner if r is not None] != reqs:
             return None  # admitted or finished since `chunk` was planned
-        pos = [r.cached + chunk.steps for r in reqs]  # after `chunk`, every row still running
-        made = [len(r.output) + chunk.steps for r in reqs]
-        room = self._cache.capacity - 1 - max(pos)
-        left = max(min(r.params.max_new_tokens - m, self.max_len - len(r.prompt) - m)
-                   for r, m in zip(reqs, made, strict=True))  # fmt: skip
-        steps = self._chunk_steps(left, room)
+        steps = self._chunk_steps(reqs, chunk.steps)  # as if every row ran through `chunk`
         if steps <= 1:
             return None
-        nxt = self._graphed.launch_greedy(None, None, chunk.rows, max(pos) + steps, steps)
+        last = max(r.cached for r in reqs) + chunk.steps  # the furthest row's next position
+        nxt = self._graphed.launch_greedy(None, None, chunk.rows, last + steps, steps)
         if nxt is None:
             return None
         self.stats["decode_ahead"] += 1
@@ -599,26 +597,8 @@ class TorchEngine:
             queue_ms=(admitted - r.submitted) * 1e3,
         )
 
-    def _score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        ids = prompt_ids + output_ids
-        cache = self.decoder.new_cache()
-        cache.grow(1, len(ids) + 1)
-        (logits,) = self.decoder.prefill(cache, [0], [0], [ids], [len(prompt_ids) - 1])
-        logp = torch.log_softmax(logits[: len(output_ids)].float(), dim=-1)
-        target = torch.tensor(output_ids, device=logp.device)[:, None]
-        return logp.gather(1, target).squeeze(1).tolist()
-
     def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        own = self.model.state_dict()
-        unknown = [k for k in state if k not in own]
-        if unknown:
-            raise EngineError(f"weights: unknown parameter names {unknown[:5]} (not in this model)")
-        bad = [k for k, t in state.items() if tuple(t.shape) != tuple(own[k].shape)]
-        if bad:
-            raise EngineError(f"weights: shape mismatch for {bad[:5]}")
-        with torch.no_grad():
-            for k, t in state.items():
-                own[k].copy_(t.to(device=own[k].device, dtype=own[k].dtype))
+        self.decoder.load_in_place(state)
         self._drop_prefixes()
         self._version = version
 

@@ -12,7 +12,10 @@ valid keys:
 - :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
   (a program serves the ``rep`` query heads of one kv head), split over the keys when the
   batch alone does not fill the GPU (flash-decoding), then one small combine kernel;
-- :func:`silu_mul`: the gated MLP's ``silu(gate) * up``.
+- :func:`silu_mul`: the gated MLP's ``silu(gate) * up``;
+- :func:`gemv`: a projection of at most 4 rows with the RMSNorm before it, the residual add
+  after it or the SiLU gate folded in (6 kernels per layer for such steps);
+- :func:`greedy_pick`: the argmax and its logprob, one pass over the logits.
 
 Numerics follow transformers' eager modules op by op: intermediates are rounded to the model
 dtype where the torch ops round them (the norm's ``x * rstd`` before the weight multiply, each

@@ -67,11 +67,12 @@ class EmbeddedNats:
     """A nats-server child process. Use as a (sync or async) context manager."""
 
     def __init__(self, store_dir: Path, *, port: int | None = None, log_file: Path | None = None,
-                 cluster_args: list[str] | None = None):
+                 cluster_args: list[str] | None = None, config: Path | None = None):
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.log_file = log_file or self.store_dir / "nats-server.log"
         self.cluster_args = cluster_args or []  # see LocalCluster
+        self.config = config  # a nats-server config file (limits); the flags above override it
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -83,7 +84,7 @@ class EmbeddedNats:
         binary = find_binary()
         for attempt in range(5):
             args = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir),
-                    *self.cluster_args]
+                    *self.cluster_args, *(["-c", str(self.config)] if self.config else [])]
             log = open(self.log_file, "ab")
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
@@ -123,6 +124,13 @@ class EmbeddedNats:
             proc.kill()
             proc.wait()
 
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush, as a machine loss looks to its clients and peers."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
@@ -146,7 +154,7 @@ class LocalCluster:
     Limits: one machine, so it shows the protocol's behaviour (elections, catch-up), not the
     network's; the servers share the machine's cores."""
 
-    def __init__(self, root: Path, n: int = 3, name: str = "stacx"):
+    def __init__(self, root: Path, n: int = 3, name: str = "stacx", config: Path | None = None):
         self.root = Path(root)
         ports = [free_port() for _ in range(n)]
         routes_at = [free_port() for _ in range(n)]
@@ -154,7 +162,7 @@ class LocalCluster:
         self.servers = [
             EmbeddedNats(self.root / f"n{i}", port=ports[i], cluster_args=[
                 "-n", f"{name}-{i}", "--cluster_name", name,
-                "--cluster", f"nats://127.0.0.1:{routes_at[i]}", "--routes", routes])
+                "--cluster", f"nats://127.0.0.1:{routes_at[i]}", "--routes", routes], config=config)
             for i in range(n)
         ]  # fmt: skip
 
@@ -175,11 +183,7 @@ class LocalCluster:
         return self.servers[i]
 
     def kill(self, server: EmbeddedNats) -> None:
-        """kill -9: no shutdown, no flush, as a machine loss looks to the others."""
-        assert server.proc is not None
-        server.proc.kill()
-        server.proc.wait()
-        server.proc = None
+        server.kill()
 
     def restart(self, server: EmbeddedNats) -> None:
         server.start()

@@ -63,6 +63,7 @@ from typing import TypeVar
 
 import duckdb
 import msgspec
+import nats.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 from nats.aio.msg import Msg
@@ -129,6 +130,8 @@ class Recorder:
         self.dead = 0
         self.duplicates = 0  # events skipped because their event_id was already recorded
         self.gaps = 0  # batches dropped and re-read because a delivery was missing
+        self.lost = 0  # consumer rebuilds because deliveries were lost with nothing after them
+        self._suspect = 0  # the consumer's last delivered sequence at an idle poll, if past ours
         self._advanced = asyncio.Condition()
         self._lock = asyncio.Lock()  # one DuckDB user at a time: the insert loop or a query
         self._stop = asyncio.Event()
@@ -171,13 +174,24 @@ class Recorder:
                     if commit is not None:
                         await commit
                         commit = None
+                    if await self._lost_deliveries():
+                        self._taken = self.position
+                        self._suspect = 0
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                        sub = await self._subscribe_from_position()
+                        fresh = True
+                        continue
                     wal = self._wal_bytes()
                     if self._unvacuumed >= self.compact_after and wal > 0:  # (DuckDB skips a
                         await self._checkpoint(vacuum=True)  # checkpoint with nothing to write)
                     elif wal >= self.idle_checkpoint_bytes:
                         await self._checkpoint()
                     continue
-                if self._gap(msgs, fresh):
+                self._suspect = 0
+                if fresh:
+                    await self._skip_hole(msgs)
+                if self._gap(msgs):
                     if commit is not None:
                         await commit  # it holds no missing delivery: it passed this check
                         commit = None
@@ -217,16 +231,65 @@ class Recorder:
     def stop(self) -> None:
         self._stop.set()
 
-    def _gap(self, msgs: list[Msg], fresh: bool) -> bool:
-        """True if a delivery is missing before or inside this batch (the client dropped it, or
-        an expired fetch swallowed it): committing and AckAll-ing past it would lose it, so
-        the batch is dropped and the consumer rebuilt from the committed position."""
+    async def _lost_deliveries(self) -> bool:
+        """True if, with everything fetched committed and nothing arriving, the consumer has
+        delivered past the committed position on two idle polls in a row: deliveries were lost
+        on the way (the server cut the connection as a slow consumer, a server was lost, the
+        client dropped them), with nothing after them to show the gap; JetStream would send them
+        again only after the ack wait. (Two polls: one delivery may be on its way at the first.)
+        A consumer that is gone counts too; an unanswered query (a cluster electing its leader)
+        does not: the next idle poll asks again."""
+        try:
+            info = await self.js.consumer_info(self.stream, DURABLE, timeout=max(1.0, 4 * self.fetch_timeout))
+        except NotFoundError:
+            log.warning("recorder %s: its consumer is gone; rebuilding it", self.stream)
+            return True
+        except (TimeoutError, nats.errors.Error):
+            return False
+        delivered = int(info.delivered.stream_seq)
+        if delivered <= self.position:
+            self._suspect = 0
+            return False
+        if self._suspect != delivered:
+            self._suspect = delivered  # ask again at the next idle poll
+            return False
+        log.warning("recorder %s: the consumer delivered up to stream sequence %d, nothing after "
+                    "%d arrived; re-reading from %d", self.stream, delivered, self.position,
+                    self.position + 1)
+        self.lost += 1
+        return True
+
+    async def _skip_hole(self, msgs: list[Msg]) -> None:
+        """The first delivery after a (re)build may start past a hole in the stream (messages
+        purged or deleted): if the stream holds none of the run's messages between the committed
+        position and it, move past the hole. Otherwise the deliveries before it were lost on the
+        way (a slow-consumer cut right after the rebuild) and the gap check re-reads them:
+        taking the first delivery as it came would skip them for good."""
+        expect, first = self._taken + 1, int(msgs[0].metadata.sequence.stream)
+        if first <= expect:
+            return
+        try:
+            nxt = await self.js.get_msg(self.stream, seq=expect, subject=f"stacx.{self.run_id}.>", next=True)
+        except NotFoundError:
+            return  # (the delivered one is there: a lookup that finds nothing decides nothing)
+        except (TimeoutError, nats.errors.Error):
+            return  # unanswered: the gap check re-reads, and this is asked again
+        if int(nxt.seq or 0) >= first:
+            log.info("recorder %s: stream sequences %d-%d hold none of the run's messages",
+                     self.stream, expect, first - 1)
+            self._taken = first - 1
+
+    def _gap(self, msgs: list[Msg]) -> bool:
+        """True if a delivery is missing before or inside this batch (the client dropped it, an
+        expired fetch swallowed it, the server cut the connection): committing and AckAll-ing
+        past it would lose it, so this delivery is dropped, what was taken before it committed,
+        and the consumer rebuilt from the committed position."""
         expect = self._taken + 1
-        for i, m in enumerate(msgs):
+        for m in msgs:
             seq = int(m.metadata.sequence.stream)
             if seq < expect:
                 continue  # a redelivery of what is committed
-            if seq > expect and not (fresh and i == 0):
+            if seq > expect:
                 log.warning("recorder %s: stream sequence %d delivered, %d expected; "
                             "re-reading from %d", self.stream, seq, expect, self.position + 1)
                 self.gaps += 1

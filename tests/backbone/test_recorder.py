@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -332,3 +333,75 @@ async def test_a_bad_event_inside_a_batch_is_dead_lettered_and_its_neighbours_re
     con.close()
     assert ids == {g.event_id for g in good} and rec.dead == 1
     assert dead == [(1, bad)]
+
+
+class _BusyLoop(Recorder):
+    """The real recorder; while it decodes its first delivery, the event loop is held (as a
+    long decode or a commit on the loop holds it) and `busy()` runs: nobody reads the socket."""
+
+    def __init__(self, *args: object, busy: Callable[[], None], **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.busy: Callable[[], None] | None = busy
+
+    def _prepare(self, msgs):  # type: ignore[no-untyped-def]
+        if self.busy is not None:
+            busy, self.busy = self.busy, None
+            busy()
+        return super()._prepare(msgs)
+
+
+async def _record_busy(server: EmbeddedNats, run_id: str, run_dir: Path, events: list,
+                       busy: Callable[[], None]) -> tuple[_BusyLoop, int]:
+    """Publish `events`, then record them with a busy first decode; returns the recorder (done)
+    and how often its connection was re-established."""
+    last = await _publish_all(server.url, run_id, events)
+    nc = await connect(server.url)
+    rec = _BusyLoop(nc.jetstream(), run_id, run_dir, busy=busy)
+    task = asyncio.create_task(rec.run())
+    await rec.wait_for(last, timeout=60)  # 5x shorter than the ack wait (a stalled recorder)
+    rec.stop()
+    await task
+    rec.close()
+    reconnects = int(nc.stats["reconnects"])
+    await nc.close()
+    return rec, reconnects
+
+
+async def test_deliveries_lost_with_a_killed_server_are_read_again(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    # the recorder's pull (the whole stream, ~7 MB) is on its way when its loop gets busy; the
+    # server is killed -9 and restarted meanwhile. What the kernel had buffered arrives, the
+    # rest is lost, and the restarted server's consumer counts all of it as delivered: nothing
+    # comes after the last delivery to show a gap, and JetStream would send the rest again only
+    # after the ack wait (300 s). The recorder sees the consumer ahead of its committed position
+    # while idle and re-reads from there: every event lands, once.
+    run_id, run_dir = "r12", tmp_path / "run"
+    events = episode_events(run_id, 420)  # 5,040 events, ~7 MB: more than the kernel buffers
+
+    def kill_and_restart() -> None:
+        time.sleep(0.5)  # the server sends the rest meanwhile
+        nats_server.kill()
+        nats_server.start()
+
+    rec, reconnects = await _record_busy(nats_server, run_id, run_dir, events, kill_and_restart)
+    assert reconnects == 1 and rec.lost + rec.gaps >= 1
+    assert _counts(run_dir)[:2] == (len(events), len(events))
+
+
+async def test_deliveries_lost_to_a_slow_consumer_cut_are_read_again(tmp_path: Path) -> None:
+    # a server that buffers at most 2 MB for a client (max_pending; 64 MiB by default): the
+    # recorder's pulls (up to 200 messages of up to 256 KiB each) are on their way
+    # when the recorder's loop gets busy, so the server cuts the connection as a slow consumer
+    # and the deliveries it held are lost. After the
+    # consumer is rebuilt, the first deliveries may be lost again: the first one that arrives
+    # is not taken as the start of the stream (that lost events here before). Every event
+    # lands, once.
+    run_id, run_dir = "r11", tmp_path / "run"
+    config = tmp_path / "nats.conf"
+    config.write_text("max_pending: 2MB\n")
+    with EmbeddedNats(tmp_path / "nats-store", config=config) as server:
+        events = episode_events(run_id, 300)  # 3,600 events: 5 MB in ~90 messages
+        rec, reconnects = await _record_busy(server, run_id, run_dir, events, lambda: time.sleep(1.0))
+        log = (tmp_path / "nats-store" / "nats-server.log").read_text()
+    assert reconnects >= 1 and "Slow Consumer Detected" in log  # the cut happened
+    assert rec.lost + rec.gaps >= 1  # the recorder re-read
+    assert _counts(run_dir)[:2] == (len(events), len(events))

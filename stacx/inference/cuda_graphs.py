@@ -4,9 +4,11 @@ Per decode step the engine runs ~25 small kernels per layer; at small batch the 
 Python and kernel launches, not on math. Capturing :meth:`Decoder.decode` once per
 (batch bucket, key-length bucket) and replaying it removes that overhead.
 
-Greedy rows go further (``launch_greedy``): one graph holds ``steps`` consecutive decode steps
+Greedy rows go further (``launch_chunk``): one graph holds ``steps`` consecutive decode steps
 with the argmax and its logprob computed on the GPU and each step's token fed to the next, so
-the host launches once and synchronizes once per ``steps`` tokens instead of per token. Rows
+the host launches once and synchronizes once per ``steps`` tokens instead of per token. With the
+Triton step, rows sampled at a plain temperature (no top-p/top-k) run the same way: each step's
+draw is the Gumbel-max pick of triton_pick.pick, its noise keyed on (seed, position). Rows
 that stop inside a chunk simply have their extra tokens discarded by the engine; the keys they
 wrote past their end are never read (a position is always written before it is read), and a
 row that would run past the cache writes to the scratch cell instead.
@@ -37,14 +39,15 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
     return n
 
 
-class GreedyChunk(NamedTuple):
-    """A launched multi-step greedy replay: its [2, steps, rows] tokens and logprobs land in
-    ``host`` (pinned) once ``done`` has completed."""
+class Chunk(NamedTuple):
+    """A launched multi-step replay: its [2, steps, rows] tokens and logprobs land in
+    ``host`` (pinned) once ``done`` has completed; ``sampled``: drawn at the rows' temperatures."""
 
     host: torch.Tensor
     done: torch.cuda.Event
     rows: int
     steps: int
+    sampled: bool
 
     def read(self) -> tuple[list[list[float]], list[list[float]]]:
         self.done.synchronize()
@@ -60,9 +63,12 @@ class GraphedDecode:
         dev = decoder.device
         self.ids = torch.zeros(cache.slots, dtype=torch.long, device=dev)
         self.pos = torch.full((cache.slots,), cache.capacity - 1, dtype=torch.long, device=dev)
-        self.last = torch.zeros_like(self.ids)  # each greedy replay's last token per row
+        self.last = torch.zeros_like(self.ids)  # each multi-step replay's last token per row
+        self.temp = torch.zeros(cache.slots, dtype=torch.float32, device=dev)  # sampled replays'
+        self.seed = torch.zeros(cache.slots, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.greedy: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (batch, keys, steps, sampled) -> graph
+        self.greedy: dict[tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self._host: dict[tuple[int, int], list[torch.Tensor]] = {}  # pinned outputs, 2 per shape
 
@@ -88,30 +94,51 @@ class GraphedDecode:
         return out[:n]
 
     @torch.inference_mode()
-    def launch_greedy(
-        self, ids: list[int] | None, pos: list[int] | None, n: int, kv_len: int, steps: int
-    ) -> GreedyChunk | None:
-        """``steps`` greedy tokens for rows ``[0, n)`` in one replay, without waiting for them:
+    def launch_chunk(
+        self,
+        ids: list[int],
+        pos: list[int],
+        kv_len: int,
+        steps: int,
+        sample: tuple[list[float], list[int]] | None = None,
+    ) -> Chunk:
+        """``steps`` tokens for rows ``[0, len(ids))`` in one replay, without waiting for them:
         the replay, then the copy of its [2, steps, n] tokens (exact in float32: ids < 2**24)
         and logprobs (under the raw logits) to pinned host memory, then the inputs advanced on
-        the device (each row's last token, at its position + ``steps``). So the next chunk can
-        be launched before this one's tokens are read: ``ids`` None launches from those
-        advanced inputs, continuing the previous launch over the same rows (None is returned
-        if its graph is not captured yet). ``kv_len`` must cover every real row's last
-        position: ``max(pos) + steps``."""
-        b = min(bucket(n, BATCH_BUCKETS), self.cache.slots)
-        t = self._kv_bucket(kv_len)
-        key = (b, t, steps)
-        if ids is None:
-            if key not in self.greedy:
-                return None
-        else:
-            assert pos is not None
-            self._load_inputs(ids, pos, n, b)  # first: a capture's warm-up steps read them
-            if key not in self.greedy:
-                if (b, t) not in self.graphs:
-                    self.graphs[(b, t)] = self._capture(b, t)
-                self.greedy[key] = self._capture_greedy(b, t, steps)
+        the device (each row's last token, at its position + ``steps``), from which
+        `continue_chunk` can launch the next chunk before this one's tokens are read.
+        ``kv_len`` must cover every real row's last position: ``max(pos) + steps``. Greedy, or
+        with ``sample`` = (temperature, seed) per row: each row drawn at its temperature (0:
+        greedy) by `triton_pick.pick` (the Triton step only)."""
+        n = len(ids)
+        if sample is not None and not self.decoder.kernels:
+            raise ValueError("sampled multi-step replays need the Triton decode step")
+        key = self._chunk_key(n, kv_len, steps, sample is not None)
+        b = key[0]
+        self._load_inputs(ids, pos, n, b)  # first: a capture's warm-up steps read them
+        if sample is not None:
+            temps, seeds = sample
+            self.temp[:n].copy_(torch.tensor(temps, dtype=torch.float32), non_blocking=True)
+            self.seed[:n].copy_(torch.tensor(seeds, dtype=torch.int64), non_blocking=True)
+            self.temp[n:b].zero_()
+        if key not in self.greedy:
+            if (b, key[1]) not in self.graphs:
+                self.graphs[(b, key[1])] = self._capture(b, key[1])
+            self.greedy[key] = self._capture_greedy(*key)
+        return self._replay(key, n)
+
+    @torch.inference_mode()
+    def continue_chunk(self, chunk: Chunk, kv_len: int, steps: int) -> Chunk | None:
+        """The chunk after `chunk` over the same rows (same temperatures and seeds), from the
+        inputs it left on the device; None if that graph is not captured yet."""
+        key = self._chunk_key(chunk.rows, kv_len, steps, chunk.sampled)
+        return self._replay(key, chunk.rows) if key in self.greedy else None
+
+    def _chunk_key(self, n: int, kv_len: int, steps: int, sampled: bool) -> tuple[int, int, int, bool]:
+        return min(bucket(n, BATCH_BUCKETS), self.cache.slots), self._kv_bucket(kv_len), steps, sampled
+
+    def _replay(self, key: tuple[int, int, int, bool], n: int) -> Chunk:
+        b, _, steps, sampled = key
         graph, out = self.greedy[key]
         graph.replay()
         pinned = self._host.setdefault((steps, b), [])
@@ -124,7 +151,7 @@ class GraphedDecode:
         done.record()
         self.ids[:b].copy_(self.last[:b])
         self.pos[:b].add_(steps).clamp_(max=self.cache.capacity - 1)
-        return GreedyChunk(host, done, n, steps)
+        return Chunk(host, done, n, steps, sampled)
 
     def _load_inputs(self, ids: list[int], pos: list[int], n: int, b: int) -> None:
         self.ids[:n].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
@@ -132,7 +159,7 @@ class GraphedDecode:
         self.ids[n:b].zero_()
         self.pos[n:b].fill_(self.cache.capacity - 1)
 
-    def _greedy_steps(self, b: int, t: int, steps: int) -> torch.Tensor:
+    def _chunk_steps(self, b: int, t: int, steps: int, sampled: bool) -> torch.Tensor:
         ids, pos0 = self.ids[:b], self.pos[:b]
         scratch = self.cache.capacity - 1
         out = torch.empty(2, steps, b, dtype=torch.float32, device=ids.device)
@@ -140,10 +167,11 @@ class GraphedDecode:
         for i in range(steps):
             pos = torch.clamp(pos0 + i, max=scratch)
             logits = self.decoder.decode(self.cache, tok, pos, t)
-            if self.decoder.kernels:  # the argmax and its logprob in one pass over the logits
-                from stacx.inference.triton_kernels import greedy_pick
+            if self.decoder.kernels:  # the pick and its logprob in one pass over the logits
+                from stacx.inference.triton_pick import pick
 
-                tok = greedy_pick(logits, out[0, i], out[1, i])
+                draw = (self.temp[:b], self.seed[:b], pos) if sampled else None
+                tok = pick(logits, out[0, i], out[1, i], draw)
                 continue
             logits = logits.float()
             tok = torch.argmax(logits, dim=-1)  # the same ops as sampling.sample at temperature 0
@@ -152,15 +180,17 @@ class GraphedDecode:
         self.last[:b].copy_(tok)
         return out
 
-    def _capture_greedy(self, b: int, t: int, steps: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_greedy(
+        self, b: int, t: int, steps: int, sampled: bool
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._greedy_steps(b, t, 1)  # warm up the eager ops around the (warm) decode
+            self._chunk_steps(b, t, 1, sampled)  # warm up the eager ops around the (warm) decode
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self._greedy_steps(b, t, steps)
+            out = self._chunk_steps(b, t, steps, sampled)
         return graph, out
 
     def _capture(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

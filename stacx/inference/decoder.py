@@ -128,6 +128,7 @@ class Decoder:
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
         self.kernels = False  # see enable_kernels
+        self.gemm_rows = 0  # see enable_kernels
         self._kl: list[KernelLayer] = []
         self.qkv_split = (self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
         self.fused_qkv: list[Fused | None] = []
@@ -250,10 +251,12 @@ class Decoder:
                 return f"{type(norm).__name__} is not an RMSNorm (weight * x / rms(x))"
         return None
 
-    def enable_kernels(self, gemv_rows: int = 0) -> None:
+    def enable_kernels(self, gemv_rows: int = 0, gemm_rows: int = 64) -> None:
         """Run decode steps as the hand-written step of triton_kernels.py instead of torch ops
-        (9-10 kernels per layer, 6-7 for at most ``gemv_rows`` rows; attention reads each row's
-        valid keys only). No torch.compile, so no compile per shape either."""
+        (8-9 kernels per layer; 6-7 for at most ``gemv_rows`` rows; attention reads each row's
+        valid keys only). Projections: GEMVs up to ``gemv_rows`` rows, Triton GEMMs up to
+        ``gemm_rows`` (<= triton_kernels.GEMM_ROWS), cuBLAS beyond. No torch.compile, so no
+        compile per shape either."""
         reason = self.kernels_unsupported()
         if reason is not None:
             raise EngineError(f"the Triton decode step cannot run this model: {reason}")
@@ -269,6 +272,9 @@ class Decoder:
                 Fused(mlp.down_proj.weight, mlp.down_proj.bias),
             ))  # fmt: skip
         self.kernels, self.gemv_rows = True, gemv_rows
+        from stacx.inference.triton_kernels import GEMM_ROWS
+
+        self.gemm_rows = min(gemm_rows, GEMM_ROWS)
 
     @torch.inference_mode()
     def decode(
@@ -323,21 +329,24 @@ class Decoder:
         pos_B: torch.Tensor,
         kv_len: int,
     ) -> torch.Tensor:
-        """`_decode_impl` as Triton kernels; row r is cache slot r. Projections: cuBLAS GEMMs,
-        or for at most ``gemv_rows`` rows GEMV kernels with the norms, the residual adds and
-        the SiLU gate folded in (6 kernels per layer, plus attention's combine)."""
+        """`_decode_impl` as Triton kernels; row r is cache slot r. Projections: for at most
+        ``gemv_rows`` rows GEMV kernels with the norms, the residual adds and the SiLU gate
+        folded in (6 kernels per layer, plus attention's combine); up to ``gemm_rows`` Triton
+        GEMMs with the SiLU gate folded in and the narrow ones split-K, their partial sums
+        added in the next add+RMSNorm; beyond, cuBLAS."""
         from stacx.inference import triton_kernels as tk
 
         n = ids_B.shape[0]
         x = self.embed(ids_B)
         small = n <= self.gemv_rows
-        residual: torch.Tensor | None = None
+        mid = not small and n <= self.gemm_rows
+        residual: torch.Tensor | tk.Partials | None = None
         for i, w in enumerate(self._kl):
             if small:
                 qkv = tk.gemv(x, *w.qkv, norm=w.in_norm)
             else:
                 x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
-                qkv = F.linear(h, w.qkv.weight, w.qkv.bias)
+                qkv = tk.gemm(h, *w.qkv) if mid else F.linear(h, w.qkv.weight, w.qkv.bias)
             q = tk.rope_cache(qkv, pos_B, None, k_cache[i], v_cache[i], self.cos, self.sin,
                               self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
             out = tk.decode_attention(q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling)
@@ -345,6 +354,10 @@ class Decoder:
                 x = tk.gemv(out.view(n, -1), *w.o, residual=x)
                 act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
                 x = tk.gemv(act, *w.down, residual=x)
+                continue
+            if mid:
+                x, h = tk.add_rmsnorm(x, tk.gemm_partials(out.view(n, -1), *w.o), *w.post_norm)
+                residual = tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
                 continue
             x, h = tk.add_rmsnorm(x, F.linear(out.view(n, -1), w.o.weight, w.o.bias), *w.post_norm)
             act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
@@ -412,6 +425,11 @@ class Decoder:
         valid = j[None, :] < torch.tensor(lens, device=dev)[:, None]
         pos = torch.where(valid, off[:, None] + j[None, :], scratch)
         slot_idx = torch.tensor(slots, device=dev)
+        # attention reads the rows' keys back from the cache: a slice (a view) when the slots
+        # are consecutive, else a gather
+        rows: slice | torch.Tensor = (
+            slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else slot_idx
+        )
         # bigger chunks on GPU: a chunk costs ~the same launch overhead whatever its size
         budget = token_budget or (16384 if self.device.type == "cuda" else 2048)
         chunk = max(16, budget // n)
@@ -421,17 +439,21 @@ class Decoder:
         for c0 in range(0, t_max, chunk):
             c1 = min(t_max, c0 + chunk)
             kv_len = max(o + min(t, c1) for o, t in zip(offsets, lens, strict=True))
-            x = self._prefill_chunk(cache, slot_idx, ids[:, c0:c1], pos[:, c0:c1], kv_len, fresh)
+            x = self._prefill_chunk(cache, slot_idx, rows, ids[:, c0:c1], pos[:, c0:c1], kv_len, fresh)
             for r in range(n):
                 lo, hi = max(c0, logits_from[r]), min(c1, lens[r])
                 if lo < hi:
                     hidden[r].append(x[r, lo - c0 : hi - c0])
-        return [self.lm_head(self.norm(torch.cat(h, dim=0))) for h in hidden]
+        # one norm and lm_head GEMM for all rows (per row, 64 rows cost 64 weight reads)
+        states = [torch.cat(h, dim=0) for h in hidden]
+        logits = self.lm_head(self.norm(torch.cat(states, dim=0)))
+        return list(logits.split([len(h) for h in states]))
 
     def _prefill_chunk(
         self,
         cache: KVCache,
         slot_idx: torch.Tensor,
+        rows: slice | torch.Tensor,
         ids: torch.Tensor,
         pos: torch.Tensor,
         kv_len: int,
@@ -439,13 +461,14 @@ class Decoder:
     ) -> torch.Tensor:
         """One chunk of prefill; ``fresh``: every row starts at position 0 and this chunk holds
         its whole prompt (right-padded), so causal attention over the chunk's own keys is exact
-        (a real token never sees a padded one) and runs as one fused kernel without a mask."""
+        (a real token never sees a padded one) and runs as one fused kernel without a mask.
+        ``rows`` selects the rows' cache slots for the attention's reads (a slice: a view)."""
         n, c = ids.shape
         x = self.embed(ids)
         key_pos = torch.arange(kv_len, device=ids.device)
         mask = None if fresh else (key_pos[None, None, :] <= pos[:, :, None])[:, None]
         if self.kernels:
-            return self._prefill_chunk_kernels(cache, slot_idx, x, pos, kv_len, mask)
+            return self._prefill_chunk_kernels(cache, slot_idx, rows, x, pos, kv_len, mask)
         cos, sin = self.cos[pos], self.sin[pos]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
@@ -455,7 +478,7 @@ class Decoder:
             if fresh:
                 keys, values = k.transpose(1, 2), v.transpose(1, 2)
             else:
-                keys, values = kc[slot_idx, :, :kv_len], vc[slot_idx, :, :kv_len]
+                keys, values = kc[rows, :, :kv_len], vc[rows, :, :kv_len]
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 keys,
@@ -473,6 +496,7 @@ class Decoder:
         self,
         cache: KVCache,
         slot_idx: torch.Tensor,
+        rows: slice | torch.Tensor,
         x: torch.Tensor,
         pos: torch.Tensor,
         kv_len: int,
@@ -494,8 +518,8 @@ class Decoder:
                               self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
             out = F.scaled_dot_product_attention(
                 q.view(n, c, self.n_heads, self.head_dim).transpose(1, 2),
-                kc[slot_idx, :, :kv_len],
-                vc[slot_idx, :, :kv_len],
+                kc[rows, :, :kv_len],
+                vc[rows, :, :kv_len],
                 attn_mask=mask,
                 is_causal=mask is None,
                 scale=self.scaling,

@@ -12,6 +12,11 @@ Pure tensor functions, no model state. Guarantees:
   the tempered/truncated sampling distribution.
 - Rows with a seed draw their noise from their own ``torch.Generator``, so a seeded request
   reproduces its tokens whatever else shares the batch.
+- The TorchEngine's Triton step on CUDA draws rows sampled at a plain temperature (no top-p /
+  top-k truncation, see `RowParams.truncated`) with ``triton_pick.pick`` instead, inside its
+  multi-step CUDA graphs: the same distribution, by the Gumbel-max form of the same race, with
+  noise from Philox keyed on (the row's ``seed``, the position, the token id), which again
+  depends on nothing else in the batch. Truncated rows keep this module's path.
 
 Sampling uses the exponential-race form of the categorical draw
 (``argmax(p / Exp(1))``), which lets every row share one vectorized argmax.
@@ -30,6 +35,11 @@ class RowParams:
     top_p: float
     top_k: int
     generator: torch.Generator | None = None
+    seed: int = 0  # the Philox key of triton_pick.pick (the request's seed, or a random one)
+
+    def truncated(self, vocab: int) -> bool:
+        """Sampled with top-p or top-k restricting the vocabulary."""
+        return self.temperature > 0 and (self.top_p < 1.0 or 0 < self.top_k < vocab)
 
 
 def sample(logits_B_V: torch.Tensor, rows: list[RowParams]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +65,31 @@ def sample(logits_B_V: torch.Tensor, rows: list[RowParams]) -> tuple[torch.Tenso
         tokens = tokens.index_copy(0, idx, drawn)
     chosen = logprobs_B_V.gather(1, tokens[:, None]).squeeze(1)
     return tokens, chosen
+
+
+def sample_rows(
+    logits_B_V: torch.Tensor, rows: list[RowParams], positions: list[int], on_gpu_pick: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample`, or with ``on_gpu_pick`` (the Triton step) greedy rows and rows at a plain
+    temperature drawn by ``triton_pick.pick`` at ``positions`` (the position of the token each
+    row's logits follow), as the multi-step replays draw them, so a row's draw does not depend
+    on which path its batch took; truncated rows (top-p/top-k) by `sample`."""
+    if not on_gpu_pick:
+        return sample(logits_B_V, rows)
+    from stacx.inference.triton_pick import pick
+
+    dev, n, vocab = logits_B_V.device, len(rows), logits_B_V.shape[-1]
+    odd = [i for i, row in enumerate(rows) if row.truncated(vocab)]
+    temps = torch.tensor([0.0 if row.truncated(vocab) else row.temperature for row in rows])
+    seeds = torch.tensor([row.seed for row in rows], dtype=torch.int64)
+    tok_f, logprobs = torch.empty(n, device=dev), torch.empty(n, device=dev)
+    draw = (temps.to(dev), seeds.to(dev), torch.tensor(positions).to(dev))
+    tokens = pick(logits_B_V.contiguous(), tok_f, logprobs, draw)
+    if odd:
+        idx = torch.tensor(odd, device=dev)
+        t_odd, lp_odd = sample(logits_B_V.index_select(0, idx), [rows[i] for i in odd])
+        tokens, logprobs = tokens.index_copy(0, idx, t_odd), logprobs.index_copy(0, idx, lp_odd)
+    return tokens, logprobs
 
 
 def _truncate_top_k(logits_B_V: torch.Tensor, top_k: list[int]) -> torch.Tensor:

@@ -14,6 +14,9 @@ Guarantees:
 - ``output_ids`` include the stop token that ended a generation (EOS or a stop id), as SGLang
   does, so a chat transcript can be extended token-exactly. ``logprobs[i]`` is
   ``log_softmax(raw logits)[output_ids[i]]`` at temperature 1 (see sampling.py).
+- Sampling (temperature > 0) follows sampling.py; a seeded request repeats its tokens whatever
+  else shares the batch (on CUDA, up to the rounding differences between batch sizes that
+  any GPU GEMM has).
 - Weights: :meth:`load_weights` runs between two decode steps. Tokens sampled after it carry
   the new version; a generation's ``weight_version`` is the version that produced its LAST
   token. Requests in flight at the load are not restarted: their earlier tokens (and the KV
@@ -57,11 +60,11 @@ from stacx.inference.engine_requests import (
     put_done,
     put_tokens,
 )
-from stacx.inference.sampling import RowParams, sample
+from stacx.inference.sampling import RowParams, sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
 
 if TYPE_CHECKING:
-    from stacx.inference.cuda_graphs import GreedyChunk
+    from stacx.inference.cuda_graphs import Chunk
 
 T = TypeVar("T")
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
@@ -94,9 +97,9 @@ class TorchEngine:
 
         ``kernels`` (CUDA graphs only; default: on where the model allows it, see
         ``Decoder.kernels_unsupported``): decode steps and prefills run as the hand-written
-        Triton step (triton_kernels.py); True where the model does not allow it is an error.
-        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-01: 1,044 tok/s at batch
-        1 and 28,527 at batch 64 against 744 and 20,315 with the torch.compile'd step.
+        Triton step (triton_kernels.py, triton_pick.py); True where the model does not allow it is an error.
+        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-02: 1,057 tok/s at batch
+        1 and 33,929 at batch 64 against 744 and 20,315 with the torch.compile'd step.
         ``compile`` (without the kernels; default: on with CUDA graphs) fuses the decode step
         with torch.compile; the first step of each new shape then compiles (tens of seconds).
         ``threads`` sets torch's intra-op CPU threads for the whole process (None:
@@ -104,7 +107,8 @@ class TorchEngine:
         On a small, busy machine fewer threads can be much faster: OpenMP barriers stall when
         a core is taken by another process (measured here: 2 threads 14x slower than 1 under
         load).
-        ``decode_steps`` (CUDA graphs only): when every running request is greedy, up to this
+        ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
+        Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
         many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
         once per replay (1: one step per replay, sampled on the host side as for other rows);
         the next replay is launched before the last one's tokens are read, while the batch
@@ -147,7 +151,7 @@ class TorchEngine:
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
         self._cache: KVCache = self.decoder.new_cache()
         self._graphed = None
-        self._ahead: tuple[list[Request], GreedyChunk] | None = None  # see _continuation
+        self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         if kernels and not (dev.type == "cuda" and cuda_graphs):
             raise EngineError(
                 "kernels=True needs a CUDA device with cuda_graphs=True (the Triton decode step "
@@ -309,11 +313,12 @@ class TorchEngine:
         gen = None
         if params.seed is not None and params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
+        seed = params.seed + index if params.seed is not None else int(torch.randint(2**62, ()))
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         req = Request(
             prompt=list(prompt),
             params=params,
-            row=RowParams(params.temperature, params.top_p, params.top_k, gen),
+            row=RowParams(params.temperature, params.top_p, params.top_k, gen, seed),
             stop_ids=frozenset(stops),
             loop=loop,
             future=loop.create_future(),
@@ -452,12 +457,16 @@ class TorchEngine:
         for r in live:
             ids[r.slot], pos[r.slot] = r.output[-1], r.cached
         kv_len = max(r.cached for r in live) + 1
-        steps = self._greedy_chunk(live)
+        steps, sampled = self._chunk_plan(live)
         if steps > 1:
             assert self._graphed is not None
-            launched = self._graphed.launch_greedy(ids, pos, hi, kv_len + steps - 1, steps)
-            assert launched is not None  # inputs given: never None
-            self._run_chunk(live, launched)
+            draw = None
+            if sampled:
+                temps, seeds = [0.0] * hi, [0] * hi
+                for r in live:
+                    temps[r.slot], seeds[r.slot] = r.row.temperature, r.row.seed
+                draw = (temps, seeds)
+            self._run_chunk(live, self._graphed.launch_chunk(ids, pos, kv_len + steps - 1, steps, draw))
             return
         if self._graphed is not None:
             logits = self._graphed.run(ids, pos, kv_len)
@@ -474,16 +483,21 @@ class TorchEngine:
         rows = torch.tensor([r.slot for r in live], device=logits.device)
         self._accept(live, logits.index_select(0, rows))
 
-    def _greedy_chunk(self, live: list[Request]) -> int:
-        """How many greedy steps to run in one replay (1: the per-step path).
+    def _chunk_plan(self, live: list[Request]) -> tuple[int, bool]:
+        """How many steps to run in one replay (1: the per-step path), and whether sampled.
 
-        A power of two (few graph shapes), no more than the most tokens any row may still
-        produce, and 1 while requests wait for a slot (they are admitted between replays)."""
-        if self._graphed is None or self.decode_steps == 1 or any(r.row.temperature > 0 for r in live):
-            return 1
+        Greedy rows, and with the Triton step rows sampled at a plain temperature, run in
+        multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
+        all while requests wait for a slot (they are admitted between replays). Steps: see
+        `_chunk_steps`."""
+        if self._graphed is None or self.decode_steps == 1:
+            return 1, False
+        sampled = any(r.row.temperature > 0 for r in live)
+        if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
+            return 1, False
         if self._waiting and self._n_active() < self.max_batch:
-            return 1
-        return self._chunk_steps(live, 0)
+            return 1, False
+        return self._chunk_steps(live, 0), sampled
 
     def _chunk_steps(self, reqs: list[Request], ahead: int) -> int:
         """A power of two (few graph shapes), no more than the most tokens any row may still
@@ -496,7 +510,7 @@ class TorchEngine:
             k *= 2
         return k
 
-    def _run_chunk(self, reqs: list[Request], chunk: GreedyChunk) -> None:
+    def _run_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
         """Take a launched multi-step replay's tokens; first launch its continuation where the
         batch goes on unchanged, so that the GPU runs it while this thread reads these tokens
         (the host work per chunk, ~3 ms at 64 rows, would otherwise leave the GPU idle)."""
@@ -505,7 +519,7 @@ class TorchEngine:
         self._ahead = self._continuation(reqs, chunk)
         self._accept_chunk(reqs, chunk)
 
-    def _continuation(self, reqs: list[Request], chunk: GreedyChunk) -> tuple[list[Request], GreedyChunk] | None:
+    def _continuation(self, reqs: list[Request], chunk: Chunk) -> tuple[list[Request], Chunk] | None:
         """Launch the chunk after `chunk` over the same rows from the inputs it left on the
         device, before its tokens are read (None: the batch may change, so the next step is
         planned on the host). Rows that stop inside `chunk` go on in the continuation; their
@@ -521,7 +535,7 @@ class TorchEngine:
         if steps <= 1:
             return None
         last = max(r.cached for r in reqs) + chunk.steps  # the furthest row's next position
-        nxt = self._graphed.launch_greedy(None, None, chunk.rows, last + steps, steps)
+        nxt = self._graphed.continue_chunk(chunk, last + steps, steps)
         if nxt is None:
             return None
         self.stats["decode_ahead"] += 1
@@ -534,7 +548,7 @@ class TorchEngine:
             self._ahead = None
             self._accept_chunk(reqs, chunk)
 
-    def _accept_chunk(self, reqs: list[Request], chunk: GreedyChunk) -> None:
+    def _accept_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
         """Take each row's tokens of a multi-step replay up to its stop; discard the rest (and
         all of a row that had finished before it: a continuation runs rows that stopped)."""
         tok_K_B, lp_K_B = chunk.read()  # the one device->host transfer of the chunk
@@ -547,7 +561,8 @@ class TorchEngine:
         self._hand_over(reqs)
 
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits_B_V, [r.row for r in reqs])
+        positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
+        tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
         # one device->host transfer (ids < 2**24 are exact in float32)
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
         for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):

@@ -8,19 +8,23 @@ valid keys:
 
 - :func:`add_rmsnorm`: the residual add and the next RMSNorm, one kernel;
 - :func:`rope_cache`: Qwen3's per-head q/k RMSNorm, rotary embedding of q and k, and the k/v
-  cache writes, one kernel for every head of every token;
+  cache writes, one kernel for every token (several heads per program);
 - :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
   (a program serves the ``rep`` query heads of one kv head), split over the keys when the
   batch alone does not fill the GPU (flash-decoding), then one small combine kernel;
 - :func:`silu_mul`: the gated MLP's ``silu(gate) * up``;
 - :func:`gemv`: a projection of at most 4 rows with the RMSNorm before it, the residual add
   after it or the SiLU gate folded in (6 kernels per layer for such steps);
-- :func:`greedy_pick`: the argmax and its logprob, one pass over the logits.
+- :func:`gemm` / :func:`gemm_partials`: projections of at most `GEMM_ROWS` rows, the SiLU gate
+  folded into gate/up, the narrow ones split over their keys with the partial sums added by
+  the next :func:`add_rmsnorm` (8 kernels per layer); more rows: cuBLAS (``F.linear``).
+
+The token pick (argmax or temperature draw) is triton_pick.py.
 
 Numerics follow transformers' eager modules op by op: intermediates are rounded to the model
 dtype where the torch ops round them (the norm's ``x * rstd`` before the weight multiply, each
-rope product and their sum, the silu before the multiply); attention keeps an fp32 online
-softmax, as SDPA's fused kernels do. Projections stay cuBLAS GEMMs (``F.linear``).
+rope product and their sum, the silu before the multiply, a projection's output); attention
+keeps an fp32 online softmax, as SDPA's fused kernels do.
 
 Every kernel also runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors,
 which is how the tests check them where there is no GPU. Importing this module needs the
@@ -30,6 +34,7 @@ which is how the tests check them where there is no GPU. Importing this module n
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,16 +48,25 @@ TARGET_PROGRAMS = 264  # ~2 per SM on an H100/H200: split the keys until the gri
 
 @triton.jit
 def _add_rmsnorm_kernel(
-    X, R, W, Y, XO, n_cols, stride, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    X, R, RB, W, Y, XO, n_cols, stride, part_stride, eps,
+    HAS_RES: tl.constexpr, PARTS: tl.constexpr, HAS_RB: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
+    dt = XO.dtype.element_ty
     if HAS_RES:
-        r = tl.load(R + row * stride + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(XO.dtype.element_ty)
+        if PARTS == 0:
+            r = tl.load(R + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        else:  # a split-K GEMM's fp32 partial sums (+ its bias), rounded as F.linear's output
+            acc = tl.zeros([BLOCK], tl.float32)
+            for p in tl.static_range(PARTS):
+                acc += tl.load(R + p * part_stride + row * n_cols + cols, mask=mask, other=0.0)
+            if HAS_RB:
+                acc += tl.load(RB + cols, mask=mask, other=0.0).to(tl.float32)
+            r = acc.to(dt).to(tl.float32)
+        x = (x.to(tl.float32) + r).to(dt)
         tl.store(XO + row * stride + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
@@ -61,18 +75,31 @@ def _add_rmsnorm_kernel(
     tl.store(Y + row * stride + cols, (w * xn).to(Y.dtype.element_ty), mask=mask)
 
 
+class Partials(NamedTuple):
+    """A split-K GEMM's output before its sum: fp32 ``parts`` [splits, rows, n_out] and the
+    bias still to add; `add_rmsnorm` takes it as its residual."""
+
+    parts: torch.Tensor
+    bias: torch.Tensor | None
+
+
 def add_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | Partials | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x + residual, rmsnorm(x + residual) * weight)``, or ``(x, rmsnorm(x) * weight)``
-    without a residual; ``x`` [..., hidden] contiguous."""
+    without a residual; ``x`` [..., hidden] contiguous; a `Partials` residual is summed (and
+    rounded to x's dtype) first."""
     n_cols = x.shape[-1]
     rows = x.numel() // n_cols
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if residual is not None else x
+    parts = residual if isinstance(residual, Partials) else None
+    r = x if residual is None else (parts.parts if parts is not None else residual)
+    rb = parts.bias if parts is not None and parts.bias is not None else weight
     _add_rmsnorm_kernel[(rows,)](
-        x, residual if residual is not None else x, weight, y, xo, n_cols, n_cols, eps,
-        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n_cols),
+        x, r, rb, weight, y, xo, n_cols, n_cols, rows * n_cols, eps,
+        HAS_RES=residual is not None, PARTS=0 if parts is None else parts.parts.shape[0],
+        HAS_RB=parts is not None and parts.bias is not None, BLOCK=triton.next_power_of_2(n_cols),
     )  # fmt: skip
     return xo, y
 
@@ -82,51 +109,53 @@ def _rope_cache_kernel(
     QKV, Q, KC, VC, COS, SIN, POS, SLOT, QNW, KNW,
     qkv_stride, kc_slot, kc_head, kc_pos, eps,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-    ROW_SLOTS: tl.constexpr,
+    ROW_SLOTS: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
-    j = tl.program_id(1)  # [0, H): q heads, [H, H + Hkv): k heads, then v heads
+    # HEADS of token t's heads: [0, H) q heads, [H, H + Hkv) k heads, then the v heads
+    j = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     d = tl.arange(0, HALF)
     dim = 2 * HALF
+    is_q = j < N_HEADS
+    is_k = (j >= N_HEADS) & (j < N_HEADS + N_KV)
+    is_v = (j >= N_HEADS + N_KV) & (j < N_HEADS + 2 * N_KV)
+    roped = (is_q | is_k)[:, None]
     pos = tl.load(POS + t)
-    base = QKV + t * qkv_stride + j * dim
-    x1 = tl.load(base + d)
-    x2 = tl.load(base + HALF + d)
-    if j < N_HEADS + N_KV:
-        dt = Q.dtype.element_ty
-        if QK_NORM:
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / dim + eps)
-            if j < N_HEADS:
-                w1 = tl.load(QNW + d).to(tl.float32)
-                w2 = tl.load(QNW + HALF + d).to(tl.float32)
-            else:
-                w1 = tl.load(KNW + d).to(tl.float32)
-                w2 = tl.load(KNW + HALF + d).to(tl.float32)
-            x1 = (w1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
-            x2 = (w2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
+    base = QKV + t * qkv_stride + j[:, None] * dim + d[None, :]
+    live = (j < N_HEADS + 2 * N_KV)[:, None]
+    x1 = tl.load(base, mask=live, other=0.0)
+    x2 = tl.load(base + HALF, mask=live, other=0.0)
+    dt = Q.dtype.element_ty
+    r1, r2 = x1, x2  # the heads' values as they are: a v head's
+    if QK_NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        c1 = tl.load(COS + pos * dim + d).to(tl.float32)
-        c2 = tl.load(COS + pos * dim + HALF + d).to(tl.float32)
-        s1 = tl.load(SIN + pos * dim + d).to(tl.float32)
-        s2 = tl.load(SIN + pos * dim + HALF + d).to(tl.float32)
-        # q * cos + rotate_half(q) * sin, rounded per op as the torch expression is
-        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
-        if j < N_HEADS:
-            out = Q + (t * N_HEADS + j) * dim
-            tl.store(out + d, o1)
-            tl.store(out + HALF + d, o2)
-        else:
-            slot = t if ROW_SLOTS else tl.load(SLOT + t)
-            out = KC + slot * kc_slot + (j - N_HEADS) * kc_head + pos * kc_pos
-            tl.store(out + d, o1)
-            tl.store(out + HALF + d, o2)
-    else:
-        slot = t if ROW_SLOTS else tl.load(SLOT + t)
-        out = VC + slot * kc_slot + (j - N_HEADS - N_KV) * kc_head + pos * kc_pos
-        tl.store(out + d, x1)
-        tl.store(out + HALF + d, x2)
+        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / dim + eps)
+        qw1, qw2 = tl.load(QNW + d).to(tl.float32), tl.load(QNW + HALF + d).to(tl.float32)
+        kw1, kw2 = tl.load(KNW + d).to(tl.float32), tl.load(KNW + HALF + d).to(tl.float32)
+        w1 = tl.where(is_q[:, None], qw1[None, :], kw1[None, :])
+        w2 = tl.where(is_q[:, None], qw2[None, :], kw2[None, :])
+        x1 = (w1 * (f1 * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
+        x2 = (w2 * (f2 * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    c1 = tl.load(COS + pos * dim + d).to(tl.float32)[None, :]
+    c2 = tl.load(COS + pos * dim + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(SIN + pos * dim + d).to(tl.float32)[None, :]
+    s2 = tl.load(SIN + pos * dim + HALF + d).to(tl.float32)[None, :]
+    # q * cos + rotate_half(q) * sin, rounded per op as the torch expression is
+    o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
+    o1 = tl.where(roped, o1, r1)
+    o2 = tl.where(roped, o2, r2)
+    q_out = Q + (t * N_HEADS + j)[:, None] * dim + d[None, :]
+    tl.store(q_out, o1, mask=is_q[:, None])
+    tl.store(q_out + HALF, o2, mask=is_q[:, None])
+    slot = t if ROW_SLOTS else tl.load(SLOT + t)
+    kv = tl.where(is_k, j - N_HEADS, j - N_HEADS - N_KV)
+    cell = slot * kc_slot + kv[:, None] * kc_head + pos * kc_pos + d[None, :]
+    tl.store(KC + cell, o1, mask=is_k[:, None])
+    tl.store(KC + cell + HALF, o2, mask=is_k[:, None])
+    tl.store(VC + cell, o1, mask=is_v[:, None])
+    tl.store(VC + cell + HALF, o2, mask=is_v[:, None])
 
 
 def rope_cache(
@@ -140,22 +169,27 @@ def rope_cache(
     n_heads: int,
     n_kv: int,
     q_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    heads: int | None = None,
 ) -> torch.Tensor:
     """From ``qkv`` [T, (H + 2 Hkv) * D] (rows may be strided), return q [T, H, D] with its
     norm (``q_norm``: the q and k norm weights and their eps, or None) and rope applied, and
     write each token's normed, roped k and its v into the caches ([slots, Hkv, capacity, D])
     at ``(slot[t], pos[t])`` (``slot`` None: token t's slot is t, as in a decode step);
-    ``cos``/``sin``: [positions, D] tables."""
+    ``cos``/``sin``: [positions, D] tables; ``heads``: heads per program (a power of two; by
+    default all of a token's for many tokens, 4 for a decode step's few)."""
     tokens, dim = qkv.shape[0], k_cache.shape[-1]
     pos = pos.contiguous()  # the kernel reads pos[t] and slot[t] at t's offset
     slot = None if slot is None else slot.contiguous()
     q = torch.empty(tokens, n_heads, dim, dtype=qkv.dtype, device=qkv.device)
     qw, kw, eps = q_norm if q_norm is not None else (cos, cos, 0.0)
-    _rope_cache_kernel[(tokens, n_heads + 2 * n_kv)](
+    total = n_heads + 2 * n_kv
+    # many tokens (a prefill): one program per token; few (a decode step): more programs
+    heads = heads or min(triton.next_power_of_2(total), 32 if tokens > 256 else 4)
+    _rope_cache_kernel[(tokens, triton.cdiv(total, heads))](
         qkv, q, k_cache, v_cache, cos, sin, pos, pos if slot is None else slot, qw, kw,
         qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         N_HEADS=n_heads, N_KV=n_kv, HALF=dim // 2, QK_NORM=q_norm is not None,
-        ROW_SLOTS=slot is None,
+        ROW_SLOTS=slot is None, HEADS=heads,
     )  # fmt: skip
     return q
 
@@ -282,7 +316,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         N_HEADS=n_heads, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), DIM=dim,
         BLOCK=BLOCK_N, SPLITS=splits, CHUNK=chunk, F32_DOT=q.dtype == torch.float32 or INTERPRET,
-        INTERPRETED=INTERPRET,
+        INTERPRETED=INTERPRET, num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](
@@ -396,68 +430,98 @@ def gemv(
     return y
 
 
-PICK_BLOCK = 1024
+GEMM_ROWS = 64  # the Triton GEMM's one tile of rows; more rows: cuBLAS
 
 
 @triton.jit
-def _pick_partial_kernel(
-    LOGITS, PMAX, PIDX, PSUM, vocab, stride,
-    SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+def _gemm_kernel(
+    X, W, B, Y, rows, n_out, n_in, x_stride,
+    K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, F32_DOT: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
-    s = tl.program_id(1)
-    m = tl.full([], float("-inf"), tl.float32)
-    total = tl.zeros([], tl.float32)
-    idx = tl.zeros([], tl.int32)
-    for start in range(0, CHUNK, BLOCK):
-        cols = s * CHUNK + start + tl.arange(0, BLOCK)
-        x = tl.load(LOGITS + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-        top = tl.max(x, axis=0)
-        at = tl.argmax(x, axis=0, tie_break_left=True) + s * CHUNK + start
-        new = tl.maximum(m, top)
-        safe = tl.where(new == float("-inf"), 0.0, new)
-        total = total * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
-        idx = tl.where(top > m, at, idx)  # strictly greater: the first index of a tie wins
-        m = new
-    tl.store(PMAX + row * SPLITS + s, m)
-    tl.store(PIDX + row * SPLITS + s, idx)
-    tl.store(PSUM + row * SPLITS + s, total)
+    pn = tl.program_id(0)
+    s = tl.program_id(1)  # key range [s * K_SPLIT, (s + 1) * K_SPLIT) of a split-K GEMM
+    m = tl.arange(0, BLOCK_M)
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = (m < rows)[:, None]
+    nmask = (n < n_out)[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K_SPLIT, BLOCK_K):
+        k = s * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
+        kmask = (k < n_in)[None, :]
+        x = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mmask & kmask, other=0.0)
+        w = tl.load(W + n[:, None] * n_in + k[None, :], mask=nmask & kmask, other=0.0)
+        if F32_DOT:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if GLU:  # the up rows sit n_out rows below the gate rows
+            u = tl.load(W + (n + n_out)[:, None] * n_in + k[None, :], mask=nmask & kmask, other=0.0)
+            if F32_DOT:
+                acc_up = tl.dot(x.to(tl.float32), tl.trans(u.to(tl.float32)), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(u), acc_up)
+    omask = mmask & (n < n_out)[None, :]
+    if SPLIT == 1:
+        dt = Y.dtype.element_ty
+        if HAS_BIAS:
+            acc += tl.load(B + n, mask=n < n_out, other=0.0).to(tl.float32)[None, :]
+            if GLU:
+                acc_up += tl.load(B + n_out + n, mask=n < n_out, other=0.0).to(tl.float32)[None, :]
+        y = acc.to(dt)
+        if GLU:  # silu(gate) * up, rounded per op as silu_mul
+            g = y.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+            y = (act * acc_up.to(dt).to(tl.float32)).to(dt)
+        tl.store(Y + m[:, None] * n_out + n[None, :], y, mask=omask)
+    else:
+        tl.store(Y + (s * rows + m)[:, None] * n_out + n[None, :], acc, mask=omask)
 
 
-@triton.jit
-def _pick_combine_kernel(PMAX, PIDX, PSUM, TOK, OUT_TOK, OUT_LP, SPLITS: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0)
-    sp = tl.arange(0, SPLITS_PAD)
-    live = sp < SPLITS
-    m = tl.load(PMAX + row * SPLITS + sp, mask=live, other=float("-inf"))
-    idx = tl.load(PIDX + row * SPLITS + sp, mask=live, other=2**30)
-    total = tl.load(PSUM + row * SPLITS + sp, mask=live, other=0.0)
-    top = tl.max(m, axis=0)
-    best = tl.min(tl.where(m == top, idx, 2**30), axis=0)  # the first index holding the max
-    lse = top + tl.log(tl.sum(total * tl.exp(m - top), axis=0))
-    tl.store(TOK + row, best.to(tl.int64))
-    tl.store(OUT_TOK + row, best.to(tl.float32))
-    tl.store(OUT_LP + row, top - lse)
+def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, glu: bool,
+          split_k: bool) -> torch.Tensor:  # fmt: skip
+    rows, n_in = x.shape
+    if rows > GEMM_ROWS:
+        raise ValueError(f"gemm: {rows} rows, at most {GEMM_ROWS}")
+    n_out = weight.shape[0] // 2 if glu else weight.shape[0]
+    # H200, bf16, 64 rows (triton.testing.do_bench_cudagraph over ~50 configs per Qwen3-0.6B
+    # projection, weights rotated out of L2): ~100+ programs, by 32 or 64 output columns
+    # and, for a narrow output, key ranges split across programs
+    block_n = 64 if triton.cdiv(n_out, 64) >= 96 else 32
+    split = 1
+    while split_k and triton.cdiv(n_out, block_n) * split < 96 and n_in // (2 * split) >= 256:
+        split *= 2
+    block_k = 128 if split == 1 else 64
+    k_split = triton.cdiv(triton.cdiv(n_in, split), block_k) * block_k
+    split = triton.cdiv(n_in, k_split)
+    f32 = x.dtype == torch.float32
+    if split == 1:
+        y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
+    else:
+        y = torch.empty(split, rows, n_out, dtype=torch.float32, device=x.device)
+    _gemm_kernel[(triton.cdiv(n_out, block_n), split)](
+        x, weight, bias if bias is not None else weight, y, rows, n_out, n_in, x.stride(0),
+        K_SPLIT=k_split, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT=split, GLU=glu, HAS_BIAS=bias is not None and split == 1,
+        F32_DOT=f32 or INTERPRET, num_stages=3 if f32 else 5,
+    )  # fmt: skip
+    return y
 
 
-def greedy_pick(logits: torch.Tensor, out_tok: torch.Tensor, out_lp: torch.Tensor) -> torch.Tensor:
-    """Per row of ``logits`` [B, V]: the argmax (the first index of a tie, as ``torch.argmax``)
-    and its ``log_softmax``, in one pass over the logits (two small kernels, instead of a float
-    copy, an argmax and a full log_softmax). Writes the token (as float32) to ``out_tok`` [B]
-    and its logprob to ``out_lp`` [B]; returns the tokens as int64 [B]."""
-    rows, vocab = logits.shape
-    splits = max(1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows)))
-    chunk = triton.cdiv(triton.cdiv(vocab, splits), PICK_BLOCK) * PICK_BLOCK
-    dev = logits.device
-    pmax = torch.empty(rows, splits, dtype=torch.float32, device=dev)
-    pidx = torch.empty(rows, splits, dtype=torch.int32, device=dev)
-    psum = torch.empty(rows, splits, dtype=torch.float32, device=dev)
-    tok = torch.empty(rows, dtype=torch.int64, device=dev)
-    _pick_partial_kernel[(rows, splits)](
-        logits, pmax, pidx, psum, vocab, logits.stride(0), SPLITS=splits, CHUNK=chunk, BLOCK=PICK_BLOCK
-    )
-    _pick_combine_kernel[(rows,)](
-        pmax, pidx, psum, tok, out_tok, out_lp, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits)
-    )
-    return tok
+def gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most `GEMM_ROWS` rows in one Triton kernel (fp32
+    accumulation); ``glu``: ``weight`` holds gate rows then up rows, the result is
+    ``silu(gate) * up``."""
+    return _gemm(x, weight, bias, glu, split_k=False)
+
+
+def gemm_partials(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor | Partials:
+    """`gemm` with its keys split across programs when the output is narrow (a few dozen
+    column tiles would leave most SMs idle): then `Partials`, whose sum `add_rmsnorm` does."""
+    y = _gemm(x, weight, bias, False, split_k=True)
+    return y if y.dim() == 2 else Partials(y, bias)

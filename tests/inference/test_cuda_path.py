@@ -121,3 +121,35 @@ async def test_a_request_joining_a_running_greedy_batch_gets_its_own_tokens() ->
     finally:
         await engine.close()
     assert [early.output_ids, late.output_ids] == alone
+
+
+async def test_sampled_rows_run_in_multi_step_replays_and_repeat_per_seed() -> None:
+    """Rows sampled at a plain temperature run 16 steps per replay, drawn on the GPU: a seeded
+    row repeats its tokens alone, beside another row, and beside a top-p row (which sends the
+    batch to the per-step path); a greedy row beside sampled ones keeps its greedy tokens; the
+    reported logprobs are the model's (teacher-forced scores of the same tokens)."""
+    import asyncio
+
+    model = small_qwen3()
+    gen = torch.Generator().manual_seed(4)
+    p1, p2 = (torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (9, 26))
+    hot = SamplingParams(max_new_tokens=40, temperature=1.0, seed=11, ignore_eos=True)
+    greedy = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    nucleus = SamplingParams(max_new_tokens=40, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
+    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160)
+    try:
+        (alone,) = await engine.generate([p1], hot)
+        steps, calls = engine.stats["decode_steps"], engine.stats["decode_calls"]
+        assert steps / calls > 4  # multi-step replays, not one step per replay
+        pair = await engine.generate([p1, p2], hot)  # p2 is seeded 12
+        (greedy_alone,) = await engine.generate([p2], greedy)
+        (g_mixed,), (s_mixed,) = await asyncio.gather(engine.generate([p2], greedy), engine.generate([p1], hot))
+        (s_beside_top_p,), _ = await asyncio.gather(engine.generate([p1], hot), engine.generate([p2], nucleus))
+        scored = await engine.score(p1, alone.output_ids)
+    finally:
+        await engine.close()
+    assert pair[0].output_ids == alone.output_ids != pair[1].output_ids
+    assert s_mixed.output_ids == alone.output_ids == s_beside_top_p.output_ids
+    assert g_mixed.output_ids == greedy_alone.output_ids
+    assert len(set(alone.output_ids)) > 10  # sampled, not a greedy loop
+    torch.testing.assert_close(torch.tensor(alone.logprobs), torch.tensor(scored), atol=1e-3, rtol=0)

@@ -22,7 +22,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 import transformers
 
 from stacx.errors import EngineError
-from stacx.inference import triton_kernels
+from stacx.inference import triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
 from stacx.inference.torch_engine import TorchEngine
 
@@ -45,11 +45,13 @@ def model(family: str, **extra: object) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
-@pytest.mark.parametrize(("rows", "gemv_rows"), [(1, 0), (1, 4), (3, 4), (6, 0)])
-def test_kernel_step_equals_the_torch_step(family: str, rows: int, gemv_rows: int) -> None:
+@pytest.mark.parametrize(("rows", "gemv_rows", "gemm_rows"), [(1, 0, 0), (1, 4, 0), (3, 4, 0), (6, 0, 0), (6, 0, 64)])
+def test_kernel_step_equals_the_torch_step(family: str, rows: int, gemv_rows: int, gemm_rows: int) -> None:
     """Same logits and the same keys/values written, for rows at tile and split boundaries
     (few rows: the keys are split across programs), plus a padded row at the scratch cell;
-    with GEMMs, and with GEMV kernels (norms, residuals and the SiLU gate folded in)."""
+    with cuBLAS GEMMs, with GEMV kernels (norms, residuals and the SiLU gate folded in) and
+    with Triton GEMMs (the SiLU gate folded in, the narrow ones split-K and summed in the next
+    add+RMSNorm)."""
     dec = Decoder(model(family), 300)
     cache = dec.new_cache()
     cache.grow(rows, 301)
@@ -63,7 +65,7 @@ def test_kernel_step_equals_the_torch_step(family: str, rows: int, gemv_rows: in
     ids = torch.randint(3, 500, (rows,), generator=gen).to(DEVICE)
     mine = copy.deepcopy(cache)
     ref = dec.decode(cache, ids, pos, 192)
-    dec.enable_kernels(gemv_rows)
+    dec.enable_kernels(gemv_rows, gemm_rows)
     out = dec.decode(mine, ids, pos, 192)
     real = slice(0, rows if rows == 1 else rows - 1)
     torch.testing.assert_close(out[real], ref[real], atol=1e-4, rtol=1e-4)
@@ -110,15 +112,16 @@ def test_unsupported_models_and_devices_are_errors_naming_the_cause() -> None:
             TorchEngine(model("qwen3"), device="cpu", kernels=True)
 
 
-@pytest.mark.parametrize("case", ["fresh", "one row", "prefix reuse", "chunked"])
+@pytest.mark.parametrize("case", ["fresh", "one row", "prefix reuse", "chunked", "slots out of order"])
 def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
     """The fused norms, rope and cache writes of the kernel prefill give the torch prefill's
     logits and cache, for fresh prompts (causal, no mask), a single row (its per-token slot
-    ids are a broadcast of one), a reused prefix (masked) and prompts split into chunks."""
+    ids are a broadcast of one), a reused prefix (masked), prompts split into chunks, and
+    slots that are not consecutive (attention gathers the rows' keys instead of a slice)."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 30)]
     prompts = prompts[1:] if case == "one row" else prompts
-    rows = list(range(len(prompts)))
+    rows = [1, 0] if case == "slots out of order" else list(range(len(prompts)))
     offsets = [4, 20] if case == "prefix reuse" else [0] * len(prompts)
     budget = 24 if case == "chunked" else None
     results = []
@@ -139,10 +142,58 @@ def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
     (ref, ref_cache), (mine, cache) = results
     for a, b in zip(mine, ref, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    for row, length in enumerate(len(p) for p in prompts):
+    for row, length in zip(rows, (len(p) for p in prompts), strict=True):
         for layer in range(len(cache.k)):
             torch.testing.assert_close(cache.k[layer][row, :, :length], ref_cache.k[layer][row, :, :length])
             torch.testing.assert_close(cache.v[layer][row, :, :length], ref_cache.v[layer][row, :, :length])
+
+
+def test_rope_cache_is_the_same_for_any_heads_per_program() -> None:
+    """The rope + cache-write kernel handles several heads per program (all of a token's in a
+    long prefill): the same q and cache cells for 1, 4 (the prefill test's), 8 (a partly masked
+    second program of 12 heads) and 16 (one program, masked rows) heads per program."""
+    dec = Decoder(model("qwen3"), 64)
+    dec.enable_kernels()
+    w = dec._kl[0]
+    gen = torch.Generator().manual_seed(5)
+    tokens, width = 7, (dec.n_heads + 2 * dec.n_kv) * dec.head_dim
+    qkv = torch.randn(tokens, width, generator=gen).to(DEVICE)
+    pos = torch.tensor([0, 3, 9, 10, 30, 63, 5], device=DEVICE)
+    slot = torch.tensor([1, 0, 2, 1, 0, 2, 0], device=DEVICE)
+    out = []
+    for heads in (4, 1, 8, 16):
+        cache = dec.new_cache()
+        cache.grow(3, 65)
+        q = triton_kernels.rope_cache(qkv, pos, slot, cache.k[0], cache.v[0], dec.cos, dec.sin,
+                                      dec.n_heads, dec.n_kv, w.qk_norm, heads=heads)  # fmt: skip
+        out.append((q, cache.k[0].clone(), cache.v[0].clone()))
+    for got in out[1:]:
+        for a, b in zip(got, out[0], strict=True):  # the norm's sum may run in another order
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert out[0][1][0, :, 3].abs().sum() > 0 and out[0][2][2, :, 63].abs().sum() > 0  # written
+
+
+def test_triton_gemm_split_k_and_glu_equal_f_linear() -> None:
+    """The Triton GEMM at edges the model tests do not reach: a narrow output whose keys are
+    split across 4 programs (the partial sums and the bias added in add+RMSNorm), output
+    columns and keys that are not multiples of the tiles (masks), the SiLU gate folded in."""
+    gen = torch.Generator().manual_seed(6)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
+    x, w, b, res, nw = rand(6, 1024), rand(96, 1024) * 0.05, rand(96), rand(6, 96), rand(96)
+    parts = triton_kernels.gemm_partials(x, w, b)
+    assert isinstance(parts, triton_kernels.Partials) and parts.parts.shape == (4, 6, 96)
+    xo, h = triton_kernels.add_rmsnorm(res, parts, nw, 1e-6)
+    ref = res + torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(xo, ref, atol=1e-4, rtol=1e-4)
+    ref_h = nw * (ref * torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(h, ref_h, atol=1e-4, rtol=1e-4)
+    x, w, b = rand(5, 100), rand(2 * 40, 100) * 0.1, rand(80)
+    gate, up = torch.nn.functional.linear(x, w, b).chunk(2, dim=-1)
+    torch.testing.assert_close(triton_kernels.gemm(x, w, b, glu=True),
+                               torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)  # fmt: skip
+    torch.testing.assert_close(triton_kernels.gemm(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="65 rows, at most 64"):
+        triton_kernels.gemm(rand(65, 100), w)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -154,9 +205,45 @@ def test_greedy_pick_is_torch_argmax_and_log_softmax(dtype: torch.dtype, rows: i
     logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dtype).to(DEVICE)
     logits[0, [vocab - 1, 7, vocab // 2]] = logits[0].max() + 1  # a three-way tie
     out_tok, out_lp = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
-    tok = triton_kernels.greedy_pick(logits, out_tok, out_lp)
+    tok = triton_pick.pick(logits, out_tok, out_lp)
     ref = logits.float().argmax(-1)
     assert tok.tolist() == ref.tolist() and tok[0] == 7
     assert out_tok.tolist() == ref.float().tolist()
     lp = torch.log_softmax(logits.float(), -1).gather(1, ref[:, None]).squeeze(1)
     torch.testing.assert_close(out_lp, lp, atol=5e-5, rtol=0)
+
+
+def test_sampled_pick_draws_from_softmax_over_temperature() -> None:
+    """The sampling pick (the multi-step replay's draw at temperature > 0): token frequencies
+    follow softmax(logits / T) over 800 seeds, the logprob is log_softmax of the raw logits,
+    a temperature-0 row is the argmax, and a row's draw depends only on its (seed, position):
+    the same in another batch, at another row index, and with a vocabulary split across
+    programs."""
+    vocab, n, temp = 6, 800, 0.5
+    logits = torch.tensor([1.0, 0.2, -0.5, 1.4, 0.0, -2.0])
+    batch = logits.repeat(n, 1).to(DEVICE)
+    temps = torch.full((n,), temp, device=DEVICE)
+    temps[0] = 0.0
+    seeds = torch.arange(n, dtype=torch.int64, device=DEVICE) * 7919 + 12345
+    pos = torch.full((n,), 9, device=DEVICE)
+    out_tok, out_lp = torch.empty(n, device=DEVICE), torch.empty(n, device=DEVICE)
+    tok = triton_pick.pick(batch, out_tok, out_lp, (temps, seeds, pos)).cpu()
+    assert tok[0] == 3  # temperature 0: the argmax
+    freq = torch.bincount(tok[1:], minlength=vocab).float() / (n - 1)
+    want = torch.softmax(logits / temp, -1)
+    assert (freq - want).abs().max() < 4 * (want * (1 - want) / (n - 1)).sqrt().max(), (freq, want)
+    torch.testing.assert_close(out_lp.cpu(), torch.log_softmax(logits, -1)[tok], atol=1e-5, rtol=0)
+    # rows 5 and 17 alone, swapped, at the same positions: the same draws; another position: not
+    sub = [17, 5]
+    again = triton_pick.pick(batch[sub], out_tok[:2], out_lp[:2], (temps[sub], seeds[sub], pos[sub]))
+    assert again.tolist() == tok[sub].tolist()
+    head = slice(0, 200)
+    moved = triton_pick.pick(batch[head], out_tok[head], out_lp[head], (temps[head], seeds[head], pos[head] + 1))
+    assert (moved[1:].cpu() != tok[1:200]).float().mean() > 0.2
+    # a vocabulary of 20,000 split across programs: the draw of each row still repeats and lands
+    # on the one token that dominates it
+    wide = torch.full((3, 20000), -30.0, device=DEVICE)
+    wide[0, 12345], wide[1, 3], wide[2, 19999] = 0.0, 0.0, 0.0
+    three = (torch.ones(3, device=DEVICE), seeds[:3], pos[:3])
+    first = triton_pick.pick(wide, out_tok[:3], out_lp[:3], three)
+    assert first.tolist() == [12345, 3, 19999]

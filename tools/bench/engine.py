@@ -66,13 +66,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> int:
-    """Greedy transformers generate of exactly `new` tokens; returns tokens generated."""
+def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int, temperature: float = 0.0,
+                top_p: float = 1.0) -> int:  # fmt: skip
+    """transformers generate of exactly `new` tokens, greedy or sampled (no top-k); returns
+    tokens generated."""
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(
-        max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
-    )
+    sampled = dict(temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else {}
+    cfg = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=temperature > 0,
+                           pad_token_id=0, eos_token_id=None, **sampled)  # fmt: skip
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
             input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=cfg
@@ -83,13 +85,15 @@ def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> int:
     return int(out.shape[0] * produced)
 
 
-def stacx_generate(engine: object, prompts: list[list[int]], new: int) -> int:
-    """Greedy `new` tokens per prompt; the engine's prefix cache is flushed first, so every
+def stacx_generate(engine: object, prompts: list[list[int]], new: int, temperature: float = 0.0,
+                   top_p: float = 1.0) -> int:  # fmt: skip
+    """`new` tokens per prompt (greedy, or sampled at `temperature` and `top_p`, seeded); the
+    engine's prefix cache is flushed first, so every
     call prefills its prompts in full, as HF generate does (and every call has the shapes of
     the warm-up: no plan or kernel of the prefix-reuse path is first built inside a timed run)."""
     from stacx.ports import SamplingParams
 
-    params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=new, temperature=temperature, top_p=top_p, seed=0, ignore_eos=True)
 
     async def go() -> list:  # type: ignore[type-arg]
         await engine.flush_cache()  # type: ignore[attr-defined]
@@ -191,6 +195,11 @@ def main() -> None:
     ap.add_argument("--gemv-rows", type=int, default=None,
                     help="CUDA decode steps of at most this many rows use reduction GEMVs "
                          "(default: the engine's; 0: off)")
+    ap.add_argument("--gemm-rows", type=int, default=None,
+                    help="kernel step: Triton GEMMs up to this many rows, cuBLAS beyond (0: cuBLAS)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature on both sides (0: greedy, the default)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
     ap.add_argument("--kernels", choices=("on", "off"), default=None,
                     help="CUDA decode steps above --gemv-rows rows as Triton kernels (default: the "
                          "engine's: on where the model allows)")
@@ -225,8 +234,10 @@ def main() -> None:
         f"model {spec}, {dtype}, prompt {prompt_len}, new {new}, batches {batches}", file=sys.stderr
     )
 
+    sampling = (args.temperature, args.top_p)
     result: dict[str, object] = {"model": spec, "device": str(device), "prompt_len": prompt_len,
-                                 "new_tokens": new, "errors": {}}  # fmt: skip
+                                 "new_tokens": new, "temperature": args.temperature, "top_p": args.top_p,
+                                 "errors": {}}  # fmt: skip
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
     try:
         model = build_model(spec, device, dtype)
@@ -243,7 +254,7 @@ def main() -> None:
         if not args.skip_hf:
             try:
                 hf_generate(model, prompts, 4)  # warm-up
-                rate = timed(lambda p=prompts: hf_generate(model, p, new), device)
+                rate = timed(lambda p=prompts: hf_generate(model, p, new, *sampling), device)
                 result[f"hf_tok_s_b{b}"] = round(rate, 1)
                 print(f"hf    b={b}: {rate:.1f} tok/s", file=sys.stderr)
             except Exception as e:
@@ -263,7 +274,10 @@ def main() -> None:
         engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
                              max_len=prompt_len + new + 8, compile_mode=args.compile_mode,
                              fuse=not args.no_fuse, **tuning)  # fmt: skip
+        if args.gemm_rows is not None:  # before the warm-up captures the graphs
+            engine.decoder.gemm_rows = args.gemm_rows
         result.update(decode_steps=engine.decode_steps, compile_mode=args.compile_mode,
+                      gemm_rows=engine.decoder.gemm_rows,
                       gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse,
                       kernels=engine.decoder.kernels)
         for b in batches:
@@ -271,9 +285,9 @@ def main() -> None:
             try:
                 # warm-up at full length: captures every CUDA graph the timed run replays (one per
                 # batch x key-length bucket x steps per replay), as a long-running engine has
-                stacx_generate(engine, ids, new)
+                stacx_generate(engine, ids, new, *sampling)
                 before = dict(engine.stats)
-                rate = timed(lambda i=ids: stacx_generate(engine, i, new), device)
+                rate = timed(lambda i=ids: stacx_generate(engine, i, new, *sampling), device)
                 result[f"stacx_tok_s_b{b}"] = round(rate, 1)
                 calls = engine.stats["decode_calls"] - before["decode_calls"]
                 steps = engine.stats["decode_steps"] - before["decode_steps"]

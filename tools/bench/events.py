@@ -129,22 +129,27 @@ async def latency(url: str, events: list[Event], run_dir: Path, rate: float,
     tick = 0.01
     per_tick = int(rate * tick)
     sent_at: list[float] = []
-    acks = []
     t0 = time.perf_counter()
     for i in range(0, len(events), per_tick):
         for e in events[i:i + per_tick]:
             sent_at.append(time.time())
-            acks.append(await pub.submit(e))
+            await pub.submit(e)
         ahead = t0 + (i // per_tick + 1) * tick - time.perf_counter()
         if ahead > 0:
             await asyncio.sleep(ahead)
     await pub.flush()
     commits = await asyncio.to_thread(read_commits, proc)
     await nc.drain()
-    # each event's stream sequence is its message's (the publisher batches events of a kind)
+    # An event's time is that of the commit holding the stream sequence it was recorded from
+    # (its message's: the publisher batches events of a kind). That is its ack's, unless a
+    # publish retried across a leader change landed twice: then the first copy is the one
+    # recorded, and the ack may name the later one, which the recorder skipped.
+    con = duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True)
+    recorded = dict(con.execute("select event_id, _seq from _events").fetchall())
+    con.close()
     seqs = [c[0] for c in commits]
-    lat = sorted((commits[bisect.bisect_left(seqs, a.result().seq)][1] - t) * 1000
-                 for a, t in zip(acks, sent_at, strict=True))
+    lat = sorted((commits[bisect.bisect_left(seqs, recorded[e.event_id])][1] - t) * 1000
+                 for e, t in zip(events, sent_at, strict=True))
     return lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
 
 

@@ -128,22 +128,8 @@ class RunContext:
         return self
 
     async def _supervise_recorder(self) -> None:
-        backoff = 0.1
-        while True:
-            assert self.recorder is not None
-            try:
-                await self.recorder.run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if strict() and is_bug(exc):
-                    log.critical("recorder: programming error; STACX_STRICT is set, so it is "
-                                 "not restarted", exc_info=exc)
-                    raise
-                log.exception("recorder crashed; restarting in %.1fs", backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+        assert self.recorder is not None
+        await supervise_recorder(self.recorder)
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -281,3 +267,24 @@ class RunContext:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._supervisors.clear()
+
+
+async def supervise_recorder(recorder: Recorder) -> None:
+    """Run the recorder until it stops; after a crash (a JetStream request that timed out while
+    the connection was re-established, a server lost) run it again, with capped exponential
+    backoff: each run rebuilds its consumer from the committed position."""
+    backoff = 0.1
+    while True:
+        try:
+            await recorder.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if strict() and is_bug(exc):
+                log.critical("recorder: programming error; STACX_STRICT is set, so it is "
+                             "not restarted", exc_info=exc)
+                raise
+            log.exception("recorder crashed; restarting in %.1fs", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)

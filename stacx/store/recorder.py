@@ -113,6 +113,10 @@ class Recorder:
         # foreign 1 MiB payload; 200 of them stay under the subscription's 256 MiB pending
         # limit, past which the client drops deliveries (the gap check below catches it anyway)
         self.batch = batch
+        # what a fetch asks for now: halved when deliveries were lost (a server that cuts a
+        # client whose pending bytes pass its max_pending would cut every pull that size
+        # again), grown back by one per clean batch
+        self.pull = batch
         self.fetch_timeout = fetch_timeout  # idle long poll for the first message of a batch
         self.drain_s = drain_s  # then at most this long for more that are already on their way
         self.stream = stream_name(run_id)
@@ -164,6 +168,7 @@ class Recorder:
         """Consume until ``stop()``; raises on infrastructure failure (the supervisor restarts it)."""
         if self.con is None:
             self.open()
+        self._taken = self.position  # a restart after a failed commit re-reads what it held
         sub = await self._subscribe_from_position()
         fresh = True  # the first delivery after a (re)build may start past a hole in the stream
         commit: asyncio.Task[None] | None = None  # the batch committing now, in a worker thread
@@ -175,6 +180,7 @@ class Recorder:
                         await commit
                         commit = None
                     if await self._lost_deliveries():
+                        self._shrink_pull()
                         self._taken = self.position
                         self._suspect = 0
                         with contextlib.suppress(Exception):
@@ -192,6 +198,7 @@ class Recorder:
                 if fresh:
                     await self._skip_hole(msgs)
                 if self._gap(msgs):
+                    self._shrink_pull()
                     if commit is not None:
                         await commit  # it holds no missing delivery: it passed this check
                         commit = None
@@ -202,6 +209,7 @@ class Recorder:
                     fresh = True
                     continue
                 fresh = False
+                self.pull = min(self.batch, self.pull + 1)
                 batch = self._prepare(msgs)  # decoded while the previous batch commits
                 if commit is not None:
                     await commit
@@ -217,16 +225,19 @@ class Recorder:
                 await sub.unsubscribe()
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
-        """The next messages: wait (up to ``fetch_timeout``) for one, then take up to ``batch``
+        """The next messages: wait (up to ``fetch_timeout``) for one, then take up to ``pull``
         that are there or arrive within ``drain_s``; [] when none came."""
         try:
             msgs = await sub.fetch(1, timeout=self.fetch_timeout)
         except (TimeoutError, NatsTimeout):
             return []
-        if self.batch > 1:
+        if self.pull > 1:
             with contextlib.suppress(TimeoutError, NatsTimeout):
-                msgs += await sub.fetch(self.batch - 1, timeout=self.drain_s)
+                msgs += await sub.fetch(self.pull - 1, timeout=self.drain_s)
         return msgs
+
+    def _shrink_pull(self) -> None:
+        self.pull = max(1, self.pull // 2)
 
     def stop(self) -> None:
         self._stop.set()

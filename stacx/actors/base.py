@@ -307,6 +307,33 @@ async def _heartbeat(msg: Msg, every: float) -> None:
             await msg.in_progress()
 
 
+async def keep_running(name: str, body: Callable[[], Awaitable[None]], *,
+                       stop: asyncio.Event | None = None, max_backoff: float = 10.0,
+                       on_crash: Callable[[], None] | None = None) -> None:
+    """Await ``body()`` until it returns or ``stop`` is set; after a crash run it again, with
+    capped exponential backoff. A programming error under STACX_STRICT is raised instead."""
+    backoff, restarts = 0.1, 0
+    stop = stop or asyncio.Event()
+    while not stop.is_set():
+        try:
+            await body()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if strict() and is_bug(exc):
+                log.critical("%s: programming error; STACX_STRICT is set, so it is not "
+                             "restarted", name, exc_info=exc)
+                raise
+            restarts += 1
+            if on_crash is not None:
+                on_crash()
+            log.exception("%s crashed; restart %d in %.1fs", name, restarts, backoff)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, max_backoff)
+
+
 class Supervisor:
     """Keeps one actor running: restarts it after a crash with capped exponential backoff."""
 
@@ -317,24 +344,16 @@ class Supervisor:
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
-        backoff = 0.1
-        while not self.stop.is_set():
-            try:
-                await self.actor.on_start()
-                await self.actor.run(self.stop)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if strict() and is_bug(exc):
-                    log.critical("actor %s: programming error; STACX_STRICT is set, so it is not "
-                                 "restarted", self.actor.name, exc_info=exc)
-                    raise
-                self.restarts += 1
-                log.exception("actor %s crashed; restart %d in %.1fs", self.actor.name, self.restarts, backoff)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), backoff)
-                backoff = min(backoff * 2, self.max_backoff)
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.actor.on_stop()
+        await keep_running(f"actor {self.actor.name}", self._once, stop=self.stop,
+                           max_backoff=self.max_backoff, on_crash=self._crashed)
+
+    def _crashed(self) -> None:
+        self.restarts += 1
+
+    async def _once(self) -> None:
+        try:
+            await self.actor.on_start()
+            await self.actor.run(self.stop)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.actor.on_stop()

@@ -50,8 +50,7 @@ from stacx.actors.base import (
     Params,
     Supervisor,
     causal_context,
-    is_bug,
-    strict,
+    keep_running,
 )
 from stacx.bus.client import Publisher, connect, ensure_stream, stream_replicas
 from stacx.bus.server import EmbeddedNats, external_url
@@ -271,20 +270,6 @@ class RunContext:
 
 async def supervise_recorder(recorder: Recorder) -> None:
     """Run the recorder until it stops; after a crash (a JetStream request that timed out while
-    the connection was re-established, a server lost) run it again, with capped exponential
-    backoff: each run rebuilds its consumer from the committed position."""
-    backoff = 0.1
-    while True:
-        try:
-            await recorder.run()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if strict() and is_bug(exc):
-                log.critical("recorder: programming error; STACX_STRICT is set, so it is "
-                             "not restarted", exc_info=exc)
-                raise
-            log.exception("recorder crashed; restarting in %.1fs", backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+    the connection was re-established, a server lost) run it again: each run rebuilds its
+    consumer from the committed position."""
+    await keep_running("recorder", recorder.run)

@@ -2,6 +2,9 @@
 -- weight version: the version its groups were pinned to (TaskScheduled.weight_version of the
 -- role = 'eval' groups), over samples (one per (group, sample index), all attempts folded).
 -- Only scored samples count toward rewards; n_infra_failed counts those failed for good.
+-- pass_rate_se / reward_se: standard errors of the two means (binomial sqrt(p(1-p)/n); sample
+-- std / sqrt(n)), so a rise between two versions can be read against its noise (a rise larger
+-- than twice sqrt(se_a^2 + se_b^2) is unlikely to be sampling noise).
 CREATE OR REPLACE VIEW eval_curve AS
 WITH evals AS (
     SELECT group_id, max(weight_version) AS weight_version
@@ -13,7 +16,9 @@ SELECT v.weight_version,
        avg(CASE WHEN s.reward >= 1 THEN 1.0 ELSE 0.0 END) FILTER (WHERE s.scored) AS pass_rate,
        count(*) FILTER (WHERE s.failed) AS n_infra_failed,
        count(*) FILTER (WHERE NOT s.done) AS n_pending,
-       count(DISTINCT s.task_id) AS n_tasks
+       count(DISTINCT s.task_id) AS n_tasks,
+       sqrt(pass_rate * (1 - pass_rate) / nullif(n_samples, 0)) AS pass_rate_se,
+       stddev_samp(s.reward) FILTER (WHERE s.scored) / sqrt(nullif(n_samples, 0)) AS reward_se
 FROM samples s
 JOIN evals v USING (group_id)
 GROUP BY v.weight_version

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import torch
 
+from stacx.device_lock import CUDA_EXCLUSIVE
 from stacx.inference.decoder import Decoder, KVCache
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -183,6 +184,12 @@ class GraphedDecode:
     def _capture_greedy(
         self, b: int, t: int, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        with CUDA_EXCLUSIVE:  # a trainer thread sharing the GPU must not run beside a capture
+            return self._capture_greedy_once(b, t, steps, sampled)
+
+    def _capture_greedy_once(
+        self, b: int, t: int, steps: int, sampled: bool
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -208,6 +215,10 @@ class GraphedDecode:
             return self._capture_once(b, t)
 
     def _capture_once(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        with CUDA_EXCLUSIVE:  # a trainer thread sharing the GPU must not run beside a capture
+            return self._capture_locked(b, t)
+
+    def _capture_locked(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         ids, pos = self.ids[:b], self.pos[:b]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -216,8 +227,8 @@ class GraphedDecode:
                 self.decoder.decode(self.cache, ids, pos, t)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread of this process (a trainer sharing it) may keep using
-        # CUDA while the engine's worker thread captures
+        # thread_local: the capture is this thread's; stacx.device_lock keeps a trainer
+        # sharing the process from running CUDA work beside it
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = self.decoder.decode(self.cache, ids, pos, t)
         return graph, out

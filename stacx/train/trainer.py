@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from stacx.actors.base import Actor
+from stacx.device_lock import exclusive
 from stacx.events import (
     CostToGoEstimated,
     EpisodeFinished,
@@ -148,7 +149,7 @@ class Trainer(Actor):
         pending = (await self.query(sql, units.params(self.config, sql, self.version))).to_pylist()
         self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
         path = str(latest["path"]) if latest else None
-        await asyncio.to_thread(self._build, path)
+        await asyncio.to_thread(exclusive, self._build, path)
         log.info(
             "trainer: at version %d%s",
             self.version,
@@ -216,11 +217,13 @@ class Trainer(Actor):
         model, optimizer = self.model, self.optimizer
         self._dirty = True
         if self._group is not None:
-            result = await asyncio.to_thread(self._group.step, samples, step)
+            result = await asyncio.to_thread(exclusive, self._group.step, samples, step)
         else:
-            result = await asyncio.to_thread(train_step, cfg, model, optimizer, samples, step)
+            result = await asyncio.to_thread(
+                exclusive, train_step, cfg, model, optimizer, samples, step
+            )
         saved = time.perf_counter()
-        path, sha = await asyncio.to_thread(self._save, step, result)
+        path, sha = await asyncio.to_thread(exclusive, self._save, step, result)
         save_ms = (time.perf_counter() - saved) * 1e3
         log.info(
             "trainer: step %d on %d samples: loss %.4f, %.0f ms; checkpoint %.0f ms",

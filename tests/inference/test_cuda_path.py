@@ -153,3 +153,54 @@ async def test_sampled_rows_run_in_multi_step_replays_and_repeat_per_seed() -> N
     assert g_mixed.output_ids == greedy_alone.output_ids
     assert len(set(alone.output_ids)) > 10  # sampled, not a greedy loop
     torch.testing.assert_close(torch.tensor(alone.logprobs), torch.tensor(scored), atol=1e-3, rtol=0)
+
+
+async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
+    """An engine and a trainer sharing a process and a GPU (colocated, local placement): while a
+    thread trains with dropout (random ops on the default CUDA generator) and a compiled step
+    under stacx.device_lock, as the trainer does, the engine captures graphs for new batch shapes
+    and samples with top-p (the host sampler) without the "Offset increment outside graph
+    capture" failure that used to poison every later engine step."""
+    import asyncio
+    import threading
+
+    from stacx.device_lock import exclusive
+
+    engine = TorchEngine(small_qwen3(), device="cuda", dtype=torch.float32, max_batch=16, max_len=256)
+    student = small_qwen3().train()
+    student.model.layers[0].compile(dynamic=True)
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
+    stop, errors, steps = threading.Event(), [], [0]
+
+    def step() -> None:
+        ids = torch.randint(3, 1000, (4, 64), device="cuda")
+        hidden = torch.nn.functional.dropout(student.model(ids).last_hidden_state, 0.1)
+        student.lm_head(hidden).float().logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def train() -> None:
+        try:
+            while not stop.is_set():
+                exclusive(step)
+                steps[0] += 1
+        except BaseException as e:  # reported below, not swallowed
+            errors.append(e)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    gen = torch.Generator().manual_seed(7)
+    try:
+        for rows in (1, 3, 5, 9, 16, 2, 12):  # new batch buckets: new captures
+            prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist()
+                       for n in torch.randint(5, 120, (rows,), generator=gen)]  # fmt: skip
+            nucleus = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, ignore_eos=True)
+            hot = SamplingParams(max_new_tokens=24, temperature=1.0, ignore_eos=True)
+            outs = await asyncio.gather(engine.generate(prompts, nucleus), engine.generate(prompts, hot))
+            assert all(len(g.output_ids) == 24 for out in outs for g in out)
+    finally:
+        stop.set()
+        await asyncio.to_thread(worker.join)
+        await engine.close()
+    assert not errors, errors
+    assert steps[0] > 0

@@ -18,16 +18,57 @@ Processes do not share generators, so Ray placement needs no lock and pays nothi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-CUDA_EXCLUSIVE = threading.Lock()
+
+class DeviceLock:
+    """A mutex in which a waiting capture goes before a waiting train step: a trainer stepping
+    back to back would otherwise re-take a plain lock before the engine's thread wakes, and the
+    engine would wait for its capture (and so stop decoding) for many steps."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+        self._captures_waiting = 0
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        with self._cond:
+            self._captures_waiting += 1
+            self._cond.wait_for(lambda: not self._busy)
+            self._captures_waiting -= 1
+            self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._busy and not self._captures_waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+
+CUDA_EXCLUSIVE = DeviceLock()
 
 
 def exclusive(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """``fn(*args, **kwargs)`` under :data:`CUDA_EXCLUSIVE` (for ``asyncio.to_thread``)."""
-    with CUDA_EXCLUSIVE:
+    """``fn(*args, **kwargs)`` as a train step under :data:`CUDA_EXCLUSIVE` (for
+    ``asyncio.to_thread``): it waits for a capture under way or waiting."""
+    with CUDA_EXCLUSIVE.step():
         return fn(*args, **kwargs)

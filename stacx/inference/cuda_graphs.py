@@ -184,7 +184,7 @@ class GraphedDecode:
     def _capture_greedy(
         self, b: int, t: int, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with CUDA_EXCLUSIVE:  # a trainer thread sharing the GPU must not run beside a capture
+        with CUDA_EXCLUSIVE.capture():  # a trainer thread sharing the GPU must not run beside a capture
             return self._capture_greedy_once(b, t, steps, sampled)
 
     def _capture_greedy_once(
@@ -215,7 +215,7 @@ class GraphedDecode:
             return self._capture_once(b, t)
 
     def _capture_once(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with CUDA_EXCLUSIVE:  # a trainer thread sharing the GPU must not run beside a capture
+        with CUDA_EXCLUSIVE.capture():  # a trainer thread sharing the GPU must not run beside a capture
             return self._capture_locked(b, t)
 
     def _capture_locked(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -107,6 +107,12 @@ def test_a_training_run_records_its_eval_curve(tmp_path: Path) -> None:
     con = db.connect_run(run_dir)
     curve = con.execute("select weight_version, n_samples, n_pending from eval_curve").fetchall()
     assert curve == [(0, 2, 0), (1, 2, 0)]
+    # error bars: the binomial standard error of each pass rate; off-version samples counted
+    for p, n, se, off in con.execute(
+        "select pass_rate, n_samples, pass_rate_se, n_off_version from eval_curve"
+    ).fetchall():
+        assert se == pytest.approx((p * (1 - p) / n) ** 0.5)
+        assert 0 <= off <= n
     # the brief's own question, over the episodes view
     by_version = con.execute(
         "select weight_version, count(*) from episodes where role = 'eval' group by 1 order by 1"

@@ -125,7 +125,7 @@ def page(title: str, body: str, *, runs: str) -> str:
     nav = " ".join(f'<a href="{p}">{esc(t)}</a>' for p, t in NAV)
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)} · stacx view</title>"
-            '<link rel="stylesheet" href="/static/view.css"><script src="/static/view.js" defer></script>'
+            '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css"><script src="/static/view.js" defer></script>'
             f'</head><body><header><b>stacx view</b> <span class="runs">{esc(runs)}</span><nav>{nav}</nav>'
             f"</header><main><h1>{esc(title)}</h1>{body}</main></body></html>")  # fmt: skip
 

@@ -145,7 +145,7 @@ def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:
         seg = f" · segment {t['segment']}" if t["segment"] else ""
         head = (f"turn {t['turn']} · {esc(t['actor'])} · weight v{fmt(t['weight_version'])} · "
                 f"{len(output)} tokens · {esc(t['finish_reason'])} · {esc(t['engine'])} · "
-                f"{fmt(t['gen_ms'])} ms{seg}")  # fmt: skip
+                f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}")  # fmt: skip
         label = "observation and chat header" if extends else (
             "whole prompt (a new segment: it does not extend the previous call)" if end else "prompt")
         body = [f"<details{' open' if extends else ''}><summary>{label} · {len(added)} tokens</summary>"
@@ -186,7 +186,8 @@ def _verifier_html(source: Source, eid: str) -> str:
     return ("<section><h2>verifier</h2>"
             f"<p>reward <b class=\"reward\">{fmt(v['reward'])}</b> · {fmt(v['verifier_ms'])} ms · "
             f"metrics <code>{esc(v['metrics_json'])}</code></p>"
-            f'<pre class="verifier">{esc(v["verifier_output"])}</pre></section>')  # fmt: skip
+            + (f'<pre class="verifier">{esc(v["verifier_output"])}</pre>' if v["verifier_output"] else "")
+            + "</section>")  # fmt: skip
 
 
 def _events_html(source: Source, eid: str) -> str:

@@ -27,7 +27,9 @@ def fmt(value: object) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 

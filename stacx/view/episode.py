@@ -145,7 +145,7 @@ def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:
         seg = f" · segment {t['segment']}" if t["segment"] else ""
         head = (f"turn {t['turn']} · {esc(t['actor'])} · weight v{fmt(t['weight_version'])} · "
                 f"{len(output)} tokens · {esc(t['finish_reason'])} · {esc(t['engine'])} · "
-                f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}")  # fmt: skip
+                f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}")  # type: ignore[arg-type]
         label = "observation and chat header" if extends else (
             "whole prompt (a new segment: it does not extend the previous call)" if end else "prompt")
         body = [f"<details{' open' if extends else ''}><summary>{label} · {len(added)} tokens</summary>"

@@ -325,7 +325,7 @@ def compare_page(source: Source, params: Params) -> str:
             series.append((f"{label} {split}", pts))
     chart = line_chart(series, title="reward by weight version", x_label="weight version",
                        y_label="mean reward", width=620)  # fmt: skip
-    form = ('<form method="get" action="/compare">' + select("a", ids, a, blank="")
+    form = ('<form class="filters" method="get" action="/compare">' + select("a", ids, a, blank="")
             + select("b", ids, b, blank="") + '<button type="submit">compare</button></form>')  # fmt: skip
     task = params.get("task") or None
     per_task = source.query(

@@ -57,7 +57,9 @@ def viewer(run_dir: Path) -> Iterator[str]:
     proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+# module scope: Playwright's sync API runs an event loop of its own while the browser is open,
+# and pytest-asyncio cannot run the async tests of other modules until it is closed
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no Chromium at {CHROMIUM}: tools/setup.sh installs Debian's chromium")

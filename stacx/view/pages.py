@@ -297,14 +297,14 @@ def sql_page(source: Source, params: Params) -> str:
     form = ('<form method="get" action="/sql"><textarea name="q" rows="6" cols="100" '
             f'placeholder="select * from episodes limit 10">{esc(q)}</textarea><br>'
             '<button type="submit">run</button></form>')  # fmt: skip
+    # the project views and the event tables, as `stacx sql` sees them (several runs: the
+    # tables too are temp views over the attached runs' union)
     views = source.query(
-        "select v.view_name, string_agg(c.column_name, ', ' order by c.column_index) "
-        "from duckdb_views() v join duckdb_columns() c on c.table_name = v.view_name "
-        "and c.database_name = v.database_name and c.schema_name = v.schema_name "
-        "where not v.internal and v.temporary group by 1 order by 1")  # fmt: skip
+        "select table_name, string_agg(column_name, ', ' order by column_index) from duckdb_columns() "
+        "where not internal and database_name in ('temp', current_database()) group by 1 order by 1")  # fmt: skip
     listing = "".join(f'<li><a href="#" class="view-name" data-q="select * from {esc(n)} limit 20">'
                       f"{esc(n)}</a> <small>{esc(cols)}</small></li>" for n, cols in views.rows)  # fmt: skip
-    return form + out + _section("views", f'<ul class="views">{listing}</ul>')
+    return form + out + _section("views and tables (a name fills the box)", f'<ul class="views">{listing}</ul>')
 
 
 # ---- compare ------------------------------------------------------------------------------------

@@ -50,9 +50,14 @@ def _rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
         return con.execute(sql).fetchall()
 
 
-async def test_export_writes_v17_and_import_restores_tool_results(tmp_path: Path) -> None:
+@pytest.fixture
+async def job(tmp_path: Path) -> Path:
     await _run(tmp_path / "run")
     export_job(tmp_path / "run", tmp_path / "job")
+    return tmp_path / "job"
+
+
+def test_export_writes_v17_and_import_restores_tool_results(job: Path, tmp_path: Path) -> None:
     (traj_file,) = (tmp_path / "job").glob("t__*/agent/trajectory.json")
     traj = json.loads(traj_file.read_text())
     assert traj["schema_version"] == "ATIF-v1.7" and traj["trajectory_id"] == "e"

@@ -62,3 +62,12 @@ fi
 .venv/bin/stacx images bootstrap
 .venv/bin/stacx models prepare
 log "ready"
+
+# ---- headless browser for the viewer's tests and tools/screenshots.py (stacx view) ---------------
+# Debian's chromium, driven by Playwright for Python (the `dev` extra) through executable_path:
+# never `playwright install` (no browser is downloaded).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  log "installing chromium (headless browser tests of stacx view)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi

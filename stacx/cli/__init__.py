@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "images": ("images", "Base images built offline."),
     "models": ("models", "Prepare the default model checkpoint."),
     "serve": ("serve", "Serve an engine over HTTP (SGLang native subset + OpenAI routes)."),
+    "view": ("view", "A local read-only web viewer over runs (episodes, decoded turns, curves, SQL)."),
 }
 
 

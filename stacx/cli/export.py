@@ -8,7 +8,6 @@ run's tokenizer when it can be loaded), and `events_json` (the episode's full ev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,15 +20,12 @@ from stacx.store.episodes_io import export_row, read_records, write_export
 
 
 def _run_model(run_dir: Path) -> str | None:
+    from stacx.view.source import model_of
+
     con = db.connect_run(run_dir)
     row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
     con.close()
-    if not row:
-        return None
-    model = json.loads(row[0]).get("model")
-    if isinstance(model, dict):
-        return model.get("path") or model.get("name")  # type: ignore[no-any-return]
-    return model if isinstance(model, str) else None
+    return model_of(str(row[0])) if row else None
 
 
 def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:

@@ -9,8 +9,12 @@ Export (`export_job`) writes::
     JOBDIR/<task>__<id>/result.json  per trial: verifier_result.rewards, timing per phase
                                      (environment_setup, agent_execution, verifier),
                                      exception_info for an infrastructure failure
-    JOBDIR/<task>__<id>/agent/trajectory.json   ATIF v1.4: one agent step per model turn, with
-                                     prompt_token_ids, completion_token_ids and logprobs
+    JOBDIR/<task>__<id>/agent/trajectory.json   ATIF v1.7: one agent step per model turn, with
+                                     prompt_token_ids, completion_token_ids and logprobs,
+                                     llm_call_count 1 on a model's turn (none on a scripted
+                                     one: an oracle's text is not an LLM call), each tool
+                                     result's exit code, timeout, truncation, error and time
+                                     in its `extra.stacx`
     JOBDIR/<task>__<id>/verifier/    reward.json and test-stdout.txt (the verifier's output)
 
 pass@k counts a trial as passed when its reward is >= 1 and uses the unbiased estimator
@@ -24,8 +28,15 @@ from its tool calls and observations, EpisodeFinished, then RewardAssigned (the 
 rewards) or InfraFailed (its exception, when it has no verifier result). Ids are derived from
 the job and trial names, so importing twice changes nothing.
 
+Import reads ATIF v1.4 to v1.7 (another schema_version is refused, naming the file). v1.7's
+`subagent_trajectories` (embedded sub-agent documents) become further turns of the same episode,
+one gateway-style `segment` per sub-agent (their prompts do not extend the parent's); the
+`extra.stacx` of tool calls and observation results restores what export put there.
+
 Limits: Harbor's trial config (agent kwargs, environment settings) is not reproduced; ATIF
-steps from a "system" or "user" source become prompt context, not turns.
+steps from a "system" or "user" source become prompt context, not turns. Export writes no
+`subagent_trajectories`: a STACX episode's gateway segments are rewritten histories of one
+agent, not sub-agents, so they stay steps of the one trajectory (`extra.stacx.segment`).
 """
 
 from __future__ import annotations
@@ -35,10 +46,10 @@ import math
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from stacx.errors import StacxError
 from stacx.events import (
@@ -60,7 +71,8 @@ from stacx.events import (
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, whole_turns
 
-ATIF_VERSION = "ATIF-v1.4"
+ATIF_VERSION = "ATIF-v1.7"
+ATIF_READS = ("ATIF-v1.4", "ATIF-v1.5", "ATIF-v1.6", "ATIF-v1.7")
 Json = dict[str, object]
 
 
@@ -101,7 +113,7 @@ def trajectory(
     model_name: str,
     decode: Callable[[list[int]], str] | None,
 ) -> Json:
-    """The episode as an ATIF v1.4 trajectory (token ids and logprobs on every agent step)."""
+    """The episode as an ATIF v1.7 trajectory (token ids and logprobs on every agent step)."""
     ev = _by_kind(rec)
     start = ev["EpisodeStarted"][0] if ev["EpisodeStarted"] else {}
     calls: dict[int, list[Json]] = defaultdict(list)
@@ -119,12 +131,14 @@ def trajectory(
         prompt, output = list(t["prompt_ids"]), list(t["output_ids"])  # type: ignore[call-overload]
         total_prompt += len(prompt)
         total_completion += len(output)
+        model_turn = t.get("actor") in (TurnActor.STUDENT, TurnActor.TEACHER)
         step: Json = {
             "step_id": len(steps) + 1,
             "timestamp": _iso(t.get("ts")),
             "source": "agent",
             "model_name": model_name,
             "message": decode(output) if decode else "",
+            "llm_call_count": 1 if model_turn else None,
             "metrics": {
                 "prompt_tokens": len(prompt),
                 "completion_tokens": len(output),
@@ -135,23 +149,18 @@ def trajectory(
             "extra": {"stacx": {
                 "turn": turn, "actor": t.get("actor"), "weight_version": t.get("weight_version"),
                 "finish_reason": t.get("finish_reason"), "engine": t.get("engine"),
+                "segment": t.get("segment") or 0,
             }},
         }  # fmt: skip
         if calls[turn]:
-            step["tool_calls"] = [
-                {"tool_call_id": c["call_id"], "function_name": c["tool"],
-                 "arguments": json.loads(str(c.get("arguments_json") or "{}"))}
-                for c in calls[turn]
-            ]  # fmt: skip
+            step["tool_calls"] = [_tool_call(c) for c in calls[turn]]
         if returns[turn]:
-            step["observation"] = {"results": [
-                {"source_call_id": r["call_id"], "content": r.get("output") or r.get("error") or ""}
-                for r in returns[turn]
-            ]}  # fmt: skip
+            step["observation"] = {"results": [_tool_result(r) for r in returns[turn]]}
         steps.append(step)
     return {
         "schema_version": ATIF_VERSION,
         "session_id": rec.episode_id,
+        "trajectory_id": rec.episode_id,
         "agent": {"name": str(start.get("agent") or "stacx"), "version": "stacx",
                   "model_name": model_name},
         "steps": steps,
@@ -159,6 +168,28 @@ def trajectory(
                           "total_completion_tokens": total_completion,
                           "total_steps": len(steps)},
     }  # fmt: skip
+
+
+# what ATIF's tool call and observation result cannot say, kept in their `extra.stacx` (v1.7)
+RESULT_EXTRA = ("exit_code", "timed_out", "truncated", "error", "duration_ms")
+
+
+def _tool_call(c: Json) -> Json:
+    raw = str(c.get("arguments_json") or "{}")
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        arguments = None
+    call: Json = {"tool_call_id": c["call_id"], "function_name": c["tool"],
+                  "arguments": arguments if isinstance(arguments, dict) else {}}  # fmt: skip
+    if not isinstance(arguments, dict):  # a malformed call: ATIF wants an object; keep the text
+        call["extra"] = {"stacx": {"arguments_json": raw}}
+    return call
+
+
+def _tool_result(r: Json) -> Json:
+    return {"source_call_id": r["call_id"], "content": r.get("output") or r.get("error") or "",
+            "extra": {"stacx": {k: r.get(k) for k in RESULT_EXTRA}}}  # fmt: skip
 
 
 def pass_at_k(successes: dict[str, list[bool]]) -> dict[str, float]:
@@ -400,6 +431,105 @@ def _ids(tokenizer: ChatTemplate, messages: list[dict[str, str]], **kw: object) 
     return [int(i) for i in ids]  # type: ignore[attr-defined]
 
 
+_Doc = dict[str, Any]  # a parsed JSON document (trajectory.json), read defensively
+
+
+class _Steps:
+    """An ATIF step list as an episode's turn and tool events (one trial's, or one embedded
+    sub-agent's: each list is its own conversation, so its own chain of prompts)."""
+
+    def __init__(self, run_id: str, episode: str, path: Path, tokenizer: ChatTemplate | None) -> None:
+        self.run_id, self.episode, self.path, self.tokenizer = run_id, episode, path, tokenizer
+
+    def eid(self, *parts: object) -> str:
+        return derive_id(self.run_id, self.episode, *parts)
+
+    def events(
+        self, steps: list[_Doc], *, turn: int, segment: int, ts: float
+    ) -> Generator[Event, None, tuple[int, float]]:
+        """Yields the events; returns ``(next turn, last timestamp)``."""
+        messages: list[dict[str, str]] = []
+        seen: list[int] = []  # the previous step's prompt + output: stored once (prefix_len)
+        for step in steps:
+            ts = _ts(step.get("timestamp"), ts)
+            text = _text(step.get("message"))
+            if step.get("source") != "agent":
+                messages.append({"role": "system" if step.get("source") == "system" else "user",
+                                 "content": text})  # fmt: skip
+                continue
+            whole, out_ids, logprobs = self._ids(step, messages, text)
+            prefix_len, new_ids = prompt_split(whole, seen)
+            seen = whole + out_ids
+            extra = (step.get("extra") or {}).get("stacx") or {}
+            yield TurnGenerated(
+                run_id=self.run_id, event_id=self.eid("turn", turn), ts=ts, episode_id=self.episode,
+                turn=turn, prompt_ids=new_ids, prefix_len=prefix_len, output_ids=out_ids,
+                logprobs=logprobs, weight_version=extra.get("weight_version"),
+                finish_reason=str(extra.get("finish_reason") or "stop"),
+                actor=TurnActor(extra.get("actor") or TurnActor.STUDENT),
+                engine=f"harbor:{step.get('model_name') or ''}", retokenized=not _has_ids(step),
+                segment=segment,
+            )  # fmt: skip
+            messages.append({"role": "assistant", "content": text})
+            results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get(
+                "results", [])}  # fmt: skip
+            for i, call in enumerate(step.get("tool_calls") or []):
+                yield from self._tool(turn, i, call, results, ts)
+            for r in results.values():
+                messages.append({"role": "user", "content": _text(r.get("content"))})
+            turn += 1
+        return turn, ts
+
+    def _ids(self, step: _Doc, messages: list[dict[str, str]], text: str) -> tuple[list[int], list[int], list[float] | None]:
+        """The step's prompt and output ids (recorded, or made by the chat template) and logprobs."""
+        metrics = step.get("metrics") or {}
+        if _has_ids(step):
+            logprobs = metrics.get("logprobs")
+            return ([int(i) for i in metrics["prompt_token_ids"]], [int(i) for i in metrics["completion_token_ids"]],
+                    [float(x) for x in logprobs] if logprobs is not None else None)  # fmt: skip
+        if self.tokenizer is None:
+            raise StacxError(
+                f"{self.path}: step {step.get('step_id')} has no token ids; give --tokenizer "
+                "to re-tokenize its text through the model's chat template"
+            )
+        prompt = _ids(self.tokenizer, messages or [{"role": "user", "content": ""}], add_generation_prompt=True)
+        full = _ids(self.tokenizer, [*messages, {"role": "assistant", "content": text}])
+        return prompt, full[len(prompt):] if full[: len(prompt)] == prompt else full[-1:], None
+
+    def _tool(self, turn: int, i: int, call: _Doc, results: dict[object, _Doc], ts: float) -> Iterator[Event]:
+        call_id = str(call.get("tool_call_id") or f"{turn}-{i}")
+        tool = str(call.get("function_name") or "")
+        raw = ((call.get("extra") or {}).get("stacx") or {}).get("arguments_json")
+        yield ToolCalled(
+            run_id=self.run_id, event_id=self.eid("call", turn, i), ts=ts, episode_id=self.episode,
+            turn=turn, call_id=call_id, tool=tool, arguments_json=raw or json.dumps(call.get("arguments") or {}),
+        )  # fmt: skip
+        result = results.get(call_id) or {}
+        kept = (result.get("extra") or {}).get("stacx") or {}  # what export kept (v1.7 `extra`)
+        error, content = str(kept.get("error") or ""), _text(result.get("content"))
+        yield ToolReturned(
+            run_id=self.run_id, event_id=self.eid("return", turn, i), ts=ts, episode_id=self.episode,
+            turn=turn, call_id=call_id, tool=tool, output="" if error and content == error else content,
+            exit_code=kept.get("exit_code"), timed_out=bool(kept.get("timed_out")),
+            truncated=bool(kept.get("truncated")), error=error,
+            duration_ms=float(kept.get("duration_ms") or 0.0),
+        )  # fmt: skip
+
+
+def _has_ids(step: _Doc) -> bool:
+    m = step.get("metrics") or {}
+    return m.get("prompt_token_ids") is not None and m.get("completion_token_ids") is not None
+
+
+def _text(content: object) -> str:
+    """A message or result's text (ATIF allows a list of content parts: their text is kept)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
 def trial_events(
     trial: Path, run_id: str, *, index: int, tokenizer: ChatTemplate | None
 ) -> Iterator[Event]:
@@ -407,6 +537,9 @@ def trial_events(
     result = json.loads((trial / "result.json").read_text())
     traj_path = trial / "agent" / "trajectory.json"
     traj = json.loads(traj_path.read_text()) if traj_path.is_file() else {"steps": []}
+    version = traj.get("schema_version")
+    if traj_path.is_file() and version not in ATIF_READS:
+        raise StacxError(f"{traj_path}: schema_version {version!r}: accepted: {', '.join(ATIF_READS)}")
     job = str((result.get("config") or {}).get("job_id") or trial.parent.name)
     trial_name = str(result.get("trial_name") or trial.name)
     task = str(result.get("task_name") or trial_name.split("__")[0])
@@ -422,66 +555,10 @@ def trial_events(
         group_id=derive_id("harbor", job, task), sample_index=index,
         agent=str(agent_info.get("name") or "harbor"), policy=Policy.STUDENT,
     )  # fmt: skip
-    messages: list[dict[str, str]] = []
-    turn = 0
-    last_ts = t0
-    seen: list[int] = []  # the previous step's prompt + output: stored once (prefix_len)
-    for step in traj.get("steps", []):
-        ts = _ts(step.get("timestamp"), last_ts)
-        last_ts = ts
-        text = step.get("message") or ""
-        if not isinstance(text, str):  # ATIF allows content parts; keep their text
-            text = "".join(str(p.get("text", "")) for p in text if isinstance(p, dict))
-        if step.get("source") != "agent":
-            messages.append({"role": "system" if step.get("source") == "system" else "user",
-                             "content": text})  # fmt: skip
-            continue
-        metrics = step.get("metrics") or {}
-        extra = (step.get("extra") or {}).get("stacx") or {}
-        prompt, output = metrics.get("prompt_token_ids"), metrics.get("completion_token_ids")
-        retokenized = prompt is None or output is None
-        if retokenized:
-            if tokenizer is None:
-                raise StacxError(
-                    f"{traj_path}: step {step.get('step_id')} has no token ids; give --tokenizer "
-                    "to re-tokenize its text through the model's chat template"
-                )
-            prompt = _ids(tokenizer, messages or [{"role": "user", "content": ""}],
-                          add_generation_prompt=True)  # fmt: skip
-            full = _ids(tokenizer, [*messages, {"role": "assistant", "content": text}])
-            output = full[len(prompt):] if full[: len(prompt)] == prompt else full[-1:]
-        logprobs = None if retokenized else metrics.get("logprobs")
-        whole, out_ids = [int(i) for i in prompt or []], [int(i) for i in output or []]
-        prefix_len, new_ids = prompt_split(whole, seen)
-        seen = whole + out_ids
-        yield TurnGenerated(
-            run_id=run_id, event_id=eid("turn", turn), ts=ts, episode_id=episode, turn=turn,
-            prompt_ids=new_ids, prefix_len=prefix_len, output_ids=out_ids,
-            logprobs=list(logprobs) if logprobs is not None else None,
-            weight_version=extra.get("weight_version"),
-            finish_reason=str(extra.get("finish_reason") or "stop"),
-            actor=TurnActor(extra.get("actor") or TurnActor.STUDENT),
-            engine=f"harbor:{step.get('model_name') or ''}", retokenized=retokenized,
-        )  # fmt: skip
-        messages.append({"role": "assistant", "content": text})
-        results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get(
-            "results", [])}  # fmt: skip
-        for i, call in enumerate(step.get("tool_calls") or []):
-            call_id = str(call.get("tool_call_id") or f"{turn}-{i}")
-            tool = str(call.get("function_name") or "")
-            yield ToolCalled(
-                run_id=run_id, event_id=eid("call", turn, i), ts=ts, episode_id=episode,
-                turn=turn, call_id=call_id, tool=tool,
-                arguments_json=json.dumps(call.get("arguments") or {}),
-            )  # fmt: skip
-            content = (results.get(call_id) or {}).get("content") or ""
-            yield ToolReturned(
-                run_id=run_id, event_id=eid("return", turn, i), ts=ts, episode_id=episode,
-                turn=turn, call_id=call_id, tool=tool, output=str(content),
-            )  # fmt: skip
-        for r in results.values():
-            messages.append({"role": "user", "content": str(r.get("content") or "")})
-        turn += 1
+    steps = _Steps(run_id, episode, traj_path, tokenizer)
+    turn, last_ts = yield from steps.events(traj.get("steps", []), turn=0, segment=0, ts=t0)
+    for i, sub in enumerate(traj.get("subagent_trajectories") or []):  # ATIF v1.7
+        turn, last_ts = yield from steps.events(sub.get("steps", []), turn=turn, segment=i + 1, ts=last_ts)
     end = _ts(result.get("finished_at"), last_ts)
     meta = (result.get("agent_result") or {}).get("metadata") or {}
     stop = meta.get("stop_reason") or StopReason.AGENT_DONE
@@ -513,15 +590,14 @@ def trial_events(
 
 
 def needs_tokenizer(paths: list[Path]) -> bool:
-    """Whether some agent step of the trials has text but no token ids."""
+    """Whether some agent step of the trials (or of their embedded sub-agents) has text but
+    no token ids."""
     for trial in trial_dirs(paths):
         traj = trial / "agent" / "trajectory.json"
         if traj.is_file():
-            for step in json.loads(traj.read_text()).get("steps", []):
-                m = step.get("metrics") or {}
-                if step.get("source") == "agent" and (
-                    m.get("prompt_token_ids") is None or m.get("completion_token_ids") is None
-                ):
+            doc = json.loads(traj.read_text())
+            for t in [doc, *(doc.get("subagent_trajectories") or [])]:
+                if any(s.get("source") == "agent" and not _has_ids(s) for s in t.get("steps", [])):
                     return True
     return False
 

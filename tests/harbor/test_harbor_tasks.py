@@ -214,7 +214,7 @@ def test_harbor_job_export_import_and_replay_into_sft(
     assert trial_result["verifier_result"]["rewards"]["step.extend.reward"] == 1.0
     assert trial_result["agent_execution"]["started_at"] and trial_result["verifier"]
     traj = json.loads((trial / "agent" / "trajectory.json").read_text())
-    assert traj["schema_version"] == "ATIF-v1.4"
+    assert traj["schema_version"] == "ATIF-v1.7"
     agent_steps = [s for s in traj["steps"] if s["source"] == "agent"]
     recorded = rows(run_dir, "select t.prompt_ids, t.output_ids from turns t join "
                     "episode_started s using (episode_id) where s.task_id = 'two-steps' "

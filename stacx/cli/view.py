@@ -1,0 +1,27 @@
+"""`stacx view RUN_DIR [RUN_DIR...]`: a local, read-only web viewer over runs' logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stacx.cli._common import friendly_errors, run_interruptible
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--port", type=int, default=0, help="Port on 127.0.0.1 (default: a free one).")
+@friendly_errors
+def cli(run_dirs: tuple[Path, ...], port: int) -> None:
+    """Serve RUN_DIR(s) on 127.0.0.1: runs, episodes (decoded, token by token), lineage, drift
+    and cost, a SQL box, two runs side by side. Works while a run is live; Ctrl-C stops it."""
+    from stacx.view.app import free_port, serve
+    from stacx.view.source import Source
+
+    source = Source(list(run_dirs))
+    try:
+        run_interruptible(serve(source, port or free_port(),
+                                ready=lambda url: click.echo(f"stacx view: {url}  (Ctrl-C stops)")))  # fmt: skip
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,181 @@
+"""The runs a viewer reads: one read-only DuckDB connection over their logs, and their tokenizers.
+
+Guarantees:
+- Read-only. The connection is ``stacx sql``'s (``db.connect_run`` for one run,
+  ``db.attach_runs`` for several: the project views over the union of the runs), then locked
+  down: file access, ATTACH, COPY and extension loading are off (``enable_external_access``)
+  and the configuration is locked, so no query typed into the SQL box can read or write a
+  file. ``query_user`` accepts exactly one SELECT (or EXPLAIN) statement.
+- Live runs. A live run's recorder holds the file's write lock; ``stacx sql`` then reads a
+  snapshot copy (``db.connect_run``). The viewer re-opens when a run's file or WAL changed
+  (size or mtime), at most once per ``min_reopen_s``, so each page shows the log as of at most
+  that long ago; the previous snapshot copy is deleted when its connection closes.
+- Every query of a page goes through ``query`` with bound parameters; a name that cannot be
+  bound (an ORDER BY column) is taken only from a fixed list (``pages``).
+
+Limits: one connection, used by one query at a time (a lock): this is a viewer for one
+person, not a server for many. A run dir that stops being a run while viewed fails the page.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from stacx.errors import StacxError
+from stacx.store import db
+
+Row = tuple[object, ...]
+# what a user's query may be (one statement): anything else is refused before it runs
+USER_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+@dataclass
+class Result:
+    """A query's columns and rows."""
+
+    columns: list[str]
+    rows: list[Row]
+
+    def dicts(self) -> list[dict[str, object]]:
+        return [dict(zip(self.columns, r, strict=True)) for r in self.rows]
+
+
+def _signature(run_dirs: Sequence[Path]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for d in run_dirs:
+        for f in (db.db_path(d), db.wal_path(d)):
+            try:
+                st = f.stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except FileNotFoundError:
+                out.append((-1, -1))
+    return tuple(out)
+
+
+def _snapshot_dirs(con: duckdb.DuckDBPyConnection) -> list[Path]:
+    """The temp directories of the snapshot copies this connection reads (``db._snapshot``
+    names them ``stacx-snap-*`` under the temp dir)."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    out = []
+    for (path,) in con.execute("select path from duckdb_databases() where path is not null").fetchall():
+        parent = Path(str(path)).resolve().parent
+        if parent.parent == tmp and parent.name.startswith("stacx-snap-"):
+            out.append(parent)
+    return out
+
+
+@dataclass
+class Source:
+    """The viewed runs (in the order given: run 0 is ``r0`` in ``stacx sql``'s naming)."""
+
+    run_dirs: list[Path]
+    min_reopen_s: float = 1.0
+    _con: duckdb.DuckDBPyConnection | None = None
+    _snaps: list[Path] = field(default_factory=list)
+    _sig: tuple[tuple[int, int], ...] = ()
+    _opened: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _tokenizers: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run_dirs = [db.require_run(d) for d in self.run_dirs]
+
+    # ---- connection -------------------------------------------------------------------------
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        now = time.monotonic()
+        if self._con is not None and now - self._opened < self.min_reopen_s:
+            return self._con
+        sig = _signature(self.run_dirs)
+        if self._con is not None and sig == self._sig:
+            self._opened = now
+            return self._con
+        con = (db.connect_run(self.run_dirs[0]) if len(self.run_dirs) == 1
+               else db.attach_runs(list(self.run_dirs)))  # fmt: skip
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        self.close()
+        self._con, self._sig, self._opened = con, sig, now
+        self._snaps = _snapshot_dirs(con)
+        return con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+        for d in self._snaps:
+            shutil.rmtree(d, ignore_errors=True)
+        self._snaps = []
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> Result:
+        """One of the viewer's own queries, with bound parameters."""
+        with self._lock:
+            cur = self._connection().execute(sql, list(params))
+            cols = [d[0] for d in cur.description or []]
+            return Result(cols, cur.fetchall() if cur.description else [])
+
+    def query_user(self, sql: str, limit: int = 1000) -> tuple[Result, bool]:
+        """A query typed by the user: one SELECT/EXPLAIN statement; at most ``limit`` rows
+        (and whether there were more). Errors are StacxError with DuckDB's message."""
+        with self._lock:
+            con = self._connection()
+            try:
+                statements = con.extract_statements(sql)
+            except duckdb.Error as exc:
+                raise StacxError(str(exc)) from exc
+            if len(statements) != 1:
+                raise StacxError(f"one statement please (got {len(statements)})")
+            kind = statements[0].type.name
+            if kind not in USER_STATEMENTS:
+                raise StacxError(f"{kind} statements are not allowed here (read-only: "
+                                 f"{', '.join(USER_STATEMENTS)})")  # fmt: skip
+            try:
+                cur = con.execute(sql)
+                cols = [d[0] for d in cur.description or []]
+                rows = cur.fetchmany(limit + 1) if cur.description else []
+            except duckdb.Error as exc:
+                raise StacxError(str(exc)) from exc
+        return Result(cols, rows[:limit]), len(rows) > limit
+
+    def has(self, name: str) -> bool:
+        """Whether a table or view of that name is loaded (an older log may lack a view)."""
+        r = self.query("select count(*) from (select table_name as n from duckdb_tables() "
+                       "union all select view_name from duckdb_views()) where n = ?", [name])  # fmt: skip
+        return bool(r.rows[0][0])
+
+    # ---- run metadata -----------------------------------------------------------------------
+
+    def run_files(self) -> list[dict[str, object]]:
+        """Each run's ``run.json`` (status, pid), as written by the launcher."""
+        return [db.read_run_file(d) for d in self.run_dirs]
+
+    def model_spec(self, run_id: str) -> str | None:
+        """The model a run generated with, from its resolved recipe (the first RunStarted)."""
+        r = self.query("select config_json from run_started where run_id = ? order by _seq limit 1",
+                       [run_id])  # fmt: skip
+        return model_of(str(r.rows[0][0])) if r.rows else None
+
+    def tokenizer(self, run_id: str, load: Callable[[str | None], object]) -> object:
+        """The run's tokenizer, loaded once per model by ``load`` (None: the default model)."""
+        spec = self.model_spec(run_id) or "default"
+        if spec not in self._tokenizers:
+            self._tokenizers[spec] = load(spec)
+        return self._tokenizers[spec]
+
+
+def model_of(config_json: str) -> str | None:
+    """The model of a resolved recipe (``model.path`` or ``model.name``, or ``model`` itself)."""
+    model = json.loads(config_json).get("model")
+    if isinstance(model, dict):
+        found = model.get("path") or model.get("name")
+        return str(found) if found else None
+    return model if isinstance(model, str) else None

@@ -1,0 +1,94 @@
+"""`stacx view` over a real run's log, driven in headless Chromium: every page loads, the
+episode page shows a turn's text decoded from its recorded ids, the episodes filters change
+the list, the SQL box answers (and refuses to write)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from stacx.store import db
+
+pytestmark = pytest.mark.model
+
+PAGES = {"/": "runs", "/episodes": "episodes", "/lineage": "lineage", "/cost": "drift & cost",
+         "/sql": "SQL", "/compare": "compare"}  # fmt: skip
+
+
+def recorded(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
+    with duckdb.connect(str(db.db_path(run_dir)), read_only=True) as con:  # plain DuckDB, no STACX
+        return con.execute(sql).fetchall()
+
+
+def test_every_page_loads(viewer: str, page) -> None:
+    for path, title in PAGES.items():
+        response = page.goto(viewer + path)
+        assert response.status == 200, path
+        assert page.locator("h1").inner_text() == title
+        assert page.locator("header nav a").count() == len(PAGES)
+
+
+def test_runs_page_shows_the_run_and_its_reward_curve(viewer: str, run_dir: Path, page) -> None:
+    [(run_id, n)] = recorded(run_dir, "select run_id, count(*) from episode_started group by 1")
+    page.goto(viewer + "/")
+    assert run_id in page.locator("section h2").first.inner_text()
+    assert page.locator("svg.chart").count() >= 1
+    assert f"{n} / {n}" in page.locator("section table").first.inner_text()  # samples done
+
+
+def test_episode_page_shows_the_decoded_text_of_a_turn(viewer: str, run_dir: Path, page) -> None:
+    from transformers import AutoTokenizer
+
+    from stacx.hf import resolve_model
+
+    [(episode, output_ids, logprobs)] = recorded(
+        run_dir, "select episode_id, output_ids, logprobs from turn_generated order by episode_id limit 1")
+    text = AutoTokenizer.from_pretrained(resolve_model("default")).decode(output_ids, skip_special_tokens=False)
+    page.goto(f"{viewer}/episode?id={episode}")
+    output = page.locator("#turn-0 pre.output")
+    assert output.inner_text() == text
+    tokens = output.locator("span.tok")
+    assert tokens.count() == len(output_ids)  # ASCII-ish text: one span per token
+    title = tokens.first.get_attribute("title")
+    assert f"logprob {logprobs[0]:.4g}" in title and "weight v0" in title
+    assert "Problem:" in page.locator("#turn-0 pre.prompt").text_content()  # the prompt, decoded (folded)
+
+
+def test_filters_change_the_episode_list(viewer: str, run_dir: Path, page) -> None:
+    tasks = sorted(t for (t,) in recorded(run_dir, "select task_id from episode_started"))
+    page.goto(viewer + "/episodes")
+    rows = page.locator("table.episodes tbody tr")
+    assert rows.count() == len(tasks) == 2
+    with page.expect_navigation():
+        page.select_option("select[name=task]", tasks[1])  # the page's script submits the form
+    assert "task=" in page.url
+    assert rows.count() == 1
+    assert tasks[1] in rows.first.inner_text() and tasks[0] not in rows.first.inner_text()
+    page.goto(viewer + "/episodes?status=failed")
+    assert page.locator("table.episodes td.empty").count() == 1  # nothing failed in this run
+    bad = page.request.get(viewer + "/episodes?sort=reward;drop")
+    assert bad.status == 400 and "accepted: started_ts" in bad.text()
+
+
+def test_sql_box_answers_and_stays_read_only(viewer: str, run_dir: Path, page) -> None:
+    [(n,)] = recorded(run_dir, "select count(*) from episode_started")
+    page.goto(viewer + "/sql")
+    assert page.locator("ul.views").inner_text().count("reward_by_weight_version") == 1
+    page.fill("textarea[name=q]", "select count(*) as n from episodes")
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.locator("table.result td").inner_text() == str(n)
+    for query, error in (("select * from no_such_view", "no_such_view"),
+                         ("create table x (a int)", "CREATE statements are not allowed"),
+                         ("select * from read_csv('/etc/hostname')", "disabled by configuration")):  # fmt: skip
+        page.fill("textarea[name=q]", query)
+        with page.expect_navigation():
+            page.click("button[type=submit]")
+        assert error in page.locator("pre.error").inner_text()
+
+
+def test_a_foreign_host_header_is_refused(viewer: str, page) -> None:
+    response = page.request.get(viewer + "/", headers={"Host": "attacker.example:80"})
+    assert response.status == 421

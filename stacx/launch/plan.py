@@ -109,7 +109,7 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
         else _engine_detail(recipe.engine, recipe.model.path, recipe.model.dtype)
     )
     rollout_detail = (
-        f"{engine}; docker sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
+        f"{engine}; {recipe.sandbox.backend} sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
     )
     if recipe.algorithm.name in ("dagger", "aggrevate"):
         rollout_detail += (

@@ -3,8 +3,8 @@ llm_call_count, `extra` on tool calls and observation results); import reads v1.
 restores what `extra` kept, turns embedded sub-agent trajectories into further segments of the
 episode, and refuses another schema version by name.
 
-Harbor's own pydantic model (harbor needs Python >= 3.12) is not installable on this host's
-3.11, so these tests check the field names the ATIF v1.7 RFC gives, not Harbor's validator."""
+The last test validates the export with Harbor's own pydantic model (harbor 0.26.0 from PyPI,
+in the trixie base image: harbor needs Python >= 3.12, this host has 3.11)."""
 
 from __future__ import annotations
 
@@ -113,3 +113,38 @@ def test_another_schema_version_is_refused_by_name(tmp_path: Path) -> None:
     _trial(tmp_path / "job", {"schema_version": "ATIF-v1.2", "steps": []})
     with pytest.raises(StacxError, match=r"trajectory.json: schema_version 'ATIF-v1.2': accepted: ATIF-v1.4, "):
         list(job_events([tmp_path / "job"], "r", tokenizer=None))
+
+
+HARBOR = "0.26.0"  # Harbor's own ATIF models (harbor.models.trajectories), from PyPI
+VALIDATE = """
+import json, pathlib, sys
+from harbor.models.trajectories import Trajectory
+files = sorted(pathlib.Path("/job").glob("*/agent/trajectory.json"))
+for f in files:
+    t = Trajectory.model_validate_json(f.read_text())
+    print(f.parent.parent.name, t.schema_version, len(t.steps))
+print("validated", len(files))
+"""
+
+
+@pytest.mark.docker
+def test_harbors_own_trajectory_model_parses_the_export(
+    job: Path, base_images: tuple[str, str]
+) -> None:
+    """The exported trajectory.json files validate under Harbor's own pydantic model (harbor
+    needs Python >= 3.12: it runs in the trixie base image, which has 3.13)."""
+    _, trixie = base_images
+    image = f"stacx/test-harbor-atif:{HARBOR}"
+    dockerfile = (
+        f"FROM {trixie}\n"
+        "RUN python3 -m venv /h && /h/bin/pip install -q pydantic "
+        f"&& /h/bin/pip install -q --no-deps harbor=={HARBOR}\n"
+    )
+    built = subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=dockerfile,
+                           capture_output=True, text=True)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    done = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{job}:/job:ro",
+                           image, "/h/bin/python", "-c", VALIDATE], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("validated 1"), done.stdout
+    assert "ATIF-v1.7 3" in done.stdout  # the user instruction + both agent steps, as exported

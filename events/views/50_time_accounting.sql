@@ -7,7 +7,7 @@
 --   checkpoint  the checkpoint alone (its part of the trainer's interval): [ts - checkpoint_ms, ts]
 --   sandbox     a tool run (ToolReturned.duration_ms) or a verifier run (RewardAssigned.verifier_ms)
 -- version_windows: weight version v "is current" from its publish (v0: the run's start) to the
---   next publish (the last: the log's last event).
+--   next publish (the last: the log's last event, or the run's finish or last unit of work).
 -- time_accounting: per (weight_version, role): window_s, busy_s = the union of the role's
 --   intervals clipped to the window (at least one unit busy), idle_s = window_s - busy_s,
 --   busy_frac, work_s = the sum of the clipped intervals (sandbox-seconds: concurrent sandboxes
@@ -42,7 +42,10 @@ WITH starts AS (
 )
 SELECT weight_version,
        t0,
-       coalesce(lead(t0) OVER (ORDER BY weight_version), (SELECT max(ts) FROM _events)) AS t1
+       coalesce(lead(t0) OVER (ORDER BY weight_version),
+                (SELECT max(t) FROM (SELECT max(ts) AS t FROM _events
+                                     UNION ALL SELECT max(ts) FROM run_finished
+                                     UNION ALL SELECT max(t1) FROM busy_intervals))) AS t1
 FROM firsts;
 
 CREATE OR REPLACE VIEW busy_islands AS

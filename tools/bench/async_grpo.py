@@ -158,6 +158,7 @@ def main() -> None:
     limit = args.timeout_s or (190.0 if cuda else 1800.0)
     base = [*(CUDA_SETS if cuda else TINY_SETS), f"trainer.steps={steps}", *args.sets]
     work = args.work or Path(tempfile.mkdtemp(prefix="async-grpo-"))
+    work.mkdir(parents=True, exist_ok=True)
     print(f"bench: {platform.node()} python {platform.python_version()}, work {work}",
           file=sys.stderr)  # fmt: skip
     if warmup:

@@ -18,7 +18,9 @@ events/views/50_time_accounting.sql):
   least one request was being generated / the trainer was reading a batch, stepping or writing
   its checkpoint / at least one tool or verifier ran (``busy_islands`` clipped to the span);
 - ``reward_by_version``: {version: [mean reward, episodes]} (``reward_by_weight_version``);
-- ``mean_staleness``: the trainer's batches' mean ``max_staleness`` (versions behind).
+- ``mean_staleness``: the trainer's batches' mean ``max_staleness`` (versions behind);
+- ``time_accounting_run``: the ``time_accounting_run`` view (the whole log, model load included):
+  role -> [busy_s, idle_s, busy_frac, work_s, tokens_per_s].
 
 The last line printed is one JSON object: both modes' figures and ``speedup`` (async steps/hour
 over sync). Sizes:
@@ -76,6 +78,7 @@ REWARDS = """
 SELECT weight_version, reward_mean, n_episodes FROM reward_by_weight_version
 WHERE split = 'train' ORDER BY weight_version
 """
+ACCOUNTING = "SELECT role, busy_s, idle_s, busy_frac, work_s, tokens_per_s FROM time_accounting_run"
 STALENESS = "SELECT avg(try_cast(json_extract(metrics_json, '$.max_staleness') AS DOUBLE)) FROM train_steps"
 
 
@@ -123,6 +126,10 @@ def measure(run_dir: Path) -> dict[str, object]:
             for v, r, n in con.execute(REWARDS).fetchall()
         }
         (staleness,) = con.execute(STALENESS).fetchone() or (None,)
+        accounting = {
+            role: [round(float(x or 0), 3) for x in rest]
+            for role, *rest in con.execute(ACCOUNTING).fetchall()
+        }
     finally:
         con.close()
     return {
@@ -136,6 +143,8 @@ def measure(run_dir: Path) -> dict[str, object]:
         "sandbox_busy": round(float(busy.get("sandbox", 0.0)), 3),
         "mean_staleness": round(float(staleness), 3) if staleness is not None else None,
         "reward_by_version": rewards,
+        # the whole log (model load included): role -> [busy_s, idle_s, busy_frac, work_s, tokens/s]
+        "time_accounting_run": accounting,
     }
 
 

@@ -221,6 +221,11 @@ class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
     # model's chat template and tokenizer, not recorded from an engine
     retokenized: bool = False
     prefix_len: int = 0  # leading prompt ids left out: the previous turn's prompt + output
+    # per-token weight versions of a turn generated across a weight load: the output ids from
+    # version_starts[i] up to the next start came from versions[i] (version_starts[0] == 0).
+    # Empty (the default, and every older log): all of them came from `weight_version`.
+    version_starts: list[int] = msgspec.field(default_factory=list)
+    versions: list[int] = msgspec.field(default_factory=list)
 
 
 def prompt_split(prompt: list[int], previous_end: list[int]) -> tuple[int, list[int]]:

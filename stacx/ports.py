@@ -54,6 +54,10 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     weight_version: int
     gen_ms: float = 0.0
     queue_ms: float = 0.0
+    # a generation that spans a weight load: output_ids[version_starts[i]:version_starts[i+1]]
+    # came from versions[i] (version_starts[0] == 0); empty: every token is `weight_version`'s
+    version_starts: list[int] = msgspec.field(default_factory=list)
+    versions: list[int] = msgspec.field(default_factory=list)
 
 
 @runtime_checkable

@@ -106,6 +106,8 @@ async def act_and_record(
             engine=action.engine,
             gen_ms=action.gen_ms,
             queue_ms=action.queue_ms,
+            version_starts=action.version_starts,
+            versions=action.versions,
         )
     )
     return action

@@ -53,6 +53,8 @@ class Action(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = ""
     gen_ms: float = 0.0
     queue_ms: float = 0.0
+    version_starts: list[int] = msgspec.field(default_factory=list)  # see Generation
+    versions: list[int] = msgspec.field(default_factory=list)
     scripted: ScriptedCall | None = None  # scripted policies only
 
 
@@ -88,6 +90,8 @@ class EnginePolicy:
             engine=self.engine.name,
             gen_ms=gen.gen_ms,
             queue_ms=gen.queue_ms,
+            version_starts=list(gen.version_starts),
+            versions=list(gen.versions),
         )
 
 

@@ -506,6 +506,8 @@ class Gateway:
                     engine=f"gateway:{self.engine.name}",
                     gen_ms=gen.gen_ms,
                     queue_ms=gen.queue_ms,
+                    version_starts=gen.version_starts,
+                    versions=gen.versions,
                     segment=ep.segment_of(prompt) if i == 0 else ep.segment,
                     request_id=call.request_id,
                     choice_index=i,

@@ -19,7 +19,10 @@ Guarantees:
   any GPU GEMM has).
 - Weights: :meth:`load_weights` runs between two decode steps. Tokens sampled after it carry
   the new version; a generation's ``weight_version`` is the version that produced its LAST
-  token. Requests in flight at the load are not restarted: their earlier tokens (and the KV
+  token, and one that spans a load says which tokens each version produced
+  (``Generation.version_starts`` / ``versions``: the change points; empty when one version
+  produced them all). A load runs only after the tokens of a replay launched ahead are read
+  (``_drain``), so every token is attributed to the weights that sampled it. Requests in flight at the load are not restarted: their earlier tokens (and the KV
   cache of their prompt) come from the old weights. Cached prefixes of finished requests are
   dropped at a load, so new requests never reuse stale keys.
 - ``finish_reason``: "stop" (EOS unless ``ignore_eos``, or a stop id), "length"
@@ -585,6 +588,9 @@ class TorchEngine:
         """Append one sampled token to `r`; finish it on a stop or a limit (returns True)."""
         if r.output:
             self._slot_tokens[r.slot].append(r.output[-1])  # its keys were just written
+        if not r.versions or r.versions[-1] != self._version:  # a load since its last token
+            r.version_starts.append(len(r.output))
+            r.versions.append(self._version)
         r.output.append(tok)
         r.logprobs.append(lp)
         if tok in r.stop_ids:
@@ -610,6 +616,9 @@ class TorchEngine:
             weight_version=self._version,
             gen_ms=(now - admitted) * 1e3,
             queue_ms=(admitted - r.submitted) * 1e3,
+            # change points only where a load fell inside the generation (compact, see ports)
+            version_starts=list(r.version_starts) if len(r.versions) > 1 else [],
+            versions=list(r.versions) if len(r.versions) > 1 else [],
         )
 
     def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:

@@ -1,7 +1,10 @@
 """Learning curves as PNG, from SQL over a run's log (matplotlib, Agg backend: no display).
 
 Each metric is one SQL query returning (x, y, version, n); points are coloured by the weight
-version that produced them, and a line joins the per-x means. Works on live runs too (the log
+version that produced them, and a line joins the per-x means. Besides the learning curves,
+``engine_busy``, ``trainer_busy``, ``sandbox_busy`` and ``tokens_per_s`` plot the time accounting
+(the ``time_accounting`` view: busy fraction and generated tokens/s per weight version), e.g.
+``stacx plot RUN --metric engine_busy --metric trainer_busy``. Works on live runs too (the log
 is read through a snapshot).
 """
 
@@ -57,6 +60,24 @@ METRICS: dict[str, tuple[str, str, str]] = {
         """
         SELECT iteration AS x, avg(n_turns) AS y, coalesce(first_weight_version, 0) AS version, count(*) AS n
         FROM episodes WHERE status = 'scored' AND group_id NOT IN ({PERIODIC}) GROUP BY ALL ORDER BY x, version""",
+    ),
+    # where the time goes (events/views/50_time_accounting.sql): one point per weight version
+    **{
+        f"{role}_busy": (
+            "weight version (the time from its publish to the next)",
+            f"{role} busy fraction",
+            f"""
+        SELECT weight_version AS x, busy_frac AS y, weight_version AS version, n
+        FROM time_accounting WHERE role = '{role}' AND window_s > 0 ORDER BY x""",
+        )
+        for role in ("engine", "trainer", "sandbox")
+    },
+    "tokens_per_s": (
+        "weight version (the time from its publish to the next)",
+        "generated tokens / s",
+        """
+        SELECT weight_version AS x, tokens_per_s AS y, weight_version AS version, n
+        FROM time_accounting WHERE role = 'engine' AND window_s > 0 ORDER BY x""",
     ),
 }
 DEFAULT_METRICS = ("reward", "loss")  # and "eval" when the run has a periodic eval

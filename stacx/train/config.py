@@ -93,6 +93,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None: clip_eps (symmetric)
     tis_cap: float | None = None  # truncated importance sampling weight cap; None: off
+    # IcePop-style token masking: tokens whose trainer/engine probability ratio
+    # exp(trainer logprob - behavior logprob) leaves [low, high] get no gradient; None: off
+    is_mask_band: tuple[float, float] | None = None
     normalize_std: bool = True  # grpo: divide the group-centred reward by the group std
     # opd (derived from algorithm.imitation): advantages recomputed from the view's logprobs
     opd_discount: float = 0.0  # 0: per-token log ratio; 1: summed over the turn's later tokens
@@ -222,6 +225,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise _fail("clip_eps_high", cfg.clip_eps_high, "a float >= 0")
     if cfg.tis_cap is not None and not cfg.tis_cap > 0:
         raise _fail("tis_cap", cfg.tis_cap, "a float > 0, or omitted for no TIS correction")
+    if cfg.is_mask_band is not None and not 0 < cfg.is_mask_band[0] < 1 < cfg.is_mask_band[1]:
+        raise _fail("is_mask_band", list(cfg.is_mask_band), "[low, high] with 0 < low < 1 < high, e.g. [0.5, 2.0], or omitted")
     if cfg.source and not _IDENT.match(cfg.source):
         raise _fail("source", cfg.source, "the name of a view or table (letters, digits, _)")
     if ";" in cfg.filter:

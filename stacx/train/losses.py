@@ -213,6 +213,7 @@ def policy_gradient_loss(
     old_logprobs_B_T: Tensor | None = None,
     tis_cap: float | None = None,
     normalizer: float | None = None,
+    mask_band: tuple[float, float] | None = None,
 ) -> LossOutput:
     """PPO-style clipped policy gradient (GRPO, OPD), token-level mean.
 
@@ -224,7 +225,11 @@ def policy_gradient_loss(
     update) when given, else the behavior logprobs the engine recorded when it sampled.
     Truncated importance sampling (``tis_cap``, requires ``old_logprobs_B_T``) corrects for the
     engine/trainer mismatch and staleness: ``w = min(exp(old - behavior), tis_cap)``, a
-    constant (no gradient). Without it ``w = 1``.
+    constant (no gradient). Without it ``w = 1``. Token masking (``mask_band = (low, high)``,
+    IcePop-style, requires ``old_logprobs_B_T``): a token whose ratio ``exp(old - behavior)``
+    leaves ``[low, high]`` (the engine's and the trainer's probabilities disagree: a stale or
+    mismatched token) gets weight 0; it still counts in the normalizer, as a masked-out token of
+    the mean would not: ``is_masked_frac`` reports the share.
 
     Metrics: ``clip_frac`` (share of masked tokens whose clipped branch was taken), ``ratio_mean``,
     ``approx_kl`` (``mean(proximal - logprob)``), ``tis_weight_mean``.
@@ -240,6 +245,10 @@ def policy_gradient_loss(
             f"clip eps must satisfy 0 <= eps_low < 1 and eps_high >= 0, got "
             f"eps_low={clip_eps_low}, eps_high={clip_eps_high}"
         )
+    if mask_band is not None and old_logprobs_B_T is None:
+        raise LossInputError("mask_band needs old_logprobs_B_T (the trainer's pre-update logprobs)")
+    if mask_band is not None and not 0 < mask_band[0] < 1 < mask_band[1]:
+        raise LossInputError(f"mask_band must satisfy 0 < low < 1 < high, got {mask_band}")
     if tis_cap is not None and old_logprobs_B_T is None:
         raise LossInputError("tis_cap needs old_logprobs_B_T (the trainer's pre-update logprobs)")
     proximal_B_T = behavior_logprobs_B_T if old_logprobs_B_T is None else old_logprobs_B_T
@@ -261,6 +270,17 @@ def policy_gradient_loss(
         )
         weight_B_T = torch.exp(tis_log).clamp(max=tis_cap)
         per_token_B_T = per_token_B_T * weight_B_T
+    kept_B_T = torch.ones_like(per_token_B_T)
+    if mask_band is not None and old_logprobs_B_T is not None:
+        is_ratio = torch.exp(
+            torch.where(
+                mask,
+                old_logprobs_B_T.detach().to(logprobs_B_T.dtype) - behavior_logprobs_B_T.detach(),
+                torch.zeros_like(logprobs_B_T),
+            )
+        )
+        kept_B_T = ((is_ratio >= mask_band[0]) & (is_ratio <= mask_band[1])).to(per_token_B_T.dtype)
+        per_token_B_T = per_token_B_T * kept_B_T
     loss = masked_mean(per_token_B_T, loss_mask_B_T, normalizer)
     with torch.no_grad():
         clipped_taken = (clipped_B_T < unclipped_B_T).to(logprobs_B_T.dtype)
@@ -269,6 +289,7 @@ def policy_gradient_loss(
             "ratio_mean": masked_mean(ratio_B_T, loss_mask_B_T),
             "approx_kl": masked_mean(-log_ratio_B_T, loss_mask_B_T),
             "tis_weight_mean": masked_mean(weight_B_T, loss_mask_B_T),
+            "is_masked_frac": masked_mean(1 - kept_B_T, loss_mask_B_T),
             "n_tokens": mask.sum(),
         }
     return LossOutput(loss, metrics)

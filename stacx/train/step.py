@@ -128,8 +128,11 @@ def _loss(
             clip_eps_low=cfg.clip_eps,
             clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
             # one optimizer step per batch: the pre-update logprobs are these, detached
-            old_logprobs_B_T=logprobs.detach() if cfg.tis_cap is not None else None,
+            old_logprobs_B_T=logprobs.detach()
+            if cfg.tis_cap is not None or cfg.is_mask_band is not None
+            else None,
             tis_cap=cfg.tis_cap,
+            mask_band=cfg.is_mask_band,
             normalizer=normalizer,
         )
     if cfg.algorithm == "aggrevate":

@@ -35,7 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -209,7 +209,7 @@ class Trainer(Actor):
     async def _step(self, episode_ids: list[str]) -> None:
         cfg = self.config
         read = time.perf_counter()
-        batch = await step_batch(cfg, self.query, episode_ids)
+        batch = await step_batch(cfg, self.query, episode_ids, version=self.version)
         table, samples, n_rows = batch.table, batch.samples, batch.n_rows
         batch_ms = (time.perf_counter() - read) * 1e3
         step = self.version + 1
@@ -330,7 +330,9 @@ class StepBatch:
     prompt_ids_read: int  # prompt ids the queries materialized (Arrow)
 
 
-async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -> StepBatch:
+async def step_batch(
+    cfg: TrainerConfig, query: Query, episode_ids: list[str], *, version: int | None = None
+) -> StepBatch:
     """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
     read with `query` (the actor's ``query``).
 
@@ -339,11 +341,19 @@ async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -
     are read without their whole prompts and each episode's sequence is rebuilt from the
     stored deltas (``batches.chained_sequences``): Arrow, Python and the check are linear in
     the turns' stored ids. Another source view (a user's, or ``dagger_dataset``) is read with
-    its whole prompts and merged by ``batches.episode_sequences``."""
+    its whole prompts and merged by ``batches.episode_sequences``.
+
+    GRPO and OPD samples carry each output token's weight version (token value
+    ``weight_version``, from the ``turn_versions`` view: a turn generated across a weight load
+    has tokens of two versions); with `version` (the trainer's), tokens more than
+    ``cfg.staleness_limit`` versions behind it get loss mask 0 (the staleness bound, per token)."""
     chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
     columns = linear_columns(cfg.source_view) if cfg.pack_episodes else None
     table = await query(batch_rows_sql(cfg, columns or "*"), chosen)
     samples = samples_for(cfg, table)
+    if cfg.algorithm in ("grpo", "opd") and "turn" in table.column_names:
+        versions = await query(TOKEN_VERSIONS_SQL, chosen)
+        samples = with_token_versions(cfg, table, samples, versions, version)
     n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
     read = _n_prompt_ids(table)
     if cfg.pack_episodes:
@@ -356,6 +366,55 @@ async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -
             keys = list(zip(episodes, table.column("turn").to_pylist(), strict=True))
             samples = chained_sequences(samples, keys, turn_prompts(stored))
     return StepBatch(table, samples, n_rows, read)
+
+
+TOKEN_VERSIONS_SQL = """
+SELECT episode_id, turn, token_versions FROM turn_versions
+WHERE episode_id IN (SELECT unnest($episode_ids))
+"""
+
+
+def with_token_versions(
+    cfg: TrainerConfig,
+    table: pa.Table,
+    samples: list[Sample],
+    versions: pa.Table,
+    version: int | None,
+) -> list[Sample]:
+    """`samples` (one per row of `table`) with the ``weight_version`` of each completion token,
+    and, given the trainer's `version`, loss mask 0 on tokens more than ``staleness_limit``
+    versions older than it. A row whose stored versions do not match its completion's length
+    (a view that rewrote the output) takes its row's ``weight_version`` for every token."""
+    by_turn = {
+        (e, t): v
+        for e, t, v in zip(
+            versions.column("episode_id").to_pylist(),
+            versions.column("turn").to_pylist(),
+            versions.column("token_versions").to_pylist(),
+            strict=True,
+        )
+    }
+    episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
+    turns = table.column("turn").to_pylist()
+    row_versions = (
+        table.column("weight_version").to_pylist()
+        if "weight_version" in table.column_names
+        else [None] * table.num_rows
+    )
+    floor = None if version is None else version - cfg.staleness_limit
+    out = []
+    for sample, ep, turn, row_v in zip(samples, episodes, turns, row_versions, strict=True):
+        n = len(sample.completion_ids)
+        tv = by_turn.get((ep, turn))
+        if tv is None or len(tv) != n or any(v is None for v in tv):
+            tv = [row_v if row_v is not None else 0] * n
+        values = {**sample.token_values, "weight_version": [float(v) for v in tv]}
+        mask = sample.loss_mask
+        if floor is not None and min(tv, default=floor) < floor:
+            base = list(mask) if mask is not None else [1] * n
+            mask = [m if v >= floor else 0 for m, v in zip(base, tv, strict=True)]
+        out.append(replace(sample, token_values=values, loss_mask=mask))
+    return out
 
 
 def _n_prompt_ids(table: pa.Table) -> int:

@@ -76,3 +76,13 @@ def test_unknown_metric_names_accepted_ones(run_dir: Path) -> None:
 def test_not_a_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, [str(tmp_path)])
     assert result.exit_code == 2 and "not a STACX run" in result.output
+
+
+def test_time_accounting_panels(run_dir: Path, tmp_path: Path) -> None:
+    """The time-accounting metrics read the time_accounting view (one point per version)."""
+    out = tmp_path / "time.png"
+    metrics = ["engine_busy", "trainer_busy", "sandbox_busy", "tokens_per_s"]
+    args = [str(run_dir), *[a for m in metrics for a in ("--metric", m)], "-o", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == PNG

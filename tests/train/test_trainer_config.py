@@ -33,6 +33,8 @@ def test_defaults_are_a_valid_grpo_config() -> None:
         ({"batch_size": 4}, "unknown field `batch_size`"),
         ({"world_size": 0}, "trainer.world_size = 0: accepted values are an integer >= 1"),
         ({"mixed_precision": True}, "trainer.mixed_precision = True: accepted values are false"),
+        ({"is_mask_band": [2.0, 3.0]}, "trainer.is_mask_band = .2.0, 3.0.: accepted values are .low, high. with 0 < low < 1 < high"),
+        ({"is_mask_band": [0.5]}, "trainer.is_mask_band"),
     ],
 )
 def test_bad_values_name_the_key_and_accepted_values(data: dict[str, object], message: str) -> None:

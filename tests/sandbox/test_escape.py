@@ -137,7 +137,7 @@ async def test_gateway_socket_dir_is_usable_but_not_replaceable(base_image: str)
             evil = await sb.exec(f"rm -f {SOCKET}; touch {SOCKET_DIR}/evil.sock; "
                                  f"mv {SOCKET} {SOCKET_DIR}/x", timeout=30)
             assert "Read-only file system" in evil.stderr, evil
-        assert os.path.exists(path) and os.listdir(host_dir) == ["gateway.sock"]
+        assert await asyncio.to_thread(os.listdir, host_dir) == ["gateway.sock"]
     finally:
         server.close()
 

@@ -21,6 +21,8 @@ run directory):
   (a ``user:password@`` in the URL works too).
 - ``STACX_NATS_CA``: CA bundle that signed the server's certificate (else the system's);
   ``STACX_NATS_CERT`` / ``STACX_NATS_KEY``: a client certificate, for servers that verify them.
+- ``STACX_NATS_INBOX``: the reply inbox prefix; default `_INBOX_<user>` when logged in as a
+  user (stacx.bus.auth gives each user only its own inbox), else `_INBOX`.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from stacx.bus.auth import ENV_INBOX, inbox
 from stacx.errors import ConfigError, StacxError
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,17 @@ ENV_KEY = "STACX_NATS_KEY"
 
 CONNECT_TIMEOUT_S = 3.0
 CONNECT_ATTEMPTS = 3  # per server, for the first connect only
+
+
+class _QuietSslEof(logging.Filter):
+    """asyncio warns on every TLS connection nats-py closes ("returning true from
+    eof_received() has no effect when using ssl"): noise to an operator, dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietSslEof())
 
 
 class NatsUnreachable(StacxError):
@@ -92,6 +108,21 @@ def auth_options(url: str) -> dict[str, Any]:
     return opts
 
 
+def redact(url: str) -> str:
+    """`url` with any password replaced by ***, for messages and logs."""
+    return re.sub(r"(://[^:/@,]+):[^@/,]*@", r"\1:***@", url)
+
+
+def inbox_prefix(url: str, opts: dict[str, Any]) -> str:
+    """$STACX_NATS_INBOX, else `_INBOX_<user>` for a connection that logs in as a user (the
+    URL's or $STACX_NATS_USER; what stacx.bus.auth lets that user subscribe to), else
+    nats-py's default `_INBOX`."""
+    if os.environ.get(ENV_INBOX):
+        return os.environ[ENV_INBOX]
+    user = opts.get("user") or urlsplit(_split(url)[0]).username
+    return inbox(user) if user else "_INBOX"
+
+
 def _is_auth(exc: BaseException | None) -> bool:
     if isinstance(exc, nats.errors.AuthorizationError):
         return True
@@ -100,6 +131,7 @@ def _is_auth(exc: BaseException | None) -> bool:
 
 
 def _describe(url: str, exc: BaseException | None) -> str:
+    url = redact(url)
     if exc is None:
         return f"NATS at {url}: no server answered"
     if isinstance(exc, ssl.SSLError | ssl.CertificateError):
@@ -108,6 +140,8 @@ def _describe(url: str, exc: BaseException | None) -> str:
         how = f"${ENV_CREDS}, or ${ENV_USER} and ${ENV_PASSWORD}"
         return f"NATS at {url} refused the credentials ({exc or type(exc).__name__}): check {how}"
     reason = str(exc) or type(exc).__name__
+    if "permissions violation" in reason.lower():
+        return f"NATS at {url} refused by this user's subject permissions: {reason}"
     return f"cannot reach NATS at {url}: {reason}"
 
 
@@ -116,15 +150,21 @@ class _Callbacks:
     a live connection's are logged once per distinct message."""
 
     def __init__(self, url: str, name: str) -> None:
-        self.url, self.name = url, name
+        self.url, self.name = redact(url), name
         self.connected = False
         self.nc: NATS | None = None
         self.last: BaseException | None = None
+        self.auth: BaseException | None = None  # a refusal of the credentials, if one came
+        self.fatal = asyncio.Event()  # the first connect cannot succeed (credentials, TLS)
         self._logged = ""
 
     async def error(self, exc: Exception) -> None:
         self.last = exc
         if not self.connected:
+            if _is_auth(exc):
+                self.auth = exc
+            if _is_auth(exc) or isinstance(exc, ssl.SSLError | ssl.CertificateError):
+                self.fatal.set()
             return
         text = _describe(self.url, exc)
         if text != self._logged:
@@ -154,29 +194,41 @@ async def connect(
         raise ConfigError("NATS URL is empty (pass --url or set STACX_NATS_URL)")
     cb = _Callbacks(url, name)
     nc = cb.nc = NATS()
+    opts = auth_options(url)
+    connecting = asyncio.create_task(nc.connect(
+        servers=servers,
+        name=name,
+        connect_timeout=timeout_s,  # type: ignore[arg-type]  # a float works
+        max_reconnect_attempts=max(1, attempts - 1),  # 0 would mean "forever"
+        reconnect_time_wait=0.2,  # type: ignore[arg-type]
+        pending_size=64 * 1024 * 1024,
+        allow_reconnect=True,
+        error_cb=cb.error,
+        disconnected_cb=cb.disconnected,
+        reconnected_cb=cb.reconnected,
+        inbox_prefix=inbox_prefix(url, opts),
+        **opts,
+    ))
+    # A refused credential or certificate is final: stop at once (nats-py would retry, and
+    # after a failed TLS handshake it can hang closing the transport).
+    fatal = asyncio.create_task(cb.fatal.wait())
     try:
-        await asyncio.wait_for(
-            nc.connect(
-                servers=servers,
-                name=name,
-                connect_timeout=timeout_s,  # type: ignore[arg-type]  # a float works
-                max_reconnect_attempts=max(1, attempts - 1),  # 0 would mean "forever"
-                reconnect_time_wait=0.2,  # type: ignore[arg-type]
-                pending_size=64 * 1024 * 1024,
-                allow_reconnect=True,
-                error_cb=cb.error,
-                disconnected_cb=cb.disconnected,
-                reconnected_cb=cb.reconnected,
-                **auth_options(url),
-            ),
-            ceiling_s,
-        )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        with contextlib.suppress(Exception):
-            await nc.close()
-        cause = cb.last or exc
+        await asyncio.wait({connecting, fatal}, timeout=ceiling_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        fatal.cancel()
+    failure = None if not connecting.done() else connecting.exception()
+    if not connecting.done() or failure is not None:
+        connecting.cancel()
+        cause = cb.auth or cb.last or failure or TimeoutError(f"no connection within {ceiling_s:g}s")
+        if not _is_auth(cause) and (nc._server_info or {}).get("auth_required") and isinstance(
+                cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF):
+            # it asked for a login and hung up after ours: a refusal whose -ERR was not read
+            cause = nats.errors.AuthorizationError()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(nc.close(), 2.0)
         kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
-        raise kind(_describe(url, cause)) from None
+        raise kind(_describe(url, cause))
     cb.connected = True
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on reconnect forever
     return nc

@@ -109,6 +109,12 @@ def cli() -> None:
 )
 @click.option("--heartbeat", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
 @click.option(
+    "--runtime",
+    type=click.Choice(["runc", "runsc"]),
+    default=None,
+    help="OCI runtime of its sandboxes (runsc: gVisor). Default: $STACX_SANDBOX_RUNTIME or runc.",
+)
+@click.option(
     "--lease",
     type=click.FloatRange(min=1.0),
     default=60.0,
@@ -126,6 +132,7 @@ def serve(
     aliases: str,
     heartbeat: float,
     lease: float,
+    runtime: str | None,
 ) -> None:
     """Serve this host's sandboxes on NATS until SIGTERM or Ctrl-C (which remove them)."""
     import logging
@@ -154,6 +161,7 @@ def serve(
         aliases=aliases,
         heartbeat_s=heartbeat,
         lease_s=lease,
+        runtime=runtime or "",
     )
 
     async def main() -> None:

@@ -87,7 +87,10 @@ def process_start_time(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def container_config(image: str, limits: Limits, labels: dict[str, str]) -> dict[str, JSONValue]:
+def container_config(
+    image: str, limits: Limits, labels: dict[str, str], runtime: str = ""
+) -> dict[str, JSONValue]:
+    """The create body of a sandbox container; `runtime` "": $STACX_SANDBOX_RUNTIME or runc."""
     host: dict[str, JSONValue] = {
         "NanoCpus": int(limits.cpus * 1e9),
         "Memory": limits.memory_mb << 20,
@@ -95,7 +98,7 @@ def container_config(image: str, limits: Limits, labels: dict[str, str]) -> dict
         "PidsLimit": limits.pids,
         "NetworkMode": "bridge" if limits.allow_internet else "none",
         "Init": True,
-        **security_options(limits, sandbox_runtime()),
+        **security_options(limits, runtime or sandbox_runtime()),
     }
     if limits.read_only_root:
         host["Mounts"] = read_only_mounts()
@@ -145,6 +148,7 @@ class DockerSandbox:
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         flood_limit: int = DEFAULT_FLOOD_LIMIT,
         owns_docker: bool = False,
+        runtime: str = "",
     ) -> None:
         self.docker = docker
         self.image = image
@@ -153,6 +157,7 @@ class DockerSandbox:
         self.episode_id = episode_id
         self.output_limit = output_limit
         self.flood_limit = flood_limit
+        self.runtime = runtime  # the OCI runtime; "": $STACX_SANDBOX_RUNTIME or runc
         self.id = ""
         self.name = f"stacx-{new_id()[:16]}"
         self.start_ms = 0.0
@@ -196,7 +201,7 @@ class DockerSandbox:
         labels["stacx.image"] = self.image
         try:
             self._container = await self.docker.containers.create(
-                container_config(self.image, self.limits, labels), name=self.name
+                container_config(self.image, self.limits, labels, self.runtime), name=self.name
             )
             self.id = self._container.id
             # Before start, through the archive API: no exec needed.

@@ -72,8 +72,8 @@ def check_runtime(runtime: str, where: str = "sandbox.runtime") -> str:
     return runtime
 
 
-def requests(limits: Limits) -> list[str]:
-    """What a task's limits ask for beyond the default, one phrase each (empty: nothing)."""
+def requests(limits: Limits | StacxEnvironment) -> list[str]:
+    """What a task asks for beyond the default, one phrase each (empty: nothing)."""
     extra = sorted({c.upper().removeprefix("CAP_") for c in limits.cap_add} - set(DEFAULT_CAPS))
     out = [f"cap_add {','.join(extra)}"] if extra else []
     if limits.new_privileges:

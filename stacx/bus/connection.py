@@ -8,7 +8,9 @@ Guarantees:
 - A connection once made reconnects forever (a cluster losing a server, a restarted server),
   as the run's publisher and the sandbox services need; only the *first* connect is bounded.
 - A server that refuses the credentials fails at once with ``NatsAuthError`` (retrying would
-  not help), naming the environment variables that carry them.
+  not help), naming the environment variables that carry them; so does a certificate that
+  does not verify (``NatsUnreachable`` naming ``STACX_NATS_CA``). A server that asked for a
+  login and hung up right after ours counts as a refusal (its -ERR can be lost in the race).
 - ``connect_waiting`` is for services whose job is to wait (``stacx sandbox serve``): it says
   once that it is waiting, retries quietly with a capped backoff, and returns None as soon as
   ``stop`` is set (SIGTERM / Ctrl-C), so a service waiting for NATS still stops on a signal.
@@ -215,6 +217,9 @@ async def connect(
     try:
         await asyncio.wait({connecting, fatal}, timeout=ceiling_s,
                            return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled (a signal): no connect left behind
+        connecting.cancel()
+        raise
     finally:
         fatal.cancel()
     failure = None if not connecting.done() else connecting.exception()

@@ -159,6 +159,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     # gateway socket, stacx.sandbox.layers); also a compose volume: Docker volume name or host
     # path -> container directory, ":ro" appended when read-only (Docker's Binds form); Docker only
     mounts: dict[str, str] = msgspec.field(default_factory=dict)
+    # Privileges beyond the hardened default (stacx.sandbox.docker): from a task's
+    # [environment.stacx] (StacxEnvironment); Docker only (compose services get the default)
+    cap_add: list[str] = msgspec.field(default_factory=list)
+    new_privileges: bool = False  # setuid binaries (sudo) work: no `no-new-privileges`
+    read_only_root: bool = False  # the root filesystem is read-only (/tmp, /logs stay writable)
 
 
 class Sandbox(Protocol):
@@ -255,6 +260,16 @@ class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class StacxEnvironment(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """``[environment.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys) by
+    which a task asks for more privilege than the hardened default sandbox gives, or less.
+    `stacx tasks check` lists the tasks that ask for more."""
+
+    cap_add: list[str] = msgspec.field(default_factory=list)  # e.g. ["NET_RAW"] for ping
+    new_privileges: bool = False  # true: setuid binaries such as sudo work for a non-root user
+    read_only_root: bool = False  # true: the container's root filesystem is read-only
+
+
 class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
     build_timeout_sec: float = 600.0
     docker_image: str | None = None
@@ -274,6 +289,7 @@ class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
     os: str = "linux"
     mcp_servers: list[MCPServer] = msgspec.field(default_factory=list)
     tpu: dict[str, object] | None = None
+    stacx: StacxEnvironment = msgspec.field(default_factory=StacxEnvironment)
 
 
 class PackageInfo(msgspec.Struct, kw_only=True, frozen=True):

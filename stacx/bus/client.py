@@ -22,28 +22,17 @@ import os
 import time
 from dataclasses import dataclass, field
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
+from stacx.bus.connection import connect
 from stacx.errors import PublishError, StacxError
 from stacx.events import Event, encode, encode_batch, stream_name, subject
 
 DUPLICATE_WINDOW_S = 24 * 3600.0
-
-
-async def connect(url: str, *, name: str = "stacx") -> NATS:
-    servers = [u.strip() for u in url.split(",") if u.strip()]
-    return await nats.connect(
-        servers=servers,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.2,
-        pending_size=64 * 1024 * 1024,
-        allow_reconnect=True,
-    )
+__all__ = ["Publisher", "connect", "ensure_stream", "stream_replicas"]
 
 
 ENV_REPLICAS = "STACX_NATS_REPLICAS"

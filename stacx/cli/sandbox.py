@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from stacx.cli._common import friendly_errors, render
+from stacx.cli._common import friendly_errors, render, run_interruptible
 from stacx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -109,6 +109,12 @@ def cli() -> None:
 )
 @click.option("--heartbeat", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
 @click.option(
+    "--runtime",
+    type=click.Choice(["runc", "runsc"]),
+    default=None,
+    help="OCI runtime of its sandboxes (runsc: gVisor). Default: $STACX_SANDBOX_RUNTIME or runc.",
+)
+@click.option(
     "--lease",
     type=click.FloatRange(min=1.0),
     default=60.0,
@@ -126,6 +132,7 @@ def serve(
     aliases: str,
     heartbeat: float,
     lease: float,
+    runtime: str | None,
 ) -> None:
     """Serve this host's sandboxes on NATS until SIGTERM or Ctrl-C (which remove them)."""
     import logging
@@ -154,6 +161,7 @@ def serve(
         aliases=aliases,
         heartbeat_s=heartbeat,
         lease_s=lease,
+        runtime=runtime or "",
     )
 
     async def main() -> None:
@@ -171,7 +179,7 @@ def serve(
             ),
         )
 
-    asyncio.run(main())
+    asyncio.run(main())  # signals: handled by main (a clean stop)
 
 
 # ---- admin -------------------------------------------------------------------------------------
@@ -184,7 +192,7 @@ def serve(
 @friendly_errors
 def hosts(url: str | None, wait: float, fmt: str) -> None:
     """Every live sandbox service: slots used/free, cpus, memory, images, age."""
-    adverts = asyncio.run(_with_nats(str(_url(url, required=True)), lambda nc: _hosts(nc, wait)))
+    adverts = run_interruptible(_with_nats(str(_url(url, required=True)), lambda nc: _hosts(nc, wait)))
     now = time.time()
     rows = [
         (
@@ -229,9 +237,9 @@ def ls(url: str | None, local: bool, fmt: str) -> None:
 
     found = None if local else _url(url, required=False)
     if found is None:
-        click.echo(render(COLUMNS, _rows(asyncio.run(_ls())), fmt))
+        click.echo(render(COLUMNS, _rows(run_interruptible(_ls())), fmt))
         return
-    rows = asyncio.run(
+    rows = run_interruptible(
         _with_nats(found, lambda nc: _each(nc, 1.0, AdminLs(run_id="", token=admin_token())))
     )
     click.echo(render(ROW_COLUMNS, _row_values(rows), fmt))
@@ -245,7 +253,7 @@ def stats(url: str | None, fmt: str) -> None:
     """Every live service's sandboxes with their memory use, and totals per service."""
     from stacx.sandbox.remote_wire import AdminLs, admin_token
 
-    rows = asyncio.run(
+    rows = run_interruptible(
         _with_nats(
             str(_url(url, required=True)),
             lambda nc: _each(nc, 1.0, AdminLs(run_id="", token=admin_token(), stats=True)),
@@ -278,7 +286,7 @@ def stop(sandbox_id: str, run_id: str, url: str | None) -> None:
     if not sandbox_id and not run_id:
         raise ConfigError("stop: name a SANDBOX_ID (a prefix) or --run-id")
     make = AdminStop(run_id="", token=admin_token(), sandbox_id=sandbox_id, of_run=run_id)
-    rows = asyncio.run(_with_nats(str(_url(url, required=True)), lambda nc: _each(nc, 1.0, make)))
+    rows = run_interruptible(_with_nats(str(_url(url, required=True)), lambda nc: _each(nc, 1.0, make)))
     click.echo(f"stopped {len(rows)} sandbox(es)")
     if rows:
         click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))
@@ -299,13 +307,13 @@ def gc_(dry_run: bool, run_id: str | None, url: str | None, local: bool) -> None
     verb = "would remove" if dry_run else "removed"
     found = None if local else _url(url, required=False)
     if found is None:
-        removed = asyncio.run(_gc(dry_run, run_id))
+        removed = run_interruptible(_gc(dry_run, run_id))
         click.echo(f"{verb} {len(removed)} sandbox container(s)")
         if removed:
             click.echo(render(COLUMNS, _rows(removed), "table"))
         return
     make = AdminGc(run_id="", token=admin_token(), dry_run=dry_run, of_run=run_id)
-    rows = asyncio.run(_with_nats(found, lambda nc: _each(nc, 1.0, make)))
+    rows = run_interruptible(_with_nats(found, lambda nc: _each(nc, 1.0, make)))
     click.echo(f"{verb} {len(rows)} sandbox container(s)")
     if rows:
         click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))

@@ -213,6 +213,19 @@ def check(
         for r in rows
     ]
     click.echo(render(["task", "status", "reward", "failure", "reason", "seconds"], table, "table"))
+    for line in privilege_lines(source):
+        click.echo(line)
     n_ok = sum(r.ok for r in rows)
     click.echo(f"{agent}: {n_ok}/{len(rows)} ok; run recorded in {run_dir}")
     sys.exit(0 if rows and n_ok == len(rows) else 1)
+
+
+def privilege_lines(source: Path) -> list[str]:
+    """One line per task whose [environment.stacx] asks for more than the hardened default
+    sandbox (stacx.sandbox.privileges): extra capabilities, setuid binaries."""
+    from stacx.sandbox.privileges import requests
+    from stacx.sandbox.tasks import load_task_set
+
+    tasks, _ = load_task_set(source)
+    asked = [(t.task_id, requests(t.config.environment.stacx)) for t in tasks]
+    return [f"privileges: task {tid} asks for {'; '.join(more)}" for tid, more in asked if more]

@@ -79,6 +79,10 @@ class SandboxSection(_Section, frozen=True):
     concurrency: int = 2  # episodes at once, per rollout worker
     # image alias file (TOML/JSON, see stacx.sandbox.aliases); empty: $STACX_IMAGE_ALIASES
     aliases: str = ""
+    # OCI runtime of the docker backend's containers: runc (Docker's) or runsc (gVisor, a
+    # kernel of its own; needs it installed and registered with the Docker daemon). remote:
+    # each service's `stacx sandbox serve --runtime` decides
+    runtime: Literal["runc", "runsc"] = "runc"
 
 
 class TasksSection(_Section, frozen=True):

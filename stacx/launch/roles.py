@@ -217,6 +217,7 @@ def docker_environments(
         warm=recipe.sandbox.warm,
         aliases=AliasMap.from_env(recipe.sandbox.aliases or None),
         artifacts_dir=Path(env.run_dir) / "artifacts",  # task.toml `artifacts` land here
+        runtime=recipe.sandbox.runtime,
     )
 
 

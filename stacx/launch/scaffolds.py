@@ -55,7 +55,10 @@ async def installed_rollout(
     )
     host_dir = tempfile.mkdtemp(prefix="stacx-gw-")
     os.chmod(host_dir, 0o755)
-    layer = ImageLayer(name=spec.name, run=list(spec.install), mounts={host_dir: SOCKET_DIR})
+    # read-only: a socket still connects, and no episode's container can replace the socket
+    # every episode of the run reaches the gateway by
+    ro = {host_dir: f"{SOCKET_DIR}:ro"}
+    layer = ImageLayer(name=spec.name, run=list(spec.install), mounts=ro)
     try:
         async with serve_unix(gateway, os.path.join(host_dir, os.path.basename(SOCKET))):
             async with DockerEnvironments(

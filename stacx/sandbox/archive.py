@@ -30,12 +30,15 @@ def tar_files(files: dict[str, tuple[bytes, int]], prefix: str = "") -> bytes:
     return buf.getvalue()
 
 
-def log_dirs_tar(dirs: tuple[str, ...]) -> bytes:
+def log_dirs_tar(dirs: tuple[str, ...], *, under_logs: bool = False) -> bytes:
     """`dirs` (e.g. /logs/verifier, /logs/agent) under /logs, writable by any user (a task's
-    USER may not be root)."""
+    USER may not be root); `under_logs`: names relative to /logs (to extract there)."""
     buf = io.BytesIO()
+    entries = (("logs", 0o755), *((d.lstrip("/"), 0o777) for d in dirs))
+    if under_logs:
+        entries = tuple((n.removeprefix("logs/"), m) for n, m in entries[1:])
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, mode in (("logs", 0o755), *((d.lstrip("/"), 0o777) for d in dirs)):
+        for name, mode in entries:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
             tar.addfile(info)

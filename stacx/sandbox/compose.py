@@ -44,6 +44,7 @@ from aiodocker.types import JSONValue
 from aiodocker.volumes import DockerVolume
 
 from stacx.errors import SandboxError, TaskError
+from stacx.sandbox.privileges import security_options
 
 MAIN = "main"
 FILES = ("docker-compose.yaml", "docker-compose.yml")
@@ -296,7 +297,8 @@ class Sidecars:
             "Image": image,
             "Env": [f"{k}={v}" for k, v in service.environment.items()],
             "Labels": {**labels, "stacx.service": service.name},
-            "HostConfig": {"NetworkMode": self.network, "Init": True},
+            # the same least privilege as `main` (stacx.sandbox.privileges)
+            "HostConfig": {"NetworkMode": self.network, "Init": True, **security_options()},
             "NetworkingConfig": {"EndpointsConfig": {self.network: {"Aliases": [service.name]}}},
         }
         if service.mounts:

@@ -21,6 +21,11 @@ Guarantees:
 - Containers carry labels (`stacx.run_id`, `stacx.episode_id`, `stacx.pid`, ...) so
   `stacx sandbox ls/gc` can find them and remove those whose owning process is gone.
 
+Least privilege (stacx.sandbox.privileges): every capability dropped but a few that apt,
+su/setpriv and task setups need, `no-new-privileges`, Docker's default seccomp profile, the
+OCI runtime of $STACX_SANDBOX_RUNTIME (gVisor's `runsc` for a kernel of its own); a task asks
+for more in [environment.stacx].
+
 Limits: not a security boundary against a determined attacker (shared kernel, root inside);
 processes that escape their process group (`setsid`) are not killed by a timeout, only by close().
 """
@@ -47,8 +52,10 @@ from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.archive import log_dirs_tar, tar_directory, tar_files
 from stacx.sandbox.cgroups import IN_CONTAINER_PROBE, Counters, Snapshot, parse_counters
 from stacx.sandbox.output import OutputCapture
+from stacx.sandbox.privileges import check_runtime, read_only_mounts, security_options
 
 LABEL = "stacx"
+RUNTIME_ENV = "STACX_SANDBOX_RUNTIME"
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 # Draining docker's exec stream runs at tens of MB/s here; past this many bytes a command is
 # killed rather than drained, so a flood costs seconds, not minutes.
@@ -80,7 +87,10 @@ def process_start_time(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def container_config(image: str, limits: Limits, labels: dict[str, str]) -> dict[str, JSONValue]:
+def container_config(
+    image: str, limits: Limits, labels: dict[str, str], runtime: str = ""
+) -> dict[str, JSONValue]:
+    """The create body of a sandbox container; `runtime` "": $STACX_SANDBOX_RUNTIME or runc."""
     host: dict[str, JSONValue] = {
         "NanoCpus": int(limits.cpus * 1e9),
         "Memory": limits.memory_mb << 20,
@@ -88,7 +98,10 @@ def container_config(image: str, limits: Limits, labels: dict[str, str]) -> dict
         "PidsLimit": limits.pids,
         "NetworkMode": "bridge" if limits.allow_internet else "none",
         "Init": True,
+        **security_options(limits, runtime or sandbox_runtime()),
     }
+    if limits.read_only_root:
+        host["Mounts"] = read_only_mounts()
     if limits.storage_mb and _storage_quota_supported():
         host["StorageOpt"] = {"size": f"{limits.storage_mb}M"}
     if limits.mounts:  # the one way out of a network=none scaffold container: its socket dir
@@ -106,6 +119,12 @@ def container_config(image: str, limits: Limits, labels: dict[str, str]) -> dict
         "NetworkDisabled": not limits.allow_internet,
         "HostConfig": host,
     }
+
+
+def sandbox_runtime() -> str:
+    """The OCI runtime of sandbox containers: $STACX_SANDBOX_RUNTIME (`runc`, Docker's default,
+    or `runsc`, gVisor, where installed and registered with the Docker daemon)."""
+    return check_runtime(os.environ.get(RUNTIME_ENV) or "runc", where=f"${RUNTIME_ENV}")
 
 
 def _storage_quota_supported() -> bool:
@@ -129,6 +148,7 @@ class DockerSandbox:
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         flood_limit: int = DEFAULT_FLOOD_LIMIT,
         owns_docker: bool = False,
+        runtime: str = "",
     ) -> None:
         self.docker = docker
         self.image = image
@@ -137,6 +157,7 @@ class DockerSandbox:
         self.episode_id = episode_id
         self.output_limit = output_limit
         self.flood_limit = flood_limit
+        self.runtime = runtime  # the OCI runtime; "": $STACX_SANDBOX_RUNTIME or runc
         self.id = ""
         self.name = f"stacx-{new_id()[:16]}"
         self.start_ms = 0.0
@@ -180,11 +201,14 @@ class DockerSandbox:
         labels["stacx.image"] = self.image
         try:
             self._container = await self.docker.containers.create(
-                container_config(self.image, self.limits, labels), name=self.name
+                container_config(self.image, self.limits, labels, self.runtime), name=self.name
             )
             self.id = self._container.id
             # Before start, through the archive API: no exec needed.
-            await self._container.put_archive("/", log_dirs_tar(LOG_DIRS))
+            if self.limits.read_only_root:  # "/" refuses writes; /logs is a volume
+                await self._container.put_archive("/logs", log_dirs_tar(LOG_DIRS, under_logs=True))
+            else:
+                await self._container.put_archive("/", log_dirs_tar(LOG_DIRS))
             await self._container.start()
             shown = await self._container.show()
             if not (shown.get("State") or {}).get("Running"):

@@ -31,6 +31,7 @@ from stacx.errors import SandboxError
 from stacx.sandbox.compose import remove_network
 from stacx.sandbox.egress_proxy import PORT
 from stacx.sandbox.images import BASE_IMAGE
+from stacx.sandbox.privileges import security_options
 
 ALIAS = "stacx-egress"  # the proxy's name on the internal network
 PROXY_SOURCE = Path(__file__).with_name("egress_proxy.py")
@@ -71,7 +72,8 @@ class Egress:
                     "Image": BASE_IMAGE,
                     "Cmd": ["python3", "-c", PROXY_SOURCE.read_text(), json.dumps(hosts)],
                     "Labels": {**labels, "stacx.service": "egress-proxy"},
-                    "HostConfig": {"NetworkMode": "bridge", "Init": True, "Memory": 128 << 20},
+                    "HostConfig": {"NetworkMode": "bridge", "Init": True, "Memory": 128 << 20,
+                                   **security_options()},
                 },
                 name=f"{name}-proxy",
             )

@@ -6,6 +6,10 @@ HTTP CONNECT (https, any TLS or TCP protocol a client tunnels) and plain-HTTP re
 absolute form, and answers 403 for any host `host_allowed` refuses. The proxy resolves names
 itself, so the sandbox needs no DNS for the outside (and gets none).
 
+SSRF: a name that is allowed but resolves to loopback, link-local (169.254.169.254, the cloud
+metadata address) or a private address is refused (403) unless the entry is that private IP
+itself (`address_allowed`); the proxy connects to the address it vetted.
+
 Limits: only clients that honour HTTP(S)_PROXY get out; nothing else is forwarded (no UDP,
 no raw TCP without CONNECT). Hosts are matched by the name the client asks for.
 """
@@ -13,8 +17,10 @@ no raw TCP without CONNECT). Hosts are matched by the name the client asks for.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import re
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +53,34 @@ def host_allowed(host: str, port: int, allowed: Sequence[str]) -> bool:
         elif host == name:
             return True
     return False
+
+
+def address_allowed(address: str, host: str, allowed: Sequence[str]) -> bool:
+    """Whether the proxy may connect to `address` (what `host` resolved to): a public address,
+    or a private one (RFC 1918, ULA) that an allowed_hosts entry names as a literal IP. Never
+    loopback, link-local (169.254.169.254, cloud metadata), unspecified or multicast: an
+    allowed name that resolves there (a DNS answer, `localhost`) is refused (SSRF)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+        return False
+    if ip.is_global:
+        return True
+    literal = host.strip("[]").lower()
+    return literal == str(ip) and host_allowed(host, 0, [e.rsplit(":", 1)[0] if e.count(":") == 1
+                                                         else e for e in allowed])
+
+
+async def _vetted_address(host: str, port: int, allowed: Sequence[str]) -> str | None:
+    """The first address of `host` the proxy may connect to (None: it resolves only to
+    forbidden ones). Connecting to the vetted address, not the name, leaves no second lookup
+    for a rebinding DNS answer to change."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        if address_allowed(str(sockaddr[0]), host, allowed):
+            return str(sockaddr[0])
+    return None
 
 
 def _split(target: str, default_port: int) -> tuple[str, int]:
@@ -107,7 +141,16 @@ async def _serve(
         await _refuse(writer, 403, f"Forbidden (host {host}:{port} is not in allowed_hosts)")
         return
     try:
-        up_reader, up_writer = await asyncio.open_connection(host, port)
+        address = await _vetted_address(host, port, allowed)
+    except OSError as exc:
+        await _refuse(writer, 502, f"Bad Gateway ({exc})")
+        return
+    if address is None:
+        await _refuse(writer, 403, f"Forbidden (host {host} resolves to a loopback, link-local "
+                                   "or private address)")
+        return
+    try:
+        up_reader, up_writer = await asyncio.open_connection(address, port)
     except OSError as exc:
         await _refuse(writer, 502, f"Bad Gateway ({exc})")
         return

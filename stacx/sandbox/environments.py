@@ -88,8 +88,10 @@ class DockerEnvironments:
         aliases: AliasMap | None = None,
         layer: ImageLayer | None = None,
         artifacts_dir: Path | None = None,
+        runtime: str = "",
     ) -> None:
         self.run_id = run_id
+        self.runtime = runtime  # sandbox.runtime: the OCI runtime ("": runc, or $STACX_SANDBOX_RUNTIME)
         self.artifacts_dir = artifacts_dir  # where artifacts go (<run dir>/artifacts)
         # an installed scaffold's layer over every task image: network none, its socket mounted
         self.layer = layer
@@ -104,7 +106,8 @@ class DockerEnvironments:
     async def __aenter__(self) -> Self:
         self._docker = aiodocker.Docker()
         self._pool = SandboxPool(
-            size=self.warm, run_id=self.run_id, emit=self.emit, docker=self._docker
+            size=self.warm, run_id=self.run_id, emit=self.emit, docker=self._docker,
+            runtime=self.runtime,
         )
         return self
 

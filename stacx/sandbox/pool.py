@@ -48,10 +48,12 @@ class SandboxPool:
         docker: aiodocker.Docker | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         max_starting: int = 4,
+        runtime: str = "",
     ) -> None:
         if size < 0:
             raise ValueError(f"pool size must be >= 0, got {size}")
         self.size = size
+        self.runtime = runtime  # the OCI runtime of its containers (stacx.sandbox.docker)
         self.run_id = run_id
         self.emit = emit
         self.output_limit = output_limit
@@ -87,6 +89,7 @@ class SandboxPool:
             run_id=self.run_id,
             episode_id=episode_id,
             output_limit=self.output_limit,
+            runtime=self.runtime,
         )
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:

@@ -42,7 +42,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from stacx.bus.client import connect
+from stacx.bus.connection import connect_waiting
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Event, FailureKind, SandboxStarted, new_id
 from stacx.ports import InfraFailure, Sandbox, StepFailed, Task
@@ -102,6 +102,7 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 60.0
     idle_run_s: float = 60.0  # a run with no sandbox here for this long: its warm pool is closed
     gc_interval_s: float = 60.0
+    runtime: str = ""  # OCI runtime of its sandboxes: runc, runsc; "": $STACX_SANDBOX_RUNTIME or runc
 
 
 def default_capacity() -> tuple[float, int]:
@@ -197,10 +198,19 @@ class SandboxService:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self._built = {p.name for p in self.tasks_dir.iterdir() if p.is_dir()}
         self._docker = aiodocker.Docker()
-        reaped = await collect_garbage(self._docker)
-        if reaped:
-            log.warning("removed %d orphaned sandbox container(s) at start", len(reaped))
-        self._nc = await connect(self.config.url, name=f"stacx-sandbox-{self.id}")
+        try:
+            reaped = await collect_garbage(self._docker)
+            if reaped:
+                log.warning("removed %d orphaned sandbox container(s) at start", len(reaped))
+            # waiting for NATS is the point of a service: once said, retried quietly; a signal
+            # (stop) ends the wait
+            self._nc = await connect_waiting(self.config.url, stop, name=f"stacx-sandbox-{self.id}")
+        except BaseException:
+            await self._docker.close()
+            raise
+        if self._nc is None:  # stopped before NATS answered: nothing held yet
+            await self._docker.close()
+            return
         prefix = run_subject(self.id, "x").rsplit(".", 1)[0]
         subs = [
             await self.nc.subscribe(f"{prefix}.*", cb=self._spawn_handler(self._on_run)),
@@ -467,6 +477,7 @@ class SandboxService:
                     emit=self._pool_event,
                     warm=warm,
                     aliases=AliasMap.from_env(self.config.aliases or None),
+                    runtime=self.config.runtime,
                 )
                 await envs.__aenter__()
                 self._envs[run_id] = envs

@@ -43,6 +43,7 @@ from stacx.ports import (
 )
 from stacx.sandbox.compose import compose_file, load_compose
 from stacx.sandbox.jsonl_tasks import read_jsonl
+from stacx.sandbox.privileges import check_request
 from stacx.sandbox.task_network import check_allowlist, network_mode
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
@@ -125,6 +126,7 @@ def parse_task_config(
         # msgspec says e.g. "Expected `int`, got `str` - at `$.environment.memory_mb`".
         raise TaskError(f"{where}: {exc}") from exc
     _check_values(config, where)
+    check_request(config.environment.stacx, where)  # capability names (stacx.sandbox.privileges)
     return config, unknown
 
 
@@ -430,6 +432,9 @@ def task_limits(task: Task, *, pids: int = 1024) -> Limits:
         storage_mb=env.storage_mb,
         env=resolve_env(env.env, where=f"{task.path}/task.toml: environment.env"),
         workdir=env.workdir,
+        cap_add=env.stacx.cap_add,
+        new_privileges=env.stacx.new_privileges,
+        read_only_root=env.stacx.read_only_root,
     )
 
 

@@ -28,8 +28,13 @@ Prints context lines, then ONE JSON line (the last line):
  remote_exec_overhead_ratio, remote_acquire_cold_ms_p50, remote_acquire_warm_ms_p50,
  remote_concurrent_64_ok, ...}
 
+- hardening (`--hardening`, alone): cold start and exec of the hardened container config
+  (stacx.sandbox.privileges) against Docker's defaults, alternating; `--runtime runsc` adds
+  gVisor where it is registered with the Docker daemon.
+
 Usage: .venv/bin/python tools/bench/sandbox.py [--iterations 15] [--episodes 32]
        [--remote-episodes 64] [--no-remote]
+       .venv/bin/python tools/bench/sandbox.py --hardening [--iterations 15] [--runtime runsc]
 """
 
 from __future__ import annotations
@@ -87,6 +92,48 @@ async def bench_raw(docker: aiodocker.Docker, n: int) -> list[float]:
         finally:
             await container.delete(force=True)
     return starts
+
+
+async def bench_hardening(docker: aiodocker.Docker, n: int, runtime: str) -> dict[str, object]:
+    """Cold start (create + start) and `exec true` of a sandbox container with the hardened
+    defaults (stacx.sandbox.privileges) against the same config without them (Docker's default
+    capabilities, no no-new-privileges), alternating so the machine's noise hits both alike.
+    With `runtime` (e.g. runsc) a third column runs the hardened config on that runtime."""
+    from stacx.sandbox.docker import container_config
+
+    hardened = container_config(BASE_IMAGE, LIMITS, {**owner_labels("bench-hard"), "stacx": "1"})
+    default = json.loads(json.dumps(hardened))
+    for key in ("CapDrop", "CapAdd", "SecurityOpt", "Privileged"):
+        default["HostConfig"].pop(key, None)
+    configs = {"hardened": hardened, "default": default}
+    if runtime:
+        configs[runtime] = container_config(BASE_IMAGE, LIMITS, hardened["Labels"], runtime)  # type: ignore[arg-type]
+    starts: dict[str, list[float]] = {k: [] for k in configs}
+    execs: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(n):
+        for name, config in configs.items():
+            t0 = time.perf_counter()
+            container = await docker.containers.create(config)
+            try:
+                await container.start()
+                starts[name].append((time.perf_counter() - t0) * 1000)
+                for _ in range(3):
+                    t1 = time.perf_counter()
+                    assert await raw_exec(container, ["true"]) == 0
+                    execs[name].append((time.perf_counter() - t1) * 1000)
+            finally:
+                await container.delete(force=True)
+    rows: dict[str, object] = {}
+    for name in configs:
+        rows[f"{name}_start_ms_p50"] = p50(starts[name])
+        rows[f"{name}_exec_ms_p50"] = p50(execs[name])
+    for name in configs:
+        if name != "default":
+            rows[f"{name}_start_ratio"] = round(
+                statistics.median(starts[name]) / statistics.median(starts["default"]), 3)
+            rows[f"{name}_exec_ratio"] = round(
+                statistics.median(execs[name]) / statistics.median(execs["default"]), 3)
+    return rows
 
 
 async def bench_pool(
@@ -334,13 +381,26 @@ async def main(
     }
 
 
+async def hardening_only(iterations: int, runtime: str) -> dict[str, object]:
+    bootstrap_base_image()
+    async with aiodocker.Docker() as docker:
+        print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+        return await bench_hardening(docker, iterations, runtime)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hardening", action="store_true",
+                        help="Only the hardened-vs-default comparison (cold start, exec).")
+    parser.add_argument("--runtime", default="", help="With --hardening: also this OCI runtime (runsc).")
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--remote-episodes", type=int, default=64)
     parser.add_argument("--no-remote", action="store_true", help="Skip the remote rows.")
     args = parser.parse_args()
+    if args.hardening:
+        print(json.dumps(asyncio.run(hardening_only(args.iterations, args.runtime))))
+        sys.exit(0)
     result = asyncio.run(
         main(args.iterations, args.episodes, args.remote_episodes, not args.no_remote)
     )

@@ -1,0 +1,260 @@
+"""Connecting to NATS: bounded, quiet, authenticated from the environment.
+
+Guarantees:
+- ``connect`` either returns a connected client or raises ``NatsUnreachable`` naming the URL and
+  the last cause, within about ``attempts x servers x (timeout + 0.2 s)`` (a hard ceiling of
+  ``ceiling_s`` on top). It never prints nats-py's tracebacks: its error, disconnect and
+  reconnect callbacks are ours and log one line each (an error repeated is logged once).
+- A connection once made reconnects forever (a cluster losing a server, a restarted server),
+  as the run's publisher and the sandbox services need; only the *first* connect is bounded.
+- A server that refuses the credentials fails at once with ``NatsAuthError`` (retrying would
+  not help), naming the environment variables that carry them; so does a certificate that
+  does not verify (``NatsUnreachable`` naming ``STACX_NATS_CA``). A server that asked for a
+  login and hung up right after ours counts as a refusal (its -ERR can be lost in the race).
+- ``connect_waiting`` is for services whose job is to wait (``stacx sandbox serve``): it says
+  once that it is waiting, retries quietly with a capped backoff, and returns None as soon as
+  ``stop`` is set (SIGTERM / Ctrl-C), so a service waiting for NATS still stops on a signal.
+
+Credentials and TLS come from the environment (never from recipes, which are recorded in the
+run directory):
+- ``STACX_NATS_URL``: ``nats://`` or ``tls://`` (TLS required); comma-separated for a cluster.
+- ``STACX_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed, decentralized auth).
+- ``STACX_NATS_USER`` / ``STACX_NATS_PASSWORD``: a user of the server's ``authorization`` block
+  (a ``user:password@`` in the URL works too).
+- ``STACX_NATS_CA``: CA bundle that signed the server's certificate (else the system's);
+  ``STACX_NATS_CERT`` / ``STACX_NATS_KEY``: a client certificate, for servers that verify them.
+- ``STACX_NATS_INBOX``: the reply inbox prefix; default `_INBOX_<user>` when logged in as a
+  user (stacx.bus.auth gives each user only its own inbox), else `_INBOX`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from stacx.bus.auth import ENV_INBOX, inbox
+from stacx.errors import ConfigError, StacxError
+
+log = logging.getLogger(__name__)
+
+ENV_CREDS = "STACX_NATS_CREDS"
+ENV_USER = "STACX_NATS_USER"
+ENV_PASSWORD = "STACX_NATS_PASSWORD"
+ENV_CA = "STACX_NATS_CA"
+ENV_CERT = "STACX_NATS_CERT"
+ENV_KEY = "STACX_NATS_KEY"
+
+CONNECT_TIMEOUT_S = 3.0
+CONNECT_ATTEMPTS = 3  # per server, for the first connect only
+
+
+class _QuietSslEof(logging.Filter):
+    """asyncio warns on every TLS connection nats-py closes ("returning true from
+    eof_received() has no effect when using ssl"): noise to an operator, dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietSslEof())
+
+
+class NatsUnreachable(StacxError):
+    """No server of the URL could be connected to (the message names the URL and the cause)."""
+
+
+class NatsAuthError(NatsUnreachable):
+    """A server refused the credentials (or their absence)."""
+
+
+def _split(url: str) -> list[str]:
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def _file_env(name: str) -> str | None:
+    value = os.environ.get(name) or None
+    if value is not None and not os.path.isfile(value):
+        raise ConfigError(f"${name}={value!r}: no such file")
+    return value
+
+
+def auth_options(url: str) -> dict[str, Any]:
+    """nats-py connect options for the credentials and TLS settings of the environment."""
+    opts: dict[str, Any] = {}
+    creds = _file_env(ENV_CREDS)
+    if creds:
+        opts["user_credentials"] = creds
+    user, password = os.environ.get(ENV_USER), os.environ.get(ENV_PASSWORD)
+    if user:
+        if creds:
+            raise ConfigError(f"${ENV_CREDS} and ${ENV_USER} are both set: use one way to log in")
+        opts["user"], opts["password"] = user, password or ""
+    ca, cert, key = _file_env(ENV_CA), _file_env(ENV_CERT), _file_env(ENV_KEY)
+    if bool(cert) != bool(key):
+        raise ConfigError(f"${ENV_CERT} and ${ENV_KEY} go together (a client certificate and its key)")
+    if ca or cert or any(u.startswith("tls://") for u in _split(url)):
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        if cert and key:
+            ctx.load_cert_chain(cert, key)
+        opts["tls"] = ctx
+    return opts
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by ***, for messages and logs."""
+    return re.sub(r"(://[^:/@,]+):[^@/,]*@", r"\1:***@", url)
+
+
+def inbox_prefix(url: str, opts: dict[str, Any]) -> str:
+    """$STACX_NATS_INBOX, else `_INBOX_<user>` for a connection that logs in as a user (the
+    URL's or $STACX_NATS_USER; what stacx.bus.auth lets that user subscribe to), else
+    nats-py's default `_INBOX`."""
+    if os.environ.get(ENV_INBOX):
+        return os.environ[ENV_INBOX]
+    user = opts.get("user") or urlsplit(_split(url)[0]).username
+    return inbox(user) if user else "_INBOX"
+
+
+def _is_auth(exc: BaseException | None) -> bool:
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return True
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text
+
+
+def _describe(url: str, exc: BaseException | None) -> str:
+    url = redact(url)
+    if exc is None:
+        return f"NATS at {url}: no server answered"
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        return f"NATS at {url}: TLS failed ({exc}); set ${ENV_CA} to the CA that signed its certificate"
+    if _is_auth(exc):
+        how = f"${ENV_CREDS}, or ${ENV_USER} and ${ENV_PASSWORD}"
+        return f"NATS at {url} refused the credentials ({exc or type(exc).__name__}): check {how}"
+    reason = str(exc) or type(exc).__name__
+    if "permissions violation" in reason.lower():
+        return f"NATS at {url} refused by this user's subject permissions: {reason}"
+    return f"cannot reach NATS at {url}: {reason}"
+
+
+class _Callbacks:
+    """Quiet callbacks: the first connect's errors are kept (its caller reports the last);
+    a live connection's are logged once per distinct message."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = redact(url), name
+        self.connected = False
+        self.nc: NATS | None = None
+        self.last: BaseException | None = None
+        self.auth: BaseException | None = None  # a refusal of the credentials, if one came
+        self.fatal = asyncio.Event()  # the first connect cannot succeed (credentials, TLS)
+        self._logged = ""
+
+    async def error(self, exc: Exception) -> None:
+        self.last = exc
+        if not self.connected:
+            if _is_auth(exc):
+                self.auth = exc
+            if _is_auth(exc) or isinstance(exc, ssl.SSLError | ssl.CertificateError):
+                self.fatal.set()
+            return
+        text = _describe(self.url, exc)
+        if text != self._logged:
+            self._logged = text
+            log.warning("%s: %s", self.name, text)
+
+    async def disconnected(self) -> None:
+        if self.connected and self.nc is not None and not (self.nc.is_closed or self.nc.is_draining):
+            log.warning("%s: disconnected from NATS at %s; reconnecting", self.name, self.url)
+
+    async def reconnected(self) -> None:
+        self._logged = ""
+        log.warning("%s: reconnected to NATS at %s", self.name, self.url)
+
+
+async def connect(
+    url: str,
+    *,
+    name: str = "stacx",
+    attempts: int = CONNECT_ATTEMPTS,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+    ceiling_s: float = 120.0,
+) -> NATS:
+    """Connect to `url` (comma-separated servers) or raise NatsUnreachable; see the module."""
+    servers = _split(url)
+    if not servers:
+        raise ConfigError("NATS URL is empty (pass --url or set STACX_NATS_URL)")
+    cb = _Callbacks(url, name)
+    nc = cb.nc = NATS()
+    opts = auth_options(url)
+    connecting = asyncio.create_task(nc.connect(
+        servers=servers,
+        name=name,
+        connect_timeout=timeout_s,  # type: ignore[arg-type]  # a float works
+        max_reconnect_attempts=max(1, attempts - 1),  # 0 would mean "forever"
+        reconnect_time_wait=0.2,  # type: ignore[arg-type]
+        pending_size=64 * 1024 * 1024,
+        allow_reconnect=True,
+        error_cb=cb.error,
+        disconnected_cb=cb.disconnected,
+        reconnected_cb=cb.reconnected,
+        inbox_prefix=inbox_prefix(url, opts),
+        **opts,
+    ))
+    # A refused credential or certificate is final: stop at once (nats-py would retry, and
+    # after a failed TLS handshake it can hang closing the transport).
+    fatal = asyncio.create_task(cb.fatal.wait())
+    try:
+        await asyncio.wait({connecting, fatal}, timeout=ceiling_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled (a signal): no connect left behind
+        connecting.cancel()
+        raise
+    finally:
+        fatal.cancel()
+    failure = None if not connecting.done() else connecting.exception()
+    if not connecting.done() or failure is not None:
+        connecting.cancel()
+        cause = cb.auth or cb.last or failure or TimeoutError(f"no connection within {ceiling_s:g}s")
+        if not _is_auth(cause) and (nc._server_info or {}).get("auth_required") and isinstance(
+                cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF):
+            # it asked for a login and hung up after ours: a refusal whose -ERR was not read
+            cause = nats.errors.AuthorizationError()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(nc.close(), 2.0)
+        kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
+        raise kind(_describe(url, cause))
+    cb.connected = True
+    nc.options["max_reconnect_attempts"] = -1  # connected: from now on reconnect forever
+    return nc
+
+
+async def connect_waiting(url: str, stop: asyncio.Event, *, name: str = "stacx",
+                          max_wait_s: float = 10.0) -> NATS | None:
+    """Connect, waiting for the server as long as it takes: says once that it waits, retries
+    quietly (backoff capped at `max_wait_s`), returns None once `stop` is set. Refused
+    credentials are raised (waiting would not change them)."""
+    wait, said = 0.5, False
+    while not stop.is_set():
+        try:
+            return await connect(url, name=name, attempts=1)
+        except NatsAuthError:
+            raise
+        except NatsUnreachable as exc:
+            if not said:
+                log.warning("%s; waiting for it (retrying quietly until it answers or a signal)", exc)
+                said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait)
+        wait = min(wait * 2, max_wait_s)
+    return None

@@ -70,7 +70,7 @@ from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.steps import following, start_step
 from stacx.sandbox.task_network import episode_network, network_mode
-from stacx.sandbox.tasks import load_task, resolve_env, task_limits, verifier_separate
+from stacx.sandbox.tasks import load_task, task_limits, verifier_separate
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done
@@ -122,24 +122,19 @@ class DockerEnvironments:
     @contextlib.asynccontextmanager
     async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
         assert self._pool is not None and self._docker is not None, "use `async with`"
+        # before the build: the warning explains a build that fails (pinned wheels of another
+        # Python), so every episode of the task records it, built or not
+        await self._warn(task, episode_id)
         try:
             image = await build_task_image(task, self._docker, self.aliases)
             limits = task_limits(task)
         except (TaskError, aiodocker.DockerError) as exc:
             raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
-        await self._warn(task, episode_id)
         phases, hosts = episode_network(task)
         compose = compose_file(task.environment_dir)
         try:
             services = load_compose(compose)[0] if compose else {}
             sidecar_order = start_order(services) if services else []
-        except TaskError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        try:  # compose interpolates ${VAR} / ${VAR:-default} from the host's environment
-            for name, service in services.items():
-                where = f"docker-compose.yaml: services.{name}.environment"
-                env = resolve_env(service.environment, where=where)
-                services[name] = msgspec.structs.replace(service, environment=env)
         except TaskError as exc:
             raise InfraFailure(FailureKind.START, str(exc)) from exc
         if sidecar_order:  # main joins the services' network, so it cannot start on none
@@ -283,7 +278,11 @@ class DockerEnvironments:
         if self.emit is None or not dockerfile.is_file():
             return
         aliases = self.aliases or AliasMap.from_env()
-        for i, message in enumerate(dockerfile_warnings(dockerfile.read_text(), aliases)):
+        try:
+            messages = dockerfile_warnings(dockerfile.read_text(), aliases)
+        except SandboxError:  # no Docker engine to ask: the build that follows reports it
+            return
+        for i, message in enumerate(messages):
             await self.emit(
                 EpisodeWarned(
                     run_id=self.run_id,

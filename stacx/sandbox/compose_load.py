@@ -199,7 +199,24 @@ def validate(data: object, name: str) -> None:
         close = [m for k in extra for m in difflib.get_close_matches(str(k), known, n=1)]
         message = (f"unknown key(s) {extra}" + (f" (did you mean {close}?)" if close else "")
                    + f"; accepted: {', '.join(sorted(known))} and x-* extensions")  # fmt: skip
+    elif error.validator in ("oneOf", "anyOf") and isinstance(error.validator_value, list):
+        message = f"{error.instance!r} is not valid; expected {_expected(error.validator_value)}"
     raise TaskError(f"{name}: {path}: {message} (Compose specification)")
+
+
+def _expected(options: list[object]) -> str:
+    """The JSON types a oneOf / anyOf allows, in words ("a string or an array")."""
+    definitions = _validator().schema["definitions"]
+    types: list[str] = []
+    for option in options:
+        if isinstance(option, dict) and "$ref" in option:
+            option = definitions.get(str(option["$ref"]).rsplit("/", 1)[-1], {})
+        kind = option.get("type", "?") if isinstance(option, dict) else "?"
+        for t in kind if isinstance(kind, list) else [kind]:
+            word = {"array": "a list", "object": "a mapping", "null": "null"}.get(t, f"a {t}")
+            if word not in types:
+                types.append(word)
+    return " or ".join(types)
 
 
 # --- 3. the keys STACX honours ---------------------------------------------------------------

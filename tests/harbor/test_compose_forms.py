@@ -101,11 +101,11 @@ def test_dotenv_beside_the_file_and_the_environment_winning(
 @pytest.mark.parametrize(
     "web, message",
     [
-        ("    depends_on: db\n", r"services\.web\.depends_on: 'db' is not valid under any"),
+        ("    depends_on: db\n", r"services\.web\.depends_on: 'db' is not valid; expected a list or a mapping"),
         ("    depends_on:\n      db: {condition: started}\n",
          r"services\.web\.depends_on.*(not valid|is not one of)"),
-        ("    command: {a: 1}\n", r"services\.web\.command: .* is not valid under any"),
-        ("    environment: 5\n", r"services\.web\.environment: 5 is not valid under any"),
+        ("    command: {a: 1}\n", r"services\.web\.command: \{'a': 1\} is not valid; expected null or a string or a list"),
+        ("    environment: 5\n", r"services\.web\.environment: 5 is not valid; expected a mapping or a list"),
         ("    healthcheck:\n      retries: [1]\n", r"services\.web\.healthcheck\.retries: \[1\]"),
         ("    imagee: x\n", r"services\.web: unknown key\(s\) \['imagee'\] \(did you mean \['image'\]\?\); accepted: "),
         ("    build: {context: ., bogus: 1}\n", r"services\.web\.build"),

@@ -124,12 +124,13 @@ class DockerEnvironments:
         assert self._pool is not None and self._docker is not None, "use `async with`"
         # before the build: the warning explains a build that fails (pinned wheels of another
         # Python), so every episode of the task records it, built or not
-        await self._warn(task, episode_id)
+        warnings = await self._warn(task, episode_id)
+        unfaithful = "".join(f"\nfidelity: {w}" for w in warnings)  # on the failure, too
         try:
             image = await build_task_image(task, self._docker, self.aliases)
             limits = task_limits(task)
         except (TaskError, aiodocker.DockerError) as exc:
-            raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
+            raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
         phases, hosts = episode_network(task)
         compose = compose_file(task.environment_dir)
         try:
@@ -150,7 +151,7 @@ class DockerEnvironments:
             try:
                 image = await layered_image(self._docker, image, self.layer)
             except (TaskError, aiodocker.DockerError) as exc:
-                raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
+                raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
             limits = layered_limits(limits, self.layer)
         # compose volumes: created for this episode before main (Docker fixes mounts at
         # creation), so main is started cold and never pooled; removed after everything
@@ -272,18 +273,21 @@ class DockerEnvironments:
             raise
         return sidecars
 
-    async def _warn(self, task: Task, episode_id: str) -> None:
-        """Record what is not faithful to the task as written: its base images' stand-ins."""
+    async def _warn(self, task: Task, episode_id: str) -> list[str]:
+        """Record what is not faithful to the task as written (its base images' stand-ins) on
+        the episode, and return it."""
         dockerfile = task.environment_dir / "Dockerfile"
-        if self.emit is None or not dockerfile.is_file():
-            return
+        if not dockerfile.is_file():
+            return []
         aliases = self.aliases or AliasMap.from_env()
         try:
             messages = dockerfile_warnings(dockerfile.read_text(), aliases)
         except SandboxError:  # no Docker engine to ask: the build that follows reports it
-            return
-        for i, message in enumerate(messages):
-            await self.emit(
+            return []
+        emit = self.emit
+        for i, message in enumerate(messages if emit is not None else []):
+            assert emit is not None
+            await emit(
                 EpisodeWarned(
                     run_id=self.run_id,
                     event_id=derive_id(episode_id, "EpisodeWarned", i),
@@ -292,6 +296,7 @@ class DockerEnvironments:
                     message=message,
                 )
             )
+        return messages
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
         """Run the task's verifier (here, or in a separate container handed the artifacts)

@@ -11,8 +11,9 @@ explicitly; its entries win), then the built-in defaults, then an offline stand-
 package registry (stacx.sandbox.standins: uv's images), then the image as written if the local
 engine has it; anything else is a TaskError naming the image and the task.
 
-The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian bookworm, so a
+The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian trixie, so a
 Dockerfile that needs an Ubuntu-only package or python3.12 specifically will fail its build.
+Among the patterns that match, the user's come first, then the most specific (`_specificity`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ DEFAULT_ALIASES: dict[str, str] = {
     "debian:13*": TRIXIE_IMAGE,
     "debian:testing*": TRIXIE_IMAGE,
     "debian:*": BASE_IMAGE,
+    # Ubuntu 24.04 (noble) and later on trixie, older on bookworm: chosen by measured
+    # fidelity (README, "Base images": package names and versions tasks install)
+    "ubuntu:24.04*": TRIXIE_IMAGE,
+    "ubuntu:noble*": TRIXIE_IMAGE,
+    "ubuntu:2[5-9].*": TRIXIE_IMAGE,
+    "ubuntu:latest": TRIXIE_IMAGE,
+    "ubuntu:rolling": TRIXIE_IMAGE,
     "ubuntu:*": BASE_IMAGE,
     "buildpack-deps:*": BASE_IMAGE,
 }

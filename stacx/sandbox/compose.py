@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import aiodocker
 from aiodocker.containers import DockerContainer

@@ -280,8 +280,8 @@ def environment(raw: object, env: Mapping[str, str]) -> dict[str, str]:
     pairs: list[tuple[str, object]] = []
     if isinstance(raw, list):
         for entry in raw:
-            key, eq, value = str(entry).partition("=")
-            pairs.append((key, value if eq else None))
+            name, eq, text = str(entry).partition("=")
+            pairs.append((name, text if eq else None))
     elif isinstance(raw, dict):
         pairs = [(str(k), v) for k, v in raw.items()]
     out: dict[str, str] = {}

@@ -145,7 +145,7 @@ def test_terminal_bench_bases_go_as_the_image_they_are_built_on() -> None:
     aliases = AliasMap(exists=lambda _image: True)
     ubuntu = "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624"
     python = "ghcr.io/laude-institute/t-bench/python-3-13:20250620@sha256:" + "0" * 64
-    assert aliases.resolve(ubuntu) == BASE_IMAGE
+    assert aliases.resolve(ubuntu) == TRIXIE_IMAGE  # as ubuntu:24.04
     assert aliases.resolve(python) == TRIXIE_IMAGE  # Python 3.13, as on trixie
     assert "not ubuntu" in str(aliases.fidelity(ubuntu))
     assert "without the tmux and asciinema" in str(aliases.fidelity(python))
@@ -171,8 +171,12 @@ FROM_LINES = [
     ("python", TRIXIE_IMAGE),
     ("mirror.gcr.io/library/python:3.14-slim", TRIXIE_IMAGE),
     ("ubuntu:22.04", BASE_IMAGE),
-    ("ubuntu:24.04", BASE_IMAGE),
-    ("public.ecr.aws/docker/library/ubuntu:noble", BASE_IMAGE),
+    ("ubuntu:20.04", BASE_IMAGE),
+    ("ubuntu:jammy-20240227", BASE_IMAGE),
+    ("ubuntu:24.04", TRIXIE_IMAGE),  # noble is nearer trixie (README, "Base images")
+    ("public.ecr.aws/docker/library/ubuntu:noble", TRIXIE_IMAGE),
+    ("ubuntu", TRIXIE_IMAGE),
+    ("ubuntu:25.04", TRIXIE_IMAGE),
     ("debian:bookworm-slim", BASE_IMAGE),
     ("debian:12", BASE_IMAGE),
     ("debian:trixie", TRIXIE_IMAGE),

@@ -22,6 +22,13 @@ directory: its `path` is ``<file>#<id>`` (what `load_task` reads back), its inst
 problem, and its metadata the reference answer, the difficulty and ``answer_path``, the file
 the agent writes its final answer to; stacx.sandbox.answers scores it (no image, no test.sh).
 A directory that holds no task.toml but .jsonl files is the set of their tasks.
+
+A task that does not load fails alone (`discover_all` returns it as `Unloadable`, the rollout
+worker records it as `task_invalid`). What is the task's fault: every check of a task file's
+content (a TaskError; the docker-compose.yaml meets the Compose schema before STACX reads it) and
+a file that cannot be read. Anything else raised while loading is STACX's own bug: with
+STACX_STRICT set it propagates with its traceback; without, it fails that one task with a
+message that says so (`load_task`).
 """
 
 from __future__ import annotations

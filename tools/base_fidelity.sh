@@ -1,7 +1,8 @@
 #!/bin/bash
 # Which Debian suite stands closer to an Ubuntu image (README, "Base images"): for the packages
 # task Dockerfiles commonly `apt-get install`, those that bookworm / trixie cannot install by
-# name, and the toolchain versions each has. Reads the Debian mirror the host's apt uses, into
+# name (a virtual name with one provider counts as installable), and the toolchain versions each
+# has. Ubuntu's archive is not reachable here: compare with noble's package set by hand. Reads the Debian mirror the host's apt uses, into
 # private apt lists under $TMPDIR (the host's apt state is not touched). Needs apt; no root.
 set -euo pipefail
 mirror=${STACX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -31,7 +32,12 @@ for suite in bookworm trixie; do
   for p in $pkgs; do
     n=$((n + 1))
     c=$(apt-cache "${opts[@]}" policy "$p" 2>/dev/null | awk '/Candidate:/{print $2}')
-    [ -z "$c" ] || [ "$c" = "(none)" ] && missing+=("$p")
+    # a virtual name with one provider installs too (apt picks it: libglib2.0-0 -> ...t64)
+    providers=$(apt-cache "${opts[@]}" showpkg "$p" 2>/dev/null \
+      | sed -n '/^Reverse Provides:/,$p' | tail -n +2 | awk '{print $1}' | sort -u | wc -l)
+    if { [ -z "$c" ] || [ "$c" = "(none)" ]; } && [ "$providers" -ne 1 ]; then
+      missing+=("$p")
+    fi
   done
   echo "$suite: $n packages, not installable by name: ${missing[*]:-none}"
   for p in $versions; do

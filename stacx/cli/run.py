@@ -1,6 +1,6 @@
 """`stacx run RECIPE [--set key.path=value ...] [--run-dir DIR] [--dry-run] [--placement local|ray]`.
 
-Prints the resolved recipe, then runs it (or, with --dry-run, prints the actor placement and
+Checks the recipe and its task set, prints the resolved recipe, then runs it (or, with --dry-run, prints the actor placement and
 resource plan and exits without starting anything). Rerunning the same command on the same run
 directory resumes the run from its log. Exit status: 0 done, 2 bad input, 130 interrupted.
 """
@@ -60,6 +60,9 @@ def cli(
     sets = list(overrides) + ([f"placement.mode={placement}"] if placement else [])
     recipe = load_recipe(recipe_file, sets)
     run_dir = run_dir or Path("runs") / recipe.name
+    from stacx.launch.launcher import selection
+
+    selection(recipe)  # the task set is checked before the plan is printed, not after it
     if not quiet:
         click.secho(f"# resolved recipe ({recipe_file})", dim=True)
         click.echo(to_toml(to_dict(recipe)))

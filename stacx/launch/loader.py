@@ -68,11 +68,35 @@ def read_toml(path: Path) -> ConfigDict:
 
 
 def load_recipe(path: Path | str, overrides: list[str] | None = None) -> Recipe:
-    """Read, override, validate. The recipe's ``name`` defaults to the file's stem."""
+    """Read, override, validate. The recipe's ``name`` defaults to the file's stem. An error
+    at a key that a ``--set`` gave is reported against that ``--set``, not the file."""
     path = Path(path)
     data = apply_overrides(read_toml(path), overrides or [])
     data.setdefault("name", path.stem)
-    return convert(data, source=str(path))
+    try:
+        return convert(data, source=str(path))
+    except ConfigError as exc:
+        message = str(exc).removeprefix(f"{path}: ")
+        culprit = _override_named(message, overrides or [])
+        if culprit is None:
+            raise
+        raise ConfigError(f"--set {culprit}: {message} (recipe {path})") from None
+
+
+_ERROR_AT = re.compile(r"^(?:unknown key |missing required key )?([A-Za-z0-9_.]+)")
+
+
+def _override_named(message: str, overrides: list[str]) -> str | None:
+    """The last ``--set`` whose key (or a table above or below it) is where the error is."""
+    m = _ERROR_AT.match(re.sub(r"\[\d+\]", "", message))
+    if m is None:
+        return None
+    at = m.group(1)
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if at == key or at.startswith(key + ".") or key.startswith(at + "."):
+            return item
+    return None
 
 
 def convert(data: ConfigDict, *, source: str = "recipe") -> Recipe:

@@ -11,8 +11,9 @@ explicitly; its entries win), then the built-in defaults, then an offline stand-
 package registry (stacx.sandbox.standins: uv's images), then the image as written if the local
 engine has it; anything else is a TaskError naming the image and the task.
 
-The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian bookworm, so a
+The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian trixie, so a
 Dockerfile that needs an Ubuntu-only package or python3.12 specifically will fail its build.
+Among the patterns that match, the user's come first, then the most specific (`_specificity`).
 """
 
 from __future__ import annotations
@@ -31,25 +32,43 @@ from stacx.sandbox.standins import PREFIX, standin, standin_base
 
 ENV_VAR = "STACX_IMAGE_ALIASES"
 
-# Python images go to the base whose Debian ships the same minor (bookworm 3.11, trixie 3.13);
-# the first match wins, so the specific patterns come first.
+# Python images go to the base whose Python is the nearest (bookworm 3.11, trixie 3.13; no
+# Debian ships 3.12: see the README's "Base images"). The most specific matching pattern wins,
+# whatever the order (`_specificity`): a pattern naming a version beats one naming only a suite
+# (python:3.12-slim-bookworm is python:3.12*), a longer literal beats a shorter.
 DEFAULT_ALIASES: dict[str, str] = {
     "python:3.11*": BASE_IMAGE,
-    "python:*bookworm*": BASE_IMAGE,
     "python:3.12*": TRIXIE_IMAGE,
     "python:3.13*": TRIXIE_IMAGE,
     "python:3.14*": TRIXIE_IMAGE,
-    "python:*trixie*": TRIXIE_IMAGE,
+    "python:3.*": BASE_IMAGE,  # 3.8, 3.9, 3.10: the oldest Python here
     "python:3": TRIXIE_IMAGE,
+    "python:3-*": TRIXIE_IMAGE,
     "python:latest": TRIXIE_IMAGE,
     "python:slim*": TRIXIE_IMAGE,
-    "python:3.*": BASE_IMAGE,
+    "python:*bookworm*": BASE_IMAGE,
+    "python:*trixie*": TRIXIE_IMAGE,
     "debian:trixie*": TRIXIE_IMAGE,
     "debian:13*": TRIXIE_IMAGE,
-    "ubuntu:*": BASE_IMAGE,
+    "debian:testing*": TRIXIE_IMAGE,
     "debian:*": BASE_IMAGE,
+    # Ubuntu 24.04 (noble) and later on trixie, older on bookworm: chosen by measured
+    # fidelity (README, "Base images": package names and versions tasks install)
+    "ubuntu:24.04*": TRIXIE_IMAGE,
+    "ubuntu:noble*": TRIXIE_IMAGE,
+    "ubuntu:2[5-9].*": TRIXIE_IMAGE,
+    "ubuntu:latest": TRIXIE_IMAGE,
+    "ubuntu:rolling": TRIXIE_IMAGE,
+    "ubuntu:*": BASE_IMAGE,
     "buildpack-deps:*": BASE_IMAGE,
 }
+
+
+def _specificity(pattern: str) -> tuple[bool, int]:
+    """How specific a pattern is: (its tag pins a version, its number of literal characters)."""
+    tag = pattern.rpartition("/")[2].partition(":")[2]
+    return bool(tag[:1].isdigit()), sum(c not in "*?[]" for c in pattern)
+
 
 # Registries that serve Docker Hub's images under the same names (official images under
 # library/): a name behind one of them is the Hub image.
@@ -109,10 +128,9 @@ class AliasMap:
         defaults: Mapping[str, str] = DEFAULT_ALIASES,
         exists: Callable[[str], bool] | None = None,
     ) -> None:
-        # User entries first: dicts keep insertion order and lookup takes the first match.
-        self.entries: dict[str, str] = {normalize_pattern(k): v for k, v in (aliases or {}).items()}
-        for k, v in defaults.items():
-            self.entries.setdefault(normalize_pattern(k), v)
+        # The user's entries are tried before the defaults; within each, the most specific wins.
+        self.user = {normalize_pattern(k): v for k, v in (aliases or {}).items()}
+        self.defaults = {normalize_pattern(k): v for k, v in defaults.items()}
         self._exists = exists
         self._known: dict[str, bool] = {}
 
@@ -128,10 +146,11 @@ class AliasMap:
         names = [normalize(image)]
         if (plain := equivalent(names[0])) is not None:
             names.append(plain)
-        for name in names:
-            for pattern, target in self.entries.items():
-                if fnmatch.fnmatchcase(name, pattern):
-                    return target
+        for table in (self.user, self.defaults):
+            for name in names:
+                matches = [p for p in table if fnmatch.fnmatchcase(name, p)]
+                if matches:
+                    return table[max(matches, key=_specificity)]
         return None
 
     def resolve(self, image: str, *, task: str = "?") -> str:
@@ -183,19 +202,37 @@ class AliasMap:
             return None  # the user's own image, or the image as written
         repo, _, tag = name.partition(":")
         if repo == "python":
-            m = re.match(r"(3\.\d+)", tag)
-            if m and m.group(1) != base_minor:
-                return (f"{image} asks for Python {m.group(1)}; it runs on {target} with Python "
-                        f"{base_minor}")  # fmt: skip
-            if not m and target != TRIXIE_IMAGE:
-                return f"{image} means the newest Python; it runs on {target} (Python {base_minor})"
-            return None
+            return _python_fidelity(image, tag, target, base_minor)
         if repo == "debian":
             suite = target.rsplit(":", 1)[-1]
             if tag.split("-")[0] in (suite, {"bookworm": "12", "trixie": "13"}[suite]):
                 return None
             return f"{image} runs on {target} (Debian {suite}, not {tag})"
         return f"{image} runs on {target} (Debian, not {repo}: packages and versions differ)"
+
+
+_DEBIAN_SUITES = ("buster", "bullseye", "bookworm", "trixie", "alpine")
+
+
+def _python_fidelity(image: str, tag: str, target: str, base_minor: str) -> str | None:
+    """Why a python:* image on `target` is not faithful: another minor, another Debian."""
+    why: list[str] = []
+    m = re.match(r"(3\.\d+)", tag)
+    if m and m.group(1) != base_minor:
+        asked = m.group(1)
+        older = tuple(map(int, asked.split("."))) < tuple(map(int, base_minor.split(".")))
+        hint = (f"wheels pinned for {asked} may not exist for {base_minor}" if older
+                else f"code written for {asked} may use what {base_minor} lacks")  # fmt: skip
+        why.append(f"asks for Python {asked}; it runs on {target} with Python {base_minor} "
+                   f"({hint})")  # fmt: skip
+    elif not m and target != TRIXIE_IMAGE:
+        why.append(f"means the newest Python; it runs on {target} (Python {base_minor})")
+    suite = target.rsplit(":", 1)[-1]
+    named = next((s for s in _DEBIAN_SUITES if s in tag), None)
+    if named is not None and named != suite:
+        why.append(f"Debian {suite}, not {named}" if why else f"runs on {target} (Debian "
+                   f"{suite}, not {named})")  # fmt: skip
+    return f"{image} " + "; ".join(why) if why else None
 
 
 _TBENCH = re.compile(r"^ghcr\.io/laude-institute/t-bench/(python|ubuntu)-(\d+)-(\d+):")

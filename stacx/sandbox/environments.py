@@ -70,7 +70,7 @@ from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.steps import following, start_step
 from stacx.sandbox.task_network import episode_network, network_mode
-from stacx.sandbox.tasks import load_task, resolve_env, task_limits, verifier_separate
+from stacx.sandbox.tasks import load_task, task_limits, verifier_separate
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done
@@ -125,24 +125,20 @@ class DockerEnvironments:
     @contextlib.asynccontextmanager
     async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
         assert self._pool is not None and self._docker is not None, "use `async with`"
+        # before the build: the warning explains a build that fails (pinned wheels of another
+        # Python), so every episode of the task records it, built or not
+        warnings = await self._warn(task, episode_id)
+        unfaithful = "".join(f"\nfidelity: {w}" for w in warnings)  # on the failure, too
         try:
             image = await build_task_image(task, self._docker, self.aliases)
             limits = task_limits(task)
         except (TaskError, aiodocker.DockerError) as exc:
-            raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
-        await self._warn(task, episode_id)
+            raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
         phases, hosts = episode_network(task)
         compose = compose_file(task.environment_dir)
         try:
             services = load_compose(compose)[0] if compose else {}
             sidecar_order = start_order(services) if services else []
-        except TaskError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        try:  # compose interpolates ${VAR} / ${VAR:-default} from the host's environment
-            for name, service in services.items():
-                where = f"docker-compose.yaml: services.{name}.environment"
-                env = resolve_env(service.environment, where=where)
-                services[name] = msgspec.structs.replace(service, environment=env)
         except TaskError as exc:
             raise InfraFailure(FailureKind.START, str(exc)) from exc
         if sidecar_order:  # main joins the services' network, so it cannot start on none
@@ -158,7 +154,7 @@ class DockerEnvironments:
             try:
                 image = await layered_image(self._docker, image, self.layer)
             except (TaskError, aiodocker.DockerError) as exc:
-                raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
+                raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
             limits = layered_limits(limits, self.layer)
         # compose volumes: created for this episode before main (Docker fixes mounts at
         # creation), so main is started cold and never pooled; removed after everything
@@ -280,14 +276,21 @@ class DockerEnvironments:
             raise
         return sidecars
 
-    async def _warn(self, task: Task, episode_id: str) -> None:
-        """Record what is not faithful to the task as written: its base images' stand-ins."""
+    async def _warn(self, task: Task, episode_id: str) -> list[str]:
+        """Record what is not faithful to the task as written (its base images' stand-ins) on
+        the episode, and return it."""
         dockerfile = task.environment_dir / "Dockerfile"
-        if self.emit is None or not dockerfile.is_file():
-            return
+        if not dockerfile.is_file():
+            return []
         aliases = self.aliases or AliasMap.from_env()
-        for i, message in enumerate(dockerfile_warnings(dockerfile.read_text(), aliases)):
-            await self.emit(
+        try:
+            messages = dockerfile_warnings(dockerfile.read_text(), aliases)
+        except SandboxError:  # no Docker engine to ask: the build that follows reports it
+            return []
+        emit = self.emit
+        for i, message in enumerate(messages if emit is not None else []):
+            assert emit is not None
+            await emit(
                 EpisodeWarned(
                     run_id=self.run_id,
                     event_id=derive_id(episode_id, "EpisodeWarned", i),
@@ -296,6 +299,7 @@ class DockerEnvironments:
                     message=message,
                 )
             )
+        return messages
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
         """Run the task's verifier (here, or in a separate container handed the artifacts)

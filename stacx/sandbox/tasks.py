@@ -22,6 +22,13 @@ directory: its `path` is ``<file>#<id>`` (what `load_task` reads back), its inst
 problem, and its metadata the reference answer, the difficulty and ``answer_path``, the file
 the agent writes its final answer to; stacx.sandbox.answers scores it (no image, no test.sh).
 A directory that holds no task.toml but .jsonl files is the set of their tasks.
+
+A task that does not load fails alone (`discover_all` returns it as `Unloadable`, the rollout
+worker records it as `task_invalid`). What is the task's fault: every check of a task file's
+content (a TaskError; the docker-compose.yaml meets the Compose schema before STACX reads it) and
+a file that cannot be read. Anything else raised while loading is STACX's own bug: with
+STACX_STRICT set it propagates with its traceback; without, it fails that one task with a
+message that says so (`load_task`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import msgspec
 
+from stacx.actors.base import strict
 from stacx.errors import TaskError
 from stacx.ports import (
     Limits,
@@ -223,7 +231,30 @@ def task_notes(task_dir: Path, config: TaskConfig, unknown: dict[str, object]) -
 
 
 def load_task(task_dir: str | Path) -> Task:
-    """Load one Harbor task directory; raises TaskError naming the missing or bad file."""
+    """Load one Harbor task directory; raises TaskError naming the missing or bad file.
+
+    What is the task's fault and what is STACX's: every check of a task file's content raises
+    TaskError (the Compose file is checked against the Compose schema before STACX reads it),
+    and a file that cannot be read (OSError, bad UTF-8) is the task's too. Any other exception
+    is STACX's own bug: with STACX_STRICT set it propagates (a traceback); otherwise it
+    becomes a TaskError that says so, so the one task fails (task_invalid) and the set goes on.
+    """
+    try:
+        return _load_task(task_dir)
+    except TaskError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskError(f"{task_dir}: cannot read a task file: {exc}") from exc
+    except Exception as exc:
+        if strict():
+            raise
+        raise TaskError(
+            f"{task_dir}: STACX failed while loading this task, a STACX bug, not the task's "
+            f"({type(exc).__name__}: {exc}; STACX_STRICT=1 shows the traceback)"
+        ) from exc
+
+
+def _load_task(task_dir: str | Path) -> Task:
     file, sep, task_id = str(task_dir).rpartition("#")
     if sep and file.endswith(".jsonl"):  # an answer task: <file>#<id>
         found = [t for t in read_jsonl(file) if t.task_id == task_id]

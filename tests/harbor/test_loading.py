@@ -225,3 +225,26 @@ def test_compose_volume_options_are_refused_and_good_volumes_load(tmp_path: Path
     assert binds(services["db"], {"shared": "ep-shared"}) == {
         "ep-shared": "/s", str((d / "environment" / "data").resolve()): "/d:ro"}
     assert binds(services["main"], {"shared": "ep-shared"}) == {"ep-shared": "/s:ro"}
+
+
+def test_a_stacx_bug_while_loading_fails_the_task_alone_or_crashes_in_strict_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task file's fault is a TaskError; any other exception while loading is STACX's bug:
+    with STACX_STRICT it propagates (a traceback), without it the one task is unloadable."""
+    from stacx.sandbox import tasks as tasks_module
+    from stacx.sandbox.tasks import discover_all
+
+    _task(tmp_path / "set", "")
+
+    def buggy(*_args: object) -> list[str]:
+        raise AttributeError("'str' object has no attribute 'get'")
+
+    monkeypatch.setattr(tasks_module, "task_notes", buggy)
+    monkeypatch.setenv("STACX_STRICT", "1")
+    with pytest.raises(AttributeError):
+        discover_all(tmp_path / "set")
+    monkeypatch.delenv("STACX_STRICT")
+    loaded, broken = discover_all(tmp_path / "set")
+    assert loaded == [] and [b.task_id for b in broken] == ["t"]
+    assert "a STACX bug, not the task's (AttributeError: 'str' object" in broken[0].reason

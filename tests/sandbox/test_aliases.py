@@ -145,8 +145,75 @@ def test_terminal_bench_bases_go_as_the_image_they_are_built_on() -> None:
     aliases = AliasMap(exists=lambda _image: True)
     ubuntu = "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624"
     python = "ghcr.io/laude-institute/t-bench/python-3-13:20250620@sha256:" + "0" * 64
-    assert aliases.resolve(ubuntu) == BASE_IMAGE
+    assert aliases.resolve(ubuntu) == TRIXIE_IMAGE  # as ubuntu:24.04
     assert aliases.resolve(python) == TRIXIE_IMAGE  # Python 3.13, as on trixie
     assert "not ubuntu" in str(aliases.fidelity(ubuntu))
     assert "without the tmux and asciinema" in str(aliases.fidelity(python))
     assert AliasMap({ubuntu: "mine:1"}, exists=lambda _i: True).resolve(ubuntu) == "mine:1"
+
+
+# Real-world FROM lines -> the base they get with both bases built (None: no alias, so a
+# TaskError unless the engine has the image); the most specific pattern wins, whatever the order.
+FROM_LINES = [
+    ("python:3.12-slim-bookworm", TRIXIE_IMAGE),  # the version beats the suite
+    ("docker.io/library/python:3.12-slim-bookworm@sha256:" + "a" * 64, TRIXIE_IMAGE),
+    ("python:3.12-slim", TRIXIE_IMAGE),
+    ("python:3.12", TRIXIE_IMAGE),
+    ("python:3.13-slim-bookworm", TRIXIE_IMAGE),
+    ("python:3.11-slim", BASE_IMAGE),
+    ("python:3.11-slim-trixie", BASE_IMAGE),
+    ("python:3.11.9-bookworm", BASE_IMAGE),
+    ("python:3.10-slim-bullseye", BASE_IMAGE),
+    ("python:3.9", BASE_IMAGE),
+    ("python:3", TRIXIE_IMAGE),
+    ("python:3-slim", TRIXIE_IMAGE),
+    ("python:slim", TRIXIE_IMAGE),
+    ("python", TRIXIE_IMAGE),
+    ("mirror.gcr.io/library/python:3.14-slim", TRIXIE_IMAGE),
+    ("ubuntu:22.04", BASE_IMAGE),
+    ("ubuntu:20.04", BASE_IMAGE),
+    ("ubuntu:jammy-20240227", BASE_IMAGE),
+    ("ubuntu:24.04", TRIXIE_IMAGE),  # noble is nearer trixie (README, "Base images")
+    ("public.ecr.aws/docker/library/ubuntu:noble", TRIXIE_IMAGE),
+    ("ubuntu", TRIXIE_IMAGE),
+    ("ubuntu:25.04", TRIXIE_IMAGE),
+    ("debian:bookworm-slim", BASE_IMAGE),
+    ("debian:12", BASE_IMAGE),
+    ("debian:trixie", TRIXIE_IMAGE),
+    ("index.docker.io/library/debian:trixie-slim", TRIXIE_IMAGE),
+    ("debian:13.1", TRIXIE_IMAGE),
+    ("buildpack-deps:bookworm", BASE_IMAGE),
+    ("node:20-bookworm", None),
+    ("golang:1.22", None),
+    ("ghcr.io/some-org/tool:1.0", None),
+]
+
+
+@pytest.mark.parametrize("image, expected", FROM_LINES)
+def test_real_world_from_lines_get_the_most_specific_base(image: str, expected: str | None) -> None:
+    both = AliasMap(exists=lambda tag: tag == TRIXIE_IMAGE)
+    assert both.lookup(image) == expected
+    if expected is None:
+        with pytest.raises(TaskError, match="cannot be pulled here and has no alias"):
+            both.resolve(image, task="t")
+    else:
+        assert both.resolve(image, task="t") == expected
+
+
+def test_the_most_specific_user_pattern_wins_and_users_beat_defaults() -> None:
+    amap = AliasMap({"python:*bookworm*": "my/bookworm:1", "python:3.12*bookworm*": "my/312:1"},
+                    exists=lambda _tag: True)  # fmt: skip
+    assert amap.resolve("python:3.12-slim-bookworm") == "my/312:1"
+    assert amap.resolve("python:3.11-bookworm") == "my/bookworm:1"
+    assert amap.resolve("python:3.12-slim") == TRIXIE_IMAGE  # no user pattern matches
+
+
+def test_fidelity_names_the_python_and_the_debian_asked_for() -> None:
+    both = AliasMap(exists=lambda tag: tag == TRIXIE_IMAGE)
+    assert both.fidelity("python:3.12-slim-bookworm") == (
+        "python:3.12-slim-bookworm asks for Python 3.12; it runs on stacx/base:trixie with "
+        "Python 3.13 (wheels pinned for 3.12 may not exist for 3.13); Debian trixie, not bookworm"
+    )
+    assert both.fidelity("python:3.11-slim-bookworm") is None
+    assert "Debian bookworm, not bullseye" in str(both.fidelity("python:3.10-bullseye"))
+    assert "not alpine" in str(both.fidelity("python:3.13-alpine"))

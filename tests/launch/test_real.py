@@ -37,6 +37,8 @@ TINY = [
     "trainer.max_tokens=1024",
     "--set",
     "logging.progress='plain'",
+    "--set",
+    "eval.every=0",  # the recipe's held-out eval has its own test (test_periodic_eval.py)
 ]
 
 

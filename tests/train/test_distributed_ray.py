@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SETS = [
     "trainer.steps=1",
+    "eval.every=0",  # the recipe's held-out eval has its own test (test_periodic_eval.py)
     "trainer.world_size=2",
     "tasks.per_iteration=1",
     "tasks.group_size=2",

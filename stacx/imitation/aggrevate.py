@@ -37,8 +37,8 @@ import msgspec
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, SweAgent
-from stacx.agents.policies import Action, Policy
+from stacx.agents.loop import AgentConfig, LoopAgent
+from stacx.agents.policies import Policy
 from stacx.events import (
     BranchCreated,
     CostToGoEstimated,
@@ -53,7 +53,7 @@ from stacx.events import (
 )
 from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
 from stacx.imitation.config import ImitationConfig
-from stacx.ports import Environments, InfraFailure, SamplingParams, Task
+from stacx.ports import Environments, Generation, InfraFailure, SamplingParams, Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.sandbox.tasks import load_task
 
@@ -89,10 +89,10 @@ class ReplayPolicy:
         self.recorded = recorded
         self.actor = recorded.actor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         check_prompt(self.recorded, prompt_ids)
         r = self.recorded
-        return Action(
+        return Generation(
             output_ids=list(r.output_ids),
             logprobs=r.logprobs,
             finish_reason="stop",
@@ -111,7 +111,7 @@ class StatePolicy:
         self.temperature = temperature
         self.state = state
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         if self.state is not None:
             check_prompt(self.state, prompt_ids)
         return await self.policy.act(
@@ -228,7 +228,7 @@ async def run_branch(
         setup.agent, seed=branch_seed(setup.parent_episode_id, t, action_index)
     )
     try:
-        agent = SweAgent(chat=chat, executor=executor, config=config)
+        agent = LoopAgent(chat=chat, executor=executor, config=config)
         _result, verdict = await run_episode(spec, envs=envs, agent=agent, emit=checked_emit)
     except InfraFailure as failure:
         log.warning("branch %s dropped: %s", branch_id, failure)

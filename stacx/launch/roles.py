@@ -15,9 +15,10 @@ from typing import ClassVar
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat, ChatTokenizer
 from stacx.agents.formats import get_format
-from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import EnginePolicy, always
-from stacx.agents.retool import RetoolConfig, retool_agents
+from stacx.agents.retool import RetoolTools
+from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
 from stacx.events import Policy, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
@@ -45,9 +46,15 @@ class MixtureWorker(MixtureRolloutManager):
 
 
 def agent_config(recipe: Recipe) -> AgentConfig:
+    """The agent loop's settings, with the recipe's agent as its tool adapter."""
     a = recipe.agent
-    if a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
+    tools: SweTools | RetoolTools
+    if a.name == "retool":
+        tools = RetoolTools(style="tool_call" if a.format == "tool_call" else "python")
+    elif a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
         raise ConfigError("agent.format = 'python': the SWE agent writes tool_call or bash")
+    else:
+        tools = SweTools(format=a.format)
     return AgentConfig(
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
@@ -55,20 +62,7 @@ def agent_config(recipe: Recipe) -> AgentConfig:
         top_p=a.top_p,
         context_budget=a.context_budget,
         seed=a.seed,
-        format=a.format,
-    )
-
-
-def retool_config(recipe: Recipe) -> RetoolConfig:
-    a = recipe.agent
-    return RetoolConfig(
-        max_turns=a.max_turns,
-        max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature,
-        top_p=a.top_p,
-        context_budget=a.context_budget,
-        seed=a.seed,
-        style="tool_call" if a.format == "tool_call" else "python",
+        tools=tools,
     )
 
 
@@ -99,7 +93,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             _, tokenizer = await open_tokenizer(recipe.model.path)
             chat = ChatFormat(tokenizer)
             envs = await stack.enter_async_context(docker_environments(recipe, env))
-            make_agent = swe_agents(
+            make_agent = loop_agents(
                 chat,
                 agent_config(recipe),
                 scripted_executors(recipe.agent.name, chat, get_format(recipe.agent.format)),
@@ -174,15 +168,10 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 serves=lambda: engine.weight_version,
             )
         else:
-            make_agent = (
-                retool_agents(chat, retool_config(recipe), lambda _t, _i: always(student))
-                if recipe.agent.name == "retool"
-                else swe_agents(chat, agent_config(recipe), lambda _t, _i: always(student))
-            )
             manager = RolloutWorker(
                 config=config,
                 envs=envs,
-                make_agent=make_agent,
+                make_agent=loop_agents(chat, agent_config(recipe), lambda _t, _i: always(student)),
                 serves=lambda: engine.weight_version,
             )
         yield [weights, manager, *extra]

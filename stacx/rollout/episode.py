@@ -17,7 +17,7 @@ SandboxError, EngineError, TaskError and OSError (transport, and the harness's t
 Any other exception is a bug in our code and propagates, traceback and all.
 
 The agent and the environments come in through their ports (`Agent`, `Environments` in
-stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.SweAgent,
+stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.LoopAgent,
 stacx.sandbox.environments.DockerEnvironments).
 """
 

@@ -183,6 +183,33 @@ class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
             policy=EpisodePolicy.BRANCH,
         )
 
+    def created(self, action_index: int) -> BranchCreated:
+        branch_id = self.branch_id(action_index)
+        return BranchCreated(
+            run_id=self.run_id,
+            event_id=derive_id(branch_id, "BranchCreated"),
+            branch_id=branch_id,
+            parent_episode_id=self.parent_episode_id,
+            turn=self.turn,
+            action_index=action_index,
+            episode_id=self.spec(action_index).episode_id,
+            iteration=self.iteration,
+        )
+
+    def estimated(self, action_index: int, cost: float, reward: float) -> CostToGoEstimated:
+        branch_id = self.branch_id(action_index)
+        return CostToGoEstimated(
+            run_id=self.run_id,
+            event_id=derive_id(branch_id, "CostToGoEstimated"),
+            branch_id=branch_id,
+            parent_episode_id=self.parent_episode_id,
+            turn=self.turn,
+            action_index=action_index,
+            cost=cost,
+            reward=reward,
+            iteration=self.iteration,
+        )
+
 
 async def run_branch(
     setup: BranchSetup,
@@ -201,18 +228,7 @@ async def run_branch(
         raise ValueError(f"turn {t} is not a turn of the parent ({len(recorded)} turns)")
     spec = setup.spec(action_index)
     branch_id = setup.branch_id(action_index)
-    await emit(
-        BranchCreated(
-            run_id=setup.run_id,
-            event_id=derive_id(branch_id, "BranchCreated"),
-            branch_id=branch_id,
-            parent_episode_id=setup.parent_episode_id,
-            turn=t,
-            action_index=action_index,
-            episode_id=spec.episode_id,
-            iteration=setup.iteration,
-        )
-    )
+    await emit(setup.created(action_index))
     at_state = StatePolicy(learner, setup.exploration_temperature, recorded[t])
     finish = StatePolicy(teacher, setup.teacher_temperature, None)
 
@@ -245,19 +261,7 @@ async def run_branch(
         )
         return None
     cost = 1.0 - verdict.reward
-    await emit(
-        CostToGoEstimated(
-            run_id=setup.run_id,
-            event_id=derive_id(branch_id, "CostToGoEstimated"),
-            branch_id=branch_id,
-            parent_episode_id=setup.parent_episode_id,
-            turn=t,
-            action_index=action_index,
-            cost=cost,
-            reward=verdict.reward,
-            iteration=setup.iteration,
-        )
-    )
+    await emit(setup.estimated(action_index, cost, verdict.reward))
     return cost
 
 

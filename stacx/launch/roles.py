@@ -8,7 +8,7 @@ runs in the launcher (local placement) or inside a Ray actor (ray placement).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -130,51 +130,54 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             envs = await stack.enter_async_context(docker_environments(recipe, env))
         student = EnginePolicy(engine, TurnActor.STUDENT)
         config = rollout_config(recipe)
-        manager: RolloutManager
-        extra: list[Actor] = []
+
+        def serves() -> int:
+            return engine.weight_version
+
         if recipe.algorithm.name in ("dagger", "aggrevate"):
-            t = recipe.teacher
             teacher_engine, _ = await open_teacher_engine(stack, recipe, env)
-            teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
-            imitation = recipe.algorithm.imitation
-            roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
-            manager = MixtureWorker(
-                roll_in=roll_in,
-                config=config,
+            workers = imitation_workers(recipe, env, envs, chat, student, teacher_engine, serves)
+        else:
+            make_agent = make_installed or loop_agents(
+                chat, agent_config(recipe), lambda _t, _i: always(student)
+            )
+            workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
+                                     serves=serves)]  # fmt: skip
+        yield [weights, *workers]
+
+
+def imitation_workers(
+    recipe: Recipe,
+    env: ActorEnv,
+    envs: Environments,
+    chat: ChatFormat,
+    student: EnginePolicy,
+    teacher_engine: Engine,
+    serves: Callable[[], int],
+) -> list[Actor]:
+    """DAgger's and AggreVaTe's roll-in manager (a beta-mixture of student and teacher), and
+    AggreVaTe's branch actor."""
+    imitation = recipe.algorithm.imitation
+    teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
+    roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
+    manager = MixtureWorker(roll_in=roll_in, config=rollout_config(recipe), envs=envs,
+                            chat=chat, agent=agent_config(recipe), serves=serves)  # fmt: skip
+    workers: list[Actor] = [manager]
+    if recipe.algorithm.name == "aggrevate":
+        from stacx.imitation.aggrevate import BranchActor
+
+        workers.append(
+            BranchActor(
+                config=imitation,
+                agent=agent_config(recipe),
                 envs=envs,
                 chat=chat,
-                agent=agent_config(recipe),
-                serves=lambda: engine.weight_version,
+                make_learner=lambda _i: student,
+                make_teacher=lambda: teacher_policy,
+                teacher_temperature=recipe.teacher.temperature,
             )
-            if recipe.algorithm.name == "aggrevate":
-                from stacx.imitation.aggrevate import BranchActor
-
-                extra.append(
-                    BranchActor(
-                        config=imitation,
-                        agent=agent_config(recipe),
-                        envs=envs,
-                        chat=chat,
-                        make_learner=lambda _i: student,
-                        make_teacher=lambda: teacher_policy,
-                        teacher_temperature=t.temperature,
-                    )
-                )
-        elif make_installed is not None:
-            manager = RolloutWorker(
-                config=config,
-                envs=envs,
-                make_agent=make_installed,
-                serves=lambda: engine.weight_version,
-            )
-        else:
-            manager = RolloutWorker(
-                config=config,
-                envs=envs,
-                make_agent=loop_agents(chat, agent_config(recipe), lambda _t, _i: always(student)),
-                serves=lambda: engine.weight_version,
-            )
-        yield [weights, manager, *extra]
+        )
+    return workers
 
 
 def docker_environments(

@@ -30,7 +30,7 @@ from typing import Protocol
 import msgspec
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat
+from stacx.agents.formats import CallFormat
 from stacx.agents.tools import SUBMIT, ToolRun
 from stacx.events import TurnActor
 from stacx.ports import Engine, Generation, SamplingParams, Task
@@ -131,14 +131,14 @@ def script_body(script: str) -> str:
 def oracle_policy(
     chat: ChatFormat,
     solve_sh: str,
-    fmt: ActionFormat | None = None,
+    fmt: CallFormat | None = None,
     solution: ScriptedCall | None = None,
 ) -> ScriptedPolicy:
     """The task's reference solution (its body, see `script_body`) as one bash call, then
     submit, written in `fmt`. With `solution` (what stacx.launch gives every episode) that
     call executes the solution itself (see the module docstring); without it, the body runs
     through the bash tool like any model's call."""
-    fmt = fmt or ActionFormat()
+    fmt = fmt or CallFormat()
     return ScriptedPolicy(
         chat,
         [fmt.render("bash", {"command": script_body(solve_sh)}), fmt.render(SUBMIT, {})],
@@ -148,9 +148,9 @@ def oracle_policy(
     )
 
 
-def null_policy(chat: ChatFormat, fmt: ActionFormat | None = None) -> ScriptedPolicy:
+def null_policy(chat: ChatFormat, fmt: CallFormat | None = None) -> ScriptedPolicy:
     """Does nothing but submit (the verifier still runs): the floor every task must beat."""
-    fmt = fmt or ActionFormat()
+    fmt = fmt or CallFormat()
     return ScriptedPolicy(
         chat, [fmt.render(SUBMIT, {})], actor=TurnActor.NULL, stop_ids=fmt.stop_token_ids(chat)
     )

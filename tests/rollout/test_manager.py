@@ -12,7 +12,7 @@ import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat
+from stacx.agents.formats import CallFormat
 from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import ScriptedPolicy, always
 from stacx.errors import SandboxError
@@ -106,7 +106,7 @@ async def test_redelivered_task_skips_finished_samples_and_retires_dangling_ones
                 config=RolloutConfig(agent="oracle"),
                 envs=envs,
                 make_agent=loop_agents(
-                    chat, AgentConfig(), scripted_executors("oracle", chat, ActionFormat())
+                    chat, AgentConfig(), scripted_executors("oracle", chat, CallFormat())
                 ),
             )
         )

@@ -103,6 +103,7 @@ async def run_agent(
     """Run one episode's agent loop in `sandbox`; see the module docstring for the contract."""
     tools: Tools = config.tools
     prompt, prefill = tools.prompt(chat, instruction), tools.prefill(chat)
+    stops = tools.stop_token_ids(chat)
     log = ToolLog(run_id, episode_id, emit)
     previous: list[int] = []  # the previous turn's prompt + output
     stop, n_turns = StopReason.MAX_TURNS, config.max_turns
@@ -116,7 +117,7 @@ async def run_agent(
             max_new_tokens=min(config.max_new_tokens, room),
             temperature=config.temperature,
             top_p=config.top_p,
-            stop_token_ids=tools.stop_token_ids(chat),
+            stop_token_ids=stops,
             seed=None if config.seed is None else turn_seed(config.seed, episode_id, turn),
         )
         gen = await policy.act(prompt, params)

@@ -6,7 +6,8 @@ needs one, it names the port here, and `stacx.launch` builds the concrete adapte
 in. Every name below is a frozen `msgspec.Struct` (data) or a structural `Protocol` (a
 capability), plus `InfraFailure`, the one exception that crosses a port.
 
-- Rollout engine: `Engine`, `SamplingParams`, `Generation`, and the optional capabilities
+- Rollout engine: `Engine`, `SamplingParams`, `Generation` (one reply, engine-made or scripted;
+  `turn_generated` makes its TurnGenerated event), and the optional capabilities
   `LoadsState` (weights from memory, same process) and `StreamsGenerations` (output ids handed
   over as they are produced, in `GenerationDelta`s); `WeightOffer`, the trainer's side of the
   in-process handoff.
@@ -29,7 +30,15 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import msgspec
 
-from stacx.events import Emit, FailureKind, StopReason
+from stacx.events import (
+    Emit,
+    FailureKind,
+    StopReason,
+    TurnActor,
+    TurnGenerated,
+    derive_id,
+    prompt_split,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -48,16 +57,67 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
+    """One reply to one prompt: what an engine generated, or what a script played (the agents'
+    scripted policies and replays make Generations too). It carries what the turn's log needs
+    (`turn_generated` makes the event from it)."""
+
     output_ids: list[int]
     logprobs: list[float] | None  # log p(token) under the sampling distribution's model, one per id
     finish_reason: str  # "stop" (EOS or a stop token) | "length" | "abort"
-    weight_version: int
+    weight_version: int | None  # None: no model made it (a scripted reply)
     gen_ms: float = 0.0
     queue_ms: float = 0.0
     # a generation that spans a weight load: output_ids[version_starts[i]:version_starts[i+1]]
     # came from versions[i] (version_starts[0] == 0); empty: every token is `weight_version`'s
     version_starts: list[int] = msgspec.field(default_factory=list)
     versions: list[int] = msgspec.field(default_factory=list)
+    engine: str = ""  # who produced it: an engine's name, "script", "replay"
+
+
+def turn_generated(
+    gen: Generation,
+    *,
+    run_id: str,
+    episode_id: str,
+    turn: int,
+    prompt: list[int],
+    previous_end: list[int],
+    actor: TurnActor = TurnActor.STUDENT,
+    engine: str | None = None,
+    segment: int = 0,
+    request_id: str = "",
+    choice_index: int = 0,
+    request_json: str = "",
+) -> TurnGenerated:
+    """The one constructor of a turn's event, for the in-house agents and the model gateway:
+    `gen` answered the whole `prompt`; only the ids after `previous_end` (the previous turn's
+    prompt + output) are stored when `prompt` starts with it (`prefix_len`), else the whole
+    prompt. Its id derives from (episode_id, turn), so a redo publishes the same event.
+    `engine` overrides ``gen.engine`` (the gateway names itself); the last four fields are the
+    gateway's (see TurnGenerated)."""
+    prefix_len, new_ids = prompt_split(prompt, previous_end)
+    return TurnGenerated(
+        run_id=run_id,
+        event_id=derive_id(episode_id, "turn", turn),
+        episode_id=episode_id,
+        turn=turn,
+        prompt_ids=new_ids,
+        prefix_len=prefix_len,
+        output_ids=gen.output_ids,
+        logprobs=gen.logprobs,
+        weight_version=gen.weight_version,
+        finish_reason=gen.finish_reason,
+        actor=actor,
+        engine=gen.engine if engine is None else engine,
+        gen_ms=gen.gen_ms,
+        queue_ms=gen.queue_ms,
+        version_starts=gen.version_starts,
+        versions=gen.versions,
+        segment=segment,
+        request_id=request_id,
+        choice_index=choice_index,
+        request_json=request_json,
+    )
 
 
 @runtime_checkable

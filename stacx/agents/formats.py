@@ -36,7 +36,7 @@ FORMATS: tuple[str, ...] = ("tool_call", "bash")
 FENCE = "```"
 
 
-class ActionFormat:
+class CallFormat:
     """The tool-call format (see the module docstring); the base of the others."""
 
     name: str = "tool_call"
@@ -60,7 +60,7 @@ class ActionFormat:
         return sorted({*chat.stop_token_ids, *extra})
 
 
-class BashBlockFormat(ActionFormat):
+class BashBlockFormat(CallFormat):
     name = "bash"
     prefill = FENCE + "bash\n"
     stop_texts = (FENCE,)
@@ -86,9 +86,9 @@ class BashBlockFormat(ActionFormat):
         return ToolCall(name="bash", arguments={"command": command})
 
 
-def get_format(name: str) -> ActionFormat:
+def get_format(name: str) -> CallFormat:
     if name == "tool_call":
-        return ActionFormat()
+        return CallFormat()
     if name == "bash":
         return BashBlockFormat()
     raise ConfigError(f"agent.format = {name!r}: accepted values are {', '.join(FORMATS)}")

@@ -1,6 +1,6 @@
 """Who acts on a turn: an Engine (student or teacher), or a script (oracle, null).
 
-A `Policy` maps the exact prompt ids to an `Action` (output ids and what produced them). The
+A `Policy` maps the exact prompt ids to a `Generation` (output ids and what produced them). The
 agent loop asks an `Executor` for the policy of each turn, which is how DAgger's beta-mixture
 roll-in plugs in (stacx.imitation.mixture.MixtureExecutor is that executor). The chosen
 policy's `actor` label is recorded in TurnGenerated.actor.
@@ -15,7 +15,7 @@ The oracle, decided: ONE execution, Harbor's. Its first turn's *text* is the sol
 a student should learn to write (a student never has /solution). Its *execution* is the task's
 solution as Harbor's oracle runs it: solution/ uploaded to /solution, ``bash
 /solution/solve.sh`` with [solution].env, the task's agent user and its agent timeout (not the
-bash tool's 60 s cap). The action carries that as a `ScriptedCall` (built in stacx.launch,
+bash tool's 60 s cap). The reply carries that as a `ScriptedCall` (built in stacx.launch,
 which may touch the task); the loop records ToolCalled with the command that really ran and
 ToolReturned with its output, which is the observation the next (submit) turn sees. So `stacx
 tasks check`, `stacx eval --agent oracle` and the SFT demonstrations are the same episode.
@@ -30,10 +30,10 @@ from typing import Protocol
 import msgspec
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat
+from stacx.agents.formats import CallFormat
 from stacx.agents.tools import SUBMIT, ToolRun
 from stacx.events import TurnActor
-from stacx.ports import Engine, SamplingParams, Task
+from stacx.ports import Engine, Generation, SamplingParams, Task
 from stacx.toolcalls import ToolCall
 
 
@@ -45,24 +45,18 @@ class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True):
     run: ToolRun
 
 
-class Action(msgspec.Struct, frozen=True, kw_only=True):
-    output_ids: list[int]
-    logprobs: list[float] | None
-    finish_reason: str
-    weight_version: int | None
-    engine: str = ""
-    gen_ms: float = 0.0
-    queue_ms: float = 0.0
-    version_starts: list[int] = msgspec.field(default_factory=list)  # see Generation
-    versions: list[int] = msgspec.field(default_factory=list)
-    scripted: ScriptedCall | None = None  # scripted policies only
+class ScriptedGeneration(Generation, frozen=True, kw_only=True):
+    """A scripted policy's reply: a Generation (``weight_version=None``, ``engine="script"``)
+    that may bring its own call and execution (`ScriptedCall`)."""
+
+    call: ScriptedCall | None = None
 
 
 class Policy(Protocol):
     actor: TurnActor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
-        """The next action, or None when a scripted policy has nothing more to do."""
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
+        """The next reply, or None when a scripted policy has nothing more to do."""
         ...
 
 
@@ -80,19 +74,9 @@ class EnginePolicy:
         self.engine = engine
         self.actor = actor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         (gen,) = await self.engine.generate([prompt_ids], params)
-        return Action(
-            output_ids=list(gen.output_ids),
-            logprobs=None if gen.logprobs is None else list(gen.logprobs),
-            finish_reason=gen.finish_reason,
-            weight_version=gen.weight_version,
-            engine=self.engine.name,
-            gen_ms=gen.gen_ms,
-            queue_ms=gen.queue_ms,
-            version_starts=list(gen.version_starts),
-            versions=list(gen.versions),
-        )
+        return gen if gen.engine else msgspec.structs.replace(gen, engine=self.engine.name)
 
 
 class ScriptedPolicy:
@@ -113,19 +97,19 @@ class ScriptedPolicy:
         self._calls = list(calls) + [None] * (len(texts) - len(calls))
         self.actor = actor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         if not self._outputs:
             return None
         t0 = time.perf_counter()
         ids = self._outputs.pop(0)
-        return Action(
+        return ScriptedGeneration(
             output_ids=ids,
             logprobs=None,
             finish_reason="stop",
             weight_version=None,
             engine="script",
             gen_ms=(time.perf_counter() - t0) * 1000,
-            scripted=self._calls.pop(0),
+            call=self._calls.pop(0),
         )
 
 
@@ -147,14 +131,14 @@ def script_body(script: str) -> str:
 def oracle_policy(
     chat: ChatFormat,
     solve_sh: str,
-    fmt: ActionFormat | None = None,
+    fmt: CallFormat | None = None,
     solution: ScriptedCall | None = None,
 ) -> ScriptedPolicy:
     """The task's reference solution (its body, see `script_body`) as one bash call, then
     submit, written in `fmt`. With `solution` (what stacx.launch gives every episode) that
     call executes the solution itself (see the module docstring); without it, the body runs
     through the bash tool like any model's call."""
-    fmt = fmt or ActionFormat()
+    fmt = fmt or CallFormat()
     return ScriptedPolicy(
         chat,
         [fmt.render("bash", {"command": script_body(solve_sh)}), fmt.render(SUBMIT, {})],
@@ -164,9 +148,9 @@ def oracle_policy(
     )
 
 
-def null_policy(chat: ChatFormat, fmt: ActionFormat | None = None) -> ScriptedPolicy:
+def null_policy(chat: ChatFormat, fmt: CallFormat | None = None) -> ScriptedPolicy:
     """Does nothing but submit (the verifier still runs): the floor every task must beat."""
-    fmt = fmt or ActionFormat()
+    fmt = fmt or CallFormat()
     return ScriptedPolicy(
         chat, [fmt.render(SUBMIT, {})], actor=TurnActor.NULL, stop_ids=fmt.stop_token_ids(chat)
     )

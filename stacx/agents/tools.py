@@ -11,6 +11,9 @@ visible "[... N bytes truncated ...]"); bash runs under `bash -c` (not a login s
 would reset a PATH the image set) in the image's WORKDIR, with a timeout capped at
 `max_timeout_s`; files are read and written as UTF-8 (undecodable bytes are replaced); the
 container's state persists between calls, but shell state (cd, variables) does not.
+
+`ToolLog` records any agent's calls (these tools, ReTool's python and answer) as one
+ToolCalled/ToolReturned pair per turn.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 import posixpath
 import shlex
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 
+from stacx.events import Emit, ToolCalled, ToolReturned, derive_id
 from stacx.ports import ExecResult, Sandbox
 from stacx.toolcalls import ToolCall
 
@@ -64,6 +68,49 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
     submitted: bool = False
     duration_ms: float = 0.0
+
+
+class ToolLog:
+    """Emits one episode's tool events: per turn (set `turn`) at most one ToolCalled/ToolReturned
+    pair, with ids derived from (episode_id, turn), so a redo publishes the same events.
+    `n_calls` counts the ToolCalled events."""
+
+    def __init__(self, run_id: str, episode_id: str, emit: Emit) -> None:
+        self.run_id, self.episode_id, self.emit = run_id, episode_id, emit
+        self.turn = 0
+        self.n_calls = 0
+
+    async def called(self, tool: str, arguments: Mapping[str, object]) -> None:
+        self.n_calls += 1
+        await self.emit(
+            ToolCalled(
+                run_id=self.run_id,
+                event_id=derive_id(self.episode_id, "ToolCalled", self.turn),
+                episode_id=self.episode_id,
+                turn=self.turn,
+                call_id=derive_id(self.episode_id, "call", self.turn),
+                tool=tool,
+                arguments_json=msgspec.json.encode(arguments).decode(),
+            )
+        )
+
+    async def returned(self, tool: str, obs: Observation) -> None:
+        await self.emit(
+            ToolReturned(
+                run_id=self.run_id,
+                event_id=derive_id(self.episode_id, "ToolReturned", self.turn),
+                episode_id=self.episode_id,
+                turn=self.turn,
+                call_id=derive_id(self.episode_id, "call", self.turn),
+                tool=tool,
+                output=obs.output,
+                exit_code=obs.exit_code,
+                timed_out=obs.timed_out,
+                truncated=obs.truncated,
+                error=obs.error,
+                duration_ms=obs.duration_ms,
+            )
+        )
 
 
 def truncate(text: str, max_bytes: int) -> tuple[str, bool]:

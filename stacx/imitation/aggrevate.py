@@ -37,8 +37,8 @@ import msgspec
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, SweAgent
-from stacx.agents.policies import Action, Policy
+from stacx.agents.loop import AgentConfig, LoopAgent
+from stacx.agents.policies import Policy
 from stacx.events import (
     BranchCreated,
     CostToGoEstimated,
@@ -53,7 +53,7 @@ from stacx.events import (
 )
 from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
 from stacx.imitation.config import ImitationConfig
-from stacx.ports import Environments, InfraFailure, SamplingParams, Task
+from stacx.ports import Environments, Generation, InfraFailure, SamplingParams, Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.sandbox.tasks import load_task
 
@@ -89,10 +89,10 @@ class ReplayPolicy:
         self.recorded = recorded
         self.actor = recorded.actor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         check_prompt(self.recorded, prompt_ids)
         r = self.recorded
-        return Action(
+        return Generation(
             output_ids=list(r.output_ids),
             logprobs=r.logprobs,
             finish_reason="stop",
@@ -111,7 +111,7 @@ class StatePolicy:
         self.temperature = temperature
         self.state = state
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         if self.state is not None:
             check_prompt(self.state, prompt_ids)
         return await self.policy.act(
@@ -183,6 +183,33 @@ class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
             policy=EpisodePolicy.BRANCH,
         )
 
+    def created(self, action_index: int) -> BranchCreated:
+        branch_id = self.branch_id(action_index)
+        return BranchCreated(
+            run_id=self.run_id,
+            event_id=derive_id(branch_id, "BranchCreated"),
+            branch_id=branch_id,
+            parent_episode_id=self.parent_episode_id,
+            turn=self.turn,
+            action_index=action_index,
+            episode_id=self.spec(action_index).episode_id,
+            iteration=self.iteration,
+        )
+
+    def estimated(self, action_index: int, cost: float, reward: float) -> CostToGoEstimated:
+        branch_id = self.branch_id(action_index)
+        return CostToGoEstimated(
+            run_id=self.run_id,
+            event_id=derive_id(branch_id, "CostToGoEstimated"),
+            branch_id=branch_id,
+            parent_episode_id=self.parent_episode_id,
+            turn=self.turn,
+            action_index=action_index,
+            cost=cost,
+            reward=reward,
+            iteration=self.iteration,
+        )
+
 
 async def run_branch(
     setup: BranchSetup,
@@ -201,18 +228,7 @@ async def run_branch(
         raise ValueError(f"turn {t} is not a turn of the parent ({len(recorded)} turns)")
     spec = setup.spec(action_index)
     branch_id = setup.branch_id(action_index)
-    await emit(
-        BranchCreated(
-            run_id=setup.run_id,
-            event_id=derive_id(branch_id, "BranchCreated"),
-            branch_id=branch_id,
-            parent_episode_id=setup.parent_episode_id,
-            turn=t,
-            action_index=action_index,
-            episode_id=spec.episode_id,
-            iteration=setup.iteration,
-        )
-    )
+    await emit(setup.created(action_index))
     at_state = StatePolicy(learner, setup.exploration_temperature, recorded[t])
     finish = StatePolicy(teacher, setup.teacher_temperature, None)
 
@@ -228,7 +244,7 @@ async def run_branch(
         setup.agent, seed=branch_seed(setup.parent_episode_id, t, action_index)
     )
     try:
-        agent = SweAgent(chat=chat, executor=executor, config=config)
+        agent = LoopAgent(chat=chat, executor=executor, config=config)
         _result, verdict = await run_episode(spec, envs=envs, agent=agent, emit=checked_emit)
     except InfraFailure as failure:
         log.warning("branch %s dropped: %s", branch_id, failure)
@@ -245,19 +261,7 @@ async def run_branch(
         )
         return None
     cost = 1.0 - verdict.reward
-    await emit(
-        CostToGoEstimated(
-            run_id=setup.run_id,
-            event_id=derive_id(branch_id, "CostToGoEstimated"),
-            branch_id=branch_id,
-            parent_episode_id=setup.parent_episode_id,
-            turn=t,
-            action_index=action_index,
-            cost=cost,
-            reward=verdict.reward,
-            iteration=setup.iteration,
-        )
-    )
+    await emit(setup.estimated(action_index, cost, verdict.reward))
     return cost
 
 

@@ -28,7 +28,7 @@ from typing import ClassVar
 import msgspec
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import Executor, Policy
 from stacx.events import EpisodeStarted, Event, TaskScheduled, derive_id
 from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
@@ -108,7 +108,7 @@ class MixtureRolloutManager(RolloutManager):
         serves: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__(
-            config=config, envs=envs, make_agent=swe_agents(chat, agent, roll_in), serves=serves
+            config=config, envs=envs, make_agent=loop_agents(chat, agent, roll_in), serves=serves
         )
         self.roll_in = roll_in
 

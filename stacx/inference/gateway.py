@@ -71,7 +71,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from stacx.errors import EngineError
-from stacx.events import Emit, TurnGenerated, derive_id, new_id, prompt_split
+from stacx.events import Emit, new_id
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -89,7 +89,7 @@ from stacx.inference.openai_api import (
     stop_strings,
 )
 from stacx.inference.streaming import ChoiceStreams, StreamClosed, TextStream, stream_generations
-from stacx.ports import Engine, Generation, SamplingParams
+from stacx.ports import Engine, Generation, SamplingParams, turn_generated
 from stacx.toolcalls import parse_tool_calls, render_tool_call, tools_system_prompt
 
 
@@ -491,23 +491,14 @@ class Gateway:
             for i, ((gen, _), prompt) in enumerate(zip(call.outputs, call.prompts, strict=True)):
                 turn = ep.n_turns
                 ep.n_turns += 1
-                prefix_len, new_ids = prompt_split(prompt, previous)
-                events.append(TurnGenerated(
+                events.append(turn_generated(
+                    gen,
                     run_id=ep.run_id,
-                    event_id=derive_id(ep.episode_id, "turn", turn),
                     episode_id=ep.episode_id,
                     turn=turn,
-                    prompt_ids=new_ids,
-                    prefix_len=prefix_len,
-                    output_ids=gen.output_ids,
-                    logprobs=gen.logprobs,
-                    weight_version=gen.weight_version,
-                    finish_reason=gen.finish_reason,
+                    prompt=prompt,
+                    previous_end=previous,
                     engine=f"gateway:{self.engine.name}",
-                    gen_ms=gen.gen_ms,
-                    queue_ms=gen.queue_ms,
-                    version_starts=gen.version_starts,
-                    versions=gen.versions,
                     segment=ep.segment_of(prompt) if i == 0 else ep.segment,
                     request_id=call.request_id,
                     choice_index=i,

@@ -1,9 +1,14 @@
 """The HTTP boundary shared by the SGLang and OpenAI clients: sessions, retries, errors.
 
 Owns one real boundary (slime's rule): a session per event loop (a client object may outlive
-the loop it was first used on, as in tests and in the launcher), connection errors retried with
-capped backoff (a server that is restarting), and every non-2xx answer turned into an
-:class:`EngineError` that carries the server's message.
+the loop it was first used on, as in tests and in the launcher), retries with capped backoff
+(a server that is restarting), and every non-2xx answer turned into an :class:`EngineError`
+that carries the server's message.
+
+Retries: a request the server never received (the connection could not be made) is always
+retried. One that may have reached it (a timeout, a connection dropped mid-request) is retried
+only when the caller says it is idempotent (``idempotent=True``: reads such as ``/health`` or
+scoring); a ``/generate`` or a weight update is never sent twice, its failure is the caller's.
 """
 
 from __future__ import annotations
@@ -45,8 +50,12 @@ class HttpClient:
             self._loop = loop
         return self._session
 
-    async def request(self, method: str, path: str, body: object = None) -> object:
-        """JSON (or text) answer of ``method path``; raises EngineError on failure."""
+    async def request(
+        self, method: str, path: str, body: object = None, *, idempotent: bool | None = None
+    ) -> object:
+        """JSON (or text) answer of ``method path``; raises EngineError on failure. `idempotent`
+        (default: a GET is, nothing else) allows a retry after the request may have arrived."""
+        safe = method == "GET" if idempotent is None else idempotent
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:
@@ -62,7 +71,9 @@ class HttpClient:
                         return await resp.json()
                     return text
             except (TimeoutError, aiohttp.ClientConnectionError) as e:
-                if attempt == self.retries:
+                # ClientConnectorError: no connection was made, so nothing was sent
+                sent = not isinstance(e, aiohttp.ClientConnectorError)
+                if attempt == self.retries or (sent and not safe):
                     raise EngineError(f"{method} {self.base_url}{path} failed: {e!r}") from e
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 4.0)

@@ -141,7 +141,8 @@ class OpenAIEngine:
             raise EngineError("score needs a non-empty prompt and a non-empty output")
         ids = list(prompt_ids) + list(output_ids)
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        answer = await self.http.request("POST", "/completions", self._body(ids, params, echo=True))
+        body = self._body(ids, params, echo=True)
+        answer = await self.http.request("POST", "/completions", body, idempotent=True)  # a read
         try:
             values = answer["choices"][0]["logprobs"]["token_logprobs"]  # type: ignore[index]
             got = [float(v) for v in values[len(prompt_ids) : len(ids)]]

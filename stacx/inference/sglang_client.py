@@ -277,7 +277,7 @@ class SGLangEngine:
             "return_logprob": True,
             "logprob_start_len": len(prompt_ids),
         }
-        answer = await self.http.request("POST", "/generate", body)
+        answer = await self.http.request("POST", "/generate", body, idempotent=True)  # a read
         meta = answer.get("meta_info", {}) if isinstance(answer, dict) else {}
         triples = meta.get("input_token_logprobs") or []
         tail = triples[-len(output_ids) :]
@@ -390,7 +390,7 @@ class SGLangEngine:
         self._version = version
 
     async def flush_cache(self) -> None:
-        await self.http.request("POST", "/flush_cache")
+        await self.http.request("POST", "/flush_cache", idempotent=True)
 
     async def health(self) -> bool:
         try:

@@ -8,16 +8,17 @@ runs in the launcher (local placement) or inside a Ray actor (ray placement).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import ClassVar
 
 from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat, ChatTokenizer
 from stacx.agents.formats import get_format
-from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import EnginePolicy, always
-from stacx.agents.retool import RetoolConfig, retool_agents
+from stacx.agents.retool import RetoolTools
+from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
 from stacx.events import Policy, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
@@ -45,9 +46,15 @@ class MixtureWorker(MixtureRolloutManager):
 
 
 def agent_config(recipe: Recipe) -> AgentConfig:
+    """The agent loop's settings, with the recipe's agent as its tool adapter."""
     a = recipe.agent
-    if a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
+    tools: SweTools | RetoolTools
+    if a.name == "retool":
+        tools = RetoolTools(style="tool_call" if a.format == "tool_call" else "python")
+    elif a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
         raise ConfigError("agent.format = 'python': the SWE agent writes tool_call or bash")
+    else:
+        tools = SweTools(format=a.format)
     return AgentConfig(
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
@@ -55,20 +62,7 @@ def agent_config(recipe: Recipe) -> AgentConfig:
         top_p=a.top_p,
         context_budget=a.context_budget,
         seed=a.seed,
-        format=a.format,
-    )
-
-
-def retool_config(recipe: Recipe) -> RetoolConfig:
-    a = recipe.agent
-    return RetoolConfig(
-        max_turns=a.max_turns,
-        max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature,
-        top_p=a.top_p,
-        context_budget=a.context_budget,
-        seed=a.seed,
-        style="tool_call" if a.format == "tool_call" else "python",
+        tools=tools,
     )
 
 
@@ -99,7 +93,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             _, tokenizer = await open_tokenizer(recipe.model.path)
             chat = ChatFormat(tokenizer)
             envs = await stack.enter_async_context(docker_environments(recipe, env))
-            make_agent = swe_agents(
+            make_agent = loop_agents(
                 chat,
                 agent_config(recipe),
                 scripted_executors(recipe.agent.name, chat, get_format(recipe.agent.format)),
@@ -136,56 +130,54 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             envs = await stack.enter_async_context(docker_environments(recipe, env))
         student = EnginePolicy(engine, TurnActor.STUDENT)
         config = rollout_config(recipe)
-        manager: RolloutManager
-        extra: list[Actor] = []
+
+        def serves() -> int:
+            return engine.weight_version
+
         if recipe.algorithm.name in ("dagger", "aggrevate"):
-            t = recipe.teacher
             teacher_engine, _ = await open_teacher_engine(stack, recipe, env)
-            teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
-            imitation = recipe.algorithm.imitation
-            roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
-            manager = MixtureWorker(
-                roll_in=roll_in,
-                config=config,
+            workers = imitation_workers(recipe, env, envs, chat, student, teacher_engine, serves)
+        else:
+            make_agent = make_installed or loop_agents(
+                chat, agent_config(recipe), lambda _t, _i: always(student)
+            )
+            workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
+                                     serves=serves)]  # fmt: skip
+        yield [weights, *workers]
+
+
+def imitation_workers(
+    recipe: Recipe,
+    env: ActorEnv,
+    envs: Environments,
+    chat: ChatFormat,
+    student: EnginePolicy,
+    teacher_engine: Engine,
+    serves: Callable[[], int],
+) -> list[Actor]:
+    """DAgger's and AggreVaTe's roll-in manager (a beta-mixture of student and teacher), and
+    AggreVaTe's branch actor."""
+    imitation = recipe.algorithm.imitation
+    teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
+    roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
+    manager = MixtureWorker(roll_in=roll_in, config=rollout_config(recipe), envs=envs,
+                            chat=chat, agent=agent_config(recipe), serves=serves)  # fmt: skip
+    workers: list[Actor] = [manager]
+    if recipe.algorithm.name == "aggrevate":
+        from stacx.imitation.aggrevate import BranchActor
+
+        workers.append(
+            BranchActor(
+                config=imitation,
+                agent=agent_config(recipe),
                 envs=envs,
                 chat=chat,
-                agent=agent_config(recipe),
-                serves=lambda: engine.weight_version,
+                make_learner=lambda _i: student,
+                make_teacher=lambda: teacher_policy,
+                teacher_temperature=recipe.teacher.temperature,
             )
-            if recipe.algorithm.name == "aggrevate":
-                from stacx.imitation.aggrevate import BranchActor
-
-                extra.append(
-                    BranchActor(
-                        config=imitation,
-                        agent=agent_config(recipe),
-                        envs=envs,
-                        chat=chat,
-                        make_learner=lambda _i: student,
-                        make_teacher=lambda: teacher_policy,
-                        teacher_temperature=t.temperature,
-                    )
-                )
-        elif make_installed is not None:
-            manager = RolloutWorker(
-                config=config,
-                envs=envs,
-                make_agent=make_installed,
-                serves=lambda: engine.weight_version,
-            )
-        else:
-            make_agent = (
-                retool_agents(chat, retool_config(recipe), lambda _t, _i: always(student))
-                if recipe.agent.name == "retool"
-                else swe_agents(chat, agent_config(recipe), lambda _t, _i: always(student))
-            )
-            manager = RolloutWorker(
-                config=config,
-                envs=envs,
-                make_agent=make_agent,
-                serves=lambda: engine.weight_version,
-            )
-        yield [weights, manager, *extra]
+        )
+    return workers
 
 
 def docker_environments(

@@ -18,7 +18,7 @@ an oracle run (stacx.launch.launcher.select_tasks) and says which.
 from __future__ import annotations
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat
+from stacx.agents.formats import CallFormat
 from stacx.agents.policies import MakeExecutor, ScriptedCall, always, null_policy, oracle_policy
 from stacx.agents.tools import Observation, ToolRun, bash_observation
 from stacx.ports import Sandbox, Task
@@ -55,7 +55,7 @@ def solution_call(task: Task) -> ScriptedCall:
     )
 
 
-def scripted_executors(agent: str, chat: ChatFormat, fmt: ActionFormat) -> MakeExecutor:
+def scripted_executors(agent: str, chat: ChatFormat, fmt: CallFormat) -> MakeExecutor:
     """(task, sample_index) -> a fresh executor of the scripted `agent` (oracle or null)."""
     if agent == "oracle":
         return lambda task, _i: always(

@@ -17,7 +17,7 @@ SandboxError, EngineError, TaskError and OSError (transport, and the harness's t
 Any other exception is a bug in our code and propagates, traceback and all.
 
 The agent and the environments come in through their ports (`Agent`, `Environments` in
-stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.SweAgent,
+stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.LoopAgent,
 stacx.sandbox.environments.DockerEnvironments).
 """
 
@@ -165,20 +165,7 @@ async def run_episode(
     min_reward can stop the rest, and the steps' verdicts combine by the task's
     multi_step_reward_strategy (`combine_steps`)."""
     episode_id = spec.episode_id
-    await emit(
-        EpisodeStarted(
-            run_id=spec.run_id,
-            event_id=derive_id(episode_id, "EpisodeStarted"),
-            episode_id=episode_id,
-            task_id=spec.task.task_id,
-            group_id=spec.group_id,
-            sample_index=spec.sample_index,
-            agent=spec.agent,
-            policy=spec.policy,
-            iteration=spec.iteration,
-            attempt=spec.attempt,
-        )
-    )
+    await _started(spec, emit)
     steps = spec.task.step_tasks or [spec.task]
     t0 = time.perf_counter()
     phase = FailureKind.START
@@ -214,19 +201,55 @@ async def run_episode(
         if not spec.task.step_tasks:
             raise  # (no steps: cannot happen) the plain InfraFailure it also is
         failed = exc
-    except InfraFailure:
-        raise
-    except EngineError as exc:
-        raise InfraFailure(FailureKind.ENGINE, str(exc)) from exc
-    except TaskError as exc:
-        raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
-    except (SandboxError, OSError) as exc:
-        # OSError covers the transport (connection resets) and the harness's own timeouts
-        # (TimeoutError is an OSError). Adapters wrap their library's errors (aiodocker's
-        # DockerError, HTTP client errors) in SandboxError / EngineError / InfraFailure.
-        raise InfraFailure(phase, f"{type(exc).__name__}: {exc}") from exc
+    except (EngineError, TaskError, SandboxError, OSError) as exc:
+        raise _infra(exc, phase) from exc
     # Anything else is a bug in our own code: it propagates with its traceback (the actor
     # runtime logs it and redelivers the task), and is never recorded as infrastructure.
+    return await _score(spec, emit, result, n_turns, t0, verdicts, failed)
+
+
+def _infra(exc: Exception, phase: FailureKind) -> InfraFailure:
+    """The InfraFailure an infrastructure error is: an engine's, an image build's, or, for the
+    sandbox transport and OSError (connection resets and the harness's own timeouts:
+    TimeoutError is an OSError), the kind of the `phase` it hit. Adapters wrap their library's
+    errors (aiodocker's DockerError, HTTP client errors) in SandboxError / EngineError /
+    InfraFailure."""
+    if isinstance(exc, EngineError):
+        return InfraFailure(FailureKind.ENGINE, str(exc))
+    if isinstance(exc, TaskError):
+        return InfraFailure(FailureKind.IMAGE_BUILD, str(exc))
+    return InfraFailure(phase, f"{type(exc).__name__}: {exc}")
+
+
+async def _started(spec: EpisodeSpec, emit: Emit) -> None:
+    await emit(
+        EpisodeStarted(
+            run_id=spec.run_id,
+            event_id=derive_id(spec.episode_id, "EpisodeStarted"),
+            episode_id=spec.episode_id,
+            task_id=spec.task.task_id,
+            group_id=spec.group_id,
+            sample_index=spec.sample_index,
+            agent=spec.agent,
+            policy=spec.policy,
+            iteration=spec.iteration,
+            attempt=spec.attempt,
+        )
+    )
+
+
+async def _score(
+    spec: EpisodeSpec,
+    emit: Emit,
+    result: AgentResult,
+    n_turns: int,
+    t0: float,
+    verdicts: list[tuple[str, Verdict]],
+    failed: StepFailed | None,
+) -> tuple[AgentResult, Verdict]:
+    """The episode's end once every step ran or one failed: StepFailed (then EpisodeFinished)
+    for a failed step, and RewardAssigned for the combined verdict."""
+    episode_id = spec.episode_id
     if failed is not None:  # Harbor: the step's exception; the later steps never run
         await emit(
             StepFailedEvent(

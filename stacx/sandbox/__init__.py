@@ -11,7 +11,7 @@ Modules (import what you use; this package imports nothing heavy):
 - standins  offline stand-ins rebuilt from a package registry (uv's images, from PyPI)
 - images    the offline base image (debootstrap + docker import)
 - build     task images cached by content hash
-- verifier  run tests/test.sh, parse reward.txt / reward.json, emit RewardAssigned/InfraFailed
+- verifier  run tests/test.sh, parse reward.txt / reward.json into a Verdict (or a failure kind)
 - health    a task's healthcheck
 - steps     a multi-step task's per-step setup (workdir/, setup.sh, the step's healthcheck)
 - environments  the `Environments` port over Docker (build, pool, healthcheck, verifier)
@@ -26,12 +26,11 @@ Modules (import what you use; this package imports nothing heavy):
 - output    bounded capture of a command's output
 - archive   tar archives for uploads
 
-An episode, as the rollout engine drives it::
+An episode, as the rollout engine drives it (stacx.rollout.episode.run_episode, through the
+`Environments` port; DockerEnvironments does the build, pool and healthcheck)::
 
-    image = await build_task_image(task, pool.docker)           # TaskError -> IMAGE_BUILD
-    sandbox = await pool.acquire(image, task_limits(task), episode_id=eid)  # SandboxError -> START
-    await wait_healthy(sandbox, task.config.environment.healthcheck)  # SandboxError -> START
-    ... agent: await sandbox.exec(cmd, timeout=...) ...          # SandboxError -> EXEC_TRANSPORT
-    outcome = await verify(sandbox, task, emit, run_id, eid)     # RewardAssigned | InfraFailed
-    await pool.release(sandbox)
+    async with envs.sandbox(task, episode_id=eid) as sandbox:  # InfraFailure(IMAGE_BUILD|START)
+        ... agent: await sandbox.exec(cmd, timeout=...) ...     # SandboxError -> EXEC_TRANSPORT
+        verdict = await envs.verify(sandbox, task, episode_id=eid)  # Verdict | InfraFailure
+    # run_episode records RewardAssigned; the rollout manager records an InfraFailure as InfraFailed
 """

@@ -26,7 +26,7 @@ import time
 import msgspec
 
 from stacx.errors import SandboxError, TaskError
-from stacx.events import Emit, FailureKind, InfraFailed, RewardAssigned
+from stacx.events import FailureKind
 from stacx.ports import InfraFailure, Sandbox, Task, Verdict
 from stacx.sandbox.tasks import resolve_env
 
@@ -211,38 +211,3 @@ def verdict(outcome: VerifierOutcome) -> Verdict:
         output=outcome.output,
     )
 
-
-async def verify(
-    sandbox: Sandbox,
-    task: Task,
-    emit: Emit,
-    run_id: str,
-    episode_id: str,
-    *,
-    attempt: int = 0,
-) -> VerifierOutcome:
-    """Run the verifier and emit RewardAssigned (with every metric) or InfraFailed."""
-    outcome = await run_verifier(sandbox, task)
-    if isinstance(outcome, VerifierResult):
-        await emit(
-            RewardAssigned(
-                run_id=run_id,
-                episode_id=episode_id,
-                reward=outcome.reward,
-                metrics_json=json.dumps(outcome.metrics, sort_keys=True),
-                verifier_ms=outcome.duration_ms,
-            )
-        )
-    else:
-        message = outcome.reason + (f"\n{outcome.output}" if outcome.output else "")
-        await emit(
-            InfraFailed(
-                run_id=run_id,
-                failure_kind=outcome.kind,
-                message=message,
-                episode_id=episode_id,
-                task_id=task.task_id,
-                attempt=attempt,
-            )
-        )
-    return outcome

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat, BashBlockFormat, get_format
+from stacx.agents.formats import BashBlockFormat, CallFormat, get_format
 from stacx.errors import ConfigError
 from stacx.toolcalls import MalformedCall, ToolCall
 
@@ -35,7 +35,7 @@ def test_stop_ids_add_the_fence_token(chat: ChatFormat) -> None:
     (fence,) = chat.content_ids("```")
     assert fence in BashBlockFormat().stop_token_ids(chat)
     assert set(chat.stop_token_ids) < set(BashBlockFormat().stop_token_ids(chat))
-    assert ActionFormat().stop_token_ids(chat) == sorted(chat.stop_token_ids)
+    assert CallFormat().stop_token_ids(chat) == sorted(chat.stop_token_ids)
 
 
 def test_unknown_format_names_the_accepted_values() -> None:

@@ -11,6 +11,7 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig, run_agent, turn_seed
 from stacx.agents.policies import ScriptedPolicy, always, null_policy, oracle_policy
+from stacx.agents.swe import SweTools
 from stacx.agents.tools import ToolLimits
 from stacx.events import Event, StopReason, ToolCalled, ToolReturned, TurnGenerated, full_prompts
 from stacx.sandbox.docker import DockerSandbox, Limits
@@ -72,7 +73,7 @@ async def test_scripted_episode_uses_every_tool(sandbox: DockerSandbox, chat: Ch
         sandbox=sandbox,
         chat=chat,
         executor=always(ScriptedPolicy(chat, script, actor="oracle")),
-        config=AgentConfig(max_turns=20, tools=ToolLimits(max_bytes=2000)),
+        config=AgentConfig(max_turns=20, tools=SweTools(limits=ToolLimits(max_bytes=2000))),
         emit=log,
     )
     assert result.stop_reason == StopReason.SUBMITTED
@@ -269,7 +270,7 @@ async def test_bash_format_episode_is_prefilled_and_token_exact(
         sandbox=sandbox,
         chat=chat,
         executor=always(oracle_policy(chat, "mkdir -p /work/out && echo made", fmt)),
-        config=AgentConfig(format="bash"),
+        config=AgentConfig(tools=SweTools(format="bash")),
         emit=log,
     )
     assert result.stop_reason == StopReason.SUBMITTED

@@ -7,19 +7,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from stacx.agents.chat import ChatFormat
+from stacx.agents.loop import AgentConfig, loop_agents, run_agent
 from stacx.agents.policies import ScriptedPolicy, always
-from stacx.agents.retool import (
-    FinalAnswer,
-    PythonCode,
-    RetoolConfig,
-    last_boxed,
-    parse_reply,
-    retool_agents,
-    run_retool,
-)
+from stacx.agents.retool import FinalAnswer, PythonCode, RetoolTools, last_boxed, parse_reply
 from stacx.agents.retool_prompt import NO_ACTION, output_message
 from stacx.events import (
     Event,
@@ -60,20 +54,21 @@ async def play(
     chat: ChatFormat,
     sandbox: ProcessSandbox,
     script: list[str],
-    config: RetoolConfig | None = None,
+    tools: RetoolTools | None = None,
+    max_turns: int = 4,
     answer_path: str | None = ANSWER_PATH,
 ) -> tuple[Log, AgentResult]:
     log = Log()
-    result = await run_retool(
+    tools = msgspec.structs.replace(tools or RetoolTools(), answer_path=answer_path)
+    result = await run_agent(
         run_id="r",
         episode_id="e",
         instruction="What is 6 * 7?",
         sandbox=sandbox,
         chat=chat,
         executor=always(ScriptedPolicy(chat, script, actor="oracle")),
-        config=config or RetoolConfig(),
+        config=AgentConfig(max_turns=max_turns, tools=tools),
         emit=log,
-        answer_path=answer_path,
     )
     return log, result
 
@@ -82,9 +77,9 @@ async def test_python_runs_output_is_fed_back_and_boxed_answer_is_verified(
     chat: ChatFormat, sandbox: ProcessSandbox
 ) -> None:
     task = answer_task(AnswerRecord(id="t", problem="What is 6 * 7?", answer="42"), "/x.jsonl")
-    agent = retool_agents(
+    agent = loop_agents(
         chat,
-        RetoolConfig(),
+        AgentConfig(tools=RetoolTools()),
         lambda _t, _i: always(
             ScriptedPolicy(
                 chat, ["I compute.\n" + PY.format("print(6 * 7)"), "So \\boxed{42}."], "oracle"
@@ -120,7 +115,7 @@ async def test_every_prompt_extends_the_last_prompt_and_output_exactly(
         render_tool_call("python", {"code": "print(sum(range(10)))"}),  # the tool-call form
         "The sum is \\boxed{45}.",
     ]
-    log, result = await play(chat, sandbox, script, RetoolConfig(max_turns=8))
+    log, result = await play(chat, sandbox, script, max_turns=8)
     turns = log.of(TurnGenerated)
     assert [t.turn for t in turns] == list(range(5))
     whole = full_prompts([(t.turn, t.prefix_len, t.prompt_ids, t.output_ids) for t in turns])
@@ -149,7 +144,7 @@ async def test_timeout_and_flood_are_observations_not_crashes(
 ) -> None:
     script = [PY.format("while True: pass"), PY.format("print('x' * 100000)"), "\\boxed{1}"]
     log, result = await play(
-        chat, sandbox, script, RetoolConfig(python_timeout_s=1, max_output_bytes=500)
+        chat, sandbox, script, RetoolTools(python_timeout_s=1, max_output_bytes=500)
     )
     assert result.stop_reason == StopReason.SUBMITTED
     loop, flood, _ = log.of(ToolReturned)
@@ -161,7 +156,7 @@ async def test_no_answer_scores_zero_and_max_turns_stops(
     chat: ChatFormat, sandbox: ProcessSandbox
 ) -> None:
     task = answer_task(AnswerRecord(id="t", problem="?", answer="42"), "/x.jsonl")
-    _, result = await play(chat, sandbox, [PY.format("print(1)")] * 5, RetoolConfig(max_turns=3))
+    _, result = await play(chat, sandbox, [PY.format("print(1)")] * 5, max_turns=3)
     assert result.stop_reason == StopReason.MAX_TURNS and result.n_turns == 3
     outcome = await verify_answer(sandbox, task)
     assert isinstance(outcome, VerifierResult)

@@ -9,7 +9,7 @@ import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, SweAgent
+from stacx.agents.loop import AgentConfig, LoopAgent
 from stacx.agents.policies import ScriptedPolicy, always, oracle_policy
 from stacx.events import TaskScheduled
 from stacx.imitation.aggrevate import (
@@ -68,7 +68,7 @@ async def _parent(
     await run_episode(
         spec,
         envs=envs,
-        agent=SweAgent(chat=chat, executor=always(student(chat, texts)), config=AGENT),
+        agent=LoopAgent(chat=chat, executor=always(student(chat, texts)), config=AGENT),
         emit=run.emit,
     )
     return spec.episode_id

@@ -9,12 +9,12 @@ import pytest
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
 from stacx.agents.loop import AgentConfig
-from stacx.agents.policies import Action, ScriptedPolicy
+from stacx.agents.policies import ScriptedPolicy
 from stacx.errors import ConfigError
 from stacx.events import TaskScheduled
 from stacx.imitation.config import ImitationConfig, beta_at
 from stacx.imitation.mixture import MixtureExecutor, MixtureRollIn, MixtureRolloutManager
-from stacx.ports import SamplingParams
+from stacx.ports import Generation, SamplingParams
 from stacx.rollout.manager import RolloutConfig
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.tasks import load_task
@@ -26,7 +26,7 @@ class Named:
     def __init__(self, actor: str) -> None:
         self.actor = actor
 
-    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Action | None:
+    async def act(self, prompt_ids: list[int], params: SamplingParams) -> Generation | None:
         return None
 
 
@@ -89,7 +89,11 @@ async def test_roll_in_records_who_acted_and_beta(tmp_path: Path, chat: ChatForm
     ):
         run.spawn(
             MixtureRolloutManager(
-                roll_in=roll_in, config=rollout, envs=envs, chat=chat, agent=AgentConfig(max_turns=5)
+                roll_in=roll_in,
+                config=rollout,
+                envs=envs,
+                chat=chat,
+                agent=AgentConfig(max_turns=5),
             )
         )
         await run.emit(

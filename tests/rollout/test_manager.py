@@ -12,8 +12,8 @@ import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
-from stacx.agents.formats import ActionFormat
-from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.formats import CallFormat
+from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import ScriptedPolicy, always
 from stacx.errors import SandboxError
 from stacx.events import (
@@ -105,8 +105,8 @@ async def test_redelivered_task_skips_finished_samples_and_retires_dangling_ones
             RolloutManager(
                 config=RolloutConfig(agent="oracle"),
                 envs=envs,
-                make_agent=swe_agents(
-                    chat, AgentConfig(), scripted_executors("oracle", chat, ActionFormat())
+                make_agent=loop_agents(
+                    chat, AgentConfig(), scripted_executors("oracle", chat, CallFormat())
                 ),
             )
         )
@@ -183,7 +183,7 @@ async def test_sandbox_dying_mid_episode_is_retried_then_given_up(
             RolloutManager(
                 config=RolloutConfig(agent="script", max_attempts=2),
                 envs=envs,
-                make_agent=swe_agents(
+                make_agent=loop_agents(
                     chat,
                     AgentConfig(),
                     lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),
@@ -223,7 +223,7 @@ async def test_episode_timeout_stops_the_agent_and_the_verifier_still_scores(
             RolloutManager(
                 config=RolloutConfig(agent="script", episode_timeout_s=2.0),
                 envs=envs,
-                make_agent=swe_agents(
+                make_agent=loop_agents(
                     chat,
                     AgentConfig(),
                     lambda _t, _i: always(ScriptedPolicy(chat, script, actor="oracle")),

@@ -12,7 +12,7 @@ import pytest
 
 from stacx.actors.run import RunContext
 from stacx.agents.chat import ChatFormat
-from stacx.agents.loop import AgentConfig, swe_agents
+from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import EnginePolicy, always
 from stacx.events import TaskScheduled
 from stacx.launch.presets import eval_recipe, run_eval
@@ -76,7 +76,7 @@ async def test_engine_failure_is_an_infra_failure_not_a_score(
             RolloutManager(
                 config=RolloutConfig(max_attempts=1),
                 envs=envs,
-                make_agent=swe_agents(
+                make_agent=loop_agents(
                     chat, AgentConfig(), lambda _t, _i: always(EnginePolicy(engine))
                 ),
             )

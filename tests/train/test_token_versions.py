@@ -1,6 +1,6 @@
 """Per-token weight versions, end to end: the real TorchEngine (the default model on CPU) loads
 a new weight version while one generation is decoding; the turn's TurnGenerated (recorded by
-the in-house agents' `act_and_record`) carries both versions' change points; in a real run
+the one turn constructor `ports.turn_generated`, as the agent loop records it) carries both versions' change points; in a real run
 database the views (`turn_versions`, `batch_token_versions`) and the trainer's batch read
 (`step_batch`) see each token's version, and the per-token staleness bound masks the old ones."""
 
@@ -12,11 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from stacx import events as ev
-from stacx.agents.loop import act_and_record
 from stacx.agents.policies import EnginePolicy
 from stacx.hf import resolve_model
 from stacx.inference.torch_engine import TorchEngine
-from stacx.ports import SamplingParams
+from stacx.ports import SamplingParams, turn_generated
 from stacx.train.config import TrainerConfig
 from stacx.train.trainer import step_batch
 from tests.train.conftest import Log
@@ -57,9 +56,15 @@ async def test_a_load_mid_generation_is_recorded_per_token_and_reaches_the_batch
         recorded.append(event)
 
     prompt = engine.tokenizer("Count from one to a thousand:")["input_ids"]
-    turn = act_and_record("r", "e0", 0, prompt, EnginePolicy(engine), emit,
-                          max_new_tokens=LONG.max_new_tokens, temperature=0.0, top_p=1.0,
-                          stop_token_ids=[], seed=None)  # fmt: skip
+    async def act_and_record() -> object:  # one turn, as stacx.agents.loop records it
+        params = SamplingParams(max_new_tokens=LONG.max_new_tokens, temperature=0.0, top_p=1.0)
+        gen = await EnginePolicy(engine).act(prompt, params)
+        assert gen is not None
+        await emit(turn_generated(gen, run_id="r", episode_id="e0", turn=0, prompt=prompt,
+                                  previous_end=[]))  # fmt: skip
+        return gen
+
+    turn = act_and_record()
     action, v = await load_mid_generation(engine, turn)
     (tg,) = [e for e in recorded if isinstance(e, ev.TurnGenerated)]
     n = len(tg.output_ids)

@@ -21,8 +21,9 @@ task on stacx/base:trixie: on bookworm's 3.11 the layer build fails, an IMAGE_BU
 
 Not here: building the layer and mounting the socket (stacx.sandbox.layers, wired by
 stacx.launch), the gateway (stacx.inference.gateway). A scaffold that crashes ends its episode
-with AGENT_DONE; its stdout/stderr stay in /logs/agent for the record, and the verifier scores
-what it left behind.
+with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`; the gateway's
+error answers to its calls are `GatewayRefused`), its stdout/stderr stay in /logs/agent, and the
+verifier scores what it left behind.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Protocol
 import msgspec
 
 from stacx.errors import ConfigError
-from stacx.events import Emit, StopReason
+from stacx.events import Emit, ScaffoldExited, StopReason, derive_id
 from stacx.ports import Agent, AgentResult, MakeAgent, Sandbox, Task
 
 SOCKET_DIR = "/run/stacx"  # the gateway's socket directory, mounted into the container
@@ -280,7 +281,12 @@ class InstalledAgent:
             await sandbox.write_file(f"{WORK_DIR}/forward.py", FORWARDER)
             for path, text in self.spec.files.items():
                 await sandbox.write_file(path, text)
-            await sandbox.exec(self.command(route), env=dict(self.spec.env))
+            done = await sandbox.exec(self.command(route), env=dict(self.spec.env))
+            await emit(ScaffoldExited(
+                run_id=run_id, event_id=derive_id(episode_id, "scaffold_exited"),
+                episode_id=episode_id, scaffold=self.spec.name, exit_code=done.exit_code,
+                timed_out=done.timed_out, stderr_tail=await _tail(sandbox, f"{LOGS_DIR}/stderr.txt"),
+            ))  # fmt: skip
             stop = await self._stop_reason(sandbox)
             return AgentResult(
                 stop_reason=stop,
@@ -297,6 +303,18 @@ class InstalledAgent:
             return StopReason.AGENT_DONE
         status = str(info.get("exit_status", "")) if isinstance(info, dict) else ""
         return self.spec.stops.get(status, StopReason.AGENT_DONE)
+
+
+STDERR_TAIL = 4000  # characters of a scaffold's stderr kept in its ScaffoldExited event
+
+
+async def _tail(sandbox: Sandbox, path: str) -> str:
+    """The last STDERR_TAIL characters of a file in the sandbox ("" when it is not there)."""
+    try:
+        data = await sandbox.read_file(path)
+    except OSError:
+        return ""
+    return data[-4 * STDERR_TAIL :].decode(errors="replace")[-STDERR_TAIL:]
 
 
 def installed_agents(

@@ -2,8 +2,11 @@
 token ids, so black-box scaffolds (mini-swe-agent, ...) can be trained token-faithfully.
 
 Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them):
-``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, the same under
-``/e/<credential>/v1/...``. Supported: ``tools`` / ``tool_choice`` ("auto" | "none"),
+``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
+``POST /v1/completions``, the same under ``/e/<credential>/v1/...``. A request's ``model`` must
+be the served name or one of its aliases (absent: the served name); any other is a 404
+``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
+"none" | "required" | a named function: see `Gateway._prefill`),
 ``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
 usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
@@ -42,7 +45,15 @@ call can extend it. An engine error after the first chunk is sent as an error ev
 
 Errors: a bad request gets an OpenAI-shaped 4xx naming the field (``error.param``; the request
 contract lives in `stacx.inference.openai_api`); an engine refusal (a prompt longer than the
-context) is a 400; anything else is our bug, a 500.
+context) is a 400; anything else is our bug, a 500. An error answer to an episode's call is
+recorded (`GatewayRefused`: route, status, type, code, param, message).
+
+Forced tool calls: ``tool_choice`` "required" or a named function is honoured by prefilling the
+assistant turn with the template's tool-call opening (read off a rendered call: Hermes
+``<tool_call>{"name": "`` for "required" of several tools; up to ``"arguments": {`` for a named
+function, or "required" of one tool) and ending the reply at the call's closing tag. The prefill
+ids are part of the recorded prompt; the output ids are the model's own. A reply that still is
+not a well-formed call (the model may write anything after the prefill) stays text.
 
 Stop strings, streamed or not: once every choice of a call has finished or written a stop string,
 the engine's requests are aborted (the rest would be cut), on an engine that streams; the ids
@@ -53,8 +64,8 @@ has; streamed ``logprobs`` come in each choice's last chunk, not with its text; 
 early by a stop string gets the call's wall time as ``gen_ms``; a stream's disconnect is seen at
 the engine's next delta (a request still queued for a slot is aborted once admitted). The text
 pieces are exact for tokenizers whose decode is prefix-stable (byte-level BPE: SmolLM2, Qwen,
-Llama 3; see `stacx.inference.streaming`). ``top_logprobs`` > 0 and ``tool_choice`` "required"
-or a named function are refused (the engine gives no alternatives and cannot constrain decoding).
+Llama 3; see `stacx.inference.streaming`). ``top_logprobs`` > 0 is refused (the engine gives no
+alternatives); a forced call's text is not streamed as it comes (it is all the call's).
 Message content that spells a special token (``<|im_end|>``) is tokenized as that token.
 """
 
@@ -320,7 +331,8 @@ class Gateway:
     def _prefill(self, choice: object, tools: list[Json]) -> tuple[str, str]:
         """What the reply is forced to start with for `tool_choice`, and the tag that ends it:
         nothing for "auto" and "none"; the model's tool-call opening up to the function name
-        for "required" (of several tools; of one, as for that one named); up to the arguments' opening brace for a named function ({"type":
+        for "required" (of several tools; of one, as for that one named); up to the arguments'
+        opening brace for a named function ({"type":
         "function", "function": {"name": ...}}). The gateway owns the template, so this prefill
         is what a constrained decoder would force first; the reply ends at the call's closing
         tag (a stop string), as a constrained decoder ends at the call's end. The rest is the

@@ -83,6 +83,8 @@ from aiohttp import web
 
 from stacx.errors import EngineError
 from stacx.events import Emit, TurnGenerated, derive_id, new_id, prompt_split
+from stacx.inference import anthropic_api
+from stacx.inference.anthropic_api import anthropic_errors
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -93,6 +95,7 @@ from stacx.inference.openai_api import (
     assistant_calls,
     content_text,
     include_usage,
+    json_object,
     openai_errors,
     opt,
     request_body,
@@ -150,6 +153,7 @@ class Gateway:
             router.add_get(prefix + "/v1/models/{model_id:.+}", self.model)
             router.add_post(prefix + "/v1/chat/completions", self.recorded(self.chat_completions))
             router.add_post(prefix + "/v1/completions", self.recorded(self.completions))
+            router.add_post(prefix + "/v1/messages", anthropic_errors(self.recorded(self.messages)))
 
     def recorded(self, handler: Handler) -> Handler:
         """`handler` whose error answers to an episode's calls are recorded (`GatewayRefused`),
@@ -214,6 +218,20 @@ class Gateway:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         ep = self._episode_of(request)
         body = await request_body(request, CHAT_KEYS)
+        try:
+            out, call, finals = await self.chat(body, ep, request)
+        except StreamClosed as closed:
+            return closed.resp or web.Response(status=499)  # nobody reads it
+        if call.streams is not None:
+            return await call.streams.finish(out["choices"], finals, out["usage"])
+        return web.json_response(out)
+
+    async def chat(
+        self, body: Json, ep: GatewayEpisode | None, request: web.Request
+    ) -> tuple[Json, _Call, list[str]]:
+        """One chat request (an OpenAI chat body whose keys are checked) rendered, generated and
+        recorded: the ``chat.completion`` answer, the call, each choice's content. The one path
+        of the OpenAI and Anthropic routes (`stacx.inference.anthropic_api` translates)."""
         model = self.served_model(body.get("model"))
         tools = request_tools(body)
         choice_mode = body.get("tool_choice") or "auto"
@@ -237,12 +255,9 @@ class Gateway:
         prompt = list(self.tok.encode(text + prefill, add_special_tokens=False))
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         parse = bool(tools) and choice_mode != "none"
-        try:
-            call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
-                                        request=request, parse_tools=parse,
-                                        held=bool(prefill), close=close)  # fmt: skip
-        except StreamClosed as closed:
-            return closed.resp or web.Response(status=499)  # nobody reads it
+        call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
+                                    request=request, parse_tools=parse, held=bool(prefill),
+                                    close=close)  # fmt: skip
         choices, finals = [], []
         for i, (gen, generated) in enumerate(call.outputs):
             out_text = prefill + generated  # the assistant message as the model's turn reads
@@ -271,10 +286,18 @@ class Gateway:
                             "finish_reason": finish, "token_ids": gen.output_ids,
                             "prompt_token_ids": prompt,
                             "weight_version": gen.weight_version})  # fmt: skip
-        out = _envelope("chat.completion", call, choices, model)
-        if call.streams is not None:
-            return await call.streams.finish(choices, finals, out["usage"])
-        return web.json_response(out)
+        return _envelope("chat.completion", call, choices, model), call, finals
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's ``POST /v1/messages``, translated to the chat path (and back) by
+        `stacx.inference.anthropic_api`: generated and recorded as a chat call is."""
+        ep = self._episode_of(request)
+        raw = await json_object(request)
+        out, _, _ = await self.chat(anthropic_api.chat_body(raw), ep, request)
+        msg = anthropic_api.message(out, raw.get("stop_sequences") or [], self.tok.decode)
+        if raw.get("stream"):
+            return await anthropic_api.send_stream(request, msg)
+        return web.json_response(msg)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         ep = self._episode_of(request)
@@ -654,12 +677,13 @@ def _envelope(kind: str, call: _Call, choices: list[Json], model: str) -> Json:
 
 
 def _credential(request: web.Request) -> str:
-    """The episode credential of a request: the URL's ``/e/<key>`` or the bearer key."""
+    """The episode credential of a request: the URL's ``/e/<key>``, the bearer key, or
+    Anthropic's ``x-api-key``."""
     credential = request.match_info.get("credential")
     if credential is None:
         auth = request.headers.get("Authorization", "")
         credential = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    return credential
+    return credential or request.headers.get("x-api-key", "").strip()
 
 
 def _debug_json(body: Json) -> str:

@@ -32,6 +32,7 @@ def installed_config(recipe: Recipe) -> InstalledConfig:
         max_new_tokens=a.max_new_tokens,
         temperature=a.temperature,
         top_p=a.top_p,
+        timeout_s=a.episode_timeout_s,
     )
 
 
@@ -55,7 +56,7 @@ async def installed_rollout(
     )
     host_dir = tempfile.mkdtemp(prefix="stacx-gw-")
     os.chmod(host_dir, 0o755)
-    layer = ImageLayer(name=spec.name, run=list(spec.install), mounts={host_dir: SOCKET_DIR})
+    layer = ImageLayer(name=spec.name, run=spec.layer_commands(), mounts={host_dir: SOCKET_DIR})
     try:
         async with serve_unix(gateway, os.path.join(host_dir, os.path.basename(SOCKET))):
             async with DockerEnvironments(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stacx.agents.installed import FORWARD_PORT, FORWARDER, MINI_SWE_AGENT, SOCKET, SOCKET_DIR
+from stacx.agents.installed import FORWARD_PORT, FORWARDER, SOCKET, SOCKET_DIR, scaffold
 from stacx.inference.gateway import Gateway, serve_unix
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.images import bootstrap_base_image
@@ -71,7 +71,8 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
     port = listener.sockets[0].getsockname()[1]
     sock_dir = tempfile.mkdtemp(prefix="stacx-gw-test-")
     os.chmod(sock_dir, 0o755)
-    layer = ImageLayer(name=MINI_SWE_AGENT.name, run=list(MINI_SWE_AGENT.install),
+    mini = scaffold("mini-swe-agent")
+    layer = ImageLayer(name=mini.name, run=mini.layer_commands(),
                        mounts={sock_dir: SOCKET_DIR})  # fmt: skip
     try:
         async with serve_unix(gateway, os.path.join(sock_dir, "gateway.sock")):
@@ -85,7 +86,7 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
                         .replace("FWD", str(FORWARD_PORT))
                         .replace("PORT", str(port)),
                     )
-                    py = MINI_SWE_AGENT.python
+                    py = mini.interpreter()
                     res = await sandbox.exec(
                         f"{py} /tmp/fwd.py {SOCKET} {FORWARD_PORT} > /tmp/fwd.log & "
                         "until grep -q ready /tmp/fwd.log; do sleep 0.05; done; "
@@ -175,7 +176,8 @@ def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("agent", "extra", "message"),
     [
-        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk"),
+        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk, or a path"),
+        ({"scaffold": "/nonexistent/x.toml"}, {}, "no such spec file"),
         ({}, {"sandbox": {"backend": "process"}}, "use 'docker'"),
         (
             {},

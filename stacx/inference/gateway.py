@@ -149,8 +149,8 @@ class Gateway:
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for prefix in ("", "/e/{credential}"):
-            router.add_get(prefix + "/v1/models", self.models)
-            router.add_get(prefix + "/v1/models/{model_id:.+}", self.model)
+            router.add_get(prefix + "/v1/models", self.recorded(self.models))
+            router.add_get(prefix + "/v1/models/{model_id:.+}", self.recorded(self.model))
             router.add_post(prefix + "/v1/chat/completions", self.recorded(self.chat_completions))
             router.add_post(prefix + "/v1/completions", self.recorded(self.completions))
             router.add_post(prefix + "/v1/messages", anthropic_errors(self.recorded(self.messages)))

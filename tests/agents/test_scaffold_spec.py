@@ -49,7 +49,7 @@ def test_the_shipped_scaffolds_are_spec_files() -> None:
 def test_a_bad_spec_fails_at_load_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "my.toml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match="scaffold spec .*my.toml") as info:
+    with pytest.raises(ConfigError, match=r"scaffold spec .*my\.toml") as info:
         load_spec(path)
     assert message in str(info.value)
 
@@ -141,3 +141,18 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     request = json.loads(con.execute(
         "select request_json from turn_generated where turn = 1").fetchone()[0])  # fmt: skip
     assert request["messages"][0]["content"].startswith("Summary: ")
+    # What a multi-segment episode trains on (README "Segments"): each segment its own sequence,
+    # the episode's outcome on every segment's turns, each row naming its episode and turn.
+    from stacx.train.batches import episode_sequences, samples_from_table
+
+    grpo = con.execute("select turn, reward, advantage from grpo_batch order by turn").fetchall()
+    ((reward,),) = con.execute("select reward from episodes").fetchall()
+    assert [(g[0], g[1]) for g in grpo] == [(0, reward), (1, reward)]
+    assert grpo[0][2] == grpo[1][2]  # one advantage per episode, broadcast to both segments
+    sft = con.sql("select episode_id, turn, prompt_ids, completion_ids from sft_examples "
+                  "order by turn").to_arrow_table()  # fmt: skip
+    samples = samples_from_table(sft)
+    sequences = episode_sequences(samples, sft.column("episode_id").to_pylist())
+    # the rewritten history does not extend the first call: two sequences, never merged
+    assert [list(s.prompt_ids) for s in sequences] == [list(s.prompt_ids) for s in samples]
+    assert len(sequences) == 2

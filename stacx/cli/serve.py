@@ -40,8 +40,8 @@ from stacx.cli._common import friendly_errors
 def cli(model: str, host: str, port: int, device: str, max_batch: int | None, max_len: int,
         threads: int | None, aliases: tuple[str, ...]) -> None:  # fmt: skip
     """Serve a model over HTTP: POST /generate, /update_weights_from_disk, /flush_cache,
-    GET /health, /get_model_info, and OpenAI /v1/models[/{id}], /v1/completions,
-    /v1/chat/completions. A request naming another model than --model / --model-alias gets 404
+    GET /health, /get_model_info, OpenAI /v1/models[/{id}], /v1/completions,
+    /v1/chat/completions, and Anthropic /v1/messages. A request naming another model than --model / --model-alias gets 404
     model_not_found.
 
     Prints `listening on http://HOST:PORT` once the model is loaded and the port is bound.

@@ -3,7 +3,8 @@ token ids, so black-box scaffolds (mini-swe-agent, ...) can be trained token-fai
 
 Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them):
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, the same under ``/e/<credential>/v1/...``. A request's ``model`` must
+``POST /v1/completions``, Anthropic's ``POST /v1/messages`` (translated to the chat path by
+`stacx.inference.anthropic_api`), the same under ``/e/<credential>/v1/...``. A request's ``model`` must
 be the served name or one of its aliases (absent: the served name); any other is a 404
 ``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
 "none" | "required" | a named function: see `Gateway._prefill`),

@@ -14,8 +14,8 @@ server alike):
   (the version stamped on later tokens); absent, the current version + 1 is used.
 - ``POST /flush_cache``, ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``.
 
-OpenAI routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, with tools,
-streaming, n, stop strings, logprobs): the model gateway, `stacx.inference.gateway.Gateway`,
+OpenAI routes (``/v1/models[/{id}]``, ``/v1/chat/completions``, ``/v1/completions``, with
+tools, streaming, n, stop strings, logprobs) and Anthropic's ``/v1/messages``: the model gateway, `stacx.inference.gateway.Gateway`,
 mounted on this app. Served alone, nothing is recorded (no run); the launcher's gateway records
 every call of an episode as a TurnGenerated.
 """

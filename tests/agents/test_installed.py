@@ -176,7 +176,7 @@ def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("agent", "extra", "message"),
     [
-        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk, or a path"),
+        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk, terminus-2, or a path"),
         ({"scaffold": "/nonexistent/x.toml"}, {}, "no such spec file"),
         ({}, {"sandbox": {"backend": "process"}}, "use 'docker'"),
         (
@@ -204,3 +204,32 @@ def test_a_scaffold_named_for_another_agent_fails_at_load() -> None:
 
     with pytest.raises(ConfigError, match=r"used by agent\.name = 'installed' only"):
         convert({"name": "x", "agent": {"name": "swe", "scaffold": "mini-swe-agent"}}, source="t")
+
+
+@pytest.mark.slow  # a first run builds harbor's layer (~8 min here); later runs reuse it
+def test_a_terminus_2_episode_on_a_python_313_task(tmp_path: Path) -> None:
+    """Terminus-2 from the `harbor` package, run inside the task container (its tmux session
+    there, its litellm calls to the gateway), through `stacx eval --agent installed:terminus-2`;
+    harbor needs Python >= 3.12, so a task on python:3.13-slim (stacx/base:trixie)."""
+    bootstrap_base_image(suite="trixie")
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASK, tasks / TASK.name)
+    dockerfile = tasks / TASK.name / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
+         "--tasks", str(tasks), "--max-turns", "2", "--max-new-tokens", "64",
+         "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    con = db.connect_run(run_dir)
+    turns = con.execute("select len(output_ids), request_json from turn_generated").fetchall()
+    assert turns and all(n > 0 for n, _ in turns)
+    request = json.loads(turns[0][1])  # Terminus-2's own prompt: a JSON-answer terminal agent
+    assert "terminal" in json.dumps(request["messages"]).lower()
+    (status, agent), *_ = con.execute("select status, agent from episodes").fetchall()
+    assert status == "scored" and agent == "installed"
+    ((code,),) = con.execute("select exit_code from scaffold_exited").fetchall()
+    assert code == 0

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_shipped_scaffolds_are_spec_files() -> None:
-    assert set(shipped()) == {"mini-swe-agent", "openhands-sdk"}
+    assert set(shipped()) == {"mini-swe-agent", "openhands-sdk", "terminus-2"}
     mini = resolve("mini-swe-agent")
     assert mini.api == "openai-chat" and "{base_url}" in mini.run
     oh = resolve("openhands-sdk")

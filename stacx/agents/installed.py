@@ -23,7 +23,8 @@ with the spec's version message, an IMAGE_BUILD failure).
 
 Not here: building the layer and mounting the socket (stacx.sandbox.layers, wired by
 stacx.launch), the gateway (stacx.inference.gateway). A scaffold that crashes ends its episode
-with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`; the gateway's
+with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`, when the process
+ends by itself: an episode cut by its timeout is the TIMEOUT stop reason instead; the gateway's
 error answers to its calls are `GatewayRefused`), its stdout/stderr stay in /logs/agent, and the
 verifier scores what it left behind.
 """

@@ -220,7 +220,7 @@ def test_a_terminus_2_episode_on_a_python_313_task(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
          "--tasks", str(tasks), "--max-turns", "2", "--max-new-tokens", "64",
-         "--run-dir", str(run_dir)],
+         "--episode-timeout", "120", "--run-dir", str(run_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -229,7 +229,7 @@ def test_a_terminus_2_episode_on_a_python_313_task(tmp_path: Path) -> None:
     assert turns and all(n > 0 for n, _ in turns)
     request = json.loads(turns[0][1])  # Terminus-2's own prompt: a JSON-answer terminal agent
     assert "terminal" in json.dumps(request["messages"]).lower()
-    (status, agent), *_ = con.execute("select status, agent from episodes").fetchall()
-    assert status == "scored" and agent == "installed"
-    ((code,),) = con.execute("select exit_code from scaffold_exited").fetchall()
-    assert code == 0
+    # the 135M model never writes Terminus-2's JSON: it re-asks until the episode's timeout
+    (status, agent, stop), *_ = con.execute(
+        "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
+    assert status == "scored" and agent == "installed" and stop in ("timeout", "agent_done")

@@ -50,6 +50,7 @@ async def installed_rollout(
         engine,
         cast(TemplateTokenizer, tokenizer),  # an HF tokenizer is both
         model_name=MODEL_NAME,
+        aliases=(recipe.model.path,),  # a scaffold may also name the recipe's model
         max_len=min(recipe.engine.max_len, recipe.agent.context_budget),
         default_max_tokens=recipe.agent.max_new_tokens,
         require_episode=True,

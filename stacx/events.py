@@ -436,6 +436,30 @@ class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
     origin_run_id: str = ""  # the run that first recorded it, across replay generations (A -> B -> C)
 
 
+class ScaffoldExited(_Kind, frozen=True, kw_only=True, tag=True):
+    """An installed scaffold's process ended (stacx.agents.installed): its exit code (None when
+    killed by the timeout) and the tail of its stderr, so a scaffold that failed is not silent."""
+
+    episode_id: str
+    scaffold: str = ""
+    exit_code: int | None = None
+    timed_out: bool = False
+    stderr_tail: str = ""
+
+
+class GatewayRefused(_Kind, frozen=True, kw_only=True, tag=True):
+    """The model gateway answered one of an episode's calls with an error: the route, the HTTP
+    status and the error as the client got it (type, code, offending field, message)."""
+
+    episode_id: str
+    route: str = ""
+    status: int = 0
+    error_type: str = ""
+    code: str = ""
+    param: str = ""
+    message: str = ""
+
+
 AnyEvent: TypeAlias = (
     RunStarted
     | RunFinished
@@ -459,6 +483,8 @@ AnyEvent: TypeAlias = (
     | WeightsPublished
     | WeightsLoaded
     | EventImported
+    | ScaffoldExited
+    | GatewayRefused
 )
 
 KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

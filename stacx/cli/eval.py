@@ -20,11 +20,22 @@ from typing import Literal
 
 import click
 
-from stacx.agents.installed import SCAFFOLDS
+from stacx.agents.scaffold_spec import shipped
 from stacx.cli._common import friendly_errors, render, run_interruptible
 
-# installed:<scaffold>: a black-box scaffold from PyPI behind the model gateway
-AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in SCAFFOLDS))
+# installed:<scaffold>: a black-box scaffold behind the model gateway, shipped or a spec file
+AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in shipped()))
+
+
+def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """One of AGENTS, or installed:<path to a scaffold spec .toml> (made absolute)."""
+    if value in AGENTS:
+        return value
+    name, _, spec = value.partition(":")
+    if name == "installed" and spec.endswith(".toml"):
+        return f"installed:{Path(spec).expanduser().resolve()}"
+    raise click.BadParameter(f"{value!r}: accepted: {', '.join(AGENTS)}, or "
+                             "installed:PATH.toml (a scaffold spec file)")  # fmt: skip
 
 
 def resolve_tasks(spec: str) -> Path:
@@ -48,7 +59,13 @@ def resolve_tasks(spec: str) -> Path:
     show_default=True,
     help="An HF checkpoint directory, a hub id in the local cache, or 'default'.",
 )
-@click.option("--agent", type=click.Choice(AGENTS), default="swe", show_default=True)
+@click.option(
+    "--agent",
+    default="swe",
+    show_default=True,
+    callback=_agent,
+    help=f"{' | '.join(AGENTS)} | installed:PATH.toml (a scaffold spec file of your own)",
+)
 @click.option(
     "--n",
     "n_samples",

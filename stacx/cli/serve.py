@@ -29,11 +29,20 @@ from stacx.cli._common import friendly_errors
     type=int,
     help="CPU threads for torch (default: 1 on <= 2 cores, else torch's).",
 )
+@click.option(
+    "--model-alias",
+    "aliases",
+    multiple=True,
+    help="Another name OpenAI/Anthropic requests may use for the model (repeatable); the "
+    "--model value and the checkpoint's path and directory name are always served.",
+)
 @friendly_errors
 def cli(model: str, host: str, port: int, device: str, max_batch: int | None, max_len: int,
-        threads: int | None) -> None:  # fmt: skip
+        threads: int | None, aliases: tuple[str, ...]) -> None:  # fmt: skip
     """Serve a model over HTTP: POST /generate, /update_weights_from_disk, /flush_cache,
-    GET /health, /get_model_info, and OpenAI /v1/completions, /v1/chat/completions.
+    GET /health, /get_model_info, OpenAI /v1/models[/{id}], /v1/completions,
+    /v1/chat/completions, and Anthropic /v1/messages. A request naming another model than --model / --model-alias gets 404
+    model_not_found.
 
     Prints `listening on http://HOST:PORT` once the model is loaded and the port is bound.
     """
@@ -48,7 +57,7 @@ def cli(model: str, host: str, port: int, device: str, max_batch: int | None, ma
         engine = await asyncio.to_thread(
             TorchEngine, model, device=device, max_batch=max_batch, max_len=max_len, threads=threads
         )
-        server = Server(engine, model_name=model)
+        server = Server(engine, model_name=model, aliases=aliases)
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -2,8 +2,12 @@
 token ids, so black-box scaffolds (mini-swe-agent, ...) can be trained token-faithfully.
 
 Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them):
-``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, the same under
-``/e/<credential>/v1/...``. Supported: ``tools`` / ``tool_choice`` ("auto" | "none"),
+``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
+``POST /v1/completions``, Anthropic's ``POST /v1/messages`` (translated to the chat path by
+`stacx.inference.anthropic_api`), the same under ``/e/<credential>/v1/...``. A request's ``model`` must
+be the served name or one of its aliases (absent: the served name); any other is a 404
+``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
+"none" | "required" | a named function: see `Gateway._prefill`),
 ``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
 usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
@@ -42,7 +46,15 @@ call can extend it. An engine error after the first chunk is sent as an error ev
 
 Errors: a bad request gets an OpenAI-shaped 4xx naming the field (``error.param``; the request
 contract lives in `stacx.inference.openai_api`); an engine refusal (a prompt longer than the
-context) is a 400; anything else is our bug, a 500.
+context) is a 400; anything else is our bug, a 500. An error answer to an episode's call is
+recorded (`GatewayRefused`: route, status, type, code, param, message).
+
+Forced tool calls: ``tool_choice`` "required" or a named function is honoured by prefilling the
+assistant turn with the template's tool-call opening (read off a rendered call: Hermes
+``<tool_call>{"name": "`` for "required" of several tools; up to ``"arguments": {`` for a named
+function, or "required" of one tool) and ending the reply at the call's closing tag. The prefill
+ids are part of the recorded prompt; the output ids are the model's own. A reply that still is
+not a well-formed call (the model may write anything after the prefill) stays text.
 
 Stop strings, streamed or not: once every choice of a call has finished or written a stop string,
 the engine's requests are aborted (the rest would be cut), on an engine that streams; the ids
@@ -53,8 +65,8 @@ has; streamed ``logprobs`` come in each choice's last chunk, not with its text; 
 early by a stop string gets the call's wall time as ``gen_ms``; a stream's disconnect is seen at
 the engine's next delta (a request still queued for a slot is aborted once admitted). The text
 pieces are exact for tokenizers whose decode is prefix-stable (byte-level BPE: SmolLM2, Qwen,
-Llama 3; see `stacx.inference.streaming`). ``top_logprobs`` > 0 and ``tool_choice`` "required"
-or a named function are refused (the engine gives no alternatives and cannot constrain decoding).
+Llama 3; see `stacx.inference.streaming`). ``top_logprobs`` > 0 is refused (the engine gives no
+alternatives); a forced call's text is not streamed as it comes (it is all the call's).
 Message content that spells a special token (``<|im_end|>``) is tokenized as that token.
 """
 
@@ -65,13 +77,15 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from stacx.errors import EngineError
 from stacx.events import Emit, new_id
+from stacx.inference import anthropic_api
+from stacx.inference.anthropic_api import anthropic_errors
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -82,6 +96,7 @@ from stacx.inference.openai_api import (
     assistant_calls,
     content_text,
     include_usage,
+    json_object,
     openai_errors,
     opt,
     request_body,
@@ -91,6 +106,8 @@ from stacx.inference.openai_api import (
 from stacx.inference.streaming import ChoiceStreams, StreamClosed, TextStream, stream_generations
 from stacx.ports import Engine, Generation, SamplingParams, turn_generated
 from stacx.toolcalls import parse_tool_calls, render_tool_call, tools_system_prompt
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class TemplateTokenizer(Protocol):
@@ -115,22 +132,44 @@ class Gateway:
         tokenizer: TemplateTokenizer,
         *,
         model_name: str,
+        aliases: Sequence[str] = (),
         max_len: int = 8192,
         default_max_tokens: int = 1024,
         require_episode: bool = False,
     ) -> None:
         self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        # the names a request's `model` may carry; anything else is a 404 model_not_found
+        self.model_names = tuple(dict.fromkeys((model_name, *aliases)))
         self.max_len, self.default_max_tokens = max_len, default_max_tokens
         self.require_episode = require_episode  # unknown credentials get 401 (launcher mode)
         self.native_tools = "tools" in (tokenizer.chat_template or "")
         self.stop_ids = _turn_stop_ids(tokenizer)
         self._episodes: dict[str, GatewayEpisode] = {}
+        # tool_choice's function (None: any) -> (prefill, closing tag); see _prefill
+        self._openings: dict[str | None, tuple[str, str]] = {}
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for prefix in ("", "/e/{credential}"):
-            router.add_get(prefix + "/v1/models", self.models)
-            router.add_post(prefix + "/v1/chat/completions", self.chat_completions)
-            router.add_post(prefix + "/v1/completions", self.completions)
+            router.add_get(prefix + "/v1/models", self.recorded(self.models))
+            router.add_get(prefix + "/v1/models/{model_id:.+}", self.recorded(self.model))
+            router.add_post(prefix + "/v1/chat/completions", self.recorded(self.chat_completions))
+            router.add_post(prefix + "/v1/completions", self.recorded(self.completions))
+            router.add_post(prefix + "/v1/messages", anthropic_errors(self.recorded(self.messages)))
+
+    def recorded(self, handler: Handler) -> Handler:
+        """`handler` whose error answers to an episode's calls are recorded (`GatewayRefused`),
+        so a scaffold that gets a 4xx leaves a trace in the run, not just 0 turns."""
+
+        async def route(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ApiError as err:
+                ep = self._episodes.get(_credential(request))
+                if ep is not None:
+                    await ep.refused(request.path, err.status, err.json()["error"])
+                raise
+
+        return route
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024**2, middlewares=[openai_errors])
@@ -153,19 +192,51 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         self._episode_of(request)
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "stacx",
-             "max_model_len": self.max_len}
-        ]})  # fmt: skip
+        return web.json_response(
+            {"object": "list", "data": [self._model_card(name) for name in self.model_names]}
+        )
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the client's ``models.retrieve``): the card, or 404."""
+        self._episode_of(request)
+        return web.json_response(self._model_card(self.served_model(request.match_info["model_id"])))
+
+    def _model_card(self, name: str) -> Json:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "stacx",
+                "max_model_len": self.max_len}  # fmt: skip
+
+    def served_model(self, name: object) -> str:
+        """The model name a request asked for (absent: the served name); 404 model_not_found,
+        as OpenAI and vLLM answer, for a name this gateway does not serve."""
+        if name is None:
+            return self.model_name
+        if name not in self.model_names:
+            raise ApiError(f"The model `{name}` does not exist; this gateway serves "
+                           f"{', '.join(map(repr, self.model_names))}", param="model",
+                           status=404, code="model_not_found")  # fmt: skip
+        return str(name)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         ep = self._episode_of(request)
         body = await request_body(request, CHAT_KEYS)
+        try:
+            out, call, finals = await self.chat(body, ep, request)
+        except StreamClosed as closed:
+            return closed.resp or web.Response(status=499)  # nobody reads it
+        if call.streams is not None:
+            return await call.streams.finish(out["choices"], finals, out["usage"])
+        return web.json_response(out)
+
+    async def chat(
+        self, body: Json, ep: GatewayEpisode | None, request: web.Request
+    ) -> tuple[Json, _Call, list[str]]:
+        """One chat request (an OpenAI chat body whose keys are checked) rendered, generated and
+        recorded: the ``chat.completion`` answer, the call, each choice's content. The one path
+        of the OpenAI and Anthropic routes (`stacx.inference.anthropic_api` translates)."""
+        model = self.served_model(body.get("model"))
         tools = request_tools(body)
-        choice_mode = body.get("tool_choice", "auto")
-        if choice_mode not in ("auto", "none"):
-            raise ApiError("tool_choice: only 'auto' and 'none' are supported (the engine "
-                           "cannot constrain decoding)", param="tool_choice")  # fmt: skip
+        choice_mode = body.get("tool_choice") or "auto"
+        prefill, close = self._prefill(choice_mode, tools)
         if opt(body, "top_logprobs", int, 0, 20, 0):
             raise ApiError("top_logprobs > 0 is not supported: the engine returns the sampled "
                            "token's logprob only", param="top_logprobs")  # fmt: skip
@@ -182,16 +253,15 @@ class Gateway:
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
             raise ApiError(f"the chat template rejected the messages: {exc}",
                            param="messages") from exc  # fmt: skip
-        prompt = list(self.tok.encode(text, add_special_tokens=False))
+        prompt = list(self.tok.encode(text + prefill, add_special_tokens=False))
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         parse = bool(tools) and choice_mode != "none"
-        try:
-            call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
-                                        request=request, parse_tools=parse)  # fmt: skip
-        except StreamClosed as closed:
-            return closed.resp or web.Response(status=499)  # nobody reads it
+        call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
+                                    request=request, parse_tools=parse, held=bool(prefill),
+                                    close=close)  # fmt: skip
         choices, finals = [], []
-        for i, (gen, out_text) in enumerate(call.outputs):
+        for i, (gen, generated) in enumerate(call.outputs):
+            out_text = prefill + generated  # the assistant message as the model's turn reads
             content, calls = parse_tool_calls(out_text) if parse else (out_text, [])
             finals.append(content)
             message: Json = {"role": "assistant", "content": content}
@@ -217,14 +287,23 @@ class Gateway:
                             "finish_reason": finish, "token_ids": gen.output_ids,
                             "prompt_token_ids": prompt,
                             "weight_version": gen.weight_version})  # fmt: skip
-        out = _envelope("chat.completion", call, choices, body.get("model") or self.model_name)
-        if call.streams is not None:
-            return await call.streams.finish(choices, finals, out["usage"])
-        return web.json_response(out)
+        return _envelope("chat.completion", call, choices, model), call, finals
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's ``POST /v1/messages``, translated to the chat path (and back) by
+        `stacx.inference.anthropic_api`: generated and recorded as a chat call is."""
+        ep = self._episode_of(request)
+        raw = await json_object(request)
+        out, _, _ = await self.chat(anthropic_api.chat_body(raw), ep, request)
+        msg = anthropic_api.message(out, raw.get("stop_sequences") or [], self.tok.decode)
+        if raw.get("stream"):
+            return await anthropic_api.send_stream(request, msg)
+        return web.json_response(msg)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         ep = self._episode_of(request)
         body = await request_body(request, COMPLETION_KEYS)
+        model = self.served_model(body.get("model"))
         for key in ("suffix", "best_of"):
             if body.get(key) not in (None, 1) or (key == "suffix" and body.get(key)):
                 raise ApiError(f"{key} is not supported", param=key)
@@ -257,7 +336,7 @@ class Gateway:
                             "finish_reason": _finish(gen, call.stopped[i]),
                             "token_ids": gen.output_ids, "prompt_token_ids": prompt,
                             "weight_version": gen.weight_version})  # fmt: skip
-        out = _envelope("text_completion", call, choices, body.get("model") or self.model_name)
+        out = _envelope("text_completion", call, choices, model)
         if call.streams is not None:
             finals = [text for _, text in call.outputs]
             return await call.streams.finish(choices, finals, out["usage"])
@@ -266,16 +345,68 @@ class Gateway:
     # ---- requests -> prompt ids ---------------------------------------------------------------
 
     def _episode_of(self, request: web.Request) -> GatewayEpisode | None:
-        credential = request.match_info.get("credential")
-        if credential is None:
-            auth = request.headers.get("Authorization", "")
-            credential = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        ep = self._episodes.get(credential)
+        ep = self._episodes.get(_credential(request))
         if ep is None and self.require_episode:
             raise ApiError("unknown credential: use the key (or the /e/<key>/v1 base URL) of a "
                            "running episode", status=401, type="invalid_api_key",
                            code="invalid_api_key")  # fmt: skip
         return ep
+
+    def _prefill(self, choice: object, tools: list[Json]) -> tuple[str, str]:
+        """What the reply is forced to start with for `tool_choice`, and the tag that ends it:
+        nothing for "auto" and "none"; the model's tool-call opening up to the function name
+        for "required" (of several tools; of one, as for that one named); up to the arguments'
+        opening brace for a named function ({"type":
+        "function", "function": {"name": ...}}). The gateway owns the template, so this prefill
+        is what a constrained decoder would force first; the reply ends at the call's closing
+        tag (a stop string), as a constrained decoder ends at the call's end. The rest is the
+        model's: a reply that is not a well-formed call stays text."""
+        if choice in ("auto", "none"):
+            return "", ""
+        names = [t["function"]["name"] for t in tools]
+        named = choice.get("function") if isinstance(choice, dict) else None
+        if choice == "required":  # of one tool, the only call a constrained decoder allows
+            name = names[0] if len(names) == 1 else None
+        elif isinstance(choice, dict) and isinstance(named, dict) \
+                and choice.get("type") == "function" and named.get("name") in names:  # fmt: skip
+            name = named["name"]
+        else:
+            raise ApiError("tool_choice must be 'auto', 'none', 'required' or {'type': "
+                           "'function', 'function': {'name': N}} with N one of the tools "
+                           f"({', '.join(names) or 'none given'}); got {choice!r}",
+                           param="tool_choice")  # fmt: skip
+        if not tools:
+            raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
+        if name not in self._openings:
+            self._openings[name] = self._tool_call_opening(name)
+        return self._openings[name]
+
+    def _tool_call_opening(self, name: str | None) -> tuple[str, str]:
+        """How this template's assistant turn starts a call of `name` (None: of any function),
+        cut inside the name's quotes (None) or inside the arguments' braces, and the tag that
+        closes a call: read off a rendered call."""
+        mark = "STACXMARK"
+        call_name, args = name or mark, {mark: 0}
+        if not self.native_tools:
+            text = render_tool_call(call_name, dict(args))
+        else:
+            user = [{"role": "user", "content": "u"}]
+            head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+            full = self.tok.apply_chat_template([*user, {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "id": "call_0", "function": {
+                    "name": call_name, "arguments": args}}]}], tokenize=False)  # fmt: skip
+            if not full.startswith(head):
+                raise ApiError("tool_choice: this model's chat template does not render an "
+                               "assistant tool call after its generation prompt",
+                               param="tool_choice")  # fmt: skip
+            text = full[len(head) :]
+        args_at = text.find(json.dumps(mark))
+        at = text.find(mark) if name is None else args_at
+        close = text[args_at:].partition("}")[2].strip().lstrip("}").strip()
+        if args_at < 0 or not close:
+            raise ApiError("tool_choice: cannot find where this model's tool call opens and "
+                           "closes", param="tool_choice")  # fmt: skip
+        return text[:at], close
 
     def _template_messages(
         self, raw: object, tools: list[Json], ep: GatewayEpisode | None
@@ -351,13 +482,17 @@ class Gateway:
         request: web.Request,
         parse_tools: bool = False,
         echo: bool = False,
+        held: bool = False,
+        close: str = "",
     ) -> _Call:
         """Generate (n per prompt), cut at stop strings, record; with ``stream: true`` the
         choices' text goes out to `request`'s client as the engine's ids arrive (`call.streams`;
         the finish chunks are the caller's, after the recording). A client gone before the
-        generation is done aborts it and records nothing (`StreamClosed`)."""
+        generation is done aborts it and records nothing (`StreamClosed`). `held`: no text is
+        streamed as it comes (the reply continues a prefilled tool call); `close`: a stop string
+        of the gateway's own (a forced tool call's closing tag), kept in the reply's text."""
         n = opt(body, "n", int, 1, MAX_N, 1)
-        stops = stop_strings(body.get("stop"))
+        stops = stop_strings(body.get("stop")) + ([close] if close else [])
         longest = max(len(p) for p in prompts)
         if longest >= self.max_len:
             raise ApiError(f"the prompt is {longest} tokens; this model's context is "
@@ -389,7 +524,7 @@ class Gateway:
             prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}", created=int(time.time())
         )
         texts = [TextStream(lambda ids: self.tok.decode(ids, skip_special_tokens=skip_special),
-                            stops, parse_tools) for _ in expanded]  # fmt: skip
+                            stops, parse_tools, held=held) for _ in expanded]  # fmt: skip
         if body.get("stream"):
             call.streams = ChoiceStreams(
                 request,
@@ -410,7 +545,7 @@ class Gateway:
         if call.streams is not None and not call.streams.connected:
             raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
         for gen in gens:
-            gen, text, stopped = self._cut_at_stop(gen, stops, skip_special)
+            gen, text, stopped = self._cut_at_stop(gen, stops, skip_special, keep=close)
             call.outputs.append((gen, text))
             call.stopped.append(stopped)
         call.latency_ms = (time.perf_counter() - t0) * 1000
@@ -454,11 +589,12 @@ class Gateway:
                 for g, (ids, lps) in zip(gens, parts, strict=True)]  # fmt: skip
 
     def _cut_at_stop(
-        self, gen: Generation, stops: list[str], skip_special: bool = True
+        self, gen: Generation, stops: list[str], skip_special: bool = True, keep: str = ""
     ) -> tuple[Generation, str, bool]:
         """The generation cut after the first token that completes a stop string, its text
-        without the stop string, and whether a stop string ended it (vLLM's semantics; the
-        text leaves special tokens out unless `skip_special_tokens` is false)."""
+        without the stop string (with it, when it is `keep`), and whether a stop string ended it
+        (vLLM's semantics; the text leaves special tokens out unless `skip_special_tokens` is
+        false)."""
         text = self.tok.decode(gen.output_ids, skip_special_tokens=skip_special)
         hits = [(text.find(s), s) for s in stops if s in text]
         if not hits:
@@ -479,7 +615,7 @@ class Gateway:
             gen_ms=gen.gen_ms,
             queue_ms=gen.queue_ms,
         )
-        return cut, text[:at], True
+        return cut, text[: at + len(stop) if stop == keep else at], True
 
     async def _record(self, ep: GatewayEpisode, call: _Call, request_json: str) -> None:
         async with ep.lock:
@@ -532,6 +668,16 @@ def _envelope(kind: str, call: _Call, choices: list[Json], model: str) -> Json:
             "choices": choices, "system_fingerprint": None,
             "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
                       "total_tokens": n_in + n_out}}  # fmt: skip
+
+
+def _credential(request: web.Request) -> str:
+    """The episode credential of a request: the URL's ``/e/<key>``, the bearer key, or
+    Anthropic's ``x-api-key``."""
+    credential = request.match_info.get("credential")
+    if credential is None:
+        auth = request.headers.get("Authorization", "")
+        credential = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    return credential or request.headers.get("x-api-key", "").strip()
 
 
 def _debug_json(body: Json) -> str:

@@ -6,8 +6,9 @@ model wrote for the tool calls it returned (so an echoed history re-renders toke
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from stacx.events import Emit, new_id
+from stacx.events import Emit, GatewayRefused, derive_id, new_id
 
 
 class GatewayEpisode:
@@ -22,6 +23,17 @@ class GatewayEpisode:
         self._ends: list[list[int]] = []  # prompt + output of each choice of the last call
         self._raw: dict[tuple[str, ...], str] = {}  # tool-call ids -> the text the model wrote
         self.lock = asyncio.Lock()
+        self.n_refused = 0  # error answers recorded so far
+
+    async def refused(self, route: str, status: int, error: dict[str, Any]) -> None:
+        """Record an error answer to one of this episode's calls (`GatewayRefused`)."""
+        n, self.n_refused = self.n_refused, self.n_refused + 1
+        await self.emit(GatewayRefused(
+            run_id=self.run_id, event_id=derive_id(self.episode_id, "refused", n),
+            episode_id=self.episode_id, route=route, status=status,
+            error_type=str(error.get("type") or ""), code=str(error.get("code") or ""),
+            param=str(error.get("param") or ""), message=str(error.get("message") or ""),
+        ))  # fmt: skip
 
     def remember(self, call_ids: tuple[str, ...], text: str) -> None:
         """The text the model wrote for the tool calls it returned with these ids."""

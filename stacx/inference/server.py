@@ -14,17 +14,18 @@ server alike):
   (the version stamped on later tokens); absent, the current version + 1 is used.
 - ``POST /flush_cache``, ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``.
 
-OpenAI routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, with tools,
-streaming, n, stop strings, logprobs): the model gateway, `stacx.inference.gateway.Gateway`,
+OpenAI routes (``/v1/models[/{id}]``, ``/v1/chat/completions``, ``/v1/completions``, with
+tools, streaming, n, stop strings, logprobs) and Anthropic's ``/v1/messages``: the model gateway, `stacx.inference.gateway.Gateway`,
 mounted on this app. Served alone, nothing is recorded (no run); the launcher's gateway records
 every call of an episode as a TurnGenerated.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from aiohttp import web
@@ -85,10 +86,20 @@ def finish_reason_json(gen: Generation) -> Json:
     return {"type": "abort", "message": "aborted"}
 
 
+def served_aliases(model_path: str, extra: Sequence[str]) -> list[str]:
+    """The names a served checkpoint also answers to: `extra`, its path, its directory name."""
+    path = model_path.rstrip("/")
+    return [*extra, *([path, os.path.basename(path)] if path else [])]
+
+
 class Server:
     """The aiohttp application around one :class:`TorchEngine`."""
 
-    def __init__(self, engine: TorchEngine, model_name: str = "default") -> None:
+    def __init__(
+        self, engine: TorchEngine, model_name: str = "default", aliases: Sequence[str] = ()
+    ) -> None:
+        """`model_name` and `aliases` are the names OpenAI requests may ask for (also served:
+        the checkpoint's path and directory name); any other is a 404 model_not_found."""
         self.engine, self.model_name = engine, model_name
         self.app = web.Application(
             client_max_size=256 * 1024**2, middlewares=[_errors, openai_errors]
@@ -106,6 +117,7 @@ class Server:
                 engine,
                 cast(TemplateTokenizer, engine.tokenizer),
                 model_name=model_name,
+                aliases=served_aliases(engine.model_path, aliases),
                 max_len=engine.max_len,
             )
             self.gateway.add_routes(r)

@@ -62,12 +62,17 @@ async def stream_generations(
 class TextStream:
     """One choice's text as its ids arrive; `push` returns what may be sent now."""
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: list[str], tools: bool) -> None:
+    def __init__(
+        self, decode: Callable[[list[int]], str], stops: list[str], tools: bool, *, held: bool = False
+    ) -> None:
+        """`held`: nothing goes out as it comes (a reply that continues a prefilled tool call:
+        its text is all part of the call, sent whole at the end)."""
         self.decode, self.stops, self.tools = decode, stops, tools
         self.ids: list[int] = []
         self.text = ""  # the decoded text of `ids`, less an incomplete last character
         self.sent = ""  # the prefix of `text` sent so far
         self._prefix = self._read = 0  # the decode window (vLLM's prefix and read offsets)
+        self.held = held
         self.done = False  # a stop string (or a tool call) appeared: nothing more goes out
         self.stopped = False  # a stop string appeared: the rest of the generation is not needed
 
@@ -97,7 +102,7 @@ class TextStream:
             else:
                 safe = min(safe, _partial_start(text, [OPEN_TAG]))
             safe = len(text[:safe].rstrip())
-        if safe <= start:
+        if safe <= start or self.held:
             return ""
         new = text[start:safe]
         self.sent += new

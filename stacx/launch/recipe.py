@@ -104,7 +104,8 @@ class AgentSection(_Section, frozen=True):
     # installed: a black-box scaffold from PyPI in the task container, through the model gateway
     # (stacx.agents.installed); which one is `scaffold`
     name: Literal["swe", "oracle", "null", "retool", "installed"] = "swe"
-    scaffold: str = ""  # agent.name = "installed": one of stacx.agents.installed.SCAFFOLDS
+    # agent.name = "installed": a shipped scaffold (stacx/agents/scaffolds/) or a spec file (.toml)
+    scaffold: str = ""
     max_turns: int = 4
     max_new_tokens: int = 256
     temperature: float = 1.0
@@ -240,15 +241,17 @@ def _eval_problems(r: Recipe) -> list[str]:
 def _installed_problems(r: Recipe) -> list[str]:
     """What an installed scaffold honours: its name, the docker backend, and of the [agent]
     settings max_turns, max_new_tokens, temperature, top_p, context_budget, episode_timeout_s."""
-    from stacx.agents.installed import SCAFFOLDS
+    from stacx.agents.installed import scaffold
 
     a, out = r.agent, []
     if a.name != "installed":
         if a.scaffold:
             out.append(f"agent.scaffold = {a.scaffold!r}: used by agent.name = 'installed' only")
         return out
-    if a.scaffold not in SCAFFOLDS:
-        out.append(f"agent.scaffold = {a.scaffold!r}: accepted: {', '.join(sorted(SCAFFOLDS))}")
+    try:
+        scaffold(a.scaffold)  # a shipped name or a spec file, read and checked
+    except ConfigError as exc:
+        out.append(str(exc))
     if r.sandbox.backend != "docker":
         out.append(
             f"sandbox.backend = {r.sandbox.backend!r}: an installed scaffold runs in a local "

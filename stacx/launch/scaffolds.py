@@ -32,6 +32,7 @@ def installed_config(recipe: Recipe) -> InstalledConfig:
         max_new_tokens=a.max_new_tokens,
         temperature=a.temperature,
         top_p=a.top_p,
+        timeout_s=a.episode_timeout_s,
     )
 
 
@@ -49,6 +50,7 @@ async def installed_rollout(
         engine,
         cast(TemplateTokenizer, tokenizer),  # an HF tokenizer is both
         model_name=MODEL_NAME,
+        aliases=(recipe.model.path,),  # a scaffold may also name the recipe's model
         max_len=min(recipe.engine.max_len, recipe.agent.context_budget),
         default_max_tokens=recipe.agent.max_new_tokens,
         require_episode=True,
@@ -58,7 +60,7 @@ async def installed_rollout(
     # read-only: a socket still connects, and no episode's container can replace the socket
     # every episode of the run reaches the gateway by
     ro = {host_dir: f"{SOCKET_DIR}:ro"}
-    layer = ImageLayer(name=spec.name, run=list(spec.install), mounts=ro)
+    layer = ImageLayer(name=spec.name, run=spec.layer_commands(), mounts=ro)
     try:
         async with serve_unix(gateway, os.path.join(host_dir, os.path.basename(SOCKET))):
             async with DockerEnvironments(

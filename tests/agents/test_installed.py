@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stacx.agents.installed import FORWARD_PORT, FORWARDER, MINI_SWE_AGENT, SOCKET, SOCKET_DIR
+from stacx.agents.installed import FORWARD_PORT, FORWARDER, SOCKET, SOCKET_DIR, scaffold
 from stacx.inference.gateway import Gateway, serve_unix
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.images import bootstrap_base_image
@@ -71,7 +71,8 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
     port = listener.sockets[0].getsockname()[1]
     sock_dir = tempfile.mkdtemp(prefix="stacx-gw-test-")
     os.chmod(sock_dir, 0o755)
-    layer = ImageLayer(name=MINI_SWE_AGENT.name, run=list(MINI_SWE_AGENT.install),
+    mini = scaffold("mini-swe-agent")
+    layer = ImageLayer(name=mini.name, run=mini.layer_commands(),
                        mounts={sock_dir: SOCKET_DIR})  # fmt: skip
     try:
         async with serve_unix(gateway, os.path.join(sock_dir, "gateway.sock")):
@@ -85,7 +86,7 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
                         .replace("FWD", str(FORWARD_PORT))
                         .replace("PORT", str(port)),
                     )
-                    py = MINI_SWE_AGENT.python
+                    py = mini.interpreter()
                     res = await sandbox.exec(
                         f"{py} /tmp/fwd.py {SOCKET} {FORWARD_PORT} > /tmp/fwd.log & "
                         "until grep -q ready /tmp/fwd.log; do sleep 0.05; done; "
@@ -175,7 +176,8 @@ def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("agent", "extra", "message"),
     [
-        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk"),
+        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk, terminus-2, or a path"),
+        ({"scaffold": "/nonexistent/x.toml"}, {}, "no such spec file"),
         ({}, {"sandbox": {"backend": "process"}}, "use 'docker'"),
         (
             {},
@@ -202,3 +204,32 @@ def test_a_scaffold_named_for_another_agent_fails_at_load() -> None:
 
     with pytest.raises(ConfigError, match=r"used by agent\.name = 'installed' only"):
         convert({"name": "x", "agent": {"name": "swe", "scaffold": "mini-swe-agent"}}, source="t")
+
+
+@pytest.mark.slow  # a first run builds harbor's layer (~8 min here); later runs reuse it
+def test_a_terminus_2_episode_on_a_python_313_task(tmp_path: Path) -> None:
+    """Terminus-2 from the `harbor` package, run inside the task container (its tmux session
+    there, its litellm calls to the gateway), through `stacx eval --agent installed:terminus-2`;
+    harbor needs Python >= 3.12, so a task on python:3.13-slim (stacx/base:trixie)."""
+    bootstrap_base_image(suite="trixie")
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASK, tasks / TASK.name)
+    dockerfile = tasks / TASK.name / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
+         "--tasks", str(tasks), "--max-turns", "2", "--max-new-tokens", "64",
+         "--episode-timeout", "120", "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    con = db.connect_run(run_dir)
+    turns = con.execute("select len(output_ids), request_json from turn_generated").fetchall()
+    assert turns and all(n > 0 for n, _ in turns)
+    request = json.loads(turns[0][1])  # Terminus-2's own prompt: a JSON-answer terminal agent
+    assert "terminal" in json.dumps(request["messages"]).lower()
+    # the 135M model never writes Terminus-2's JSON: it re-asks until the episode's timeout
+    (status, agent, stop), *_ = con.execute(
+        "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
+    assert status == "scored" and agent == "installed" and stop in ("timeout", "agent_done")

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from stacx.events import Event, TurnGenerated
+from stacx.events import Event, GatewayRefused, TurnGenerated
 from stacx.inference.gateway import Gateway, GatewayEpisode, serve_tcp
 from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import SamplingParams
@@ -32,8 +32,12 @@ COPY_CALL = (
 class Recorded:
     def __init__(self) -> None:
         self.turns: list[TurnGenerated] = []
+        self.refused: list[GatewayRefused] = []
 
     async def emit(self, event: Event) -> None:
+        if isinstance(event, GatewayRefused):
+            self.refused.append(event)
+            return
         assert isinstance(event, TurnGenerated)
         self.turns.append(event)
 
@@ -186,7 +190,7 @@ async def test_a_stop_string_cuts_the_reply_and_the_recorded_ids(episode, torch_
         ({"temperature": "hot"}, "temperature"),
         ({"n": 0}, "n"),
         ({"tools": [{"type": "function"}]}, "tools[0]"),
-        ({"tool_choice": "required", "tools": [BASH]}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
         ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
     ],
 )
@@ -198,6 +202,8 @@ async def test_a_bad_request_is_a_400_naming_the_field(episode, extra, param) ->
     assert err.value.status_code == 400
     assert isinstance(err.value.body, dict) and err.value.body["param"] == param
     assert not rec.turns
+    (refused,) = rec.refused  # the answer is kept in the run, naming the same field
+    assert (refused.status, refused.param) == (400, param)
 
 
 async def test_unknown_fields_and_non_json_are_400s(served) -> None:

@@ -1,0 +1,163 @@
+"""Scaffold specs as data: what an installed (black-box) scaffold is, read from a TOML file a user
+writes. The shipped ones are such files too (``stacx/agents/scaffolds/*.toml``).
+
+A spec says how the scaffold is installed (``pip`` packages into a venv of its own, ``npm``
+packages, ``apt`` packages, more ``install`` shell commands; all run once, as an image layer over
+the task image, with the network on), what it needs of the task image (``min_python``,
+``min_node``: the layer build fails with a message naming the version and ``base_image``), the
+environment it runs with, its ``run`` command template, where its trajectory lands, and which API
+it speaks (``api``: ``openai-chat``, ``openai-completions``, ``anthropic-messages``; the base URL
+it is given is the gateway's ``/v1`` for OpenAI, the root for Anthropic, whose clients add
+``/v1/messages``).
+
+``run`` placeholders, each shell-quoted: ``{instruction_file}``, ``{model}``, ``{base_url}``,
+``{api_key}``, ``{max_turns}``, ``{temperature}``, ``{top_p}``, ``{max_tokens}``, ``{timeout}``
+(seconds), ``{logs_dir}``, ``{venv}``. ``{venv}`` is also replaced in ``install``, ``python``,
+``env`` values and ``files`` paths.
+
+`agent.scaffold` (and ``stacx eval --agent installed:X``) names a shipped spec or a path to a
+spec file (``.toml``). A spec that is not valid fails at load with its key path and the accepted
+values (unknown keys too).
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from stacx.errors import ConfigError
+from stacx.events import StopReason
+
+LOGS_DIR = "/logs/agent"
+SHIPPED_DIR = Path(__file__).resolve().parent / "scaffolds"
+Api = Literal["openai-chat", "openai-completions", "anthropic-messages"]
+
+
+class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one scaffold is installed and run (see the module docstring)."""
+
+    name: str
+    run: str
+    version: str = ""
+    api: Api = "openai-chat"
+    pip: list[str] = []  # requirements, installed into the venv at {venv}
+    npm: list[str] = []  # `npm install -g` (the task image, or an install command, has npm)
+    apt: list[str] = []  # `apt-get install -y` (a Debian-based task image)
+    install: list[str] = []  # more shell commands, after the packages
+    min_python: str = ""  # e.g. "3.12": the task image's python3 must be at least this
+    min_node: str = ""  # e.g. "20": the task image's node must be at least this
+    base_image: str = ""  # the base image a task needs for it (named in the version error)
+    python: str = ""  # runs the forwarder: default {venv}/bin/python with pip, else python3
+    trajectory: str = f"{LOGS_DIR}/trajectory.json"  # the scaffold's own record
+    env: dict[str, str] = {}
+    files: dict[str, str] = {}  # path -> text, written into the sandbox before each run
+    # the trajectory's info.exit_status -> the episode's stop reason (else AGENT_DONE)
+    stops: dict[str, StopReason] = {}
+
+    @property
+    def venv(self) -> str:
+        return f"/opt/stacx-{self.name}"
+
+    def interpreter(self) -> str:
+        return self.python.replace("{venv}", self.venv) or (
+            f"{self.venv}/bin/python" if self.pip else "python3"
+        )
+
+    def layer_commands(self) -> list[str]:
+        """The image layer's shell commands (one RUN each): version checks, then packages."""
+        out = [_version_check(self, tool, want) for tool, want in
+               (("python3", self.min_python), ("node", self.min_node)) if want]  # fmt: skip
+        if self.apt:
+            out.append("apt-get update && apt-get install -y --no-install-recommends "
+                       f"{' '.join(map(shlex.quote, self.apt))} && rm -rf /var/lib/apt/lists/*")  # fmt: skip
+        if self.pip:
+            out.append(f"python3 -m venv {self.venv} && {self.venv}/bin/pip install --no-cache-dir "
+                       f"--disable-pip-version-check {' '.join(map(shlex.quote, self.pip))}")  # fmt: skip
+        if self.npm:
+            out.append(f"npm install -g {' '.join(map(shlex.quote, self.npm))}")
+        return out + [c.replace("{venv}", self.venv) for c in self.install]
+
+    def run_env(self) -> dict[str, str]:
+        return {k: v.replace("{venv}", self.venv) for k, v in self.env.items()}
+
+    def run_files(self) -> dict[str, str]:
+        return {p.replace("{venv}", self.venv): text for p, text in self.files.items()}
+
+
+def _version_check(spec: ScaffoldSpec, tool: str, want: str) -> str:
+    parts = tuple(int(p) for p in want.split("."))
+    need = f"scaffold {spec.name} needs {tool} >= {want} in the task image" + (
+        f" (base image {spec.base_image})" if spec.base_image else "")  # fmt: skip
+    if tool == "python3":
+        probe = f"python3 -c 'import sys; sys.exit(sys.version_info[:{len(parts)}] < {parts!r})'"
+    else:  # node: the first differing part decides
+        probe = ("node -e 'const v = process.versions.node.split(\".\").map(Number); "
+                 f"const w = [{', '.join(map(str, parts))}]; "
+                 "for (let i = 0; i < w.length; i++) if ((v[i] || 0) !== w[i]) "
+                 "process.exit((v[i] || 0) > w[i] ? 0 : 1);'")  # fmt: skip
+    return f"{probe} || {{ echo {shlex.quote(need + '; it has:')} $({tool} --version 2>&1) >&2; exit 1; }}"
+
+
+def load_spec(path: Path) -> ScaffoldSpec:
+    """The spec in a TOML file; ConfigError naming the file and the key path otherwise."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"scaffold spec {path}: cannot read it: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"scaffold spec {path}: not valid TOML: {exc}") from exc
+    try:
+        spec = msgspec.convert(data, ScaffoldSpec)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"scaffold spec {path}: {_explain(str(exc))}") from exc
+    for want, key in ((spec.min_python, "min_python"), (spec.min_node, "min_node")):
+        if want and not all(p.isdigit() for p in want.split(".")):
+            raise ConfigError(f"scaffold spec {path}: {key} = {want!r}: a version like '3.12'")
+    try:
+        _render_check(spec)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"scaffold spec {path}: run: unknown placeholder {exc}; accepted: "
+                          f"{', '.join(sorted(PLACEHOLDERS))}") from exc  # fmt: skip
+    return spec
+
+
+PLACEHOLDERS = {"instruction_file", "model", "base_url", "api_key", "max_turns", "temperature",
+                "top_p", "max_tokens", "timeout", "logs_dir", "venv"}  # fmt: skip
+
+
+def _render_check(spec: ScaffoldSpec) -> None:
+    spec.run.format(**{k: "x" for k in PLACEHOLDERS})
+
+
+def _explain(message: str) -> str:
+    """msgspec's message with its `$.a.b` path as a key path and Literal choices spelled out."""
+    text = message.replace("$.", "").replace("at `$`", "at the top level")
+    if "Invalid enum value" in text and "api" in text:
+        text += "; accepted: openai-chat, openai-completions, anthropic-messages"
+    if "Invalid enum value" in text and "stops" in text:
+        text += f"; accepted: {', '.join(s.value for s in StopReason)}"
+    return text
+
+
+def shipped() -> dict[str, Path]:
+    """The shipped specs by name (the file stem is the name)."""
+    return {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
+
+
+def resolve(name_or_path: str) -> ScaffoldSpec:
+    """A shipped spec by name, or the spec in a ``.toml`` file (relative to the current
+    directory); ConfigError naming the accepted names otherwise."""
+    specs = shipped()
+    if name_or_path in specs:
+        return load_spec(specs[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise ConfigError(f"agent.scaffold = {name_or_path!r}: no such spec file")
+        return load_spec(path)
+    raise ConfigError(f"agent.scaffold = {name_or_path!r}: accepted: {', '.join(specs)}, or a "
+                      "path to a scaffold spec (.toml)")  # fmt: skip

@@ -1,0 +1,258 @@
+"""Anthropic's Messages API (``POST /v1/messages``) as the model gateway speaks it: a request is
+translated to the OpenAI chat request the gateway's one chat path takes (so it is rendered,
+generated and recorded exactly as ``/v1/chat/completions`` is: one `TurnGenerated` per call with
+the exact prompt and output ids, segments), and the chat answer back to an Anthropic message.
+
+Request: ``model``, ``messages`` (``user`` / ``assistant``; content a string or blocks: ``text``,
+``tool_use`` in an assistant turn, ``tool_result`` in a user turn, its content a string or text
+blocks, ``is_error`` kept as text), ``system`` (a string or text blocks; ``cache_control`` and
+other block hints are ignored), ``max_tokens`` (required, as Anthropic requires it),
+``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``tools`` (``name``, ``description``,
+``input_schema``), ``tool_choice`` (``auto`` | ``any`` | ``tool`` + ``name`` | ``none``: ``any``
+and ``tool`` are forced calls, as the OpenAI route's "required" and named choice), ``stream``,
+``metadata``, ``thinking`` (only disabled), ``output_config`` (no ``format``), and the hints
+that change nothing here (``service_tier``, ``cache_control``, ...). Answer: a ``message`` with ``text`` and ``tool_use``
+blocks (the ids are the gateway's call ids, so a client that echoes them back re-renders the
+model's own text), ``stop_reason`` ``end_turn`` | ``max_tokens`` | ``stop_sequence`` (with
+``stop_sequence``) | ``tool_use``, and ``usage``.
+
+Streaming sends Anthropic's event types in their order: ``message_start``, ``ping``, per block
+``content_block_start`` / ``content_block_delta`` (``text_delta`` or ``input_json_delta``) /
+``content_block_stop``, ``message_delta`` (``stop_reason``, ``usage``), ``message_stop``.
+
+Errors are Anthropic-shaped: ``{"type": "error", "error": {"type": "invalid_request_error",
+"message": ...}}`` with the type Anthropic gives the status (404 ``not_found_error``, 401
+``authentication_error``, ...); the message names the field.
+
+Limits: a streamed message's events are sent once the generation is done (each block whole, in
+one delta), not token by token; ``image`` / ``document`` blocks and extended thinking are
+refused; ``n`` is 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from stacx.inference.openai_api import ApiError, Json
+
+KEYS = {
+    "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
+    "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "output_config",
+    # hints with no effect on what is generated here
+    "service_tier", "cache_control", "container", "diagnostics", "inference_geo", "speed",
+    "user_profile_id", "workspace_id",
+}  # fmt: skip
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               500: "api_error", 529: "overloaded_error"}  # fmt: skip
+STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+
+
+def chat_body(raw: Json) -> Json:
+    """The OpenAI chat request of an Anthropic Messages request (ApiError naming the field)."""
+    unknown = sorted(set(raw) - KEYS)
+    if unknown:
+        raise ApiError(f"{unknown[0]}: Extra inputs are not permitted; accepted: "
+                       f"{', '.join(sorted(KEYS))}", param=unknown[0])  # fmt: skip
+    max_tokens = raw.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ApiError("max_tokens: a positive integer is required", param="max_tokens")
+    thinking = raw.get("thinking")
+    if thinking is not None and thinking != {"type": "disabled"}:
+        raise ApiError("thinking: only {'type': 'disabled'} is supported", param="thinking")
+    output = raw.get("output_config")
+    if output is not None and (not isinstance(output, dict) or output.get("format") is not None):
+        raise ApiError("output_config.format (structured output) is not supported",
+                       param="output_config")  # fmt: skip
+    stops = raw.get("stop_sequences") or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError("stop_sequences must be a list of non-empty strings",
+                       param="stop_sequences")  # fmt: skip
+    messages = [*_system(raw.get("system"))]
+    if not isinstance(raw.get("messages"), list) or not raw["messages"]:
+        raise ApiError("messages: a non-empty list is required", param="messages")
+    for i, m in enumerate(raw["messages"]):
+        messages += _turn(m, f"messages.{i}")
+    if not isinstance(raw.get("stream", False), bool):
+        raise ApiError("stream must be a boolean", param="stream")
+    # streamed or not, the chat path generates the whole reply (see the module's limits)
+    body: Json = {"model": raw.get("model"), "messages": messages, "max_tokens": max_tokens}
+    if stops:
+        body["stop"] = stops
+    for key in ("temperature", "top_p", "top_k"):
+        if raw.get(key) is not None:
+            body[key] = raw[key]
+    tools = raw.get("tools")
+    if tools:
+        body["tools"] = [_tool(t, f"tools.{k}") for k, t in enumerate(_list(tools, "tools"))]
+    if raw.get("tool_choice") is not None:
+        body["tool_choice"] = _tool_choice(raw["tool_choice"])
+    return body
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ApiError(f"{where}: a list is required", param=where)
+    return value
+
+
+def _text(content: object, where: str) -> str:
+    """A string, or text blocks joined (``cache_control`` and citations ignored)."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for k, block in enumerate(_list(content, where)):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
+                block.get("text"), str):  # fmt: skip
+            raise ApiError(f"{where}.{k}: only text blocks are supported here",
+                           param=f"{where}.{k}")  # fmt: skip
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _system(system: object) -> list[Json]:
+    if system is None or system == "" or system == []:
+        return []
+    return [{"role": "system", "content": _text(system, "system")}]
+
+
+def _turn(m: object, where: str) -> list[Json]:
+    """One Anthropic message as OpenAI chat messages: an assistant turn's tool_use blocks become
+    its tool_calls; a user turn's tool_result blocks become tool messages (before its text)."""
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise ApiError(f"{where}.role must be 'user' or 'assistant'", param=f"{where}.role")
+    role, content = m["role"], m.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    texts: list[str] = []
+    calls: list[Json] = []
+    results: list[Json] = []
+    for k, block in enumerate(_list(content, f"{where}.content")):
+        at = f"{where}.content.{k}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
+                raise ApiError(f"{at}: a tool_use block needs name and input (an object)",
+                               param=at)  # fmt: skip
+            calls.append({"id": str(block.get("id") or ""), "type": "function", "function": {
+                "name": block["name"], "arguments": json.dumps(block["input"])}})  # fmt: skip
+        elif kind == "tool_result" and role == "user":
+            text = _text(block.get("content") or "", f"{at}.content")
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
+                            "content": text})  # fmt: skip
+        else:
+            raise ApiError(f"{at}: a {role} message's blocks may be text"
+                           + (", tool_use" if role == "assistant" else ", tool_result")
+                           + f"; got {kind!r}", param=at)  # fmt: skip
+    out = list(results)
+    if calls:
+        out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
+    elif texts or not results:
+        out.append({"role": role, "content": "".join(texts)})
+    return out
+
+
+def _tool(t: object, where: str) -> Json:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+        raise ApiError(f"{where}: a tool needs a name and an input_schema", param=where)
+    schema = t.get("input_schema") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": {"name": t["name"],
+            "description": t.get("description") or "", "parameters": schema}}  # fmt: skip
+
+
+def _tool_choice(choice: object) -> object:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(choice, dict) and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise ApiError("tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', "
+                   f"'name': ...}}; got {choice!r}", param="tool_choice")  # fmt: skip
+
+
+def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> Json:
+    """The Anthropic message of a chat answer (its first choice). `decode` tells which stop
+    sequence ended the reply (the recorded ids run through it)."""
+    choice = out["choices"][0]
+    msg = choice["message"]
+    blocks: list[Json] = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
+    for c in msg.get("tool_calls") or []:
+        blocks.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                       "input": json.loads(c["function"]["arguments"])})  # fmt: skip
+    reason, matched = STOP_REASONS[choice["finish_reason"]], None
+    if reason == "end_turn" and stops:
+        text = decode(choice["token_ids"])
+        hits = sorted((text.find(s), s) for s in stops if s in text)
+        if hits:
+            reason, matched = "stop_sequence", hits[0][1]
+    usage = out["usage"]
+    return {"id": "msg_" + out["id"].removeprefix("chatcmpl-"), "type": "message",
+            "role": "assistant", "model": out["model"], "content": blocks,
+            "stop_reason": reason, "stop_sequence": matched,
+            "usage": {"input_tokens": usage["prompt_tokens"],
+                      "output_tokens": usage["completion_tokens"]}}  # fmt: skip
+
+
+def stream_events(msg: Json) -> list[tuple[str, Json]]:
+    """A whole message as Anthropic's stream events, in their order."""
+    head = {**msg, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**msg["usage"], "output_tokens": 0}}  # fmt: skip
+    events: list[tuple[str, Json]] = [("message_start", {"message": head}), ("ping", {})]
+    for i, block in enumerate(msg["content"]):
+        start: Json
+        if block["type"] == "text":
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta",
+                                                           "text": block["text"]}
+        else:
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        events += [("content_block_start", {"index": i, "content_block": start}),
+                   ("content_block_delta", {"index": i, "delta": delta}),
+                   ("content_block_stop", {"index": i})]  # fmt: skip
+    events += [
+        ("message_delta", {"delta": {"stop_reason": msg["stop_reason"],
+                                     "stop_sequence": msg["stop_sequence"]},
+                           "usage": {"output_tokens": msg["usage"]["output_tokens"]}}),
+        ("message_stop", {}),
+    ]  # fmt: skip
+    return events
+
+
+async def send_stream(request: web.Request, msg: Json) -> web.StreamResponse:
+    """Send `msg` as an SSE stream of Anthropic's events."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})  # fmt: skip
+    await resp.prepare(request)
+    for name, data in stream_events(msg):
+        payload = json.dumps({"type": name, **data})
+        await resp.write(f"event: {name}\ndata: {payload}\n\n".encode())
+    await resp.write_eof()
+    return resp
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def anthropic_errors(handler: Handler) -> Handler:
+    """`handler` whose ApiErrors are answered in Anthropic's error shape."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500
+                                   else "api_error")  # fmt: skip
+            return web.json_response({"type": "error", "error": {"type": kind,
+                                      "message": e.message}}, status=e.status)  # fmt: skip
+
+    return route

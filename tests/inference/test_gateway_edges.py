@@ -1,0 +1,140 @@
+"""The gateway's OpenAI edges with the official `openai` client and the real SmolLM2 model:
+unknown model names (404 model_not_found), `models.retrieve`, `tool_choice` "required" and a
+named function (honoured by prefilling the tool-call opening), and the error answers to an
+episode's calls recorded as `GatewayRefused`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from stacx.events import Event, GatewayRefused, TurnGenerated
+from stacx.inference.gateway import Gateway, serve_tcp
+from stacx.inference.torch_engine import TorchEngine
+
+pytestmark = pytest.mark.model
+
+BASH = {"type": "function", "function": {
+    "name": "bash", "description": "Run a bash command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                   "required": ["command"]},
+}}  # fmt: skip
+READ = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                   "required": ["path"]},
+}}  # fmt: skip
+LIST_FILES = "Run ls."
+
+
+@pytest.fixture
+async def client(serve_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    c = openai.AsyncOpenAI(base_url=serve_url + "/v1", api_key="none", max_retries=0)
+    yield c
+    await c.close()
+
+
+async def test_unknown_model_is_404_model_not_found(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    assert info.value.code == "model_not_found" and info.value.status_code == 404
+    assert "gpt-4o" in info.value.message
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.completions.create(model="gpt-3.5-turbo-instruct", prompt="a", max_tokens=2)
+    assert info.value.code == "model_not_found"
+
+
+async def test_served_name_and_aliases_answer(client: openai.AsyncOpenAI, model_dir: str) -> None:
+    listed = [m.id async for m in client.models.list()]
+    # --model, the --model-alias names, and the checkpoint's directory name
+    assert {model_dir, "default", "student", "smollm2-135m-instruct"} <= set(listed)
+    for name in ("student", "smollm2-135m-instruct"):
+        r = await client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert r.model == name
+    card = await client.models.retrieve("student")
+    assert card.id == "student" and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
+
+
+async def test_tool_choice_required_gives_a_tool_call(client: openai.AsyncOpenAI) -> None:
+    r = await client.chat.completions.create(
+        model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[BASH],
+        tool_choice="required", temperature=0, max_tokens=64,
+    )  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "bash"
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+
+async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI) -> None:
+    # the model, left to itself, calls bash here (test above); the named choice forces read_file
+    body = {"model": "student", "messages": [{"role": "user", "content": LIST_FILES}],
+            "tools": [BASH, READ], "temperature": 0, "max_tokens": 64,
+            "tool_choice": {"type": "function", "function": {"name": "read_file"}}}  # fmt: skip
+    r = await client.chat.completions.create(**body)
+    (call,) = r.choices[0].message.tool_calls or []
+    assert call.function.name == "read_file" and r.choices[0].finish_reason == "tool_calls"
+    # streamed: no text of the call leaks as content; the call comes whole, the same one
+    chunks = [c async for c in await client.chat.completions.create(**body, stream=True)]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    streamed = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert [(t.function.name, t.function.arguments) for t in streamed] == [
+        (call.function.name, call.function.arguments)
+    ]  # fmt: skip
+
+
+async def test_bad_tool_choice_names_the_accepted_ones(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(
+            model="student", messages=[{"role": "user", "content": "Hi"}], tools=[BASH],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )  # fmt: skip
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "tool_choice" and "bash" in body["message"]
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine) -> None:
+    gateway = Gateway(torch_engine, torch_engine.tokenizer, model_name="student", max_len=2048)  # type: ignore[arg-type]
+    rec = Recorded()
+    async with serve_tcp(gateway) as url, gateway.episode(
+            run_id="r", episode_id="ep", emit=rec.emit) as ep:  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=url, api_key=ep.credential, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(
+                model="openai/student", messages=[{"role": "user", "content": "Hi"}]
+            )
+        r = await client.chat.completions.create(
+            model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[BASH],
+            tool_choice={"type": "function", "function": {"name": "bash"}}, temperature=0,
+            max_tokens=64,
+        )  # fmt: skip
+        await client.close()
+    refused, turn = rec.events
+    assert isinstance(refused, GatewayRefused) and refused.episode_id == "ep"
+    assert (refused.status, refused.code, refused.param) == (404, "model_not_found", "model")
+    assert refused.route == "/v1/chat/completions" and "openai/student" in refused.message
+    # the prefill is part of the prompt the engine saw; the output is the model's own ids
+    assert isinstance(turn, TurnGenerated)
+    prompt = torch_engine.tokenizer.decode(turn.prompt_ids)  # type: ignore[union-attr]
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert r.choices[0].token_ids == turn.output_ids  # type: ignore[attr-defined]
+    assert r.choices[0].message.tool_calls

@@ -7,7 +7,7 @@ Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them
 `stacx.inference.anthropic_api`), the same under ``/e/<credential>/v1/...``. A request's ``model`` must
 be the served name or one of its aliases (absent: the served name); any other is a 404
 ``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
-"none" | "required" | a named function: see `Gateway._prefill`),
+"none" | "required" | a named function: see `chat_template.ToolChoice.prefill`),
 ``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
 usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
@@ -78,7 +78,6 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -86,6 +85,7 @@ from stacx.errors import EngineError
 from stacx.events import Emit, new_id
 from stacx.inference import anthropic_api
 from stacx.inference.anthropic_api import anthropic_errors
+from stacx.inference.chat_template import TemplateTokenizer, ToolChoice, template_messages
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -93,8 +93,6 @@ from stacx.inference.openai_api import (
     MAX_N,
     ApiError,
     Json,
-    assistant_calls,
-    content_text,
     include_usage,
     json_object,
     openai_errors,
@@ -105,22 +103,9 @@ from stacx.inference.openai_api import (
 )
 from stacx.inference.streaming import ChoiceStreams, StreamClosed, TextStream, stream_generations
 from stacx.ports import Engine, Generation, SamplingParams, turn_generated
-from stacx.toolcalls import parse_tool_calls, render_tool_call, tools_system_prompt
+from stacx.toolcalls import parse_tool_calls
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class TemplateTokenizer(Protocol):
-    """What the gateway needs of a (Hugging Face) tokenizer."""
-
-    chat_template: str | None
-    eos_token_id: int | None
-
-    def apply_chat_template(self, conversation: list[Json], **kwargs: Any) -> str: ...
-
-    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
 
 
 class Gateway:
@@ -145,8 +130,7 @@ class Gateway:
         self.native_tools = "tools" in (tokenizer.chat_template or "")
         self.stop_ids = _turn_stop_ids(tokenizer)
         self._episodes: dict[str, GatewayEpisode] = {}
-        # tool_choice's function (None: any) -> (prefill, closing tag); see _prefill
-        self._openings: dict[str | None, tuple[str, str]] = {}
+        self.tool_choice = ToolChoice(tokenizer, self.native_tools)
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for prefix in ("", "/e/{credential}"):
@@ -236,7 +220,7 @@ class Gateway:
         model = self.served_model(body.get("model"))
         tools = request_tools(body)
         choice_mode = body.get("tool_choice") or "auto"
-        prefill, close = self._prefill(choice_mode, tools)
+        prefill, close = self.tool_choice.prefill(choice_mode, tools)
         if opt(body, "top_logprobs", int, 0, 20, 0):
             raise ApiError("top_logprobs > 0 is not supported: the engine returns the sampled "
                            "token's logprob only", param="top_logprobs")  # fmt: skip
@@ -244,7 +228,7 @@ class Gateway:
         if fmt is not None and fmt != {"type": "text"}:
             raise ApiError("response_format: only {'type': 'text'} is supported",
                            param="response_format")  # fmt: skip
-        messages = self._template_messages(body.get("messages"), tools, ep)
+        messages = template_messages(self.native_tools, body.get("messages"), tools, ep)
         kwargs: Json = {"tools": tools} if tools and self.native_tools else {}
         try:
             text = self.tok.apply_chat_template(
@@ -351,110 +335,6 @@ class Gateway:
                            "running episode", status=401, type="invalid_api_key",
                            code="invalid_api_key")  # fmt: skip
         return ep
-
-    def _prefill(self, choice: object, tools: list[Json]) -> tuple[str, str]:
-        """What the reply is forced to start with for `tool_choice`, and the tag that ends it:
-        nothing for "auto" and "none"; the model's tool-call opening up to the function name
-        for "required" (of several tools; of one, as for that one named); up to the arguments'
-        opening brace for a named function ({"type":
-        "function", "function": {"name": ...}}). The gateway owns the template, so this prefill
-        is what a constrained decoder would force first; the reply ends at the call's closing
-        tag (a stop string), as a constrained decoder ends at the call's end. The rest is the
-        model's: a reply that is not a well-formed call stays text."""
-        if choice in ("auto", "none"):
-            return "", ""
-        names = [t["function"]["name"] for t in tools]
-        named = choice.get("function") if isinstance(choice, dict) else None
-        if choice == "required":  # of one tool, the only call a constrained decoder allows
-            name = names[0] if len(names) == 1 else None
-        elif isinstance(choice, dict) and isinstance(named, dict) \
-                and choice.get("type") == "function" and named.get("name") in names:  # fmt: skip
-            name = named["name"]
-        else:
-            raise ApiError("tool_choice must be 'auto', 'none', 'required' or {'type': "
-                           "'function', 'function': {'name': N}} with N one of the tools "
-                           f"({', '.join(names) or 'none given'}); got {choice!r}",
-                           param="tool_choice")  # fmt: skip
-        if not tools:
-            raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
-        if name not in self._openings:
-            self._openings[name] = self._tool_call_opening(name)
-        return self._openings[name]
-
-    def _tool_call_opening(self, name: str | None) -> tuple[str, str]:
-        """How this template's assistant turn starts a call of `name` (None: of any function),
-        cut inside the name's quotes (None) or inside the arguments' braces, and the tag that
-        closes a call: read off a rendered call."""
-        mark = "STACXMARK"
-        call_name, args = name or mark, {mark: 0}
-        if not self.native_tools:
-            text = render_tool_call(call_name, dict(args))
-        else:
-            user = [{"role": "user", "content": "u"}]
-            head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-            full = self.tok.apply_chat_template([*user, {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "id": "call_0", "function": {
-                    "name": call_name, "arguments": args}}]}], tokenize=False)  # fmt: skip
-            if not full.startswith(head):
-                raise ApiError("tool_choice: this model's chat template does not render an "
-                               "assistant tool call after its generation prompt",
-                               param="tool_choice")  # fmt: skip
-            text = full[len(head) :]
-        args_at = text.find(json.dumps(mark))
-        at = text.find(mark) if name is None else args_at
-        close = text[args_at:].partition("}")[2].strip().lstrip("}").strip()
-        if args_at < 0 or not close:
-            raise ApiError("tool_choice: cannot find where this model's tool call opens and "
-                           "closes", param="tool_choice")  # fmt: skip
-        return text[:at], close
-
-    def _template_messages(
-        self, raw: object, tools: list[Json], ep: GatewayEpisode | None
-    ) -> list[Json]:
-        if not isinstance(raw, list) or not raw:
-            raise ApiError("messages must be a non-empty list of message objects", param="messages")
-        out: list[Json] = []
-        for i, m in enumerate(raw):
-            where = f"messages[{i}]"
-            if not isinstance(m, dict):
-                raise ApiError(f"{where} must be an object", param=where)
-            role = m.get("role")
-            if role not in ("system", "developer", "user", "assistant", "tool"):
-                raise ApiError(f"{where}.role must be one of system, developer, user, assistant, "
-                               f"tool; got {role!r}", param=f"{where}.role")  # fmt: skip
-            content = content_text(m.get("content"), f"{where}.content", role)
-            if role == "assistant" and m.get("tool_calls"):
-                calls = assistant_calls(m["tool_calls"], f"{where}.tool_calls")
-                raw_text = ep.raw_text(tuple(c[0] for c in calls)) if ep else None
-                if raw_text is not None:  # exactly what the model wrote
-                    out.append({"role": "assistant", "content": raw_text})
-                elif self.native_tools:
-                    out.append({"role": "assistant", "content": content, "tool_calls": [
-                        {"type": "function", "id": cid, "function": {"name": name,
-                                                                     "arguments": args}}
-                        for cid, name, args in calls
-                    ]})  # fmt: skip
-                else:
-                    text = "\n".join(render_tool_call(name, args) for _, name, args in calls)
-                    out.append(
-                        {"role": "assistant", "content": f"{content}\n{text}" if content else text}
-                    )
-            elif role == "tool" and not self.native_tools:
-                out.append(
-                    {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
-                )
-            else:
-                msg: Json = {"role": "system" if role == "developer" else role, "content": content}
-                if role == "tool" and "tool_call_id" in m:
-                    msg["tool_call_id"] = m["tool_call_id"]
-                out.append(msg)
-        if tools and not self.native_tools:
-            head = tools_system_prompt(tools)
-            if out[0]["role"] == "system":
-                out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{head}"}
-            else:
-                out.insert(0, {"role": "system", "content": head})
-        return out
 
     def _completion_prompts(self, raw: object) -> list[list[int]]:
         if isinstance(raw, str):

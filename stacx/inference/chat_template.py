@@ -1,0 +1,146 @@
+"""The model's chat template, as the gateway uses it for `tool_choice`.
+
+`ToolChoice.prefill` gives what a reply is forced to start with for "required" or a named
+function: the template's own tool-call opening, read off a call the template renders (so it
+works for any template that renders assistant tool calls, and for STACX's text format where the
+template has none). Limits: a prefill, not a grammar: with several tools "required" does not
+force the name to be one of them, and a reply that is not a well-formed call stays text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from stacx.inference.gateway_episode import GatewayEpisode
+from stacx.inference.openai_api import ApiError, Json, assistant_calls, content_text
+from stacx.toolcalls import render_tool_call, tools_system_prompt
+
+
+class TemplateTokenizer(Protocol):
+    """What the gateway needs of a (Hugging Face) tokenizer."""
+
+    chat_template: str | None
+    eos_token_id: int | None
+
+    def apply_chat_template(self, conversation: list[Json], **kwargs: Any) -> str: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+
+class ToolChoice:
+    """`tool_choice` -> (prefill, closing tag), per function name, cached."""
+
+    def __init__(self, tok: TemplateTokenizer, native_tools: bool) -> None:
+        self.tok, self.native_tools = tok, native_tools
+        self._openings: dict[str | None, tuple[str, str]] = {}
+
+    def prefill(self, choice: object, tools: list[Json]) -> tuple[str, str]:
+        """What the reply is forced to start with for `tool_choice`, and the tag that ends it:
+        nothing for "auto" and "none"; the model's tool-call opening up to the function name
+        for "required" (of several tools; of one, as for that one named); up to the arguments'
+        opening brace for a named function ({"type":
+        "function", "function": {"name": ...}}). The gateway owns the template, so this prefill
+        is what a constrained decoder would force first; the reply ends at the call's closing
+        tag (a stop string), as a constrained decoder ends at the call's end. The rest is the
+        model's: a reply that is not a well-formed call stays text."""
+        if choice in ("auto", "none"):
+            return "", ""
+        names = [t["function"]["name"] for t in tools]
+        named = choice.get("function") if isinstance(choice, dict) else None
+        if choice == "required":  # of one tool, the only call a constrained decoder allows
+            name = names[0] if len(names) == 1 else None
+        elif isinstance(choice, dict) and isinstance(named, dict) \
+                and choice.get("type") == "function" and named.get("name") in names:  # fmt: skip
+            name = named["name"]
+        else:
+            raise ApiError("tool_choice must be 'auto', 'none', 'required' or {'type': "
+                           "'function', 'function': {'name': N}} with N one of the tools "
+                           f"({', '.join(names) or 'none given'}); got {choice!r}",
+                           param="tool_choice")  # fmt: skip
+        if not tools:
+            raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
+        if name not in self._openings:
+            self._openings[name] = self._opening(name)
+        return self._openings[name]
+
+    def _opening(self, name: str | None) -> tuple[str, str]:
+        """How this template's assistant turn starts a call of `name` (None: of any function),
+        cut inside the name's quotes (None) or inside the arguments' braces, and the tag that
+        closes a call: read off a rendered call."""
+        mark = "STACXMARK"
+        call_name, args = name or mark, {mark: 0}
+        if not self.native_tools:
+            text = render_tool_call(call_name, dict(args))
+        else:
+            user = [{"role": "user", "content": "u"}]
+            head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+            full = self.tok.apply_chat_template([*user, {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "id": "call_0", "function": {
+                    "name": call_name, "arguments": args}}]}], tokenize=False)  # fmt: skip
+            if not full.startswith(head):
+                raise ApiError("tool_choice: this model's chat template does not render an "
+                               "assistant tool call after its generation prompt",
+                               param="tool_choice")  # fmt: skip
+            text = full[len(head) :]
+        args_at = text.find(json.dumps(mark))
+        at = text.find(mark) if name is None else args_at
+        close = text[args_at:].partition("}")[2].strip().lstrip("}").strip()
+        if args_at < 0 or not close:
+            raise ApiError("tool_choice: cannot find where this model's tool call opens and "
+                           "closes", param="tool_choice")  # fmt: skip
+        return text[:at], close
+
+
+def template_messages(
+    native_tools: bool, raw: object, tools: list[Json], ep: GatewayEpisode | None
+) -> list[Json]:
+    """A request's `messages` as the template's conversation: an assistant call the model wrote
+    is replayed as exactly what it wrote (`ep.raw_text`); tools without native template support
+    go in STACX's text format."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError("messages must be a non-empty list of message objects", param="messages")
+    out: list[Json] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(f"{where}.role must be one of system, developer, user, assistant, "
+                           f"tool; got {role!r}", param=f"{where}.role")  # fmt: skip
+        content = content_text(m.get("content"), f"{where}.content", role)
+        if role == "assistant" and m.get("tool_calls"):
+            calls = assistant_calls(m["tool_calls"], f"{where}.tool_calls")
+            raw_text = ep.raw_text(tuple(c[0] for c in calls)) if ep else None
+            if raw_text is not None:  # exactly what the model wrote
+                out.append({"role": "assistant", "content": raw_text})
+            elif native_tools:
+                out.append({"role": "assistant", "content": content, "tool_calls": [
+                    {"type": "function", "id": cid, "function": {"name": name,
+                                                                 "arguments": args}}
+                    for cid, name, args in calls
+                ]})  # fmt: skip
+            else:
+                text = "\n".join(render_tool_call(name, args) for _, name, args in calls)
+                out.append(
+                    {"role": "assistant", "content": f"{content}\n{text}" if content else text}
+                )
+        elif role == "tool" and not native_tools:
+            out.append(
+                {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+            )
+        else:
+            msg: Json = {"role": "system" if role == "developer" else role, "content": content}
+            if role == "tool" and "tool_call_id" in m:
+                msg["tool_call_id"] = m["tool_call_id"]
+            out.append(msg)
+    if tools and not native_tools:
+        head = tools_system_prompt(tools)
+        if out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{head}"}
+        else:
+            out.insert(0, {"role": "system", "content": head})
+    return out

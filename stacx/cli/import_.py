@@ -1,6 +1,6 @@
 """`stacx import harbor JOBDIR... --into RUN_DIR`: Harbor job directories into a STACX log.
 
-Each trial becomes one episode (see stacx.harbor.jobs): its ATIF steps' token ids when they
+Each trial becomes one episode (see stacx.harbor.job_import): its ATIF steps' token ids when they
 have them, otherwise their text tokenized through the model's chat template (`--tokenizer`,
 default the run's default model) and marked `retokenized`. The events go through the normal
 path (NATS, the recorder, DuckDB), so `stacx sql`, `stacx export` and `stacx replay --from
@@ -32,7 +32,7 @@ def cli() -> None:
 def harbor(job_dirs: tuple[Path, ...], run_dir: Path, tokenizer: str) -> None:
     """Turn Harbor job dirs (or trial dirs) into a STACX run's log."""
     from stacx.actors.run import RunContext
-    from stacx.harbor.jobs import ChatTemplate, job_events, needs_tokenizer, trial_dirs
+    from stacx.harbor.job_import import ChatTemplate, job_events, needs_tokenizer, trial_dirs
     from stacx.hf import resolve_model
 
     trials = trial_dirs(list(job_dirs))

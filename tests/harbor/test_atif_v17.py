@@ -1,4 +1,4 @@
-"""ATIF v1.7 both ways (stacx.harbor.jobs): export writes v1.7's fields (trajectory_id,
+"""ATIF v1.7 both ways (stacx.harbor.jobs, stacx.harbor.job_import): export writes v1.7's fields (trajectory_id,
 llm_call_count, `extra` on tool calls and observation results); import reads v1.4 to v1.7,
 restores what `extra` kept, turns embedded sub-agent trajectories into further segments of the
 episode, and refuses another schema version by name.
@@ -19,7 +19,8 @@ import pytest
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.errors import StacxError
-from stacx.harbor.jobs import export_job, job_events
+from stacx.harbor.job_import import job_events
+from stacx.harbor.jobs import export_job
 from stacx.store import db
 
 ROOT = Path(__file__).resolve().parents[2]

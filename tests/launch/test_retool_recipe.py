@@ -7,15 +7,18 @@ import pytest
 from stacx.errors import ConfigError
 from stacx.events import Policy
 from stacx.launch.loader import convert
-from stacx.launch.roles import retool_config, rollout_config
+from stacx.agents.retool import RetoolTools
+from stacx.launch.roles import agent_config, rollout_config
 
 
 def test_retool_recipe_maps_onto_the_agent_and_a_student_policy() -> None:
     r = convert({"name": "x", "agent": {"name": "retool", "format": "python", "max_turns": 3}})
-    config = retool_config(r)
-    assert (config.style, config.max_turns) == ("python", 3)
+    config = agent_config(r)
+    assert isinstance(config.tools, RetoolTools) and config.max_turns == 3
+    assert config.tools.style == "python"
     assert rollout_config(r).policy == Policy.STUDENT and rollout_config(r).agent == "retool"
-    assert retool_config(convert({"name": "x", "agent": {"name": "retool"}})).style == "tool_call"
+    default = agent_config(convert({"name": "x", "agent": {"name": "retool"}})).tools
+    assert isinstance(default, RetoolTools) and default.style == "tool_call"
 
 
 @pytest.mark.parametrize(

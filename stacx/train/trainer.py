@@ -34,13 +34,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from torch import nn
 
@@ -60,28 +56,20 @@ from stacx.events import (
 )
 from stacx.ports import WeightOffer
 from stacx.train import checkpoint, units
-from stacx.train.batches import (
-    STORED_TURNS_SQL,
-    chained_sequences,
-    episode_sequences,
-    linear_columns,
-    turn_prompts,
-)
+from stacx.train.batches import Query, StepBatch, scalar_rows, step_batch
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup
 from stacx.train.model import build, load_model, pick_device
-from stacx.train.packing import Sample
-from stacx.train.step import StepResult, samples_for, train_step
+from stacx.train.step import StepResult, train_step
 from stacx.train.units import (
-    EPISODE_COLUMN,
-    batch_rows_sql,
     gate_sql,
     pending_step_sql,
     ready_units_sql,
     trainer_state_sql,
 )
 
-__all__ = ["Trainer", "load_model", "pick_device"]  # load_model, pick_device: stacx.train.model
+# load_model, pick_device: stacx.train.model; Query, StepBatch, step_batch: stacx.train.batches
+__all__ = ["Query", "StepBatch", "Trainer", "load_model", "pick_device", "step_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +129,11 @@ class Trainer(Actor):
     # ---- recovery --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        rows = (await self.query(trainer_state_sql())).to_pylist()
+        rows = scalar_rows(await self.query(trainer_state_sql()))
         latest = rows[0] if rows else None
         self.version = int(latest["version"]) if latest else 0
         sql = pending_step_sql()
-        pending = (await self.query(sql, units.params(self.config, sql, self.version))).to_pylist()
+        pending = scalar_rows(await self.query(sql, units.params(self.config, sql, self.version)))
         self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
         path = str(latest["path"]) if latest else None
         await asyncio.to_thread(self._build, path)
@@ -195,11 +183,11 @@ class Trainer(Actor):
         cfg = self.config
         gate = gate_sql(cfg)
         if gate is not None:
-            (row,) = (await self.query(gate, units.params(cfg, gate, self.version))).to_pylist()
+            (row,) = scalar_rows(await self.query(gate, units.params(cfg, gate, self.version)))
             if not row["open"]:
                 return None  # its iteration is still in flight: labels, scores or samples
         sql = ready_units_sql(cfg)
-        ready = (await self.query(sql, units.params(cfg, sql, self.version))).to_pylist()
+        ready = scalar_rows(await self.query(sql, units.params(cfg, sql, self.version)))
         if len(ready) < cfg.ready_threshold:
             return None
         chosen = ready[: cfg.batch_units]
@@ -232,7 +220,7 @@ class Trainer(Actor):
         )
         # the columns the lineage needs, not the token lists (a whole prompt per row)
         meta = ("episode_id", "branch_episode_id", "reward", "weight_version")
-        rows = table.select([c for c in meta if c in table.column_names]).to_pylist()
+        rows = scalar_rows(table.select([c for c in meta if c in table.column_names]))
         rewards = _episode_rewards(rows)
         await self.publish(
             TrainStepFinished(
@@ -314,51 +302,6 @@ class Trainer(Actor):
         if self.config.inprocess_handoff and self.handoff is not None:
             self.handoff.offer(str(path), sha, state)
         return path, sha
-
-
-Query = Callable[[str, dict[str, object]], Awaitable[pa.Table]]
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    table: pa.Table  # the source view's rows (without prompts when read linearly)
-    samples: list[Sample]  # what the step forwards: packed sequences or one per row
-    n_rows: int  # the rows the step trains on
-    prompt_ids_read: int  # prompt ids the queries materialized (Arrow)
-
-
-async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -> StepBatch:
-    """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
-    read with `query` (the actor's ``query``).
-
-    With ``pack_episodes`` each episode's turns that extend each other are one sequence. For
-    the views that take their prompts from ``turns`` (``batches.TURN_PROMPT_VIEWS``) the rows
-    are read without their whole prompts and each episode's sequence is rebuilt from the
-    stored deltas (``batches.chained_sequences``): Arrow, Python and the check are linear in
-    the turns' stored ids. Another source view (a user's, or ``dagger_dataset``) is read with
-    its whole prompts and merged by ``batches.episode_sequences``."""
-    chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
-    columns = linear_columns(cfg.source_view) if cfg.pack_episodes else None
-    table = await query(batch_rows_sql(cfg, columns or "*"), chosen)
-    samples = samples_for(cfg, table)
-    n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
-    read = _n_prompt_ids(table)
-    if cfg.pack_episodes:
-        episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
-        if columns is None:
-            samples = episode_sequences(samples, episodes)
-        else:
-            stored = await query(STORED_TURNS_SQL, chosen)
-            read += _n_prompt_ids(stored)
-            keys = list(zip(episodes, table.column("turn").to_pylist(), strict=True))
-            samples = chained_sequences(samples, keys, turn_prompts(stored))
-    return StepBatch(table, samples, n_rows, read)
-
-
-def _n_prompt_ids(table: pa.Table) -> int:
-    if "prompt_ids" not in table.column_names:
-        return 0
-    return int(pc.sum(pc.list_value_length(table.column("prompt_ids"))).as_py() or 0)
 
 
 def _episode_rewards(rows: list[dict[str, object]]) -> list[float]:

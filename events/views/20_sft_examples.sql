@@ -26,4 +26,4 @@ SELECT t.run_id,
 FROM turns t
 LEFT JOIN episodes e USING (episode_id)
 -- a periodic eval's episodes (TaskScheduled.role = 'eval') are never training data
-WHERE e.group_id IS NULL OR e.group_id NOT IN (SELECT group_id FROM task_scheduled t WHERE to_json(t)->>'role' = 'eval');
+WHERE e.group_id IS NULL OR e.group_id NOT IN (SELECT group_id FROM scheduled_groups WHERE is_eval);

@@ -4,8 +4,7 @@
 -- Only scored samples count toward rewards; n_infra_failed counts those failed for good.
 CREATE OR REPLACE VIEW eval_curve AS
 WITH evals AS (
-    SELECT group_id, max(weight_version) AS weight_version
-    FROM task_scheduled t WHERE to_json(t)->>'role' = 'eval' GROUP BY group_id
+    SELECT group_id, weight_version FROM scheduled_groups WHERE is_eval
 )
 SELECT v.weight_version,
        count(*) FILTER (WHERE s.scored) AS n_samples,

@@ -282,7 +282,8 @@ def step_iteration(cfg: TrainerConfig, version: int) -> int:
 
 def batch_rows_sql(cfg: TrainerConfig, columns: str = "*") -> str:
     """The source view's rows of the chosen episodes (``$episode_ids``), in a stable order;
-    ``columns``: the select list (``stacx.train.batches.linear_columns`` leaves prompts out)."""
+    ``columns``: the select list (``stacx.train.batches.step_batch`` leaves prompts out when
+    the view carries its chain)."""
     ep = EPISODE_COLUMN[cfg.algorithm]
     extra = f"AND ({cfg.row_filter})" if cfg.row_filter else ""
     turn = "turn" if cfg.algorithm != "aggrevate" else "turn, action_index"

@@ -431,9 +431,7 @@ class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
     source_run_id: str
     source_event_id: str
     source_path: str = ""
-    origin_run_id: str = (
-        ""  # the run that first recorded it, across replay generations (A -> B -> C)
-    )
+    origin_run_id: str = ""  # the run that first recorded it, across replay generations (A -> B -> C)
 
 
 AnyEvent: TypeAlias = (
@@ -466,77 +464,61 @@ KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}
 Emit: TypeAlias = Callable[[Event], Awaitable[None]]
 """How engines publish: an async callable that returns once the event is acknowledged."""
 
-# ---- wire form ---------------------------------------------------------------------------------
-# Token arrays travel packed: every list[int] / list[float] field (TurnGenerated's prompt_ids,
-# output_ids, logprobs; TeacherLabeled's; TeacherScored's; any such field added later) is a
-# msgpack ext on the wire whose data is the array's little-endian bytes (ext 1: int32, the
-# INTEGER[] columns' type; ext 2: float64, DOUBLE[]'s), so a reader can take it as a numpy view
-# with no Python object per token (the recorder: stacx.store.schema.to_arrow). A payload that
-# holds a plain array there (every log older than the packed form) still decodes. The Python
-# field types do not change: `decode` gives lists. An older reader meets an ext where it
-# expects an array and fails loudly (rule 6's treatment): upgrade readers first.
-
-PACKED_INT: Final = 1
-PACKED_FLOAT: Final = 2
-_PACKED_DTYPES: Final = {PACKED_INT: "<i4", PACKED_FLOAT: "<f8"}
+# Wire form. Every list[int] / list[float] field (TurnGenerated's prompt_ids, output_ids,
+# logprobs; TeacherLabeled's, TeacherScored's, any added later) travels packed: a msgpack ext
+# holding the array's little-endian int32 (ext 1: INTEGER[]) or float64 (ext 2: DOUBLE[]) bytes,
+# which the recorder reads as numpy views (no Python object per token). Plain arrays (every older
+# log) still decode and `decode` still gives lists; an older reader fails loudly on an ext.
+PACKED_INT, PACKED_FLOAT = 1, 2
+_DTYPES: Final = {PACKED_INT: "<i4", PACKED_FLOAT: "<f8"}
 
 
 def _packed_fields(cls: type[Event]) -> dict[str, int]:
-    """`cls`'s list[int] / list[float] fields (optional or not) and their ext codes."""
     out = {}
     for name, hint in typing.get_type_hints(cls).items():
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         args = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
-        if len(args) == 1 and typing.get_origin(args[0]) is list:
-            item = typing.get_args(args[0])[0]
-            if item in (int, float):
-                out[name] = PACKED_INT if item is int else PACKED_FLOAT
+        item = typing.get_args(args[0])[0] if typing.get_origin(args[0]) is list else None
+        if len(args) == 1 and item in (int, float):
+            out[name] = PACKED_INT if item is int else PACKED_FLOAT
     return out
 
 
 def _wire_struct(cls: type[Event], packed: dict[str, int]) -> type[Event]:
     """A subclass of `cls` (same tag) whose packed fields also take a msgpack Ext."""
-    hints = typing.get_type_hints(cls)
-    n = len(cls.__struct_defaults__)
-    defaults = dict(zip(cls.__struct_fields__[len(cls.__struct_fields__) - n :],
-                        cls.__struct_defaults__, strict=True))  # fmt: skip
-    fields = [(f, hints[f] | msgspec.msgpack.Ext, defaults.get(f, msgspec.NODEFAULT))
-              for f in packed]  # fmt: skip
-    wire = msgspec.defstruct(cls.__name__, fields, bases=(cls,), frozen=True, kw_only=True,
-                             tag=True)  # fmt: skip
+    n, hints = len(cls.__struct_defaults__), typing.get_type_hints(cls)
+    names = cls.__struct_fields__[len(cls.__struct_fields__) - n :]
+    defaults = dict(zip(names, cls.__struct_defaults__, strict=True))
+    fields = [(f, hints[f] | msgspec.msgpack.Ext, defaults.get(f, msgspec.NODEFAULT)) for f in packed]
+    wire = msgspec.defstruct(cls.__name__, fields, bases=(cls,), frozen=True, kw_only=True, tag=True)
     return typing.cast(type[Event], wire)
 
 
-PACKED: Final[dict[str, dict[str, int]]] = {
-    k: f for k, f in ((k, _packed_fields(c)) for k, c in KINDS.items()) if f
-}
+PACKED: Final = {k: f for k, f in ((k, _packed_fields(c)) for k, c in KINDS.items()) if f}
 """Per kind with token arrays: its packed fields and their ext codes."""
 _WIRE: Final = {k: _wire_struct(KINDS[k], f) for k, f in PACKED.items()}
 _WIRE_EVENT: object = typing.Union[tuple(_WIRE.get(k, c) for k, c in KINDS.items())]  # noqa: UP007
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(_WIRE_EVENT)  # type: ignore[arg-type]
-_batch_decoder: msgspec.msgpack.Decoder[list[Event]] = msgspec.msgpack.Decoder(list[_WIRE_EVENT])  # type: ignore[valid-type]
 _json_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
 
 
 def packed_array(value: object, code: int) -> np.ndarray:
     """A packed field's value as a numpy array: a view of an Ext's bytes, or a list copied."""
     if isinstance(value, msgspec.msgpack.Ext):
-        return np.frombuffer(typing.cast(bytes, value.data), _PACKED_DTYPES[value.code])
-    return np.asarray(value, dtype=_PACKED_DTYPES[code])
+        return np.frombuffer(typing.cast(bytes, value.data), _DTYPES[value.code])
+    return np.asarray(value, dtype=_DTYPES[code])
 
 
 def encode(event: Event) -> bytes:
-    """Wire form (msgpack) of an event, its token arrays packed (see above)."""
+    """Wire form (msgpack) of an event, its token arrays packed."""
     packed = PACKED.get(type(event).__name__)
     if packed:
-        values = {f: getattr(event, f) for f in packed}
-        event = _WIRE[type(event).__name__](**{
-            **msgspec.structs.asdict(event),
-            **{f: msgspec.msgpack.Ext(c, packed_array(values[f], c).tobytes())
-               for f, c in packed.items() if values[f] is not None},
-        })  # fmt: skip
+        fields = msgspec.structs.asdict(event)
+        for f, c in packed.items():
+            if fields[f] is not None:
+                fields[f] = msgspec.msgpack.Ext(c, packed_array(fields[f], c).tobytes())
+        event = _WIRE[type(event).__name__](**fields)
     return _encoder.encode(event)
 
 
@@ -559,14 +541,12 @@ def decode(payload: bytes) -> AnyEvent:
 
 def decode_wire(payload: bytes) -> list[Event]:
     """The events of one message (single or batch) as on the wire: a packed token array stays
-    a ``msgspec.msgpack.Ext`` (read it with :func:`packed_array`). For the recorder, which
-    never turns a token into a Python object; raises like ``decode``."""
+    a ``msgspec.msgpack.Ext`` (see :func:`packed_array`); for the recorder. Raises like ``decode``."""
     return _batch_decoder.decode(payload) if is_batch(payload) else [_decoder.decode(payload)]
 
 
-_raw_list_decoder: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.Decoder(
-    list[msgspec.Raw]
-)
+_batch_decoder: msgspec.msgpack.Decoder[list[Event]] = msgspec.msgpack.Decoder(list[_WIRE_EVENT])  # type: ignore[valid-type]
+_raw_list_decoder: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 
 def encode_batch(payloads: list[bytes]) -> bytes:
@@ -574,11 +554,8 @@ def encode_batch(payloads: list[bytes]) -> bytes:
     the events' own wire forms (``encode``); one event is still sent as its map. Publishers
     batch events of one kind only, so a message's subject names the kind of every event in it."""
     n = len(payloads)
-    head = (
-        bytes([0x90 | n])
-        if n < 16
-        else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
-    )
+    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
+                                            else b"\xdd" + n.to_bytes(4, "big"))
     return head + b"".join(payloads)
 
 

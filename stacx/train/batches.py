@@ -361,11 +361,11 @@ async def step_batch(cfg: TrainerConfig, query: Query, episode_ids: list[str]) -
     Arrow and the merge are linear in the turns' stored ids. Another source view is read with
     its whole prompts and merged by :func:`episode_sequences`."""
     chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
-    linear = False
-    if cfg.pack_episodes:
-        probe = await query(f"SELECT * FROM {cfg.source_view} LIMIT 0", {})
-        linear = all(c in probe.column_names for c in CHAIN_COLUMNS)
+    linear = cfg.pack_episodes
     table = await query(batch_rows_sql(cfg, "* EXCLUDE (prompt_ids)" if linear else "*"), chosen)
+    if linear and not all(c in table.column_names for c in CHAIN_COLUMNS):
+        linear = False  # the view does not say where its prompts are: read them whole
+        table = await query(batch_rows_sql(cfg, "*"), chosen)
     samples = samples_for(cfg, table, prompt=None if linear else "prompt_ids")
     n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
     read = _n_ids(table, "prompt_ids")

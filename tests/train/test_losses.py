@@ -340,9 +340,7 @@ def test_opd_center_subtracts_the_batch_mean_over_masked_tokens_before_the_grpo_
     assert got[0].tolist() == pytest.approx([0.4 - mean, -1.0 - mean, 0.0])
     assert got[1].tolist() == pytest.approx([-0.5 - mean, 0.0, 0.0])
     grpo = t64([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    got = opd_advantages(
-        teacher, student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5
-    )
+    got = opd_advantages(teacher, student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5)
     assert got[1].tolist() == pytest.approx([-0.5 - mean - 0.5, 0.0, 0.0])
 
 

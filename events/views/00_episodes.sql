@@ -19,7 +19,9 @@ FROM (
            any_value(task_id) AS task_id,
            max(n_samples) AS n_samples,
            max(iteration) AS iteration,
-           max(weight_version) AS weight_version,
+           -- read through to_json, like role: a log older than the field (opened read-only)
+           -- still loads this view and the ones built on it (episodes, samples)
+           max(TRY_CAST(to_json(t)->>'weight_version' AS BIGINT)) AS weight_version,
            arg_max(split, ts) AS split,
            bool_or(coalesce(to_json(t)->>'role', '') = 'eval') AS is_eval
     FROM task_scheduled t GROUP BY group_id

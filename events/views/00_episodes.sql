@@ -1,3 +1,32 @@
+-- tasks_lost: THE definition of "task lost for good": a task that failed as a whole
+-- (InfraFailed with its task_id and no episode, will_retry false: e.g. its files are
+-- unreadable). Its groups are not waited for (the scheduler, the trainer's readiness).
+CREATE OR REPLACE VIEW tasks_lost AS
+SELECT DISTINCT task_id FROM infra_failed
+WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry;
+
+-- scheduled_groups: one row per scheduled group (TaskScheduled, the latest values).
+-- is_eval: THE definition of an "eval group": a periodic eval during training
+-- (TaskScheduled.role = 'eval', the recipe's [eval]; read through to_json so that a log older
+-- than that field still loads). Its samples measure a weight version: never training data,
+-- not a rollout iteration. An eval RUN's groups (split = 'eval', `stacx eval`) are not eval
+-- groups: their episodes (e.g. an oracle's demonstrations) may be trained on.
+-- lost: its task is in tasks_lost.
+CREATE OR REPLACE VIEW scheduled_groups AS
+SELECT g.*, g.task_id IN (SELECT task_id FROM tasks_lost) AS lost
+FROM (
+    SELECT group_id,
+           any_value(task_id) AS task_id,
+           max(n_samples) AS n_samples,
+           max(iteration) AS iteration,
+           -- read through to_json, like role: a log older than the field (opened read-only)
+           -- still loads this view and the ones built on it (episodes, samples)
+           max(TRY_CAST(to_json(t)->>'weight_version' AS BIGINT)) AS weight_version,
+           arg_max(split, ts) AS split,
+           bool_or(coalesce(to_json(t)->>'role', '') = 'eval') AS is_eval
+    FROM task_scheduled t GROUP BY group_id
+) g;
+
 -- episodes: one row per episode (a contract for users' SQL; see events/README.md).
 -- status: 'scored' (a reward was assigned), 'failed' (an infrastructure failure and no reward;
 -- never a 0), 'finished' (the agent stopped, not yet scored), 'running'.
@@ -21,13 +50,6 @@ WITH turn_stats AS (
     -- episode-level failures only: a teacher's failure on one visited state (turn set) leaves
     -- the episode itself intact
     FROM infra_failed WHERE episode_id IS NOT NULL AND turn IS NULL GROUP BY episode_id
-), roles AS (
-    -- 'eval': a periodic eval during training (TaskScheduled.role; read through to_json so
-    -- that a log older than that field still loads) or an eval run's groups (split)
-    SELECT group_id,
-           CASE WHEN bool_or(coalesce(to_json(t)->>'role', '') = 'eval' OR split = 'eval')
-                THEN 'eval' ELSE 'train' END AS group_role
-    FROM task_scheduled t GROUP BY group_id
 )
 SELECT s.episode_id,
        s.run_id,
@@ -51,7 +73,8 @@ SELECT s.episode_id,
        t.last_weight_version,
        s.ts AS started_ts,
        greatest(f.ts, x.ts) AS finished_ts,
-       coalesce(g.group_role, 'train') AS role,
+       CASE WHEN g.is_eval THEN 'eval' ELSE 'train' END AS role,
+       coalesce(g.split, 'train') AS split,
        t.first_weight_version AS weight_version
 FROM (SELECT * FROM episode_started QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY _seq) = 1) s
 LEFT JOIN turn_stats t USING (episode_id)
@@ -59,4 +82,4 @@ LEFT JOIN tool_stats c USING (episode_id)
 LEFT JOIN rewards r USING (episode_id)
 LEFT JOIN finished f USING (episode_id)
 LEFT JOIN failures x USING (episode_id)
-LEFT JOIN roles g ON g.group_id = s.group_id;
+LEFT JOIN scheduled_groups g ON g.group_id = s.group_id;

@@ -18,7 +18,7 @@ WITH scored AS (
            min(reward) OVER g = max(reward) OVER g AS group_all_equal
     FROM episodes
     WHERE status = 'scored'
-      AND group_id NOT IN (SELECT group_id FROM task_scheduled t WHERE to_json(t)->>'role' = 'eval')  -- a periodic eval's episodes are never training data
+      AND group_id NOT IN (SELECT group_id FROM scheduled_groups WHERE is_eval)  -- a periodic eval's episodes are never training data
     WINDOW g AS (PARTITION BY group_id)
 ), failed AS (
     SELECT group_id, count(*) AS group_failed FROM episodes WHERE status = 'failed' GROUP BY group_id
@@ -32,6 +32,8 @@ SELECT t.run_id,
        s.group_id,
        s.iteration,
        t.prompt_ids,
+       t.chain_turn,
+       t.n_prompt_tokens,
        t.output_ids,
        t.logprobs AS behavior_logprobs,
        t.weight_version,

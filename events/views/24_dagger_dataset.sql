@@ -1,7 +1,7 @@
 -- dagger_dataset: DAgger's aggregated dataset — every teacher label ever recorded (the union over
 -- all iterations; with `stacx sql` over several runs, over those runs too), one row per label.
 -- prompt_ids are the exact ids the student saw at the visited state; completion_ids are the
--- teacher's label; loss_mask covers prompt_ids || completion_ids (1 on the label only).
+-- teacher's label; loss_mask covers completion_ids (the label: all 1).
 -- The visited turn's context rides along: student_output_ids is the action that was executed
 -- (the environment always advanced with it, never with the label), actor who executed it,
 -- prompt_matches whether the label was made on the identical prompt ids (it must be).
@@ -15,7 +15,7 @@ SELECT l.run_id,
        e.group_id,
        l.prompt_ids,
        l.label_ids AS completion_ids,
-       list_concat([0 for _x in l.prompt_ids], [1 for _x in l.label_ids]) AS loss_mask,
+       [1 for _x in l.label_ids] AS loss_mask,
        l.logprobs AS teacher_logprobs,
        t.output_ids AS student_output_ids,
        t.actor,

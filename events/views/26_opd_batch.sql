@@ -17,6 +17,8 @@ SELECT t.run_id,
        e.group_id,
        s.teacher,
        t.prompt_ids,
+       t.chain_turn,
+       t.n_prompt_tokens,
        t.output_ids,
        t.logprobs AS student_logprobs,
        s.teacher_logprobs,
@@ -33,4 +35,4 @@ JOIN scored s USING (episode_id, turn)
 LEFT JOIN episodes e ON e.episode_id = t.episode_id
 LEFT JOIN grpo_batch g ON g.episode_id = t.episode_id AND g.turn = t.turn
 WHERE t.actor = 'student'
-  AND (e.group_id IS NULL OR e.group_id NOT IN (SELECT group_id FROM task_scheduled t WHERE to_json(t)->>'role' = 'eval'));  -- never a periodic eval's turns
+  AND (e.group_id IS NULL OR e.group_id NOT IN (SELECT group_id FROM scheduled_groups WHERE is_eval));  -- never a periodic eval's turns

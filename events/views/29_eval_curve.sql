@@ -11,8 +11,7 @@
 -- v1); read the curve against this count, or group `episodes` by first_weight_version.
 CREATE OR REPLACE VIEW eval_curve AS
 WITH evals AS (
-    SELECT group_id, max(weight_version) AS weight_version
-    FROM task_scheduled t WHERE to_json(t)->>'role' = 'eval' GROUP BY group_id
+    SELECT group_id, weight_version FROM scheduled_groups WHERE is_eval
 )
 SELECT v.weight_version,
        count(*) FILTER (WHERE s.scored) AS n_samples,

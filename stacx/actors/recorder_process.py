@@ -1,7 +1,8 @@
 """Run a recorder as its own process: `python -m stacx.actors.recorder_process URL RUN_ID RUN_DIR`.
 
-Used when the recorder should not share a core with the publishers (benchmarks, Ray placement)
-and by the kill -9 tests. With ``--until-seq N`` it exits 0 once everything up to stream
+Only the kill -9 tests use it (a recorder that can be killed without killing the test):
+``stacx run`` always records in-process, in its RunContext (``stacx.actors.run``), and so
+does the events bench (``tools/bench/events.py``). With ``--until-seq N`` it exits 0 once everything up to stream
 sequence N is committed, with ``--until-events N`` once this process has recorded N events
 (publishers batch events, so a count of events does not give the last sequence); otherwise it
 runs until SIGTERM.

@@ -264,32 +264,25 @@ def is_done(plan: Plan, state: LogState) -> bool:
 
 
 STATE_SQL = """
-WITH all_groups AS (
-    SELECT group_id, max(n_samples) AS n_samples, max(iteration) AS iteration,
-           bool_or(coalesce(to_json(t)->>'role', '') = 'eval') AS is_eval,
-           any_value(task_id) AS task_id
-    FROM task_scheduled t GROUP BY group_id
-), groups AS (
-    SELECT * FROM all_groups WHERE NOT is_eval
-), evals AS (  -- a group that failed as a whole (its task is unreadable) is not waited for
-    SELECT * FROM all_groups WHERE is_eval AND task_id NOT IN (
-        SELECT task_id FROM infra_failed
-        WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry)
+WITH groups AS (SELECT * FROM scheduled_groups WHERE NOT is_eval),
+evals AS (  -- a group that failed as a whole (its task is unreadable) is not waited for
+    SELECT * FROM scheduled_groups WHERE is_eval AND NOT lost
 )
 SELECT
-  (SELECT coalesce(list(group_id), []) FROM all_groups) AS groups,
+  (SELECT coalesce(list(group_id), []) FROM scheduled_groups) AS groups,
   (SELECT count(DISTINCT iteration) FROM groups) AS iterations,
-  (SELECT coalesce(sum(n_samples), 0) FROM all_groups) AS samples_scheduled,
+  (SELECT coalesce(sum(n_samples), 0) FROM scheduled_groups) AS samples_scheduled,
   (SELECT coalesce(max(version), 0) FROM weights_published) AS version,
-  (SELECT count(*) FROM samples WHERE done AND group_id IN (SELECT group_id FROM all_groups))
-      AS samples_done,
-  (SELECT count(DISTINCT task_id) FROM infra_failed
-      WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry) AS groups_lost,
+  (SELECT count(*) FROM samples
+      WHERE done AND group_id IN (SELECT group_id FROM scheduled_groups)) AS samples_done,
+  (SELECT count(*) FROM tasks_lost) AS groups_lost,
   (SELECT coalesce(sum(n_samples), 0) FROM evals)
       - (SELECT count(*) FROM samples WHERE done AND group_id IN (SELECT group_id FROM evals))
       AS eval_pending,
   (SELECT coalesce(list(DISTINCT iteration), []) FROM evals) AS evals_scheduled
 """
+"""The scheduler's view of the log, one row: it selects from the named views (`scheduled_groups`:
+which groups are eval groups and lost; `tasks_lost`; `samples`: which samples are done)."""
 
 
 async def read_state(query: Query, plan: Plan) -> LogState:

@@ -9,7 +9,7 @@ attempts until one is scored or `max_attempts` infrastructure failures happened;
 failure is an InfraFailed (`will_retry` says whether another attempt follows), never a 0.
 
 Idempotency: episode ids are `derive_id(run_id, group_id, sample_index, attempt)`. Before a
-sample runs, the log is asked (SQL) what its attempts did: a scored sample or one whose
+sample runs, the log is asked what its attempts did (the `attempts` view): a scored sample or one whose
 failures are final is skipped, so a TaskScheduled redelivered after a crash does not
 double-count; an attempt that started but never ended (its worker died) is closed with an
 InfraFailed(internal, will_retry) and the next attempt number is used.
@@ -190,14 +190,8 @@ class RolloutManager(Actor):
     async def _states(self, event: TaskScheduled) -> dict[int, SampleState]:
         """What the log says about this group's samples (see the module docstring)."""
         table = await self.query(
-            "SELECT s.sample_index, s.attempt, s.episode_id, "
-            "EXISTS (SELECT 1 FROM reward_assigned r WHERE r.episode_id = s.episode_id) AS scored, "
-            # episode-level failures only (`turn` set: a teacher's, on one visited state)
-            "EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id "
-            "        AND f.turn IS NULL) AS failed, "
-            "EXISTS (SELECT 1 FROM infra_failed f WHERE f.episode_id = s.episode_id "
-            "        AND f.turn IS NULL AND NOT f.will_retry) AS final "
-            "FROM episode_started s WHERE s.group_id = ? ORDER BY s.sample_index, s.attempt",
+            "SELECT sample_index, attempt, episode_id, scored, failed, final FROM attempts "
+            "WHERE group_id = ? ORDER BY sample_index, attempt",
             [event.group_id],
         )
         states: dict[int, SampleState] = {}

@@ -72,7 +72,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from stacx.events import Event, decode, decode_many, split_batch, stream_name
+from stacx.events import Event, decode_wire, split_batch, stream_name
 from stacx.store import db
 from stacx.store.schema import DEAD_SCHEMA, EVENTS_SCHEMA, TABLES, to_arrow
 from stacx.store.seen_ids import SeenIds
@@ -348,7 +348,7 @@ class Recorder:
             last_seq = max(last_seq, seq)
             events: list[Event]
             try:
-                events = list(decode_many(m.data))
+                events = decode_wire(m.data)  # token arrays stay packed bytes
             except (msgspec.DecodeError, msgspec.ValidationError):
                 events = self._salvage(m, seq, dead)
             for ev in events:
@@ -427,7 +427,7 @@ class Recorder:
         good: list[Event] = []
         for part in parts:
             try:
-                good.append(decode(part))
+                good += decode_wire(part)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((seq, m.subject, f"{type(exc).__name__}: {exc}", part, time.time()))
         return good

@@ -23,9 +23,10 @@ from enum import Enum
 
 import duckdb
 import msgspec
+import numpy as np
 import pyarrow as pa
 
-from stacx.events import KINDS, Event
+from stacx.events import KINDS, PACKED, Event, packed_array
 
 _SCALARS: dict[type, tuple[str, pa.DataType]] = {
     bool: ("BOOLEAN", pa.bool_()),
@@ -134,14 +135,36 @@ def create_all(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:
-    """Columnar batch of one kind, in the table's column order."""
+    """Columnar batch of one kind, in the table's column order. A token array (a packed
+    field, ``stacx.events.PACKED``) becomes its LIST column through numpy: from the wire's
+    packed bytes (``stacx.events.decode_wire``) no Python object is made per token."""
     table = TABLES[kind]
+    packed = PACKED.get(kind, {})
     arrays = []
     for c in table.columns[:-1]:
         values = [getattr(e, c.name) for e in events]
-        arrays.append(pa.array(values, type=c.arrow_type))
+        if c.name in packed:
+            arrays.append(_list_array(values, packed[c.name], c.arrow_type))
+        else:
+            arrays.append(pa.array(values, type=c.arrow_type))
     arrays.append(pa.array(seqs, type=pa.int64()))
     return pa.Table.from_arrays(arrays, schema=table.arrow_schema)
+
+
+def _list_array(values: list[object], code: int, arrow_type: pa.DataType) -> pa.Array:
+    """A LIST column from packed arrays (or lists, or None), via one offsets and one values
+    buffer."""
+    parts = [packed_array(v, code) for v in values if v is not None]
+    lengths = np.zeros(len(values), np.int32)
+    lengths[[i for i, v in enumerate(values) if v is not None]] = [len(a) for a in parts]
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    item = arrow_type.value_type
+    flat = np.concatenate(parts) if parts else np.zeros(0, item.to_pandas_dtype())
+    nulls = [v is None for v in values]
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(flat, type=item), mask=pa.array(nulls) if any(nulls) else None
+    )
 
 
 def to_builtins(event: Event) -> dict[str, object]:

@@ -1,18 +1,22 @@
-"""From view rows (Arrow) to training samples and packed or padded torch batches.
+"""From view rows (Arrow) to training samples: list columns as numpy buffers, no Python object
+per token.
 
 The views in ``events/views/`` (``sft_examples``, ``grpo_batch``, ``dagger_dataset``,
 ``aggrevate_dataset``, ``opd_batch``) each give one row per (episode, turn) with the exact token
-ids the engine saw and produced. :func:`samples_from_table` turns rows into
-:class:`~stacx.train.packing.Sample`s, naming which columns carry per-token values (one float
-per completion id, e.g. ``behavior_logprobs``) and which carry one value per row to broadcast
-over the completion (e.g. the episode's GRPO ``advantage``). :func:`read_batch` runs a query
-and packs the result.
+ids the engine saw and produced, and the masks and values the trainer needs: ``loss_mask``
+covers the completion only, per-token values (``behavior_logprobs``, ``advantages``) have one
+float per completion id. :func:`samples_from_table` reads each LIST column once through its
+Arrow offsets and values buffers (``ListArray.offsets``, ``.values``) and gives
+:class:`~stacx.train.packing.Sample`\\ s whose fields are numpy views of those buffers;
+:func:`samples_for` names the columns per algorithm; :func:`read_batch` runs a query and packs.
 
-Multi-turn episodes train as one sequence per episode (segment): :func:`episode_sequences`
-merges rows that carry whole prompts; for the views whose prompts come from ``turns``, the
-trainer reads the rows without them (:func:`linear_columns`) and :func:`chained_sequences`
-builds the same sequences from the stored deltas (:func:`turn_prompts`), in time and memory
-linear in the ids ``turn_generated`` holds.
+Multi-turn episodes train as one sequence per episode (segment). Whole prompts are rebuilt in
+ONE place, the SQL view ``turn_links`` (``events/views/01_turns.sql``): ``turns.prompt_ids``
+slices them from ``turn_chains``, and :func:`step_batch` reads the same ``turn_chains`` rows
+(each stored id once) and slices each row's prompt as ``chain[:n_prompt_tokens]`` when the
+source view carries ``chain_turn`` and ``n_prompt_tokens`` (a view says what it holds; no file
+is read); another view (``dagger_dataset``'s label prompts, a user's view) is read with its
+whole prompts and merged by comparing tokens (:func:`episode_sequences`).
 
 Guarantees: a NULL where a value is needed, or a per-token list whose length differs from the
 completion's, raises :class:`BatchError` naming the column and the row's episode and turn;
@@ -22,91 +26,186 @@ nothing is silently dropped or padded. Limits: the whole result is materialized 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from stacx.errors import StacxError
+from stacx.train.config import TrainerConfig
 from stacx.train.packing import PackedBatch, Sample, pack
+from stacx.train.units import EPISODE_COLUMN, batch_rows_sql
 
 
 class BatchError(StacxError):
     """View rows cannot be turned into training samples."""
 
 
-def _where(rows: dict[str, list[object]], i: int) -> str:
+Offsets = NDArray[np.int64]
+
+# The columns a view carries when its prompts are its chain's ids (see the module docstring).
+CHAIN_COLUMNS: Final = ("chain_turn", "n_prompt_tokens")
+
+# The chains of the chosen episodes: each stored id once (turn_links' rule, see 01_turns.sql).
+CHAINS_SQL: Final = (
+    "SELECT episode_id, chain_turn, ids FROM turn_chains "
+    "WHERE list_contains($episode_ids, episode_id)"
+)
+
+
+def _where(table: pa.Table, i: int) -> str:
     parts = [f"row {i}"]
     for key in ("episode_id", "turn"):
-        if key in rows:
-            parts.append(f"{key}={rows[key][i]}")
+        if key in table.column_names:
+            parts.append(f"{key}={table.column(key)[i].as_py()}")
     return ", ".join(parts)
+
+
+def list_buffers(table: pa.Table, name: str) -> tuple[Offsets, np.ndarray, NDArray[np.bool_]]:
+    """LIST column `name` as (offsets from 0, one per row + 1; the flat values; which rows are
+    NULL): Arrow's own buffers, copied only when the column has several chunks. A NULL element
+    inside a list raises :class:`BatchError` naming its row."""
+    col = table.column(name)
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        raise BatchError(f"column {name!r} is {arr.type}, not a list")
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    flat = arr.flatten()
+    if flat.null_count:
+        first = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        row = int(np.searchsorted(offsets - offsets[0], first, side="right")) - 1
+        raise BatchError(f"{_where(table, row)}: column {name!r} holds a NULL")
+    nulls = arr.is_null().to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], flat.to_numpy(zero_copy_only=False), nulls
+
+
+def _lengths_of(
+    table: pa.Table, name: str, n: NDArray[np.int64], what: str
+) -> tuple[Offsets, np.ndarray]:
+    """LIST column `name` whose row i must hold n[i] entries (else BatchError: `what`)."""
+    offsets, values, nulls = list_buffers(table, name)
+    got = np.diff(offsets)
+    bad = np.flatnonzero(nulls | (got != n))
+    if bad.size:
+        i = int(bad[0])
+        had = "NULL" if nulls[i] else f"{got[i]} values"
+        raise BatchError(f"{_where(table, i)}: column {name!r} needs {n[i]} {what}, got {had}")
+    return offsets, values
+
+
+def _scalars(table: pa.Table, name: str) -> NDArray[np.float64]:
+    col = table.column(name)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+            or pa.types.is_decimal(col.type)):  # fmt: skip
+        raise BatchError(f"column {name!r} is {col.type}, not a number")
+    if col.null_count:
+        i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BatchError(f"{_where(table, i)}: column {name!r} is None, not a number")
+    return np.asarray(pc.cast(col, pa.float64()).to_numpy(), dtype=np.float64)
 
 
 def samples_from_table(
     table: pa.Table,
     *,
-    prompt: str = "prompt_ids",
+    prompt: str | None = "prompt_ids",
     completion: str = "completion_ids",
     token_columns: Mapping[str, str] | None = None,
     scalar_columns: Mapping[str, str] | None = None,
     loss_mask: str | None = None,
 ) -> list[Sample]:
-    """One :class:`Sample` per row.
+    """One :class:`Sample` per row, its fields numpy views of the columns' buffers.
 
     ``token_columns`` maps a value name to a LIST column with one float per completion id;
     ``scalar_columns`` maps a value name to a numeric column broadcast over the completion.
-    ``loss_mask`` names a 0/1 LIST column over ``prompt || completion`` (the views' layout);
-    its prompt part must be all 0 (training on prompt ids is not supported).
+    ``loss_mask`` names a 0/1 LIST column over the completion. ``prompt=None``: rows read
+    without their prompts (empty; :func:`chain_sequences` supplies them).
     """
     token_columns = dict(token_columns or {})
     scalar_columns = dict(scalar_columns or {})
     clash = set(token_columns) & set(scalar_columns)
     if clash:
         raise BatchError(f"value names given as both token and scalar columns: {sorted(clash)}")
-    wanted = [prompt, completion, *token_columns.values(), *scalar_columns.values()]
-    wanted += [loss_mask] if loss_mask else []
-    wanted += [c for c in ("episode_id", "turn") if c in table.column_names]
+    wanted = [*([prompt] if prompt else []), completion, *token_columns.values()]
+    wanted += [*scalar_columns.values(), *([loss_mask] if loss_mask else [])]
     missing = sorted({c for c in wanted if c not in table.column_names})
     if missing:
         raise BatchError(f"columns {missing} not in the result; it has {table.column_names}")
-    rows: dict[str, list[object]] = {c: table.column(c).to_pylist() for c in set(wanted)}
-    samples = []
-    for i in range(table.num_rows):
-        prompt_ids = rows[prompt][i]
-        completion_ids = rows[completion][i]
-        if not isinstance(prompt_ids, list) or not isinstance(completion_ids, list):
-            raise BatchError(f"{_where(rows, i)}: {prompt} or {completion} is NULL")
-        n = len(completion_ids)
-        values: dict[str, Sequence[float]] = {}
-        for name, col in token_columns.items():
-            v = rows[col][i]
-            if not isinstance(v, list) or len(v) != n or any(x is None for x in v):
-                got = "NULL" if v is None else f"{len(v)} values" if isinstance(v, list) else v
-                raise BatchError(
-                    f"{_where(rows, i)}: column {col!r} needs {n} floats (one per completion id), "
-                    f"got {got}"
-                )
-            values[name] = v
-        for name, col in scalar_columns.items():
-            x = rows[col][i]
-            if not isinstance(x, int | float):
-                raise BatchError(f"{_where(rows, i)}: column {col!r} is {x!r}, not a number")
-            values[name] = [float(x)] * n
-        mask = None
-        if loss_mask is not None:
-            full = rows[loss_mask][i]
-            if not isinstance(full, list) or len(full) != len(prompt_ids) + n:
-                raise BatchError(
-                    f"{_where(rows, i)}: {loss_mask!r} must cover prompt and completion "
-                    f"({len(prompt_ids) + n} entries)"
-                )
-            if any(full[: len(prompt_ids)]):
-                raise BatchError(f"{_where(rows, i)}: {loss_mask!r} marks prompt ids for training")
-            mask = full[len(prompt_ids) :]
-        samples.append(Sample(prompt_ids, completion_ids, values, mask))
-    return samples
+    c_off, c_ids, c_null = list_buffers(table, completion)
+    if prompt:
+        p_off, p_ids, p_null = list_buffers(table, prompt)
+    else:
+        p_off, p_ids = np.zeros(table.num_rows + 1, np.int64), c_ids[:0]
+        p_null = np.zeros(table.num_rows, np.bool_)
+    if (c_null | p_null).any():
+        i = int(np.flatnonzero(c_null | p_null)[0])
+        raise BatchError(f"{_where(table, i)}: {prompt} or {completion} is NULL")
+    n = np.diff(c_off)
+    values: dict[str, np.ndarray] = {}
+    for name, col in token_columns.items():
+        _, flat = _lengths_of(table, col, n, "floats (one per completion id)")
+        values[name] = flat.astype(np.float32, copy=False)
+    for name, col in scalar_columns.items():
+        values[name] = np.repeat(_scalars(table, col).astype(np.float32), n)
+    mask = None
+    if loss_mask is not None:
+        mask = _lengths_of(table, loss_mask, n, "0/1 entries (one per completion id)")[1]
+    return [
+        Sample(
+            p_ids[p_off[i] : p_off[i + 1]],
+            c_ids[c_off[i] : c_off[i + 1]],
+            {k: v[c_off[i] : c_off[i + 1]] for k, v in values.items()},
+            None if mask is None else mask[c_off[i] : c_off[i + 1]],
+        )
+        for i in range(table.num_rows)
+    ]
+
+
+def samples_for(cfg: TrainerConfig, table: pa.Table, *, prompt: str | None = "prompt_ids"
+                ) -> list[Sample]:  # fmt: skip
+    """Training samples from the source view's rows, per the algorithm's column layout."""
+    algo = cfg.algorithm
+    if algo == "grpo":
+        adv = "advantage_std" if cfg.normalize_std else "advantage"
+        return samples_from_table(
+            table,
+            prompt=prompt,
+            completion="output_ids",
+            token_columns={"behavior_logprobs": "behavior_logprobs"},
+            scalar_columns={"advantages": adv},
+        )
+    if algo == "opd":
+        table = opd_advantage_lists(
+            table,
+            discount=cfg.opd_discount,
+            grpo_weight=cfg.opd_grpo_weight,
+            center=cfg.opd_center,
+        )
+        return samples_from_table(
+            table,
+            prompt=prompt,
+            completion="output_ids",
+            token_columns={"behavior_logprobs": "student_logprobs", "advantages": "advantages"},
+        )
+    if algo == "aggrevate":
+        return samples_from_table(
+            table,
+            prompt=prompt,
+            completion="action_ids",
+            scalar_columns={"advantages": "advantage"},
+        )
+    return samples_from_table(
+        table, prompt=prompt, completion="completion_ids", loss_mask="loss_mask"
+    )
+
+
+Prompt = tuple[np.ndarray, int, object]
+"""A whole prompt as ``(ids, n, chain)``: the prompt is ``ids[:n]``; ``chain`` names the chain
+``ids`` holds (rows of one chain share it), None for a prompt of its own."""
 
 
 def episode_sequences(samples: Sequence[Sample], episodes: Sequence[object]) -> list[Sample]:
@@ -123,153 +222,236 @@ def episode_sequences(samples: Sequence[Sample], episodes: Sequence[object]) -> 
     DAgger label instead of the executed action, a turn left out by a filter whose ids are
     not in the next prompt) starts a new sequence; nothing is ever merged on a guess.
 
-    This takes whole prompts (the views' rows); :func:`chained_sequences` gives the same
-    sequences from the stored deltas, without materializing a whole prompt per turn."""
+    This takes whole prompts (the views' rows); :func:`chain_sequences` gives the same
+    sequences from the stored chains, without materializing a whole prompt per turn."""
     if len(samples) != len(episodes):
         raise BatchError(f"{len(samples)} samples but {len(episodes)} episode ids")
-    prompts = [(list(s.prompt_ids), len(s.prompt_ids)) for s in samples]
+    prompts = [(np.asarray(s.prompt_ids), len(s.prompt_ids), None) for s in samples]
     return _merge(samples, episodes, prompts)
 
 
-# The training views whose prompt_ids is the `turns` view's whole prompt of the row's (episode,
-# turn) and whose completion is that turn's output_ids, with what a linear read puts in place of
-# the columns computed from the whole prompt (sft_examples' loss_mask is a 0 per prompt id, then
-# a 1 per completion id, so its completion part is all 1). dagger_dataset's prompts are the
-# labels' own (TeacherLabeled stores them whole), so it is not one of them.
-TURN_PROMPT_VIEWS: Final[dict[str, dict[str, str]]] = {
-    "sft_examples": {"loss_mask": "[1 for _x in completion_ids]"},
-    "grpo_batch": {},
-    "opd_batch": {},
-    "aggrevate_dataset": {},
-}
-
-# Every stored turn of the chosen episodes, as turn_generated holds it (a turn's new prompt ids
-# after prefix_len; NULL prefix_len: a row older than the column, stored whole).
-STORED_TURNS_SQL: Final = (
-    "SELECT episode_id, turn, coalesce(prefix_len, 0) AS prefix_len, prompt_ids, output_ids "
-    "FROM turn_generated WHERE list_contains($episode_ids, episode_id) ORDER BY episode_id, turn"
-)
+def chains_from_table(table: pa.Table) -> dict[tuple[object, int], np.ndarray]:
+    """:data:`CHAINS_SQL`'s rows: each chain's ids keyed by (episode_id, chain_turn)."""
+    offsets, ids, _ = list_buffers(table, "ids")
+    keys = zip(
+        table.column("episode_id").to_numpy(zero_copy_only=False).tolist(),
+        table.column("chain_turn").to_numpy(zero_copy_only=False).tolist(),
+        strict=True,
+    )
+    return {key: ids[offsets[i] : offsets[i + 1]] for i, key in enumerate(keys)}
 
 
-def linear_columns(view: str) -> str | None:
-    """The select list that reads training view `view` without its whole prompts
-    (``prompt_ids`` is ``[]``, see :data:`TURN_PROMPT_VIEWS`), for :func:`chained_sequences`;
-    None when `view` is not one of those views as the project defines them (a view file of
-    ``STACX_VIEWS_PATH`` that names it may define it otherwise: then the whole prompts are read)."""
-    if view not in TURN_PROMPT_VIEWS:
-        return None
-    from stacx.store.db import VIEWS_DIR, view_files
-
-    if any(f.parent != VIEWS_DIR and view in f.read_text() for f in view_files()):
-        return None
-    replaced = {"prompt_ids": "[]::INTEGER[]", **TURN_PROMPT_VIEWS[view]}
-    return "* REPLACE (" + ", ".join(f"{e} AS {c}" for c, e in replaced.items()) + ")"
-
-
-Prompt = tuple[list[int], int]
-"""A whole prompt as ``(ids, n)``: the prompt is ``ids[:n]``. The turns of one chain (a turn
-stored whole and the turns stored after it with ``prefix_len``) share one ``ids`` list."""
-
-
-def turn_prompts(stored: pa.Table) -> dict[tuple[object, int], Prompt]:
-    """Each stored turn's whole prompt, keyed by (episode_id, turn), from
-    :data:`STORED_TURNS_SQL`'s rows: one list per chain, built once, so this is linear in the
-    stored ids. The ``turns`` view's rule: a turn with ``prefix_len`` > 0 continues turn - 1's
-    prompt + output, which must be exactly ``prefix_len`` ids long; a missing turn or a
-    different length raises :class:`BatchError` (never a wrong prompt)."""
-    cols = [stored.column(c).to_pylist() for c in ("episode_id", "turn", "prefix_len")]
-    prompts, outputs = (stored.column(c).to_pylist() for c in ("prompt_ids", "output_ids"))
-    out: dict[tuple[object, int], Prompt] = {}
-    ids: list[int] = []
-    last: tuple[object, int] | None = None
-    for i, (episode, turn, prefix_len) in enumerate(zip(*cols, strict=True)):
-        if (episode, turn) in out:
-            raise BatchError(f"episode {episode} turn {turn}: stored twice in turn_generated")
-        if prefix_len:
-            if last != (episode, turn - 1) or prefix_len != len(ids):
-                raise BatchError(
-                    f"episode {episode} turn {turn} has prefix_len {prefix_len} but turn "
-                    f"{turn - 1} is missing or differs in length"
-                )
-        else:
-            ids = []  # a new chain
-        ids.extend(prompts[i] or [])
-        out[(episode, turn)] = (ids, len(ids))
-        ids.extend(outputs[i] or [])
-        last = (episode, turn)
-    return out
-
-
-def chained_sequences(
+def chain_sequences(
     samples: Sequence[Sample],
     keys: Sequence[tuple[object, int]],
-    prompts: Mapping[tuple[object, int], Prompt],
+    n_prompt: Sequence[int],
+    chains: Mapping[tuple[object, int], np.ndarray],
 ) -> list[Sample]:
-    """:func:`episode_sequences` for samples read without their prompts (``prompt_ids`` empty,
-    see :func:`linear_columns`): sample i's whole prompt is ``prompts[keys[i]]`` (``keys[i]``
-    its (episode, turn), `prompts` from :func:`turn_prompts`). Within a chain a later turn's
-    prompt extends an earlier turn's prompt + output by construction, so it merges after a
-    check of the sample's completion against the stored output (O(output)); across chains (a
-    rewritten history, a log that stores every prompt whole) the prompts are compared token by
-    token, as :func:`episode_sequences` does. Same sequences, linear in the stored ids."""
-    if len(samples) != len(keys):
-        raise BatchError(f"{len(samples)} samples but {len(keys)} (episode, turn) keys")
-    whole = []
-    for sample, key in zip(samples, keys, strict=True):
-        if sample.prompt_ids:
-            raise BatchError(
-                f"episode {key[0]} turn {key[1]}: a prompt was read (see linear_columns)"
-            )
-        if key not in prompts:
-            raise BatchError(f"episode {key[0]} turn {key[1]}: no such turn in turn_generated")
-        whole.append(prompts[key])
-    return _merge(samples, [k[0] for k in keys], whole)
+    """:func:`episode_sequences` for samples read without their prompts: sample i's whole
+    prompt is ``chains[keys[i]][:n_prompt[i]]`` (``keys[i]`` its (episode, chain_turn)). Within
+    a chain a later turn's prompt extends an earlier turn's prompt + output by construction, so
+    it merges after a check of the sample's completion against the chain's ids (O(output));
+    across chains (a rewritten history, a log that stores every prompt whole) the prompts are
+    compared token by token, as :func:`episode_sequences` does."""
+    if not len(samples) == len(keys) == len(n_prompt):
+        raise BatchError(f"{len(samples)} samples but {len(keys)} chain keys, {len(n_prompt)} n")
+    prompts: list[Prompt] = []
+    for sample, key, n in zip(samples, keys, n_prompt, strict=True):
+        if len(sample.prompt_ids):
+            raise BatchError(f"episode {key[0]}: a prompt was read with its chain")
+        chain = chains.get(key)
+        if chain is None or n > len(chain):
+            raise BatchError(f"episode {key[0]} chain at turn {key[1]}: not in turn_chains "
+                             f"with {n} prompt ids")  # fmt: skip
+        prompts.append((chain, int(n), key))
+    return _merge(samples, [k[0] for k in keys], prompts)
+
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+@dataclass
+class _Sequence:
+    """One merged sequence being built: its ids, mask and values as lists of numpy pieces."""
+
+    n_prompt: int
+    ids: list[np.ndarray]
+    length: int
+    mask: list[np.ndarray]
+    values: dict[str, list[np.ndarray]]
+
+    def extend(self, ids: np.ndarray, mask: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        self.ids.append(ids)
+        self.length += len(ids)
+        self.mask.append(mask)
+        for name, parts in self.values.items():
+            parts.append(values[name] if name in values else np.zeros(len(ids), np.float32))
+
+    def extends(self, ids: np.ndarray, n: int) -> bool:
+        return n >= self.length and np.array_equal(ids[: self.length], _cat(self.ids, np.int64))
+
+    def sample(self) -> Sample:
+        ids = _cat(self.ids, np.int64)
+        values = {k: _cat(v, np.float32) for k, v in self.values.items()}
+        return Sample(ids[: self.n_prompt], ids[self.n_prompt :], values,
+                      _cat(self.mask, np.int8))  # fmt: skip
 
 
 def _merge(
     samples: Sequence[Sample], episodes: Sequence[object], prompts: Sequence[Prompt]
 ) -> list[Sample]:
-    """The merge of :func:`episode_sequences`, sample i's whole prompt being
-    ``prompts[i][0][:prompts[i][1]]`` (its own ``prompt_ids`` are not read)."""
+    """The merge of :func:`episode_sequences`, sample i's whole prompt being ``prompts[i]``
+    (its own ``prompt_ids`` are not read)."""
     out: list[Sample] = []
-    seq: list[int] = []  # the current sequence: prompt + completion so far
-    n_prompt = 0
-    chain: list[int] | None = None  # when set, seq == chain[:len(seq)]
-    mask: list[int] = []
-    values: dict[str, list[float]] = {}
+    seq: _Sequence | None = None
     current: object = None
-    started = False
-
-    def close() -> None:
-        if started:
-            out.append(Sample(seq[:n_prompt], seq[n_prompt:], values, mask))
-
-    for sample, episode, (ids, n) in zip(samples, episodes, prompts, strict=True):
-        end = len(seq)
-        if started and episode == current and n >= end and (ids is chain or ids[:end] == seq):
-            gap = ids[end:n]
-            seq += gap
-            mask += [0] * len(gap)
-            for name in values:
-                values[name] += [0.0] * len(gap)
+    chain: object = None  # when set, the sequence is chain's ids[:seq.length]
+    for sample, episode, (ids, n, key) in zip(samples, episodes, prompts, strict=True):
+        if (
+            seq is not None
+            and episode == current
+            and ((key is not None and key == chain and n >= seq.length) or seq.extends(ids, n))
+        ):
+            gap = ids[seq.length : n]
+            seq.extend(gap, np.zeros(len(gap), np.int8), {})
         else:
-            close()
-            started, current, seq, n_prompt, mask = True, episode, ids[:n], n, []
-            values = {name: [] for name in sample.token_values}
-        if sorted(sample.token_values) != sorted(values):
+            if seq is not None:
+                out.append(seq.sample())
+            names: dict[str, list[np.ndarray]] = {name: [] for name in sample.token_values}
+            seq, current = _Sequence(n, [ids[:n]], n, [], names), episode
+        if sorted(sample.token_values) != sorted(seq.values):
             raise BatchError(
                 f"episode {episode}: token values {sorted(sample.token_values)} differ from "
-                f"the sequence's {sorted(values)}"
+                f"the sequence's {sorted(seq.values)}"
             )
-        completion = list(sample.completion_ids)
+        completion = np.asarray(sample.completion_ids)
         # the chain's next ids are this turn's output: later turns of the chain extend seq
-        chain = ids if ids[n : n + len(completion)] == completion else None
-        seq += completion
-        mask += [1] * len(completion) if sample.loss_mask is None else list(sample.loss_mask)
-        for name, v in sample.token_values.items():
-            values[name] += list(v)
-    close()
+        same = key is not None and np.array_equal(ids[n : n + len(completion)], completion)
+        chain = key if same else None
+        mask = sample.loss_mask
+        seq.extend(
+            completion,
+            np.ones(len(completion), np.int8) if mask is None else np.asarray(mask, np.int8),
+            {k: np.asarray(v, np.float32) for k, v in sample.token_values.items()},
+        )
+    if seq is not None:
+        out.append(seq.sample())
     return out
+
+
+Query = Callable[[str, dict[str, object]], Awaitable[pa.Table]]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    table: pa.Table  # the source view's rows (without prompts when read with their chains)
+    samples: list[Sample]  # what the step forwards: packed sequences or one per row
+    n_rows: int  # the rows the step trains on
+    prompt_ids_read: int  # prompt ids the queries materialized (whole prompts or chain ids)
+
+
+async def step_batch(
+    cfg: TrainerConfig, query: Query, episode_ids: list[str], *, version: int | None = None
+) -> StepBatch:
+    """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
+    read with `query` (the actor's ``query``).
+
+    With ``pack_episodes`` each episode's turns that extend each other are one sequence. A
+    source view that carries :data:`CHAIN_COLUMNS` is read without its whole prompts and each
+    episode's sequence is cut from its chains (:data:`CHAINS_SQL`, :func:`chain_sequences`):
+    Arrow and the merge are linear in the turns' stored ids. Another source view is read with
+    its whole prompts and merged by :func:`episode_sequences`.
+
+    GRPO and OPD samples carry each output token's weight version (token value
+    ``weight_version``, from the ``turn_versions`` view: a turn generated across a weight load
+    has tokens of two versions); with `version` (the trainer's), tokens more than
+    ``cfg.staleness_limit`` versions behind it get loss mask 0 (the staleness bound, per token)."""
+    chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
+    linear = cfg.pack_episodes
+    table = await query(batch_rows_sql(cfg, "* EXCLUDE (prompt_ids)" if linear else "*"), chosen)
+    if linear and not all(c in table.column_names for c in CHAIN_COLUMNS):
+        linear = False  # the view does not say where its prompts are: read them whole
+        table = await query(batch_rows_sql(cfg, "*"), chosen)
+    samples = samples_for(cfg, table, prompt=None if linear else "prompt_ids")
+    if cfg.algorithm in ("grpo", "opd") and "turn" in table.column_names:
+        versions = await query(TOKEN_VERSIONS_SQL, chosen)
+        samples = with_token_versions(cfg, table, samples, versions, version)
+    n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
+    read = _n_ids(table, "prompt_ids")
+    if cfg.pack_episodes:
+        episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_numpy(zero_copy_only=False)
+        if not linear:
+            samples = episode_sequences(samples, episodes.tolist())
+        else:
+            stored = await query(CHAINS_SQL, chosen)
+            read += _n_ids(stored, "ids")
+            turns = table.column("chain_turn").to_numpy(zero_copy_only=False).tolist()
+            n_prompt = table.column("n_prompt_tokens").to_numpy(zero_copy_only=False)
+            keys = list(zip(episodes.tolist(), turns, strict=True))
+            samples = chain_sequences(samples, keys, n_prompt, chains_from_table(stored))
+    return StepBatch(table, samples, n_rows, read)
+
+
+# each output token's version (a turn that spans a weight load has two); scripted turns: 0
+TOKEN_VERSIONS_SQL: Final = (
+    "SELECT episode_id, turn, list_transform(token_versions, lambda v: coalesce(v, 0)) AS token_versions "
+    "FROM turn_versions WHERE list_contains($episode_ids, episode_id)"
+)
+
+
+def with_token_versions(
+    cfg: TrainerConfig, table: pa.Table, samples: list[Sample], versions: pa.Table, version: int | None
+) -> list[Sample]:
+    """`samples` (one per row of `table`) with the ``weight_version`` of each completion token
+    (numpy views of `versions`' Arrow buffers) and, given the trainer's `version`, loss mask 0 on
+    tokens more than ``staleness_limit`` versions older than it. A row whose stored versions do not
+    match its completion's length (a view that rewrote the output) takes its row's
+    ``weight_version`` for every token."""
+    offsets, flat, _ = list_buffers(versions, "token_versions")
+    flat = flat.astype(np.float64)
+    keys = zip(versions.column("episode_id").to_numpy(zero_copy_only=False),
+               versions.column("turn").to_numpy(zero_copy_only=False), strict=True)  # fmt: skip
+    by_turn = {(e, int(t)): flat[offsets[i] : offsets[i + 1]] for i, (e, t) in enumerate(keys)}
+    episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_numpy(zero_copy_only=False)
+    turns = table.column("turn").to_numpy(zero_copy_only=False)
+    has_row_v = "weight_version" in table.column_names
+    row_v = table.column("weight_version").to_numpy(zero_copy_only=False) if has_row_v else None
+    floor = None if version is None else version - cfg.staleness_limit
+    out = []
+    for i, sample in enumerate(samples):
+        n = len(sample.completion_ids)
+        tv = by_turn.get((episodes[i], int(turns[i])))
+        if tv is None or len(tv) != n:
+            v = row_v[i] if row_v is not None and row_v[i] is not None else 0
+            tv = np.full(n, float(v))
+        mask = sample.loss_mask
+        if floor is not None and n and tv.min() < floor:
+            base = np.ones(n, np.int64) if mask is None else np.asarray(mask, np.int64)
+            mask = np.where(tv >= floor, base, 0)
+        values = {**sample.token_values, "weight_version": tv}
+        out.append(replace(sample, token_values=values, loss_mask=mask))
+    return out
+
+def _n_ids(table: pa.Table, name: str) -> int:
+    if name not in table.column_names:
+        return 0
+    return int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
+
+
+def scalar_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """A small query result as one dict per row; a LIST of numbers is refused (a token array is
+    never turned into Python objects: read it with :func:`list_buffers`)."""
+    lists = [
+        f.name
+        for f in table.schema
+        if pa.types.is_list(f.type)
+        and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(f.type.value_type))
+    ]
+    if lists:
+        raise BatchError(f"scalar_rows: columns {lists} are token lists")
+    cols = table.to_pydict()
+    return [dict(zip(cols, r, strict=True)) for r in zip(*cols.values(), strict=True)]
 
 
 def read_batch(
@@ -316,32 +498,39 @@ def opd_advantage_lists(
 
     from stacx.train.advantages import opd_advantages
 
-    cols = {
-        c: table.column(c).to_pylist()
-        for c in ("aligned", "teacher_logprobs", "student_logprobs", "grpo_advantage")
-    }
-    rows = [i for i in range(table.num_rows) if cols["aligned"][i]]
-    width = max((len(cols["student_logprobs"][i]) for i in rows), default=0)
-    teacher, student, mask, grpo = (
-        torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(4)
-    )
-    for r, i in enumerate(rows):
-        n = len(cols["student_logprobs"][i])
-        teacher[r, :n] = torch.tensor(cols["teacher_logprobs"][i], dtype=torch.float64)
-        student[r, :n] = torch.tensor(cols["student_logprobs"][i], dtype=torch.float64)
-        mask[r, :n] = 1.0
-        grpo[r, :] = cols["grpo_advantage"][i] or 0.0
+    aligned = np.asarray(table.column("aligned").fill_null(False).to_numpy(zero_copy_only=False),
+                         dtype=np.bool_)  # fmt: skip
+    s_off, student, _ = list_buffers(table, "student_logprobs")
+    t_off, teacher, _ = list_buffers(table, "teacher_logprobs")
+    grpo_col = table.column("grpo_advantage").fill_null(0.0)
+    rows = np.flatnonzero(aligned)
+    n = np.diff(s_off)[rows]  # aligned: teacher and student lists have the same lengths
+    width = int(n.max()) if rows.size else 0
+    # the [rows, width] position of each aligned row's tokens, and where it sits in each list
+    r = np.repeat(np.arange(rows.size), n)
+    c = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    dense = []
+    for flat, off in ((teacher, t_off), (student, s_off)):
+        m = np.zeros((rows.size, width), np.float64)
+        m[r, c] = flat[np.repeat(off[rows], n) + c]
+        dense.append(torch.from_numpy(m))
+    mask = torch.zeros(rows.size, width, dtype=torch.float64)
+    mask[torch.from_numpy(r), torch.from_numpy(c)] = 1.0
+    grpo = np.asarray(pc.cast(grpo_col, pa.float64()).to_numpy(), np.float64)[rows]
     adv = opd_advantages(
-        teacher,
-        student,
+        dense[0],
+        dense[1],
         mask,
-        grpo_advantages_B_T=grpo,
+        grpo_advantages_B_T=torch.from_numpy(np.repeat(grpo[:, None], width, axis=1)),
         grpo_coef=grpo_weight,
         discount=discount,
         center=center,
-    )
-    out: list[list[float] | None] = [None] * table.num_rows
-    for r, i in enumerate(rows):
-        out[i] = adv[r, : len(cols["student_logprobs"][i])].tolist()
+    ).numpy()
+    lengths = np.zeros(table.num_rows, np.int64)
+    lengths[rows] = n
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.array(adv[r, c], pa.float64())
+    valid = pa.array(aligned)
+    out = pa.ListArray.from_arrays(offsets, values, mask=pc.invert(valid))
     index = table.column_names.index("advantages")
-    return table.set_column(index, "advantages", pa.array(out, pa.list_(pa.float64())))
+    return table.set_column(index, "advantages", out)

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import Tensor
 
 from stacx.errors import StacxError
@@ -36,19 +39,24 @@ class PackingError(StacxError):
     """A sample cannot be packed (too long, inconsistent per-token arrays)."""
 
 
+Ints = Sequence[int] | NDArray[Any]
+Floats = Sequence[float] | NDArray[Any]
+
+
 @dataclass(frozen=True)
 class Sample:
     """One training sequence: ``prompt_ids`` then ``completion_ids``.
 
     ``loss_mask`` (optional) covers the completion only, one 0/1 per completion id; absent means
     every completion id is trained on. ``token_values`` maps a name (``behavior_logprobs``,
-    ``advantages``, ``teacher_logprobs``...) to one float per completion id.
+    ``advantages``, ``teacher_logprobs``...) to one float per completion id. Lists or numpy
+    arrays (``stacx.train.batches`` gives views of the Arrow buffers).
     """
 
-    prompt_ids: Sequence[int]
-    completion_ids: Sequence[int]
-    token_values: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    loss_mask: Sequence[int] | None = None
+    prompt_ids: Ints
+    completion_ids: Ints
+    token_values: Mapping[str, Floats] = field(default_factory=dict)
+    loss_mask: Ints | None = None
 
     @property
     def n_positions(self) -> int:
@@ -197,31 +205,92 @@ def pack(
     ``one_per_row=True`` gives a plain padded batch (one sample per row, rows padded to the
     longest) with the same fields, for baselines and for code paths that cannot pack.
     ``pad_to`` rounds the row length up to a multiple (tensor-core friendly shapes).
+    Columnar: the ids, masks and values of all samples are laid out with numpy index arrays and
+    become tensors by one ``torch.from_numpy`` per field (no tensor, no Python int per token).
     """
     names = _validate(samples, row_tokens, pad_to)
     lengths = [s.n_positions for s in samples]
     rows = [[i] for i in range(len(samples))] if one_per_row else assign_rows(lengths, row_tokens)
     used = max(sum(lengths[i] for i in row) for row in rows)
     t = -(-used // pad_to) * pad_to
-    out = _Layout(len(rows), t, names)
+    row_of = np.zeros(len(samples), np.int64)
+    start = np.zeros(len(samples), np.int64)
+    seqlens: list[int] = []
+    pads: list[tuple[int, int]] = []  # (row, offset) of each row's padding tail
     for row, members in enumerate(rows):
         offset = 0
         for i in members:
-            s = samples[i]
-            ids = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
-            n = lengths[i]
-            span = slice(offset, offset + n)
-            out.input_ids[row, span] = ids[:-1]
-            out.targets[row, span] = ids[1:]
-            out.positions[row, span] = torch.arange(n)
-            out.seq_index[row, span] = i
-            # Completion id j sits at sequence index P + j; its predicting position is P + j - 1.
-            first = offset + len(s.prompt_ids) - 1
-            out.completion(row, slice(first, first + len(s.completion_ids)), s)
-            out.seqlens.append(n)
-            offset += n
-        out.pad(row, offset)
-    return out.batch(len(samples))
+            row_of[i], start[i] = row, offset
+            seqlens.append(lengths[i])
+            offset += lengths[i]
+        if offset < t:
+            seqlens.append(t - offset)
+            pads.append((row, offset))
+    return _fill(samples, names, len(rows), t, row_of * t + start, seqlens, pads)
+
+
+def ids_of(values: Ints) -> NDArray[np.int64]:
+    """`values` as an int64 array (no copy when it already is one)."""
+    return np.asarray(values, dtype=np.int64)
+
+
+def _flat(parts: list[NDArray[Any]], dtype: type) -> NDArray[Any]:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _fill(
+    samples: Sequence[Sample],
+    names: list[str],
+    n_rows: int,
+    t: int,
+    first: NDArray[np.int64],
+    seqlens: list[int],
+    pads: list[tuple[int, int]],
+) -> PackedBatch:
+    """The PackedBatch of `samples`, sample i's positions starting at flat index `first[i]`
+    of the row-major ``[n_rows, t]`` layout."""
+    n_pos = np.array([s.n_positions for s in samples], np.int64)
+    n_prompt = np.array([len(s.prompt_ids) for s in samples], np.int64)
+    n_comp = n_pos + 1 - n_prompt
+    ids = _flat([np.concatenate((ids_of(s.prompt_ids), ids_of(s.completion_ids)))
+                 for s in samples], np.int64)  # fmt: skip
+    seq = np.repeat(np.arange(len(samples)), n_pos)  # each position's sample
+    j = np.arange(int(n_pos.sum())) - np.repeat(np.cumsum(n_pos) - n_pos, n_pos)
+    dest = first[seq] + j
+    at = (np.cumsum(n_pos + 1) - (n_pos + 1))[seq] + j  # position j's input id in `ids`
+    size = n_rows * t
+    input_ids, targets = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    positions, seq_index = np.zeros(size, np.int64), np.full(size, -1, np.int64)
+    input_ids[dest], targets[dest], positions[dest], seq_index[dest] = ids[at], ids[at + 1], j, seq
+    for row, offset in pads:
+        positions[row * t + offset : (row + 1) * t] = np.arange(t - offset)
+    # Completion id c sits at sequence index P + c; its predicting position is P + c - 1.
+    c = j - (n_prompt[seq] - 1)
+    on = c >= 0
+    at_c = ((np.cumsum(n_comp) - n_comp)[seq] + c)[on]
+    mask = _flat([np.ones(len(s.completion_ids), np.bool_) if s.loss_mask is None
+                  else np.asarray(s.loss_mask) != 0 for s in samples], np.bool_)  # fmt: skip
+    loss_mask = np.zeros(size, np.bool_)
+    loss_mask[dest[on]] = mask[at_c]
+    values = {}
+    for name in names:
+        flat = _flat([np.asarray(s.token_values[name], np.float32) for s in samples], np.float32)
+        out = np.zeros(size, np.float32)
+        out[dest[on]] = flat[at_c]
+        values[name] = torch.from_numpy(out).view(n_rows, t)
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    cu[1:] = torch.from_numpy(np.cumsum(np.array(seqlens, np.int64)).astype(np.int32))
+    return PackedBatch(
+        input_ids_R_T=torch.from_numpy(input_ids).view(n_rows, t),
+        position_ids_R_T=torch.from_numpy(positions).view(n_rows, t),
+        targets_R_T=torch.from_numpy(targets).view(n_rows, t),
+        loss_mask_R_T=torch.from_numpy(loss_mask).view(n_rows, t),
+        sequence_index_R_T=torch.from_numpy(seq_index).view(n_rows, t),
+        values_R_T=values,
+        cu_seqlens=cu,
+        max_seqlen=max(seqlens),
+        n_samples=len(samples),
+    )
 
 
 class _Layout:
@@ -243,10 +312,10 @@ class _Layout:
         """The loss mask and per-token values of `sample` on the positions predicting its
         completion ids."""
         n = len(sample.completion_ids)
-        mask = sample.loss_mask if sample.loss_mask is not None else [1] * n
-        self.loss_mask[row, span] = torch.tensor(mask, dtype=torch.bool)
+        mask = np.ones(n, np.bool_) if sample.loss_mask is None else np.asarray(sample.loss_mask)
+        self.loss_mask[row, span] = torch.from_numpy(mask != 0)
         for name, tensor in self.values.items():
-            tensor[row, span] = torch.tensor(sample.token_values[name], dtype=torch.float32)
+            tensor[row, span] = torch.from_numpy(np.asarray(sample.token_values[name], np.float32))
 
     def pad(self, row: int, offset: int, segment: int = 0) -> None:
         """The row's padding tail from `offset`: one segment of its own."""
@@ -277,9 +346,9 @@ class _Layout:
 def _prompt_units(samples: Sequence[Sample], row_tokens: int) -> list[list[int]]:
     """Sample indices grouped by identical prompt (first-appearance order), each group split
     so that one prompt copy plus its completions fits a row."""
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    by_prompt: dict[bytes, list[int]] = {}
     for i, s in enumerate(samples):
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+        by_prompt.setdefault(prompt_key(s.prompt_ids), []).append(i)
     units: list[list[int]] = []
     for members in by_prompt.values():
         unit: list[int] = []
@@ -296,12 +365,17 @@ def _prompt_units(samples: Sequence[Sample], row_tokens: int) -> list[list[int]]
     return units
 
 
+def prompt_key(ids: Ints) -> bytes:
+    """A hashable key equal for equal prompts (their int64 bytes)."""
+    return ids_of(ids).tobytes()
+
+
 def shared_positions(samples: Sequence[Sample]) -> int:
     """Positions `pack_shared` uses for `samples` (one prompt copy per distinct prompt)."""
-    seen: set[tuple[int, ...]] = set()
+    seen: set[bytes] = set()
     total = 0
     for s in samples:
-        key = tuple(s.prompt_ids)
+        key = prompt_key(s.prompt_ids)
         total += len(s.completion_ids) if key in seen else s.n_positions
         seen.add(key)
     return total
@@ -329,13 +403,13 @@ def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) 
         offset, seg = 0, 0
         for u in row_units:
             members = units[u]
-            prompt = list(samples[members[0]].prompt_ids)
+            prompt = ids_of(samples[members[0]].prompt_ids)
             p = len(prompt)
             shared_seg = seg
             if p > 1:  # the shared prompt, minus the last token each branch starts with
                 span = slice(offset, offset + p - 1)
-                out.input_ids[row, span] = torch.tensor(prompt[:-1])
-                out.targets[row, span] = torch.tensor(prompt[1:])
+                out.input_ids[row, span] = torch.from_numpy(prompt[:-1])
+                out.targets[row, span] = torch.from_numpy(prompt[1:])
                 out.positions[row, span] = torch.arange(p - 1)
                 out.segment[row, span] = seg
                 out.seq_index[row, span] = members[0]
@@ -345,8 +419,11 @@ def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) 
                 s = samples[i]
                 n = len(s.completion_ids)
                 span = slice(offset, offset + n)
-                out.input_ids[row, span] = torch.tensor([prompt[-1], *s.completion_ids[:-1]])
-                out.targets[row, span] = torch.tensor(list(s.completion_ids))
+                completion = ids_of(s.completion_ids)
+                out.input_ids[row, span] = torch.from_numpy(
+                    np.concatenate((prompt[-1:], completion[:-1]))
+                )
+                out.targets[row, span] = torch.from_numpy(completion)
                 out.positions[row, span] = torch.arange(p - 1, p - 1 + n)
                 out.segment[row, span] = seg
                 out.parent[row, span] = shared_seg if p > 1 else -1

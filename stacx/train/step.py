@@ -1,8 +1,7 @@
 """One optimizer step over a batch of view rows: the model-side half of the trainer.
 
-:func:`samples_for` turns a source view's Arrow rows into packing samples (which columns are
-prompt, completion, per-token and per-row values depends on the algorithm); :func:`train_step`
-splits the samples into micro-batches of at most ``max_tokens`` positions (at least
+:func:`train_step` takes the samples ``stacx.train.batches.samples_for`` made of a source
+view's rows and splits the samples into micro-batches of at most ``max_tokens`` positions (at least
 ``grad_accumulation`` of them), accumulates gradients with the losses of
 ``stacx.train.losses`` normalized by the whole batch's loss tokens (so the result is the
 batch's token mean whatever the split), clips, and steps the optimizer.
@@ -27,12 +26,11 @@ import re
 import time
 from dataclasses import dataclass
 
-import pyarrow as pa
+import numpy as np
 import torch
 from torch import nn
 
 from stacx.train.attention import VARLEN_ATTENTION
-from stacx.train.batches import opd_advantage_lists, samples_from_table
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import language_model, token_logprobs_of
 from stacx.train.losses import (
@@ -41,7 +39,7 @@ from stacx.train.losses import (
     policy_gradient_loss,
     sft_loss,
 )
-from stacx.train.packing import PackedBatch, Sample, pack, pack_shared
+from stacx.train.packing import PackedBatch, Sample, pack, pack_shared, prompt_key
 
 
 @dataclass(frozen=True)
@@ -55,36 +53,6 @@ class StepResult:
     metrics: dict[str, float]
 
 
-def samples_for(cfg: TrainerConfig, table: pa.Table) -> list[Sample]:
-    """Training samples from the source view's rows, per the algorithm's column layout."""
-    algo = cfg.algorithm
-    if algo == "grpo":
-        adv = "advantage_std" if cfg.normalize_std else "advantage"
-        return samples_from_table(
-            table,
-            completion="output_ids",
-            token_columns={"behavior_logprobs": "behavior_logprobs"},
-            scalar_columns={"advantages": adv},
-        )
-    if algo == "opd":
-        table = opd_advantage_lists(
-            table,
-            discount=cfg.opd_discount,
-            grpo_weight=cfg.opd_grpo_weight,
-            center=cfg.opd_center,
-        )
-        return samples_from_table(
-            table,
-            completion="output_ids",
-            token_columns={"behavior_logprobs": "student_logprobs", "advantages": "advantages"},
-        )
-    if algo == "aggrevate":
-        return samples_from_table(
-            table, completion="action_ids", scalar_columns={"advantages": "advantage"}
-        )
-    return samples_from_table(table, completion="completion_ids", loss_mask="loss_mask")
-
-
 def micro_batches(
     samples: list[Sample], max_tokens: int, at_least: int, *, share: bool = False
 ) -> list[list[Sample]]:
@@ -94,9 +62,9 @@ def micro_batches(
     `pack_shared`)."""
     groups: list[list[Sample]] = []
     used = 0
-    prompts: set[tuple[int, ...]] = set()
+    prompts: set[bytes] = set()
     for s in samples:
-        key = tuple(s.prompt_ids) if share else ()
+        key = prompt_key(s.prompt_ids) if share else b""
         cost = len(s.completion_ids) if share and key in prompts else s.n_positions
         if groups and used + cost <= max_tokens:
             groups[-1].append(s)
@@ -225,7 +193,10 @@ def train_step(
     for group in optimizer.param_groups:
         group["lr"] = lr
     normalizer = float(
-        sum(sum(s.loss_mask) if s.loss_mask is not None else len(s.completion_ids) for s in samples)
+        sum(
+            int(np.count_nonzero(s.loss_mask)) if s.loss_mask is not None else len(s.completion_ids)
+            for s in samples
+        )
     )
     n_samples = len(samples)
     if distributed:

@@ -34,13 +34,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from torch import nn
 
@@ -61,28 +57,20 @@ from stacx.events import (
 )
 from stacx.ports import WeightOffer
 from stacx.train import checkpoint, units
-from stacx.train.batches import (
-    STORED_TURNS_SQL,
-    chained_sequences,
-    episode_sequences,
-    linear_columns,
-    turn_prompts,
-)
+from stacx.train.batches import Query, StepBatch, scalar_rows, step_batch
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup
 from stacx.train.model import build, load_model, pick_device
-from stacx.train.packing import Sample
-from stacx.train.step import StepResult, samples_for, train_step
+from stacx.train.step import StepResult, train_step
 from stacx.train.units import (
-    EPISODE_COLUMN,
-    batch_rows_sql,
     gate_sql,
     pending_step_sql,
     ready_units_sql,
     trainer_state_sql,
 )
 
-__all__ = ["Trainer", "load_model", "pick_device"]  # load_model, pick_device: stacx.train.model
+# load_model, pick_device: stacx.train.model; Query, StepBatch, step_batch: stacx.train.batches
+__all__ = ["Query", "StepBatch", "Trainer", "load_model", "pick_device", "step_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +130,11 @@ class Trainer(Actor):
     # ---- recovery --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        rows = (await self.query(trainer_state_sql())).to_pylist()
+        rows = scalar_rows(await self.query(trainer_state_sql()))
         latest = rows[0] if rows else None
         self.version = int(latest["version"]) if latest else 0
         sql = pending_step_sql()
-        pending = (await self.query(sql, units.params(self.config, sql, self.version))).to_pylist()
+        pending = scalar_rows(await self.query(sql, units.params(self.config, sql, self.version)))
         self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
         path = str(latest["path"]) if latest else None
         await asyncio.to_thread(exclusive, self._build, path)
@@ -196,11 +184,11 @@ class Trainer(Actor):
         cfg = self.config
         gate = gate_sql(cfg)
         if gate is not None:
-            (row,) = (await self.query(gate, units.params(cfg, gate, self.version))).to_pylist()
+            (row,) = scalar_rows(await self.query(gate, units.params(cfg, gate, self.version)))
             if not row["open"]:
                 return None  # its iteration is still in flight: labels, scores or samples
         sql = ready_units_sql(cfg)
-        ready = (await self.query(sql, units.params(cfg, sql, self.version))).to_pylist()
+        ready = scalar_rows(await self.query(sql, units.params(cfg, sql, self.version)))
         if len(ready) < cfg.ready_threshold:
             return None
         chosen = ready[: cfg.batch_units]
@@ -235,7 +223,7 @@ class Trainer(Actor):
         )
         # the columns the lineage needs, not the token lists (a whole prompt per row)
         meta = ("episode_id", "branch_episode_id", "reward", "weight_version")
-        rows = table.select([c for c in meta if c in table.column_names]).to_pylist()
+        rows = scalar_rows(table.select([c for c in meta if c in table.column_names]))
         rewards = _episode_rewards(rows)
         await self.publish(
             TrainStepFinished(
@@ -317,110 +305,6 @@ class Trainer(Actor):
         if self.config.inprocess_handoff and self.handoff is not None:
             self.handoff.offer(str(path), sha, state)
         return path, sha
-
-
-Query = Callable[[str, dict[str, object]], Awaitable[pa.Table]]
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    table: pa.Table  # the source view's rows (without prompts when read linearly)
-    samples: list[Sample]  # what the step forwards: packed sequences or one per row
-    n_rows: int  # the rows the step trains on
-    prompt_ids_read: int  # prompt ids the queries materialized (Arrow)
-
-
-async def step_batch(
-    cfg: TrainerConfig, query: Query, episode_ids: list[str], *, version: int | None = None
-) -> StepBatch:
-    """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
-    read with `query` (the actor's ``query``).
-
-    With ``pack_episodes`` each episode's turns that extend each other are one sequence. For
-    the views that take their prompts from ``turns`` (``batches.TURN_PROMPT_VIEWS``) the rows
-    are read without their whole prompts and each episode's sequence is rebuilt from the
-    stored deltas (``batches.chained_sequences``): Arrow, Python and the check are linear in
-    the turns' stored ids. Another source view (a user's, or ``dagger_dataset``) is read with
-    its whole prompts and merged by ``batches.episode_sequences``.
-
-    GRPO and OPD samples carry each output token's weight version (token value
-    ``weight_version``, from the ``turn_versions`` view: a turn generated across a weight load
-    has tokens of two versions); with `version` (the trainer's), tokens more than
-    ``cfg.staleness_limit`` versions behind it get loss mask 0 (the staleness bound, per token)."""
-    chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
-    columns = linear_columns(cfg.source_view) if cfg.pack_episodes else None
-    table = await query(batch_rows_sql(cfg, columns or "*"), chosen)
-    samples = samples_for(cfg, table)
-    if cfg.algorithm in ("grpo", "opd") and "turn" in table.column_names:
-        versions = await query(TOKEN_VERSIONS_SQL, chosen)
-        samples = with_token_versions(cfg, table, samples, versions, version)
-    n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
-    read = _n_prompt_ids(table)
-    if cfg.pack_episodes:
-        episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
-        if columns is None:
-            samples = episode_sequences(samples, episodes)
-        else:
-            stored = await query(STORED_TURNS_SQL, chosen)
-            read += _n_prompt_ids(stored)
-            keys = list(zip(episodes, table.column("turn").to_pylist(), strict=True))
-            samples = chained_sequences(samples, keys, turn_prompts(stored))
-    return StepBatch(table, samples, n_rows, read)
-
-
-TOKEN_VERSIONS_SQL = """
-SELECT episode_id, turn, token_versions FROM turn_versions
-WHERE episode_id IN (SELECT unnest($episode_ids))
-"""
-
-
-def with_token_versions(
-    cfg: TrainerConfig,
-    table: pa.Table,
-    samples: list[Sample],
-    versions: pa.Table,
-    version: int | None,
-) -> list[Sample]:
-    """`samples` (one per row of `table`) with the ``weight_version`` of each completion token,
-    and, given the trainer's `version`, loss mask 0 on tokens more than ``staleness_limit``
-    versions older than it. A row whose stored versions do not match its completion's length
-    (a view that rewrote the output) takes its row's ``weight_version`` for every token."""
-    by_turn = {
-        (e, t): v
-        for e, t, v in zip(
-            versions.column("episode_id").to_pylist(),
-            versions.column("turn").to_pylist(),
-            versions.column("token_versions").to_pylist(),
-            strict=True,
-        )
-    }
-    episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_pylist()
-    turns = table.column("turn").to_pylist()
-    row_versions = (
-        table.column("weight_version").to_pylist()
-        if "weight_version" in table.column_names
-        else [None] * table.num_rows
-    )
-    floor = None if version is None else version - cfg.staleness_limit
-    out = []
-    for sample, ep, turn, row_v in zip(samples, episodes, turns, row_versions, strict=True):
-        n = len(sample.completion_ids)
-        tv = by_turn.get((ep, turn))
-        if tv is None or len(tv) != n or any(v is None for v in tv):
-            tv = [row_v if row_v is not None else 0] * n
-        values = {**sample.token_values, "weight_version": [float(v) for v in tv]}
-        mask = sample.loss_mask
-        if floor is not None and min(tv, default=floor) < floor:
-            base = list(mask) if mask is not None else [1] * n
-            mask = [m if v >= floor else 0 for m, v in zip(base, tv, strict=True)]
-        out.append(replace(sample, token_values=values, loss_mask=mask))
-    return out
-
-
-def _n_prompt_ids(table: pa.Table) -> int:
-    if "prompt_ids" not in table.column_names:
-        return 0
-    return int(pc.sum(pc.list_value_length(table.column("prompt_ids"))).as_py() or 0)
 
 
 def _episode_rewards(rows: list[dict[str, object]]) -> list[float]:

@@ -81,8 +81,7 @@ def complete_units_sql(cfg: TrainerConfig) -> str:
     )
     if cfg.algorithm == "grpo":
         return f"""
-WITH sched AS (SELECT group_id, max(n_samples) AS n_samples FROM task_scheduled GROUP BY group_id),
-groups AS (
+WITH groups AS (
     SELECT group_id, max(iteration) AS iteration,
            count(*) FILTER (WHERE done) AS n_done, count(*) AS n_seen, max(done_ts) AS ready_ts
     FROM samples GROUP BY group_id
@@ -96,7 +95,7 @@ SELECT g.group_id AS unit_id,
 FROM src s
 JOIN episodes e USING (episode_id)
 JOIN groups g ON g.group_id = e.group_id
-LEFT JOIN sched sc ON sc.group_id = e.group_id
+LEFT JOIN scheduled_groups sc ON sc.group_id = e.group_id
 WHERE g.n_done >= coalesce(sc.n_samples, g.n_seen)
 GROUP BY g.group_id"""
     if cfg.algorithm == "aggrevate":
@@ -250,21 +249,12 @@ def waiting_sql(cfg: TrainerConfig) -> str:
 def pending_sql(cfg: TrainerConfig) -> str:
     """Rows (iteration, pending): per scheduled iteration, the samples not done plus the done
     units still waiting for a signal (labels, scores, branches). Bind :func:`params`."""
-    lost = (
-        "SELECT DISTINCT task_id FROM infra_failed "
-        "WHERE episode_id IS NULL AND task_id IS NOT NULL AND NOT will_retry"
-    )
     return f"""
-WITH sched AS (
-    SELECT group_id, any_value(task_id) AS task_id, max(n_samples) AS n_samples,
-           max(iteration) AS iteration
-    FROM task_scheduled GROUP BY group_id
-),
-done AS (SELECT group_id, count(*) FILTER (WHERE done) AS n_done FROM samples GROUP BY group_id),
+WITH done AS (SELECT group_id, count(*) FILTER (WHERE done) AS n_done FROM samples GROUP BY group_id),
 missing AS (
     SELECT s.iteration, greatest(s.n_samples - coalesce(d.n_done, 0), 0) AS n
-    FROM sched s LEFT JOIN done d USING (group_id)
-    WHERE s.task_id NOT IN ({lost})
+    FROM scheduled_groups s LEFT JOIN done d USING (group_id)
+    WHERE NOT s.lost
 ),
 waiting AS ({_waiting(cfg)})
 SELECT iteration, sum(n)::BIGINT AS pending FROM (
@@ -292,7 +282,8 @@ def step_iteration(cfg: TrainerConfig, version: int) -> int:
 
 def batch_rows_sql(cfg: TrainerConfig, columns: str = "*") -> str:
     """The source view's rows of the chosen episodes (``$episode_ids``), in a stable order;
-    ``columns``: the select list (``stacx.train.batches.linear_columns`` leaves prompts out)."""
+    ``columns``: the select list (``stacx.train.batches.step_batch`` leaves prompts out when
+    the view carries its chain)."""
     ep = EPISODE_COLUMN[cfg.algorithm]
     extra = f"AND ({cfg.row_filter})" if cfg.row_filter else ""
     turn = "turn" if cfg.algorithm != "aggrevate" else "turn, action_index"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from stacx.agents.retool import RetoolTools
 from stacx.errors import ConfigError
 from stacx.events import Policy
 from stacx.launch.loader import convert
-from stacx.agents.retool import RetoolTools
 from stacx.launch.roles import agent_config, rollout_config
 
 

@@ -109,10 +109,18 @@ def test_null_or_misaligned_values_name_the_column_and_episode(log: Log) -> None
             log.con, "select * from grpo_batch where false", row_tokens=8, completion="output_ids"
         )
     table = log.con.sql("select * from sft_examples").to_arrow_table()
-    with pytest.raises(BatchError, match="marks prompt ids"):
-        lengths = [len(m) for m in table.column("loss_mask").to_pylist()]
+    # a mask over prompt || completion (the layout of older views) is refused, not sliced
+    with pytest.raises(BatchError, match=r"'loss_mask' needs \d+ 0/1 entries .* got \d+ values"):
+        lengths = [
+            len(p) + len(c)
+            for p, c in zip(
+                table.column("prompt_ids").to_pylist(),
+                table.column("completion_ids").to_pylist(),
+                strict=True,
+            )
+        ]
         bad = table.set_column(
-            table.column_names.index("loss_mask"), "loss_mask", [[[1] * n for n in lengths]]
+            table.column_names.index("loss_mask"), "loss_mask", [[[0] * n for n in lengths]]
         )
         samples_from_table(bad, loss_mask="loss_mask")
 

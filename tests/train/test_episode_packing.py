@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -25,11 +26,8 @@ from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.store import db
 from stacx.train.batches import (
-    BatchError,
-    chained_sequences,
+    chain_sequences,
     episode_sequences,
-    linear_columns,
-    turn_prompts,
 )
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
@@ -223,7 +221,7 @@ def test_turns_that_do_not_extend_the_sequence_are_never_merged() -> None:
     assert [(list(s.prompt_ids), list(s.completion_ids)) for s in out] == [
         ([1, 2], [3, 4, 9]), ([1, 2, 3, 4, 5, 6], [7]), ([1, 2, 3, 4, 9, 8], [7]),
     ]  # fmt: skip
-    assert list(out[0].loss_mask or []) == [1, 0, 1]
+    assert list(out[0].loss_mask) == [1, 0, 1]  # type: ignore[arg-type]
     assert list(out[0].token_values["v"]) == [0.5, 0.0, 0.1]
 
 
@@ -232,24 +230,18 @@ def test_a_completion_other_than_the_stored_output_ends_the_chain() -> None:
     chain's ids: a row whose completion is not the turn's stored output (a label in place of
     the executed action) leaves the chain, so the next turn is compared token by token and,
     as it does not extend the label, starts a new sequence."""
-    stored = pa.table({"episode_id": ["e"] * 3, "turn": [0, 1, 2], "prefix_len": [0, 3, 6],
-                       "prompt_ids": [[1, 2], [4, 5], [7]], "output_ids": [[3], [6], [8]]})  # fmt: skip
-    prompts = turn_prompts(stored)
-    assert [prompts["e", t][0][: prompts["e", t][1]] for t in range(3)] == [
-        [1, 2], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7],
-    ]  # fmt: skip
+    chains = {("e", 0): np.array([1, 2, 3, 4, 5, 6, 7, 8], np.int32)}  # turn_chains' ids
+    keys, n_prompt = [("e", 0)] * 3, [2, 5, 7]  # turns 0, 1, 2 of the chain
     executed = [Sample([], [3]), Sample([], [6]), Sample([], [8])]
     labeled = [Sample([], [3]), Sample([], [9]), Sample([], [8])]  # turn 1: a label, not 6
-    keys = [("e", 0), ("e", 1), ("e", 2)]
-    got = [contents(chained_sequences(s, keys, prompts)) for s in (executed, labeled)]
+    got = [contents(chain_sequences(s, keys, n_prompt, chains)) for s in (executed, labeled)]
     assert got[0] == [([1, 2], [3, 4, 5, 6, 7, 8], [1, 0, 0, 1, 0, 1], {})]
     assert got[1] == [
         ([1, 2], [3, 4, 5, 9], [1, 0, 0, 1], {}),
         ([1, 2, 3, 4, 5, 6, 7], [8], [1], {}),
     ]
     whole = [
-        Sample(prompts[k][0][: prompts[k][1]], s.completion_ids)
-        for k, s in zip(keys, labeled, strict=True)
+        Sample(chains["e", 0][:n], s.completion_ids) for n, s in zip(n_prompt, labeled, strict=True)
     ]
     assert got[1] == contents(episode_sequences(whole, ["e"] * 3))
 
@@ -296,7 +288,8 @@ def query_of(log: Log, read: list[pa.Table] | None = None) -> Query:
 
 
 def contents(samples: list[Sample]) -> list[tuple[object, ...]]:
-    return [(list(s.prompt_ids), list(s.completion_ids), list(s.loss_mask or []),
+    return [(list(s.prompt_ids), list(s.completion_ids),
+             [] if s.loss_mask is None else list(s.loss_mask),
              {k: list(v) for k, v in s.token_values.items()}) for s in samples]  # fmt: skip
 
 
@@ -362,11 +355,14 @@ async def test_the_batch_read_rebuilds_the_sequences_from_the_stored_ids_only(
     def n_ids(sql: str) -> int:
         return int(log.rows(sql)[0]["n"])
 
-    stored = n_ids("select sum(len(prompt_ids)) AS n from turn_generated")
+    # the chains hold each stored id once: every turn's stored prompt ids and output ids
+    stored = n_ids("select sum(len(prompt_ids) + len(output_ids)) AS n from turn_generated")
     whole = n_ids("select sum(len(prompt_ids)) AS n from turns where actor = 'student'")
-    prompts_read = sum(sum(len(p) for p in t.column("prompt_ids").to_pylist())
-                       for t in read if "prompt_ids" in t.column_names)  # fmt: skip
-    assert prompts_read == batch.prompt_ids_read == stored < whole  # (e2: every prompt whole)
+    assert all("prompt_ids" not in t.column_names for t in read if t.num_rows)  # no whole prompt
+    chain_ids = sum(
+        sum(len(p) for p in t.column("ids").to_pylist()) for t in read if "ids" in t.column_names
+    )
+    assert chain_ids == batch.prompt_ids_read == stored < whole  # (e2: every prompt whole)
     assert whole_batch.prompt_ids_read == whole
 
 
@@ -401,28 +397,33 @@ async def test_the_batch_read_refuses_a_chain_it_cannot_rebuild(log: Log) -> Non
     b[1] = msgspec.structs.replace(b[1], prefix_len=b[1].prefix_len - 1)
     log.write(a[0], a[2], *b)
     cfg = TrainerConfig(algorithm="sft", filter="turn >= 0")
-    with pytest.raises(BatchError, match=r"episode a turn 2 has prefix_len .* turn 1 is missing"):
+    # the view's error (turn_links: the one place a prompt is rebuilt), raised by the query
+    with pytest.raises(duckdb.Error, match=r"episode a turn 2 has prefix_len .* turn 1 is missing"):
         await step_batch(cfg, query_of(log), ["a"])
-    with pytest.raises(BatchError, match="episode b turn 1 has prefix_len"):
+    with pytest.raises(duckdb.Error, match="episode b turn 1 has prefix_len"):
         await step_batch(cfg, query_of(log), ["b"])
 
 
-def test_only_the_turn_backed_views_are_read_without_prompts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert linear_columns("sft_examples") == (
-        "* REPLACE ([]::INTEGER[] AS prompt_ids, [1 for _x in completion_ids] AS loss_mask)"
+async def test_a_view_without_chain_columns_is_read_with_whole_prompts(log: Log) -> None:
+    """The view says what it holds: a source view without ``chain_turn``/``n_prompt_tokens``
+    (a user's view, dagger_dataset's label prompts) is read with its whole prompts and merged
+    by its tokens, into the same sequences."""
+    eids = grpo_group(log)
+    log.con.execute(
+        "CREATE VIEW my_sft AS SELECT * EXCLUDE (chain_turn, n_prompt_tokens) FROM sft_examples"
     )
-    assert linear_columns("grpo_batch") == "* REPLACE ([]::INTEGER[] AS prompt_ids)"
-    assert linear_columns("dagger_dataset") is None  # the labels' own prompts, stored whole
-    assert linear_columns("my_view") is None
-    # a user's view file that (re)defines a training view: its prompts may be anything
-    (tmp_path / "90_mine.sql").write_text(
-        "CREATE OR REPLACE VIEW sft_examples AS SELECT * FROM turns;"
+    cfg = TrainerConfig(algorithm="sft", filter="actor = 'student'")
+    read: list[pa.Table] = []
+    mine = await step_batch(
+        msgspec.structs.replace(cfg, source="my_sft"), query_of(log, read), eids
     )
-    monkeypatch.setenv("STACX_VIEWS_PATH", str(tmp_path))
-    assert linear_columns("sft_examples") is None
-    assert linear_columns("grpo_batch") is not None
+    assert all("ids" not in t.column_names for t in read)  # no chain read
+    whole = int(
+        log.rows("select sum(len(prompt_ids)) AS n from turns where actor = 'student'")[0]["n"]
+    )
+    assert mine.prompt_ids_read == whole
+    assert contents(mine.samples) == contents((await step_batch(cfg, query_of(log), eids)).samples)
+    assert len(mine.samples) == 4
 
 
 @pytest.fixture(scope="module")

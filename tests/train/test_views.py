@@ -87,7 +87,7 @@ def test_every_view_loads_and_is_empty_on_an_empty_log(log: Log) -> None:
     assert log.rows("select max(version) as v from weights") == [{"v": None}]
 
 
-def test_sft_examples_mask_prompt_and_train_completion_filterable_by_reward(log: Log) -> None:
+def test_sft_examples_train_the_completion_filterable_by_reward(log: Log) -> None:
     episode(log, "e1", "g", 1.0, turns=2)
     episode(log, "e2", "g", 0.0)
     episode(log, "e3", "g", None, failed=True)
@@ -95,7 +95,7 @@ def test_sft_examples_mask_prompt_and_train_completion_filterable_by_reward(log:
     assert [(r["episode_id"], r["turn"]) for r in rows] == [("e1", 0), ("e1", 1)]
     assert rows[1]["prompt_ids"] == [1, 2, 4]
     assert rows[1]["completion_ids"] == [11, 12]
-    assert rows[1]["loss_mask"] == [0, 0, 0, 1, 1]
+    assert rows[1]["loss_mask"] == [1, 1]  # one per completion id: the prompt is never trained
     assert rows[0]["task_id"] == "t" and rows[0]["actor"] == "student"
     failed = log.rows("select reward, status from sft_examples where episode_id = 'e3'")
     assert failed == [{"reward": None, "status": "failed"}]
@@ -218,7 +218,7 @@ def test_dagger_dataset_is_the_union_of_all_iterations_labels(log: Log) -> None:
     assert [r["iteration"] for r in rows] == [0, 0, 1]  # earlier iterations' labels stay
     assert rows[1]["completion_ids"] == [7, 8, 9]
     assert rows[1]["student_output_ids"] == [11, 12]  # the executed action, not the label
-    assert rows[1]["loss_mask"] == [0, 0, 0, 1, 1, 1]
+    assert rows[1]["loss_mask"] == [1, 1, 1]  # one per label id
     assert all(r["prompt_matches"] for r in rows)
 
 

@@ -4,15 +4,16 @@ In one run, on this machine:
   1. raw: plain nats-py ``publish_async`` of the same pre-encoded payloads into a bare stream,
      every ack awaited;
   2. end to end: STACX's Publisher (message ids, ack checks, backpressure) into the run's
-     stream while the recorder (its own process, as under Ray placement) commits every event
-     to DuckDB; the clock stops when the last event is committed (queryable);
+     stream while the recorder commits every event to DuckDB, placed as ``stacx run`` places
+     it: in-process, in the run's RunContext (the publishers share its process and event
+     loop); the clock stops when the last event is committed (queryable);
   3. latency: a steady 10k events/s for a few seconds; for each event, publish -> committed;
-     ``--sweep 3000,5000,8000,10000`` measures each of those steady rates instead (a fresh run
-     stream and recorder each) and reports the highest one whose p99 is within ``--p99-goal-ms``.
+     ``--sweep 3000,5000,8000,10000`` measures each of those steady rates instead (a fresh
+     RunContext each) and reports the highest one whose p99 is within ``--p99-goal-ms``.
 The events are a realistic mix (episode start, 3 turns of TurnGenerated with 256-token
 prompt/output arrays and logprobs, tool call/return pairs, finish, reward).
 Prints the machine and versions, then one JSON line:
-{raw_publish_per_s, end_to_end_per_s, ratio, p50_ms, p99_ms, ...}; with --sweep also
+{raw_publish_per_s, end_to_end_per_s, ratio, p50_ms, p99_ms, turn_decode_us, turn_arrow_us, ...}; with --sweep also
 "sweep" (rate, p50_ms, p99_ms per rate) and "max_rate_within_goal" (null if none was).
 """
 
@@ -26,10 +27,10 @@ import importlib.metadata
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import duckdb
@@ -39,9 +40,11 @@ import nats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from stacx.bus.client import Publisher, connect, ensure_stream  # noqa: E402
+from stacx.actors.run import RunContext  # noqa: E402
+from stacx.bus.client import Publisher, connect  # noqa: E402
 from stacx.bus.server import EmbeddedNats, LocalCluster  # noqa: E402
-from stacx.events import Event, encode  # noqa: E402
+from stacx.events import Event, decode_wire, encode  # noqa: E402
+from stacx.store.schema import to_arrow  # noqa: E402
 from tools.bench.synthetic import episode_events  # noqa: E402
 
 
@@ -80,77 +83,84 @@ async def raw_rate(url: str, events: list[Event], replicas: int = 1) -> float:
     return len(events) / dt
 
 
-def start_recorder(url: str, run_id: str, run_dir: Path, until: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stacx.actors.recorder_process", url, run_id, str(run_dir),
-         "--until-events", str(until), "--report"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    return proc
+@contextlib.asynccontextmanager
+async def recorded_run(url: str, run_dir: Path) -> AsyncIterator[tuple[RunContext, list[tuple[int, float]]]]:
+    """A run as ``stacx run`` places it: a RunContext whose recorder runs in-process, on the
+    launcher's event loop (its commits in a worker thread); yields it and the (stream sequence,
+    unix time) of every commit."""
+    commits: list[tuple[int, float]] = []
+    async with RunContext(run_dir, recipe="bench-events", nats_url=url) as run:
+        assert run.recorder is not None
+        run.recorder.on_commit = lambda seq: commits.append((seq, time.time()))
+        yield run, commits
 
 
-def read_commits(proc: subprocess.Popen[str]) -> list[tuple[int, float]]:
-    assert proc.stdout is not None
-    out = [(int(a), float(b)) for a, b in (line.split() for line in proc.stdout)]
-    proc.wait()
-    return out
+async def until_recorded(run: RunContext) -> None:
+    assert run.recorder is not None
+    await run.recorder.wait_for(await run.last_seq(), timeout=600)
 
 
-async def end_to_end(url: str, events: list[Event], run_dir: Path, window: int, replicas: int = 1) -> float:
-    run_id = events[0].run_id
-    nc = await connect(url)
-    js = nc.jetstream()
-    await ensure_stream(js, run_id, replicas=replicas)
-    proc = start_recorder(url, run_id, run_dir, len(events))
-    await asyncio.sleep(1.5)  # let the recorder process connect; it idles until events come
-    pub = Publisher(js, run_id, max_pending=window)
-    t0 = time.time()
-    for e in events:
-        await pub.submit(e)
-    await pub.flush()
-    commits = await asyncio.to_thread(read_commits, proc)
-    await nc.drain()
-    t_done = commits[-1][1]
-    con = duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True)
-    n = con.execute("select count(*) from _events").fetchone()[0]
-    con.close()
-    assert n == len(events), f"recorded {n} of {len(events)}"
-    return len(events) / (t_done - t0)
-
-
-async def latency(url: str, events: list[Event], run_dir: Path, rate: float,
-                  replicas: int = 1) -> tuple[float, float]:
-    run_id = events[0].run_id
-    nc = await connect(url)
-    js = nc.jetstream()
-    await ensure_stream(js, run_id, replicas=replicas)
-    proc = start_recorder(url, run_id, run_dir, len(events))
-    await asyncio.sleep(1.5)
-    pub = Publisher(js, run_id)
-    tick = 0.01
-    per_tick = int(rate * tick)
-    sent_at: list[float] = []
-    t0 = time.perf_counter()
-    for i in range(0, len(events), per_tick):
-        for e in events[i:i + per_tick]:
-            sent_at.append(time.time())
-            await pub.submit(e)
-        ahead = t0 + (i // per_tick + 1) * tick - time.perf_counter()
-        if ahead > 0:
-            await asyncio.sleep(ahead)
-    await pub.flush()
-    commits = await asyncio.to_thread(read_commits, proc)
-    await nc.drain()
-    # An event's time is that of the commit holding the stream sequence it was recorded from
-    # (its message's: the publisher batches events of a kind). That is its ack's, unless a
-    # publish retried across a leader change landed twice: then the first copy is the one
-    # recorded, and the ack may name the later one, which the recorder skipped.
-    con = duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True)
+def commit_times(run: RunContext, commits: list[tuple[int, float]],
+                 events: list[Event]) -> list[float]:
+    """Each event's commit time: that of the commit holding the stream sequence it was recorded
+    from (its message's: the publisher batches events of a kind). That is its ack's, unless a
+    publish retried across a leader change landed twice: then the first copy is the one
+    recorded, and the ack may name the later one, which the recorder skipped."""
+    con = duckdb.connect(str(run.run_dir / "trace.duckdb"), read_only=True)
     recorded = dict(con.execute("select event_id, _seq from _events").fetchall())
     con.close()
+    assert all(e.event_id in recorded for e in events), "events missing from the log"
     seqs = [c[0] for c in commits]
-    lat = sorted((commits[bisect.bisect_left(seqs, recorded[e.event_id])][1] - t) * 1000
-                 for e, t in zip(events, sent_at, strict=True))
+    return [commits[bisect.bisect_left(seqs, recorded[e.event_id])][1] for e in events]
+
+
+async def end_to_end(url: str, n: int, run_dir: Path, window: int) -> float:
+    async with recorded_run(url, run_dir) as (run, commits):
+        assert run.js is not None
+        events = make_events(run.run_id, n)
+        pub = Publisher(run.js, run.run_id, max_pending=window)
+        t0 = time.time()
+        for e in events:
+            await pub.submit(e)
+        await pub.flush()
+        await until_recorded(run)
+    return len(events) / (max(commit_times(run, commits, events)) - t0)
+
+
+async def latency(url: str, n: int, run_dir: Path, rate: float) -> tuple[float, float]:
+    async with recorded_run(url, run_dir) as (run, commits):
+        assert run.publisher is not None
+        events = make_events(run.run_id, n, seed=10**6)
+        pub = run.publisher  # what actors publish through
+        tick = 0.01
+        per_tick = int(rate * tick)
+        sent_at: list[float] = []
+        t0 = time.perf_counter()
+        for i in range(0, len(events), per_tick):
+            for e in events[i:i + per_tick]:
+                sent_at.append(time.time())
+                await pub.submit(e)
+            ahead = t0 + (i // per_tick + 1) * tick - time.perf_counter()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        await pub.flush()
+        await until_recorded(run)
+    done = commit_times(run, commits, events)
+    lat = sorted((c - t) * 1000 for c, t in zip(done, sent_at, strict=True))
     return lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+
+
+def turn_cost(events: list[Event]) -> tuple[float, float]:
+    """The recorder's per-TurnGenerated cost in this process, in µs: decoding its wire payload
+    (`decode_wire`: token arrays stay packed) and building its Arrow row (`to_arrow`)."""
+    turns = [e for e in events if e.kind == "TurnGenerated"]
+    payloads = [encode(e) for e in turns]
+    t0 = time.perf_counter()
+    decoded = [d for p in payloads for d in decode_wire(p)]
+    t1 = time.perf_counter()
+    to_arrow("TurnGenerated", decoded, list(range(len(decoded))))
+    t2 = time.perf_counter()
+    return (t1 - t0) / len(turns) * 1e6, (t2 - t1) / len(turns) * 1e6
 
 
 async def main() -> None:
@@ -176,22 +186,24 @@ async def main() -> None:
         events = make_events("bench", a.events)
         size = sum(len(encode(e)) for e in events) / len(events)
         print(f"{len(events)} events, mean payload {size:.0f} bytes, stream replicas {a.replicas}")
+        decode_us, arrow_us = turn_cost(events)
+        print(f"recorder per TurnGenerated: decode {decode_us:.1f} µs, Arrow {arrow_us:.1f} µs")
         raw = await raw_rate(server.url, events, a.replicas)
         print(f"raw JetStream publish: {raw:,.0f} events/s")
-        e2e = await end_to_end(server.url, events, Path(tmp) / "e2e", a.window, a.replicas)
+        e2e = await end_to_end(server.url, a.events, Path(tmp) / "e2e", a.window)
         print(f"STACX publish -> committed DuckDB row: {e2e:,.0f} events/s")
         rates = [float(r) for r in a.sweep.split(",")] if a.sweep else [a.rate]
         sweep: list[dict[str, float]] = []
         for i, rate in enumerate(rates):
-            steady = make_events(f"steady{i}", int(rate * a.seconds), seed=10**6)
-            p50, p99 = await latency(server.url, steady, Path(tmp) / f"lat{i}", rate, a.replicas)
+            p50, p99 = await latency(server.url, int(rate * a.seconds), Path(tmp) / f"lat{i}", rate)
             print(f"latency at {rate:,.0f} events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True)
             sweep.append({"rate": rate, "p50_ms": round(p50, 2), "p99_ms": round(p99, 2)})
     within = [s["rate"] for s in sweep if s["p99_ms"] <= a.p99_goal_ms]
     out: dict[str, object] = {
         "raw_publish_per_s": round(raw), "end_to_end_per_s": round(e2e), "ratio": round(e2e / raw, 3),
         "p50_ms": sweep[-1]["p50_ms"], "p99_ms": sweep[-1]["p99_ms"], "events": len(events),
-        "mean_payload_bytes": round(size), "rate": sweep[-1]["rate"], "replicas": a.replicas}
+        "mean_payload_bytes": round(size), "rate": sweep[-1]["rate"], "replicas": a.replicas,
+        "turn_decode_us": round(decode_us, 1), "turn_arrow_us": round(arrow_us, 1)}
     if a.sweep:
         out["sweep"] = sweep
         out["p99_goal_ms"] = a.p99_goal_ms

@@ -109,8 +109,10 @@ def make_workload(episodes: int, turns: int, start: int, obs: tuple[int, int],
     return Workload(
         starts=[ids(start) for _ in range(episodes)],
         obs=[[ids(rng.randint(*obs)) for _ in range(turns)] for _ in range(episodes)],
-        replies=[[lo + min(hi - lo, int(rng.expovariate(4 / max(hi - lo, 1)))) for _ in range(turns)]
-                 for _ in range(episodes)],  # fmt: skip
+        replies=[
+            [lo + min(hi - lo, int(rng.expovariate(4 / max(hi - lo, 1)))) for _ in range(turns)]
+            for _ in range(episodes)
+        ],
     )
 
 
@@ -121,7 +123,9 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(s[min(len(s) - 1, int(q * len(s)))], 1)
 
 
-async def stacx_pass(engine: object, wl: Workload, *, reuse: bool, together: bool) -> dict[str, object]:
+async def stacx_pass(
+    engine: object, wl: Workload, *, reuse: bool, together: bool
+) -> dict[str, object]:
     """Run the whole workload once; tokens/s, prefill counts and TTFT per turn (ms)."""
     from stacx.ports import SamplingParams
 
@@ -141,7 +145,9 @@ async def stacx_pass(engine: object, wl: Workload, *, reuse: bool, together: boo
                 ttft[t].append((time.perf_counter() - t0) * 1e3)
             out += d.output_ids
         if len(out) != wl.replies[e][t]:
-            raise RuntimeError(f"episode {e} turn {t}: {len(out)} tokens, expected {wl.replies[e][t]}")
+            raise RuntimeError(
+                f"episode {e} turn {t}: {len(out)} tokens, expected {wl.replies[e][t]}"
+            )
         prompts[e] += out
         return len(out)
 
@@ -192,7 +198,11 @@ def hf_pass(model: torch.nn.Module, wl: Workload, episodes: int, turns: int, dev
         width, new = max(map(len, rows)), max(wl.replies[e][t] for e in range(episodes))
         ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-        extra = dict(cache_implementation="static", max_cache_len=wl.max_context() + 8) if static else {}
+        extra = (
+            dict(cache_implementation="static", max_cache_len=wl.max_context() + 8)
+            if static
+            else {}
+        )
         cfg = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                pad_token_id=0, eos_token_id=None, **extra)  # fmt: skip
         with torch.inference_mode():
@@ -212,7 +222,9 @@ def hf_pass(model: torch.nn.Module, wl: Workload, episodes: int, turns: int, dev
             "episodes": episodes, "turns": turns}  # fmt: skip
 
 
-def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, max_ctx: int) -> torch.nn.Module:
+def load_model(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype, max_ctx: int
+) -> torch.nn.Module:
     if args.model:
         return build_model(args.model, device, dtype)
     import transformers
@@ -230,22 +242,36 @@ def pair(s: str) -> tuple[int, int]:
 
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tiny", action="store_true", help="CPU, SmolLM2-135M, 4 episodes x 3 turns")
-    ap.add_argument("--model", default=None, help="default | PATH | qwen3-0.6b-shape (overrides --shape)")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.6b", help="random-init Qwen3 shape")
+    ap.add_argument(
+        "--model", default=None, help="default | PATH | qwen3-0.6b-shape (overrides --shape)"
+    )
+    ap.add_argument(
+        "--shape", choices=sorted(SHAPES), default="0.6b", help="random-init Qwen3 shape"
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--turns", type=int, default=None)
     ap.add_argument("--start", type=int, default=None, help="first prompt's ids per episode")
     ap.add_argument("--obs", type=pair, default=None, help="observation ids per turn: lo,hi")
-    ap.add_argument("--reply", type=pair, default=None, help="reply tokens per turn: lo,hi (long-tailed)")
+    ap.add_argument(
+        "--reply", type=pair, default=None, help="reply tokens per turn: lo,hi (long-tailed)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=None, help="engine slots (default: episodes)")
-    ap.add_argument("--together", action="store_true", help="also run all episodes' turn t as one batch")
+    ap.add_argument(
+        "--together", action="store_true", help="also run all episodes' turn t as one batch"
+    )
     ap.add_argument("--skip-hf", action="store_true", help="no HF baselines")
-    ap.add_argument("--hf-episodes", type=int, default=None, help="HF baselines: episodes (default all)")
-    ap.add_argument("--hf-turns", type=int, default=None, help="HF baselines: turns (default 3 on CUDA)")
+    ap.add_argument(
+        "--hf-episodes", type=int, default=None, help="HF baselines: episodes (default all)"
+    )
+    ap.add_argument(
+        "--hf-turns", type=int, default=None, help="HF baselines: turns (default 3 on CUDA)"
+    )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     args = ap.parse_args()
     if args.tiny:
@@ -333,7 +359,11 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         errors["stacx"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
         return
-    passes = [("stacx_cold", True, False), ("stacx_warm", True, False), ("stacx_no_reuse", False, False)]
+    passes = [
+        ("stacx_cold", True, False),
+        ("stacx_warm", True, False),
+        ("stacx_no_reuse", False, False),
+    ]
     if args.together:
         passes.append(("stacx_together", True, True))
     for name, reuse, together in passes:

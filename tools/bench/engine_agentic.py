@@ -31,7 +31,7 @@ right after the prefill that makes it). On CUDA: peak ``torch.cuda.max_memory_al
 pass and the KV cache's bytes (allocated at full size: max_batch x max_len).
 
 ``--tiny``: SmolLM2-135M on CPU, 4 episodes x 3 turns, start 64, observations 64, replies
-16-32 (a few minutes on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
+16-32 (about a minute on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
 bf16); ``--shape 4b|8b`` the Qwen3-4B/8B shapes.
 
 Prints the machine and versions to stderr, then ONE JSON line last. Fails soft: a side that

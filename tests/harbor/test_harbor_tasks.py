@@ -233,7 +233,7 @@ def test_harbor_job_export_import_and_replay_into_sft(
         ("hello", "scored", 1.0), ("two-steps", "scored", 1.0)]  # fmt: skip
     # and SFT trains on it (one step, on the imported demonstrations and the recipe's own)
     trained = stacx("replay", "--from", imported, "--into", "recipes/swe/sft_tiny.toml",
-                    "--run-dir", tmp_path / "R3", "--set", "trainer.steps=1", "--set", "eval.every=0",
+                    "--run-dir", tmp_path / "R3", "--set", "trainer.steps=1", "--set", "eval={}",
                     cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert rows(tmp_path / "R3", "select count(*) from train_step_finished")[0][0] >= 1

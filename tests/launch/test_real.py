@@ -38,7 +38,7 @@ TINY = [
     "--set",
     "logging.progress='plain'",
     "--set",
-    "eval.every=0",  # the recipe's held-out eval has its own test (test_periodic_eval.py)
+    "eval={}",  # the recipe's held-out eval has its own test (test_periodic_eval.py)
 ]
 
 

@@ -33,7 +33,7 @@ SMALL = [
     "agent.max_new_tokens=16",
     "logging.progress='plain'",
     "logging.plot=false",
-    "eval.every=0",  # the recipes' held-out evals have their own test (test_periodic_eval.py)
+    "eval={}",  # the recipes' held-out evals have their own test (test_periodic_eval.py)
 ]
 TRAIN = [
     "tasks.per_iteration=1",

@@ -65,7 +65,7 @@ def run(run_dir: Path, device: str, steps: int, trainable: str, inproc: bool) ->
         f"trainer.device='{device}'",
         "logging.progress='off'",
         "logging.plot=false",
-        "eval.every=0",  # the sync's latency, not the recipe's held-out eval
+        "eval={}",  # the sync's latency, not the recipe's held-out eval
     ]
     args = [sys.executable, "-m", "stacx", "run", str(ROOT / "recipes/swe/grpo_tiny.toml")]
     args += ["--run-dir", str(run_dir), "--quiet", *(a for s in sets for a in ("--set", s))]

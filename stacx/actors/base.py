@@ -53,12 +53,10 @@ from stacx.events import (
     Event,
     FailureKind,
     InfraFailed,
-    decode,
-    decode_many,
-    split_batch,
     stream_name,
     subject,
 )
+from stacx.wire import decode, decode_many, split_batch
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from nats.js.errors import NotFoundError
 
 from stacx.bus.connection import connect
 from stacx.errors import PublishError, StacxError
-from stacx.events import Event, encode, encode_batch, stream_name, subject
+from stacx.events import Event, stream_name, subject
+from stacx.wire import encode, encode_batch
 
 DUPLICATE_WINDOW_S = 24 * 3600.0
 __all__ = ["Publisher", "connect", "ensure_stream", "stream_replicas"]
@@ -101,7 +102,7 @@ class Publisher:
 
     Batching: events of the same kind handed over in the same event-loop tick (a burst of
     ``submit`` calls, or concurrent ``publish`` calls from many episodes) go out as ONE NATS
-    message (``stacx.events.encode_batch``), up to ``batch_events`` events; a single event is
+    message (``stacx.wire.encode_batch``), up to ``batch_events`` events; a single event is
     sent exactly as before. A batch's ``Nats-Msg-Id`` is derived from its events' ids (a re-send
     of the same batch is de-duplicated by the server); the per-event guarantee is the
     recorder's ``event_id`` de-duplication. All events of a message share its stream sequence.

@@ -38,8 +38,8 @@ async def _follow_live(url: str, run_id: str, kinds: list[str]) -> None:
     from nats.aio.msg import Msg
 
     from stacx.bus.client import connect
-    from stacx.events import decode_many
     from stacx.store.schema import to_builtins
+    from stacx.wire import decode_many
 
     nc = await connect(url, name="stacx-events")
     subs = [f"stacx.{run_id}.{k}" for k in kinds] if len(kinds) < len(KINDS) else [f"stacx.{run_id}.>"]

@@ -72,10 +72,11 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from stacx.events import Event, decode_wire, split_batch, stream_name
+from stacx.events import Event, stream_name
 from stacx.store import db
 from stacx.store.schema import DEAD_SCHEMA, EVENTS_SCHEMA, TABLES, to_arrow
 from stacx.store.seen_ids import SeenIds
+from stacx.wire import decode_wire, split_batch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -26,7 +26,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from stacx.events import KINDS, PACKED, Event, packed_array
+from stacx.events import KINDS, Event
+from stacx.wire import PACKED, packed_array
 
 _SCALARS: dict[type, tuple[str, pa.DataType]] = {
     bool: ("BOOLEAN", pa.bool_()),
@@ -136,8 +137,8 @@ def create_all(con: duckdb.DuckDBPyConnection) -> None:
 
 def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:
     """Columnar batch of one kind, in the table's column order. A token array (a packed
-    field, ``stacx.events.PACKED``) becomes its LIST column through numpy: from the wire's
-    packed bytes (``stacx.events.decode_wire``) no Python object is made per token."""
+    field, ``stacx.wire.PACKED``) becomes its LIST column through numpy: from the wire's
+    packed bytes (``stacx.wire.decode_wire``) no Python object is made per token."""
     table = TABLES[kind]
     packed = PACKED.get(kind, {})
     arrays = []

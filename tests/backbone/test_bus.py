@@ -16,7 +16,8 @@ import pytest
 from stacx.bus.client import Publisher, connect, ensure_stream
 from stacx.bus.server import EmbeddedNats
 from stacx.errors import PublishError
-from stacx.events import RunFinished, RunStatus, decode_many, stream_name
+from stacx.events import RunFinished, RunStatus, stream_name
+from stacx.wire import decode_many
 
 
 def _alive(pid: int) -> bool:

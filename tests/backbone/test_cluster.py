@@ -22,9 +22,10 @@ import pytest
 
 from stacx.bus.client import connect, ensure_stream
 from stacx.bus.server import LocalCluster
-from stacx.events import decode_many, stream_name
+from stacx.events import stream_name
 from stacx.sandbox.images import bootstrap_base_image
 from stacx.store import db
+from stacx.wire import decode_many
 
 pytestmark = [pytest.mark.docker]
 

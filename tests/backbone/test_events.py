@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from stacx import events as ev
+from stacx import wire
 from stacx.store.schema import TABLES
 
 
@@ -31,7 +32,7 @@ def _sample(cls: type[ev.Event]) -> ev.Event:
 @pytest.mark.parametrize("kind", sorted(ev.KINDS))
 def test_every_kind_round_trips(kind: str) -> None:
     e = _sample(ev.KINDS[kind])
-    back = ev.decode(ev.encode(e))
+    back = wire.decode(wire.encode(e))
     assert back == e and type(back) is ev.KINDS[kind]
     assert back.kind == kind
 
@@ -40,7 +41,7 @@ def test_old_shaped_payload_still_decodes() -> None:
     # a TurnGenerated written before `engine`, `gen_ms`, `queue_ms`, `actor` existed
     old = {"kind": "TurnGenerated", "run_id": "r", "event_id": "e1", "ts": 1.0,
            "episode_id": "ep", "turn": 0, "prompt_ids": [1, 2], "output_ids": [3]}
-    e = ev.decode(msgspec.msgpack.encode(old))
+    e = wire.decode(msgspec.msgpack.encode(old))
     assert isinstance(e, ev.TurnGenerated)
     assert e.actor == "student" and e.engine == "" and e.logprobs is None
 
@@ -48,15 +49,15 @@ def test_old_shaped_payload_still_decodes() -> None:
 def test_unknown_fields_from_a_newer_writer_are_ignored() -> None:
     newer = {"kind": "RewardAssigned", "run_id": "r", "episode_id": "ep", "reward": 1.0,
              "a_field_from_the_future": [1, 2, 3]}
-    e = ev.decode(msgspec.msgpack.encode(newer))
+    e = wire.decode(msgspec.msgpack.encode(newer))
     assert isinstance(e, ev.RewardAssigned) and e.reward == 1.0
 
 
 def test_unknown_kind_and_wrong_types_are_errors() -> None:
     with pytest.raises(msgspec.ValidationError, match="Invalid value 'NoSuchKind'"):
-        ev.decode(msgspec.msgpack.encode({"kind": "NoSuchKind", "run_id": "r"}))
+        wire.decode(msgspec.msgpack.encode({"kind": "NoSuchKind", "run_id": "r"}))
     with pytest.raises(msgspec.ValidationError, match="reward"):
-        ev.decode(msgspec.msgpack.encode({"kind": "RewardAssigned", "run_id": "r",
+        wire.decode(msgspec.msgpack.encode({"kind": "RewardAssigned", "run_id": "r",
                                           "episode_id": "e", "reward": "high"}))
 
 
@@ -98,17 +99,17 @@ _OLD_ENUM_PAYLOADS: list[tuple[dict[str, object], str, Enum]] = [
 @pytest.mark.parametrize(("payload", "field", "member"), _OLD_ENUM_PAYLOADS)
 def test_enum_fields_decode_old_string_payloads_to_members(payload: dict[str, object], field: str,
                                                            member: Enum) -> None:
-    for e in (ev.decode(msgspec.msgpack.encode(payload)), ev.decode_json(msgspec.json.encode(payload))):
+    for e in (wire.decode(msgspec.msgpack.encode(payload)), wire.decode_json(msgspec.json.encode(payload))):
         assert getattr(e, field) is member
     # and they are written back as the same strings, so old readers read new logs
-    assert msgspec.msgpack.decode(ev.encode(e))[field] == payload[field]
+    assert msgspec.msgpack.decode(wire.encode(e))[field] == payload[field]
 
 
 def test_unknown_enum_value_fails_loudly() -> None:
     # rule 6: never coerced to a default or kept as a bare string; the recorder dead-letters it
     bad = {"kind": "EpisodeFinished", "run_id": "r", "episode_id": "e", "stop_reason": "gave_up"}
     with pytest.raises(msgspec.ValidationError, match="Invalid enum value 'gave_up'"):
-        ev.decode(msgspec.msgpack.encode(bad))
+        wire.decode(msgspec.msgpack.encode(bad))
 
 
 def test_enum_fields_are_varchar_columns() -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from stacx import events as ev
+from stacx import wire
 from stacx.store.schema import to_arrow
 
 
@@ -19,32 +20,32 @@ def turn(**fields: object) -> ev.TurnGenerated:
 
 def test_token_arrays_travel_packed_and_decode_as_lists() -> None:
     e = turn()
-    raw = msgspec.msgpack.decode(ev.encode(e))
+    raw = msgspec.msgpack.decode(wire.encode(e))
     ext = raw["prompt_ids"]
-    assert isinstance(ext, msgspec.msgpack.Ext) and ext.code == ev.PACKED_INT
+    assert isinstance(ext, msgspec.msgpack.Ext) and ext.code == wire.PACKED_INT
     assert np.frombuffer(ext.data, "<i4").tolist() == [1, 70_000, 3]
-    assert raw["logprobs"].code == ev.PACKED_FLOAT  # float64: the DOUBLE[] column, exact
-    assert ev.decode(ev.encode(e)) == e and ev.decode_many(ev.encode(e)) == [e]
+    assert raw["logprobs"].code == wire.PACKED_FLOAT  # float64: the DOUBLE[] column, exact
+    assert wire.decode(wire.encode(e)) == e and wire.decode_many(wire.encode(e)) == [e]
     scripted = turn(logprobs=None, output_ids=[])
-    assert ev.decode(ev.encode(scripted)) == scripted
+    assert wire.decode(wire.encode(scripted)) == scripted
 
 
 def test_a_payload_with_plain_arrays_still_decodes() -> None:
     e = turn()
     old = msgspec.msgpack.encode(e)  # every log older than the packed form
     assert isinstance(msgspec.msgpack.decode(old)["prompt_ids"], list)
-    assert ev.decode(old) == e
-    both = ev.encode_batch([old, ev.encode(e)])
-    assert ev.decode_many(both) == [e, e]
+    assert wire.decode(old) == e
+    both = wire.encode_batch([old, wire.encode(e)])
+    assert wire.decode_many(both) == [e, e]
 
 
 def test_the_recorders_columns_from_packed_bytes_equal_those_from_lists() -> None:
     events = [turn(), turn(turn=1, logprobs=None, output_ids=[]), turn(turn=2, prompt_ids=[])]
-    wire = ev.decode_wire(ev.encode_batch([ev.encode(e) for e in events]))
-    assert isinstance(wire[0].prompt_ids, msgspec.msgpack.Ext)  # type: ignore[attr-defined]
-    old = ev.decode_wire(ev.encode_batch([msgspec.msgpack.encode(e) for e in events]))
+    packed = wire.decode_wire(wire.encode_batch([wire.encode(e) for e in events]))
+    assert isinstance(packed[0].prompt_ids, msgspec.msgpack.Ext)  # type: ignore[attr-defined]
+    old = wire.decode_wire(wire.encode_batch([msgspec.msgpack.encode(e) for e in events]))
     got, from_lists, expected = (to_arrow("TurnGenerated", evs, [1, 2, 3])
-                                 for evs in (wire, old, events))  # fmt: skip
+                                 for evs in (packed, old, events))  # fmt: skip
     assert got.equals(expected) and from_lists.equals(expected)
     assert got.column("prompt_ids").type == pa.list_(pa.int32())
     assert got.column("logprobs").to_pylist() == [[-0.5, -1e-300], None, [-0.5, -1e-300]]

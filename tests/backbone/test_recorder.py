@@ -15,6 +15,7 @@ import duckdb
 import msgspec
 
 from stacx import events as ev
+from stacx import wire
 from stacx.actors.run import supervise_recorder
 from stacx.bus.client import Publisher, connect, ensure_stream
 from stacx.bus.server import EmbeddedNats
@@ -126,7 +127,7 @@ async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(
     await ensure_stream(js, run_id)
     redo = ev.EpisodeFinished(run_id=run_id, episode_id="ep", stop_reason=ev.StopReason.SUBMITTED,
                               event_id=ev.derive_id(run_id, "ep", "finished"))
-    subj, data = ev.subject(run_id, redo.kind), ev.encode(redo)
+    subj, data = ev.subject(run_id, redo.kind), wire.encode(redo)
     pub = Publisher(js, run_id)
     await pub.publish(redo)
     await js.publish(subj, data, headers={"Nats-Msg-Id": "another-id"})  # same batch
@@ -165,7 +166,7 @@ async def test_a_redo_long_after_and_across_restarts_is_recorded_once(
     last = await _publish_all(nats_server.url, run_id, events[12:])
     await _record_until(js, run_id, run_dir, last)
     for e in (events[0], events[-1]):  # late redos under fresh message ids, one batch each
-        await js.publish(ev.subject(run_id, e.kind), ev.encode(e), headers={"Nats-Msg-Id": f"redo-{e.event_id}"})
+        await js.publish(ev.subject(run_id, e.kind), wire.encode(e), headers={"Nats-Msg-Id": f"redo-{e.event_id}"})
         last += 1
         rec = await _record_until(js, run_id, run_dir, last)
         assert rec.duplicates == 1
@@ -324,7 +325,7 @@ async def test_a_bad_event_inside_a_batch_is_dead_lettered_and_its_neighbours_re
     await ensure_stream(js, run_id)
     good = [ev.RewardAssigned(run_id=run_id, episode_id=f"ep{i}", reward=1.0) for i in range(2)]
     bad = msgspec.msgpack.encode({"kind": "RewardAssigned", "run_id": run_id, "reward": "high"})
-    batch = ev.encode_batch([ev.encode(good[0]), bad, ev.encode(good[1])])
+    batch = wire.encode_batch([wire.encode(good[0]), bad, wire.encode(good[1])])
     await js.publish(ev.subject(run_id, "RewardAssigned"), batch)
     rec = await _record_until(js, run_id, run_dir, 1)
     await nc.drain()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from stacx import events as ev
+from stacx import wire
 from stacx.agents.policies import EnginePolicy
 from stacx.hf import resolve_model
 from stacx.inference.torch_engine import TorchEngine
@@ -72,7 +73,7 @@ async def test_a_load_mid_generation_is_recorded_per_token_and_reaches_the_batch
     assert tg.version_starts[0] == 0 and 0 < tg.version_starts[1] < n
     cut = tg.version_starts[1]
     # the wire form round-trips; an event without the fields (an old log) means one version
-    assert ev.decode(ev.encode(tg)) == tg
+    assert wire.decode(wire.encode(tg)) == tg
     assert ev.TurnGenerated(run_id="r", episode_id="x", turn=0, prompt_ids=[1],
                             output_ids=[2]).versions == []  # fmt: skip
 

@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT))
 from stacx.actors.run import RunContext  # noqa: E402
 from stacx.bus.client import Publisher, connect  # noqa: E402
 from stacx.bus.server import EmbeddedNats, LocalCluster  # noqa: E402
-from stacx.events import Event, decode_wire, encode  # noqa: E402
+from stacx.events import Event  # noqa: E402
 from stacx.store.schema import to_arrow  # noqa: E402
+from stacx.wire import decode_wire, encode  # noqa: E402
 from tools.bench.synthetic import episode_events  # noqa: E402
 
 

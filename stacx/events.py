@@ -16,7 +16,7 @@ Evolution rules (tested in tests/backbone/test_events.py):
    leaving it in place with its default.
 3. A kind is never renamed; the tag (the class name) is the wire name and the table name.
 4. Unknown fields in a payload are ignored (msgspec's default), so an old reader reads a
-   newer log; except token arrays, packed on the wire (see "Wire form" below): a reader older
+   newer log; except token arrays, packed on the wire (`stacx.wire`): a reader older
    than the packed form refuses them loudly (a dead letter), never misreads them.
 5. New kinds are additive; a reader that meets a kind it does not know dead-letters it
    (the recorder) or skips it (other actors), never crashes.

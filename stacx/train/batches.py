@@ -393,10 +393,11 @@ async def step_batch(
     return StepBatch(table, samples, n_rows, read)
 
 
-# each output token's version (a turn that spans a weight load has two); scripted turns: 0
+# each output token's version, for the turns that span a weight load only (the others' tokens
+# are all their row's weight_version: no per-token list is built or read for them)
 TOKEN_VERSIONS_SQL: Final = (
     "SELECT episode_id, turn, list_transform(token_versions, lambda v: coalesce(v, 0)) AS token_versions "
-    "FROM turn_versions WHERE list_contains($episode_ids, episode_id)"
+    "FROM turn_versions WHERE len(versions) > 1 AND list_contains($episode_ids, episode_id)"
 )
 
 
@@ -405,9 +406,9 @@ def with_token_versions(
 ) -> list[Sample]:
     """`samples` (one per row of `table`) with the ``weight_version`` of each completion token
     (numpy views of `versions`' Arrow buffers) and, given the trainer's `version`, loss mask 0 on
-    tokens more than ``staleness_limit`` versions older than it. A row whose stored versions do not
-    match its completion's length (a view that rewrote the output) takes its row's
-    ``weight_version`` for every token."""
+    tokens more than ``staleness_limit`` versions older than it. A row of one version (not in
+    `versions`), or whose stored versions do not match its completion's length (a view that
+    rewrote the output), takes its row's ``weight_version`` for every token."""
     offsets, flat, _ = list_buffers(versions, "token_versions")
     flat = flat.astype(np.float64)
     keys = zip(versions.column("episode_id").to_numpy(zero_copy_only=False),

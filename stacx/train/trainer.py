@@ -198,7 +198,7 @@ class Trainer(Actor):
         cfg = self.config
         read = time.perf_counter()
         batch = await step_batch(cfg, self.query, episode_ids, version=self.version)
-        table, samples, n_rows = batch.table, batch.samples, batch.n_rows
+        samples = batch.samples
         batch_ms = (time.perf_counter() - read) * 1e3
         step = self.version + 1
         assert self.model is not None and self.optimizer is not None
@@ -221,38 +221,7 @@ class Trainer(Actor):
             result.duration_ms,
             save_ms,
         )
-        # the columns the lineage needs, not the token lists (a whole prompt per row)
-        meta = ("episode_id", "branch_episode_id", "reward", "weight_version")
-        rows = scalar_rows(table.select([c for c in meta if c in table.column_names]))
-        rewards = _episode_rewards(rows)
-        await self.publish(
-            TrainStepFinished(
-                run_id=self.run_id,
-                event_id=derive_id(self.run_id, "step", step),
-                step=step,
-                algorithm=cfg.algorithm,
-                loss=result.loss,
-                weight_version=step,
-                reward_mean=sum(rewards) / len(rewards) if rewards else None,
-                n_samples=n_rows,
-                n_tokens=result.n_tokens,
-                duration_ms=result.duration_ms,
-                world_size=cfg.world_size,
-                metrics_json=json.dumps(
-                    {
-                        **result.metrics,
-                        "grad_norm": result.grad_norm,
-                        "n_loss_tokens": result.n_loss_tokens,
-                        "n_sequences": result.n_samples,  # packed: one per episode segment
-                        "checkpoint_ms": save_ms,
-                        "batch_ms": batch_ms,  # the batch's queries and samples
-                        "batch_prompt_ids": batch.prompt_ids_read,
-                        "max_staleness": _max_staleness(rows, self.version),
-                    }
-                ),
-                episode_ids=sorted(set(episode_ids)),
-            )
-        )
+        await self.publish(self._finished(step, batch, result, episode_ids, save_ms, batch_ms))
         await self.publish(
             WeightsPublished(
                 run_id=self.run_id,
@@ -273,6 +242,48 @@ class Trainer(Actor):
             step,
             keep_last=cfg.keep_last,
             save_every=cfg.save_every,
+        )
+
+    def _finished(
+        self,
+        step: int,
+        batch: StepBatch,
+        result: StepResult,
+        episode_ids: list[str],
+        save_ms: float,
+        batch_ms: float,
+    ) -> TrainStepFinished:
+        """The step's record: what it trained on (lineage), its loss, timings and staleness."""
+        cfg = self.config
+        # the columns the lineage needs, not the token lists (a whole prompt per row)
+        meta = ("episode_id", "branch_episode_id", "reward", "weight_version")
+        rows = scalar_rows(batch.table.select([c for c in meta if c in batch.table.column_names]))
+        rewards = _episode_rewards(rows)
+        return TrainStepFinished(
+            run_id=self.run_id,
+            event_id=derive_id(self.run_id, "step", step),
+            step=step,
+            algorithm=cfg.algorithm,
+            loss=result.loss,
+            weight_version=step,
+            reward_mean=sum(rewards) / len(rewards) if rewards else None,
+            n_samples=batch.n_rows,
+            n_tokens=result.n_tokens,
+            duration_ms=result.duration_ms,
+            world_size=cfg.world_size,
+            metrics_json=json.dumps(
+                {
+                    **result.metrics,
+                    "grad_norm": result.grad_norm,
+                    "n_loss_tokens": result.n_loss_tokens,
+                    "n_sequences": result.n_samples,  # packed: one per episode segment
+                    "checkpoint_ms": save_ms,
+                    "batch_ms": batch_ms,  # the batch's queries and samples
+                    "batch_prompt_ids": batch.prompt_ids_read,
+                    "max_staleness": _max_staleness(rows, self.version),
+                }
+            ),
+            episode_ids=sorted(set(episode_ids)),
         )
 
     def _save(self, step: int, result: StepResult) -> tuple[Path, str]:

@@ -94,6 +94,7 @@ class FailureKind(StrEnum):
     INTERNAL = "internal"
     TASK_INVALID = "task_invalid"  # the task itself cannot be loaded (bad task.toml, files)
     SANDBOX_HOST_LOST = "sandbox_host_lost"  # the sandbox service holding it died or went silent
+    JUDGE = "judge"  # the judge model erred or gave no usable score after its retries (JudgeScored)
 
 
 class TurnActor(StrEnum):
@@ -346,6 +347,28 @@ class SandboxStopped(_Kind, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
+class JudgeScored(_Kind, frozen=True, kw_only=True, tag=True):
+    """One question to a judge model about an episode's answer (stacx.judge): the exact prompt
+    and output ids, the reply as text, and what it scored (criterion -> score in [0, 1]).
+    Every call is recorded, re-asks and failed ones too (`error` says why it gave no usable
+    score). `score` is set on the call that completed the judgement: the rubric's aggregated
+    judge score, which RewardAssigned then combines with the verifier's reward."""
+
+    episode_id: str
+    call: int = 0  # 0 in batched mode; the criterion's index in individual mode
+    attempt: int = 0  # 0, then 1.. for re-asks
+    judge: str = ""  # the judge engine's name (the recipe's judge.name)
+    rubric: str = ""  # the rubric file
+    criteria: list[str] = msgspec.field(default_factory=list)
+    prompt_ids: list[int] = msgspec.field(default_factory=list)
+    output_ids: list[int] = msgspec.field(default_factory=list)
+    reply: str = ""
+    scores_json: str = "{}"
+    score: float | None = None
+    error: str = ""
+    gen_ms: float = 0.0
+
+
 # ---- imitation and distillation --------------------------------------------------------------
 
 
@@ -476,6 +499,7 @@ AnyEvent: TypeAlias = (
     | StepFailed
     | SandboxStarted
     | SandboxStopped
+    | JudgeScored
     | TeacherLabeled
     | TeacherScored
     | BranchCreated

@@ -39,6 +39,7 @@ from stacx.events import (
     derive_id,
     prompt_split,
 )
+from stacx.rubric import Rubric
 
 if TYPE_CHECKING:
     import torch
@@ -297,6 +298,14 @@ class ArtifactConfig(msgspec.Struct, kw_only=True, frozen=True):
     service: str | None = None
 
 
+class StacxVerifier(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """``[verifier.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys).
+    ``rubric``: a rubric file (stacx.rubric; RewardKit's judge format), relative to the task
+    directory, scored by the recipe's judge model and combined with the verifier's reward."""
+
+    rubric: str | None = None
+
+
 class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
     timeout_sec: float = 600.0
     env: dict[str, str] = msgspec.field(default_factory=dict)
@@ -305,6 +314,7 @@ class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
     allowed_hosts: list[str] | None = None
     environment_mode: str | None = None  # "shared" | "separate"; None: separate iff environment
     environment: EnvironmentConfig | None = None  # the separate verifier's own environment
+    stacx: StacxVerifier = msgspec.field(default_factory=StacxVerifier)
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -401,6 +411,7 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     step: str | None = None  # set on the view of one step of a multi-step task
     notes: list[str] = msgspec.field(default_factory=list)  # keys reported as not honoured
     step_tasks: list[Task] = msgspec.field(default_factory=list)  # a multi-step task's steps
+    rubric: Rubric | None = None  # [verifier.stacx] rubric, parsed at load (stacx.rubric)
 
     @property
     def dir(self) -> Path:

@@ -21,6 +21,7 @@ Sections and who reads them:
 - ``trainer``    optimizer, steps, batches, checkpoints: ``stacx.train.config.TrainerConfig``;
   its algorithm, model, mode and max_staleness are derived from the sections above
 - ``teacher``    the frozen teacher (DAgger, AggreVaTe, OPD), its checkpoint and engine
+- ``judge``      the judge model that scores rubrics (``stacx.rubric``), and a task set's rubric
 - ``placement``  local (asyncio, one process) or ray; workers and resources per actor
 - ``logging``    progress display, TensorBoard, Weights & Biases
 """
@@ -135,6 +136,34 @@ class EvalSection(_Section, frozen=True):
     limit: int | None = None
 
 
+class JudgeSection(_Section, frozen=True):
+    """The judge model of rubric rewards (``stacx.rubric``, ``stacx.judge``): which Engine
+    scores the tasks that declare a rubric (``[verifier.stacx] rubric`` in their task.toml), and
+    ``rubric``, a rubric for every task of the set that declares none.
+
+    ``use``: ``own`` (the engine this section describes: ``path`` for the torch or sglang
+    backend, ``url`` for an OpenAI-compatible or running SGLang server), ``teacher`` (an engine
+    of the ``[teacher]`` section's settings), ``student`` (the rollout worker's own engine, on
+    whatever weights it serves). No judge (the default) is ``use = "own"`` with neither ``path``
+    nor ``url``; a task with a rubric then fails as an infrastructure failure (judge)."""
+
+    use: Literal["own", "teacher", "student"] = "own"
+    path: str = ""  # "default" (the bundled SmolLM2-135M), a local HF dir, or a hub id
+    name: str = "judge"  # recorded in JudgeScored.judge
+    backend: Literal["torch", "sglang", "openai"] = "torch"
+    device: Device = "auto"
+    dtype: DType = "auto"
+    url: str = ""
+    max_batch: int = 8
+    max_len: int = 8192
+    # a rubric file for the tasks that declare none: a path, or one relative to the task set
+    rubric: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.use != "own" or bool(self.path or self.url)
+
+
 class AlgorithmSection(_Section, frozen=True):
     """What is trained, and how rollouts and training interleave. DAgger, AggreVaTe and OPD
     read ``[algorithm.imitation]`` (``stacx.imitation.config.ImitationConfig``: beta schedule,
@@ -186,6 +215,7 @@ class Recipe(_Section, frozen=True):
     eval: EvalSection = EvalSection()
     trainer: TrainerConfig = TrainerConfig()  # the trainer actor's own config (see loader.derive)
     teacher: TeacherConfig = TeacherConfig()  # the imitation engine's own config
+    judge: JudgeSection = JudgeSection()
     placement: PlacementSection = PlacementSection()
     logging: LoggingSection = LoggingSection()
 
@@ -270,6 +300,38 @@ def _installed_problems(r: Recipe) -> list[str]:
     return out
 
 
+def _judge_problems(r: Recipe) -> list[str]:
+    """What the [judge] section needs: an engine for a rubric, the engine it names, and a
+    rubric file that parses (stacx.launch.judges.recipe_rubric)."""
+    from stacx.launch.judges import recipe_rubric
+
+    j, out = r.judge, []
+    if j.use != "own" and (j.path or j.url):
+        out.append(f"judge.path / judge.url: not used with judge.use = {j.use!r}; remove them")
+    if j.use == "teacher" and not (r.teacher.path or r.teacher.url):
+        out.append("judge.use = 'teacher': needs teacher.path or teacher.url")
+    if j.use == "student" and r.scripted_agent:
+        out.append(f"judge.use = 'student': agent.name = {r.agent.name!r} runs no model")
+    if j.use == "own" and j.enabled:
+        if j.backend == "openai" and not (j.path and j.url):
+            out.append("judge.path, judge.url: backend 'openai' needs both (the model, whose "
+                       "tokenizer frames the prompt, and the server)")  # fmt: skip
+        if j.backend == "torch" and j.url:
+            out.append("judge.url: backend 'torch' runs in the worker's process; set judge.path")
+        if j.backend == "sglang" and not j.path:
+            out.append("judge.path: backend 'sglang' needs the model (its tokenizer)")
+    if j.enabled and r.algorithm.name in ("dagger", "aggrevate"):
+        out.append(f"[judge] with algorithm.name = {r.algorithm.name!r}: not supported (its "
+                   "roll-in and branch episodes are not judged); use grpo, sft, opd or eval")  # fmt: skip
+    if j.rubric and not j.enabled:
+        out.append("judge.rubric: needs a judge model: set judge.path, judge.url or judge.use")
+    try:
+        recipe_rubric(r)
+    except ConfigError as exc:
+        out.append(str(exc))
+    return out
+
+
 def cross_check(recipe: Recipe) -> None:
     """Reject what the path does not honour, or a combination that cannot work, naming the key.
 
@@ -314,6 +376,7 @@ def _problems(r: Recipe) -> list[str]:
         )
     out.extend(_installed_problems(r))
     out.extend(_eval_problems(r))
+    out.extend(_judge_problems(r))
     if r.needs_teacher and not (r.teacher.path or r.teacher.url):
         out.append(f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url")
     e, defaults = r.engine, EngineSection()

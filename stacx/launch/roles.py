@@ -23,6 +23,7 @@ from stacx.errors import ConfigError
 from stacx.events import Policy, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
+from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
@@ -98,7 +99,9 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 agent_config(recipe),
                 scripted_executors(recipe.agent.name, chat, get_format(recipe.agent.format)),
             )
-            yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent)]
+            judge = await open_judge(stack, recipe, env)
+            yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent,
+                                 judge=judge)]  # fmt: skip
             return
         engine, tokenizer = await open_engine(
             stack,
@@ -141,8 +144,9 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             make_agent = make_installed or loop_agents(
                 chat, agent_config(recipe), lambda _t, _i: always(student)
             )
+            judge = await open_judge(stack, recipe, env, (engine, tokenizer))
             workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
-                                     serves=serves)]  # fmt: skip
+                                     serves=serves, judge=judge)]  # fmt: skip
         yield [weights, *workers]
 
 

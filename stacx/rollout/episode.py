@@ -36,6 +36,7 @@ from stacx.events import (
     EpisodeStarted,
     Event,
     FailureKind,
+    JudgeScored,
     Policy,
     RewardAssigned,
     StopReason,
@@ -44,6 +45,7 @@ from stacx.events import (
     derive_id,
 )
 from stacx.events import StepFailed as StepFailedEvent
+from stacx.judge import JudgeModel, JudgeResult, score
 from stacx.ports import (
     Agent,
     AgentResult,
@@ -54,6 +56,7 @@ from stacx.ports import (
     Task,
     Verdict,
 )
+from stacx.rubric import Rubric, combine
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # for tasks whose task.toml sets no agent.timeout_sec
 
@@ -156,8 +159,15 @@ async def run_episode(
     agent: Agent,
     emit: Emit,
     step_agent: Callable[[Task], Agent] | None = None,
+    judge: JudgeModel | None = None,
 ) -> tuple[AgentResult, Verdict]:
     """Run one attempt; raises InfraFailure on infrastructure trouble (see module doc).
+
+    A task with a rubric (its own ``[verifier.stacx] rubric``, else `judge.rubric`, the
+    recipe's) is also judged: the rubric's files are read from the sandbox after the agent and
+    before the verifier; once the sandbox is released, `judge` scores them (one JudgeScored per
+    call) and the reward is the rubric's [combine] of the verifier's reward and the judge score.
+    A judge that errs or gives no usable score is an InfraFailure(judge), never a 0.
 
     A multi-step task (``task.step_tasks``) runs its steps in order in one sandbox: `agent`
     acts on the first step (build it from ``task.step_tasks[0]``), `step_agent(step)` gives
@@ -174,6 +184,8 @@ async def run_episode(
     result = AgentResult(stop_reason=StopReason.STEP_FAILED, n_turns=0, n_tool_calls=0,
                          transcript_ids=[])  # fmt: skip
     n_turns = 0
+    rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
+    answers: dict[str, str] = {}
     try:
         async with envs.sandbox(spec.task, episode_id=episode_id) as sandbox:
             ran = _Steps(emit)
@@ -185,6 +197,8 @@ async def run_episode(
                 n_turns += result.n_turns
                 if len(steps) == 1:  # EpisodeFinished before the verifier, as ever
                     await _finished(spec, emit, result, n_turns, t0)
+                if rubric is not None:  # what the agent left, before the verifier runs
+                    answers = await read_answers(sandbox, rubric)
                 phase = FailureKind.VERIFIER_ERROR
                 try:  # the backend then starts the next step: StepFailed if it cannot
                     verdict = await envs.verify(sandbox, step, episode_id=episode_id)
@@ -205,7 +219,74 @@ async def run_episode(
         raise _infra(exc, phase) from exc
     # Anything else is a bug in our own code: it propagates with its traceback (the actor
     # runtime logs it and redelivers the task), and is never recorded as infrastructure.
-    return await _score(spec, emit, result, n_turns, t0, verdicts, failed)
+    verdict = combine_steps(spec.task, verdicts, failed)
+    if rubric is not None and failed is None:
+        verdict = await _judged(spec, emit, judge, rubric, answers, verdict)
+    return await _score(spec, emit, result, n_turns, t0, verdict, failed)
+
+
+async def read_answers(sandbox: Sandbox, rubric: Rubric) -> dict[str, str]:
+    """The text of each file the rubric judges (a missing one says so: the judge sees that
+    the agent wrote nothing there). A sandbox that cannot answer raises (infrastructure)."""
+    out: dict[str, str] = {}
+    for path in rubric.judge.files:
+        try:
+            out[path] = (await sandbox.read_file(path)).decode("utf-8", "replace")
+        except (FileNotFoundError, IsADirectoryError):
+            out[path] = "(the agent left no such file)"
+    return out
+
+
+async def _judged(
+    spec: EpisodeSpec,
+    emit: Emit,
+    judge: JudgeModel | None,
+    rubric: Rubric,
+    answers: dict[str, str],
+    verdict: Verdict,
+) -> Verdict:
+    """The verdict with the judge's score combined in (see `run_episode`); every judge call is
+    a JudgeScored event; a failed judgement raises InfraFailure(judge)."""
+    if judge is None:
+        raise InfraFailure(
+            FailureKind.JUDGE,
+            f"task {spec.task.task_id} has a rubric ({rubric.path}) but the recipe names no "
+            "judge model (set [judge] path, url or use)",
+        )
+    result = await score(rubric, spec.task.instruction, answers, judge, seed=spec.episode_id)
+    await _judge_events(spec, emit, rubric, result)
+    if result.score is None:
+        raise InfraFailure(FailureKind.JUDGE, result.error)
+    reward = combine(rubric.combine, verdict.reward, result.score)
+    parts = {"verifier_reward": verdict.reward, "judge": result.score,
+             **{f"judge.{k}": v for k, v in result.scores.items()}}  # fmt: skip
+    return msgspec.structs.replace(verdict, reward=reward, metrics={**verdict.metrics, **parts})
+
+
+async def _judge_events(
+    spec: EpisodeSpec, emit: Emit, rubric: Rubric, result: JudgeResult
+) -> None:
+    last = len(result.calls) - 1
+    for i, call in enumerate(result.calls):
+        await emit(
+            JudgeScored(
+                run_id=spec.run_id,
+                event_id=derive_id(spec.episode_id, "JudgeScored", call.call, call.attempt),
+                episode_id=spec.episode_id,
+                call=call.call,
+                attempt=call.attempt,
+                judge=result.judge,
+                rubric=rubric.path,
+                criteria=call.criteria,
+                prompt_ids=call.prompt_ids,
+                output_ids=call.output_ids,
+                reply=call.reply,
+                scores_json=msgspec.json.encode(call.scores).decode(),
+                score=result.score if i == last else None,
+                error=call.error,
+                gen_ms=call.gen_ms,
+            )
+        )
 
 
 def _infra(exc: Exception, phase: FailureKind) -> InfraFailure:
@@ -244,7 +325,7 @@ async def _score(
     result: AgentResult,
     n_turns: int,
     t0: float,
-    verdicts: list[tuple[str, Verdict]],
+    verdict: Verdict,
     failed: StepFailed | None,
 ) -> tuple[AgentResult, Verdict]:
     """The episode's end once every step ran or one failed: StepFailed (then EpisodeFinished)
@@ -263,7 +344,6 @@ async def _score(
         )
         result = msgspec.structs.replace(result, stop_reason=StopReason.STEP_FAILED)
         await _finished(spec, emit, result, n_turns, t0)
-    verdict = combine_steps(spec.task, verdicts, failed)
     await emit(
         RewardAssigned(
             run_id=spec.run_id,

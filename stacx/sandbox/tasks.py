@@ -49,6 +49,7 @@ from stacx.ports import (
     TaskConfig,
     VerifierConfig,
 )
+from stacx.rubric import task_rubric
 from stacx.sandbox.compose import compose_file, load_compose
 from stacx.sandbox.jsonl_tasks import read_jsonl
 from stacx.sandbox.privileges import check_request
@@ -275,7 +276,13 @@ def _load_task(task_dir: str | Path) -> Task:
             "run here"
         )
     notes = task_notes(task_dir, config, unknown)
+    typos = [k for k in unknown if k.startswith("verifier.stacx.")]  # STACX's own keys: no typo
+    if typos:
+        raise TaskError(f"{toml_path}: {typos[0]}: unknown key; accepted: verifier.stacx.rubric")
+    rubric = task_rubric(task_dir, config.verifier.stacx.rubric, where=str(toml_path))
     if config.steps:
+        if rubric is not None:
+            raise TaskError(f"{toml_path}: verifier.stacx.rubric: not supported with [[steps]]")
         task = _multi_step_task(task_dir, config, unknown, notes)
         check_allowlist(task, toml_path)
         return task
@@ -294,6 +301,7 @@ def _load_task(task_dir: str | Path) -> Task:
         unknown=unknown,
         has_solution=(task_dir / "solution" / "solve.sh").is_file(),
         notes=notes,
+        rubric=rubric,
     )
     check_allowlist(task, toml_path)
     return task

@@ -1,0 +1,211 @@
+"""The judge: a model scores an answer against a rubric (`stacx.rubric`), as data.
+
+`score(rubric, instruction, answers, model)` asks the judge model once (``mode = "batched"``)
+or once per criterion (``"individual"``), parses each reply, re-asks up to ``retries`` times
+after an engine error or an unparseable reply, and returns a `JudgeResult`: every call made
+(prompt ids, output ids, decoded reply, what was parsed), the per-criterion scores and the
+aggregated score, or the reason it failed. It publishes nothing and raises nothing for a judge
+failure: the caller records the calls (``JudgeScored``) and turns a failure into an infrastructure
+failure (FailureKind.JUDGE), never into a score of 0 (`stacx.rollout.episode` does; `stacx
+regrade` can call the same function on recorded answers).
+
+The judge model is any `Engine` with a chat tokenizer (`JudgeModel`); `stacx.launch` builds it
+from the recipe's ``[judge]`` (its own checkpoint or server, the teacher, or the student).
+
+Guarantees: deterministic sampling seeds per (seed, call, attempt), so a redone episode asks
+the same questions with the same seeds. Limits: the judged text is the files' text (no images,
+no transcript); a prompt that does not fit the judge's ``max_len`` fails the call (no
+truncation beyond ``max_answer_chars``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import msgspec
+
+from stacx.errors import EngineError
+from stacx.events import derive_id
+from stacx.ports import Engine, SamplingParams
+from stacx.rubric import (
+    Criterion,
+    Rubric,
+    aggregate,
+    choices,
+    parse_reply,
+    prompt_messages,
+    reply_prefix,
+)
+
+
+class ChatTemplate(Protocol):
+    """What the judge needs of a (Hugging Face) tokenizer: the chat template, encode, decode."""
+
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], *, tokenize: bool, add_generation_prompt: bool
+    ) -> str: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+
+class JudgeModel:
+    """A judge: an engine, its tokenizer, the ids that end its reply, its context length, and
+    the rubric of the tasks that declare none (a recipe's rubric for a whole task set)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: ChatTemplate,
+        *,
+        name: str = "judge",
+        stop_token_ids: list[int] | None = None,
+        max_len: int = 8192,
+        rubric: Rubric | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.name = name
+        self.stop_token_ids = list(stop_token_ids or [])
+        self.max_len = max_len
+        self.rubric = rubric
+
+
+class JudgeCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One question to the judge and its answer (one JudgeScored event)."""
+
+    call: int  # which question: 0 in batched mode, the criterion's index in individual mode
+    attempt: int  # 0, then 1.. for the re-asks
+    criteria: list[str]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    reply: str  # reply_prefix + the decoded output
+    scores: dict[str, float]  # what this reply gave (possibly partial)
+    error: str = ""  # why this call gave no usable scores ("" when it did)
+    gen_ms: float = 0.0
+
+
+class JudgeResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The judge's verdict on one answer: `score` in [0, 1] and per-criterion `scores`, or
+    `error` (then `score` is None). `calls` holds every call, failed ones included."""
+
+    score: float | None
+    scores: dict[str, float]
+    calls: list[JudgeCall]
+    judge: str = ""
+    error: str = ""
+
+
+async def score(
+    rubric: Rubric,
+    instruction: str,
+    answers: dict[str, str],
+    model: JudgeModel,
+    *,
+    seed: str = "",
+) -> JudgeResult:
+    """Score `answers` (judged file -> its text) to `instruction` by `rubric` with `model`
+    (see the module docstring). `seed` (e.g. the episode id) makes the sampling seeds."""
+    groups = (
+        [rubric.criterion] if rubric.judge.mode == "batched" else [[c] for c in rubric.criterion]
+    )
+    calls: list[JudgeCall] = []
+    scores: dict[str, float] = {}
+    for index, criteria in enumerate(groups):
+        got, error = await _ask(rubric, criteria, instruction, answers, model, seed, index, calls)
+        if error:
+            return JudgeResult(score=None, scores=scores, calls=calls, judge=model.name,
+                               error=error)  # fmt: skip
+        scores |= got
+    return JudgeResult(
+        score=aggregate(rubric, scores), scores=scores, calls=calls, judge=model.name
+    )
+
+
+async def _ask(
+    rubric: Rubric,
+    criteria: list[Criterion],
+    instruction: str,
+    answers: dict[str, str],
+    model: JudgeModel,
+    seed: str,
+    index: int,
+    calls: list[JudgeCall],
+) -> tuple[dict[str, float], str]:
+    """One question, re-asked until a reply parses or the retries are spent: (scores, "") or
+    ({}, the last problem). Appends every call to `calls`."""
+    messages = prompt_messages(rubric, criteria, instruction, answers)
+    prefix = reply_prefix(criteria)
+    tok = model.tokenizer
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = tok.encode(text + prefix, add_special_tokens=False)
+    names = [c.name for c in criteria]
+    j = rubric.judge
+    room = model.max_len - len(prompt)
+    if room < 1:
+        return {}, f"the judge prompt ({len(prompt)} tokens) does not fit max_len {model.max_len}"
+    problem = ""
+    for attempt in range(j.retries + 1):
+        t0 = time.perf_counter()
+        try:
+            if j.decoding == "choices":
+                output, reply = await _choose(criteria, prompt, prefix, model)
+            else:
+                params = SamplingParams(
+                    max_new_tokens=min(j.max_new_tokens, room),
+                    temperature=j.temperature if attempt == 0 else j.retry_temperature,
+                    stop_token_ids=model.stop_token_ids,
+                    seed=int(derive_id(seed, "judge", index, attempt)[:8], 16) & 0x7FFFFFFF,
+                )
+                output, reply = await _generate(prompt, prefix, model, params)
+        except EngineError as exc:
+            problem = f"engine error: {exc}"
+            calls.append(JudgeCall(call=index, attempt=attempt, criteria=names,
+                                   prompt_ids=prompt, output_ids=[], reply="", scores={},
+                                   error=problem))  # fmt: skip
+            continue
+        got, problem = parse_reply(criteria, reply)
+        calls.append(JudgeCall(call=index, attempt=attempt, criteria=names, prompt_ids=prompt,
+                               output_ids=output, reply=reply, scores=got, error=problem,
+                               gen_ms=(time.perf_counter() - t0) * 1000))  # fmt: skip
+        if not problem:
+            return got, ""
+    return {}, f"judge call {index} ({', '.join(names)}) after {j.retries + 1} attempts: {problem}"
+
+
+async def _generate(
+    prompt: list[int], prefix: str, model: JudgeModel, params: SamplingParams
+) -> tuple[list[int], str]:
+    """decoding = "generate": the judge writes its reply after `prefix` (the first ask at the
+    rubric's temperature, the re-asks at its retry_temperature)."""
+    (gen,) = await model.engine.generate([prompt], params)
+    output = list(gen.output_ids)
+    return output, prefix + model.tokenizer.decode(output, skip_special_tokens=True)
+
+
+async def _choose(
+    criteria: list[Criterion], prompt: list[int], prefix: str, model: JudgeModel
+) -> tuple[list[int], str]:
+    """decoding = "choices": the reply is built criterion by criterion; each value is the one
+    of the criterion's `choices` whose ids the judge gives the highest logprob (Engine.score)
+    after the prompt and the reply so far. Deterministic; no sampling."""
+    tok = model.tokenizer
+    output: list[int] = []
+    reply = prefix
+    for k, c in enumerate(criteria):
+        if k:  # the next line's "name:" (the first one ends the prompt)
+            head = f"\n{c.name}:"
+            output += tok.encode(head, add_special_tokens=False)
+            reply += head
+        best: tuple[float, str, list[int]] | None = None
+        for value in choices(c):
+            ids = tok.encode(f" {value}", add_special_tokens=False)
+            logprob = sum(await model.engine.score(prompt + output, ids))
+            if best is None or logprob > best[0]:
+                best = (logprob, value, ids)
+        assert best is not None  # choices() is never empty
+        output += best[2]
+        reply += f" {best[1]}"
+    return output, reply

@@ -199,6 +199,8 @@ def check_recipe(
             # the oracle: its solution, then submit; the null agent: submit
             "agent": {"name": agent, "max_turns": 2},
             "sandbox": {"concurrency": concurrency, "max_attempts": 1, "aliases": aliases},
+            # a check is of the verifier: a task's rubric (stacx.rubric) is not scored
+            "judge": {"use": "off"},
             "algorithm": {"name": "eval"},
             "logging": {"progress": progress, "tensorboard": False, "plot": False},
         },

@@ -144,10 +144,12 @@ class JudgeSection(_Section, frozen=True):
     ``use``: ``own`` (the engine this section describes: ``path`` for the torch or sglang
     backend, ``url`` for an OpenAI-compatible or running SGLang server), ``teacher`` (an engine
     of the ``[teacher]`` section's settings), ``student`` (the rollout worker's own engine, on
-    whatever weights it serves). No judge (the default) is ``use = "own"`` with neither ``path``
-    nor ``url``; a task with a rubric then fails as an infrastructure failure (judge)."""
+    whatever weights it serves), ``off`` (rubrics are not scored: the reward is the verifier's
+    alone; what ``stacx tasks check`` does, as it checks verifiers). No judge (the default) is
+    ``use = "own"`` with neither ``path`` nor ``url``; a task with a rubric then fails as an
+    infrastructure failure (judge), never silently unjudged."""
 
-    use: Literal["own", "teacher", "student"] = "own"
+    use: Literal["own", "teacher", "student", "off"] = "own"
     path: str = ""  # "default" (the bundled SmolLM2-135M), a local HF dir, or a hub id
     name: str = "judge"  # recorded in JudgeScored.judge
     backend: Literal["torch", "sglang", "openai"] = "torch"
@@ -161,7 +163,7 @@ class JudgeSection(_Section, frozen=True):
 
     @property
     def enabled(self) -> bool:
-        return self.use != "own" or bool(self.path or self.url)
+        return self.use not in ("own", "off") or bool(self.path or self.url)
 
 
 class AlgorithmSection(_Section, frozen=True):

@@ -81,6 +81,7 @@ def rollout_config(recipe: Recipe) -> RolloutConfig:
         concurrency=recipe.sandbox.concurrency,
         max_attempts=recipe.sandbox.max_attempts,
         episode_timeout_s=recipe.agent.episode_timeout_s,
+        judged=recipe.judge.use != "off",
     )
 
 

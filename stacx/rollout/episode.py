@@ -1,7 +1,8 @@
 """One episode, end to end: sandbox -> agent loop -> verifier -> release, as events.
 
 Order of events of a successful attempt: EpisodeStarted, (TurnGenerated, ToolCalled,
-ToolReturned)*, EpisodeFinished, RewardAssigned. A step of a multi-step task that cannot
+ToolReturned)*, EpisodeFinished, JudgeScored* (a task with a rubric: `stacx.judge`),
+RewardAssigned. A step of a multi-step task that cannot
 start (its setup.sh or healthcheck fails: `StepFailed`) is no infrastructure failure, as in
 Harbor: StepFailed, EpisodeFinished (stop_reason step_failed), RewardAssigned from the steps
 that ran (`combine_steps`). An infrastructure failure anywhere raises
@@ -71,6 +72,7 @@ class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = "swe"
     policy: Policy = Policy.STUDENT
     timeout_s: float | None = None  # agent-loop wall time; None: the task's (or 600 s)
+    judged: bool = True  # False: rubrics are not scored, the verifier's reward stands alone
 
     @property
     def episode_id(self) -> str:
@@ -185,6 +187,7 @@ async def run_episode(
                          transcript_ids=[])  # fmt: skip
     n_turns = 0
     rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
+    rubric = rubric if spec.judged else None
     answers: dict[str, str] = {}
     try:
         async with envs.sandbox(spec.task, episode_id=episode_id) as sandbox:

@@ -40,6 +40,7 @@ class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: int = 2
     max_attempts: int = 3
     episode_timeout_s: float | None = None  # None: each task's agent.timeout_sec
+    judged: bool = True  # False: tasks' rubrics are not scored (stacx tasks check)
 
 
 class SampleState(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,6 +146,7 @@ class RolloutManager(Actor):
                 agent=self.config.agent,
                 policy=self.config.policy,
                 timeout_s=self.config.episode_timeout_s,
+                judged=self.config.judged,
             )
             async with self._slots:
                 try:

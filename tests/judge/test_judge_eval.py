@@ -6,16 +6,23 @@ infrastructure failure (InfraFailed judge), never a reward of 0."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from stacx.launch.launcher import launch
+from stacx.launch.presets import check_recipe, check_rows
 from stacx.store.db import connect_run
+
+EXPLAIN = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "explain"
 
 TASKS = ("explain-dns", "explain-http-404-vs-500")
 
@@ -89,3 +96,20 @@ def test_a_judge_that_fails_is_an_infra_failure_never_a_zero(tmp_path: Path) -> 
     assert all(c[1].startswith("engine error") and c[2] == [] for c in calls)
     statuses = con.execute("SELECT status, failure_kind, reward FROM episodes").fetchall()
     assert statuses == [("failed", "judge", None)] * len(TASKS)
+
+
+@pytest.mark.parametrize("agent", ["oracle", "null"])
+def test_tasks_check_checks_the_verifier_without_a_judge(agent: str, tmp_path: Path) -> None:
+    for name in TASKS:
+        shutil.copytree(EXPLAIN / name, tmp_path / "set" / name)
+    recipe = check_recipe(tmp_path / "set", agent)  # type: ignore[arg-type]
+    assert recipe.judge.use == "off"
+    recipe = msgspec.structs.replace(
+        recipe, sandbox=msgspec.structs.replace(recipe.sandbox, backend="process")
+    )
+    outcome = asyncio.run(launch(recipe, tmp_path / "run", echo=lambda s: None))
+    rows = check_rows(outcome, agent)
+    assert sorted(r.task_id for r in rows) == sorted(TASKS)
+    assert all(r.ok for r in rows), rows  # oracle 1.0 (its answer's format), null 0.0
+    con = connect_run(tmp_path / "run")
+    assert con.execute("SELECT count(*) FROM judge_scored").fetchone() == (0,)

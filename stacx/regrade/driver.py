@@ -61,7 +61,7 @@ from stacx.regrade.graders import Grader, Replayed, VerifierGrader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
 from stacx.sandbox.tasks import load_task_set
 from stacx.store import db
-from stacx.store.episodes_io import EpisodeRecord, read_records
+from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
 from stacx.toolcalls import ToolCall
 
 # the default selection: every episode whose agent loop ended (an infra-failed attempt that
@@ -119,16 +119,16 @@ def read_run(
         recipe = convert(previous.config, source=f"{run_dir}'s recorded recipe")
     except ConfigError as exc:
         raise ConfigError(f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}") from exc
-    records = read_records(run_dir, where)
-    if limit is not None:
-        records = records[:limit]
     con = db.connect_run(run_dir)
     try:
+        if limit is not None:  # the first N by start, before their events are read
+            ids = [r[1] for r in select_episodes(con, where)[:limit]]
+            where = "episode_id IN (" + ", ".join(f"'{i}'" for i in ids) + ")" if ids else "false"
         paths = dict(con.execute(
             "select group_id, any_value(task_path) from task_scheduled group by 1").fetchall())
     finally:
         con.close()
-    return previous.config, recipe, records, paths
+    return previous.config, recipe, read_records(run_dir, where), paths
 
 
 def done_before(run_dir: Path) -> set[tuple[str, str]]:

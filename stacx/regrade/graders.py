@@ -33,6 +33,7 @@ from typing import Protocol
 import msgspec
 
 from stacx.ports import Environments, Sandbox, Task, Verdict
+from stacx.sandbox.answers import is_answer_task
 from stacx.sandbox.remote_wire import task_digest
 from stacx.store.episodes_io import EpisodeRecord
 
@@ -77,6 +78,9 @@ class VerifierGrader:
         self.envs = envs
 
     def name(self, task: Task) -> str:
+        """``verifier:<tests dir>@<digest>``; an answer task's check: ``answer:<file#id>@..``."""
+        if is_answer_task(task):
+            return f"answer:{task.path}@{verifier_digest(task)}"
         return f"verifier:{task.tests_dir}@{verifier_digest(task)}"
 
     async def grade(self, replayed: Replayed) -> Verdict:

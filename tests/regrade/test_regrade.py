@@ -38,14 +38,17 @@ def test_a_changed_verifier_gives_changed_rewards_and_names_the_grader(
     run = tmp_path / "R"
     oracle_eval(run)
     tasks = stricter_verifier(tmp_path / "v2")
+    first = stacx("regrade", run, "--tasks", tasks, "--episodes", "task_id = 'write-answer-42'",
+                  "--limit", "1")  # fmt: skip
+    assert first.returncode == 0 and "1 regraded (" in first.stderr, first.stderr[-2000:]
     done = stacx("regrade", run, "--tasks", tasks, "--format", "csv")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 regraded" in done.stderr
+    assert "1 regraded, 1 skipped" in done.stderr  # write-answer-42: done by the first
     got = {r[0]: (r[1], r[2]) for r in rows(run, "select task_id, reward, grader from episodes")}
     assert got["write-answer-42"][0] == 0.0 and got["count-lines-in-file"][0] == 1.0
     for task_id, (_, grader) in got.items():  # the tests dir it ran, and their content digest
         assert str(grader).startswith(f"verifier:{tasks / task_id / 'tests'}@"), grader
-    assert str(got["write-answer-42"][1]) in done.stdout
+    assert f"reward 1.0 -> 0.0 by {got['write-answer-42'][1]}" in first.stderr
     grades = rows(run, "select task_id, grader, reward, latest from grades order by task_id, ts")
     assert [(t, g == "rollout", r, latest) for t, g, r, latest in grades] == [
         ("count-lines-in-file", True, 1.0, False), ("count-lines-in-file", False, 1.0, True),
@@ -56,7 +59,7 @@ def test_a_changed_verifier_gives_changed_rewards_and_names_the_grader(
     assert again.returncode == 0 and "2 skipped" in again.stderr, again.stderr[-2000:]
     assert rows(run, "select count(*) from reward_assigned") == [(4,)]
     # the regrade went through the run's recorder as attempts of the same run
-    assert rows(run, "select count(distinct run_id), count(*) from run_started") == [(1, 3)]
+    assert rows(run, "select count(distinct run_id), count(*) from run_started") == [(1, 4)]
 
 
 def test_a_replay_that_diverges_is_reported_and_not_graded(tmp_path: Path, base_image: str) -> None:

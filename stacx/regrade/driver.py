@@ -20,7 +20,9 @@ by SQL over ``episodes`` or by ids), at most ``sandbox.concurrency`` at once:
    scaffold; the log holds its model calls, not its actions) and a multi-step task;
 3. a fresh sandbox of the task, on the run's sandbox backend (``sandbox.backend`` of the
    recorded recipe: Docker, process or remote, through the `Environments` port), started
-   under a regrade id (`sandbox_id`), not the episode's;
+   under a regrade id (`sandbox_id`), not the episode's. Instead of 3 and 4, a task that
+   declares artifacts and has a separate verifier is graded from the episode's kept artifacts
+   (`stacx.regrade.graders`): no sandbox of the agent, no replay, also for scaffolds;
 4. the recorded calls replayed through the agent's tool adapter (`stacx.regrade.replay`); the
    oracle's ``bash /solution/solve.sh`` runs the recorded task's solution as the oracle did.
    The first observation that differs from the recorded one: ``diverged``, reported and not
@@ -205,8 +207,9 @@ class Regrader:
     """One regrade: the graders' events published through `emit` (the run's context)."""
 
     def __init__(self, *, run_id: str, attempt: int, envs: Environments, grader: Grader,
-                 recipe: Recipe, emit: Emit) -> None:  # fmt: skip
+                 recipe: Recipe, emit: Emit, artifacts_dir: Path) -> None:  # fmt: skip
         self.run_id, self.attempt, self.envs, self.grader = run_id, attempt, envs, grader
+        self.artifacts_dir = artifacts_dir  # <run>/artifacts: what episodes left, by episode id
         self.recipe = recipe
         self.emit = emit
         self._slots = asyncio.Semaphore(max(1, recipe.sandbox.concurrency))
@@ -220,12 +223,14 @@ class Regrader:
         base = msgspec.structs.replace(base, grader=grader)
         if (r.episode_id, grader) in done:
             return msgspec.structs.replace(base, issue="skipped", message="already regraded by this grader")
+        left = self.artifacts_dir / r.episode_id
+        kept = left if self.grader.from_artifacts(target.task, left) else None
         why = not_replayable(target)
-        if why and self.grader.replays:
+        if why and self.grader.replays and kept is None:
             return await self._not_regraded(base, RegradeIssue.NOT_REPLAYABLE, why)
         async with self._slots:
             try:
-                verdict = await self._replay_and_grade(target, base)
+                verdict = await self._replay_and_grade(target, base, kept)
             except (InfraFailure, SandboxError, EngineError, TaskError, OSError) as exc:
                 return await self._not_regraded(base, RegradeIssue.INFRA, f"{type(exc).__name__}: {exc}")
         if isinstance(verdict, Outcome):
@@ -236,16 +241,17 @@ class Regrader:
             metrics_json=json.dumps({"reward": verdict.reward, **verdict.metrics}),
             verifier_ms=verdict.verifier_ms, verifier_output=verdict.output, grader=grader,
         ))  # fmt: skip
-        return msgspec.structs.replace(base, new_reward=verdict.reward)
+        how = "from its artifacts" if kept is not None else "replayed"
+        return msgspec.structs.replace(base, new_reward=verdict.reward, message=how)
 
-    async def _replay_and_grade(self, target: Target, base: Outcome) -> Verdict | Outcome:
+    async def _replay_and_grade(self, target: Target, base: Outcome, kept: Path | None) -> Verdict | Outcome:
         task = target.task
         assert task is not None
         record = target.record
         sandbox_id = derive_id(record.episode_id, "regrade", base.grader)
-        if not self.grader.replays:
+        if not self.grader.replays or kept is not None:
             return await self.grader.grade(Replayed(record=record, task=task, sandbox=None,
-                                                    sandbox_id=sandbox_id))  # fmt: skip
+                                                    sandbox_id=sandbox_id, artifacts=kept))  # fmt: skip
         tools = agent_config(self.recipe).tools.for_task(task)
         async with self.envs.sandbox(task, episode_id=sandbox_id) as sandbox:
             diverged = await replay(recorded_calls(record), sandbox, run_call(target, tools))
@@ -296,7 +302,8 @@ async def regrade(
         async with contextlib.AsyncExitStack() as stack:
             envs = await stack.enter_async_context(docker_environments(recipe, env))
             regrader = Regrader(run_id=run.run_id, attempt=run.attempt, envs=envs,
-                                grader=VerifierGrader(envs), recipe=recipe, emit=run.emit)  # fmt: skip
+                                grader=VerifierGrader(envs), recipe=recipe, emit=run.emit,
+                                artifacts_dir=run.run_dir / "artifacts")  # fmt: skip
 
             async def one(t: Target) -> Outcome:
                 outcome = await regrader.one(t, done)
@@ -312,7 +319,7 @@ def describe(o: Outcome) -> str:
     """One line per episode, as the regrade goes."""
     head = f"{o.episode_id[:12]} {o.task_id}:"
     if not o.issue:
-        return f"{head} reward {o.old_reward} -> {o.new_reward} by {o.grader}"
+        return f"{head} reward {o.old_reward} -> {o.new_reward} by {o.grader} ({o.message})"
     if o.issue == RegradeIssue.DIVERGED:
         return f"{head} DIVERGED, not regraded: {o.message}"
     return f"{head} not regraded ({o.issue}): {o.message}"

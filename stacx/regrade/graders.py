@@ -12,6 +12,11 @@ A `Grader` is a structural Protocol with two parts:
   episode's final state: a verifier does (it runs in the sandbox where the recorded actions
   were replayed); a grader of the transcript alone (a judge) gets ``sandbox = None`` and
   no sandbox is started for it.
+- ``from_artifacts(task, kept)``: whether the episode is graded from the artifacts it left
+  (``<run>/artifacts/<episode>``) instead of a replay: `VerifierGrader` does so for a task that
+  declares artifacts and whose verifier is separate (it never sees more than the artifacts),
+  where the run's environments can (Docker); then no action is replayed, so nothing can
+  diverge, and even an installed scaffold's episode is graded.
 
 Raises: `InfraFailure` (the sandbox or the grader's engine failed): recorded as
 ``EpisodeNotRegraded(issue = "infra")``, never a reward of 0.
@@ -28,13 +33,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from stacx.ports import Environments, Sandbox, Task, Verdict
 from stacx.sandbox.answers import is_answer_task
 from stacx.sandbox.remote_wire import task_digest
+from stacx.sandbox.tasks import verifier_separate
 from stacx.store.episodes_io import EpisodeRecord
 
 
@@ -49,6 +56,7 @@ class Replayed:
     task: Task
     sandbox: Sandbox | None
     sandbox_id: str
+    artifacts: Path | None = None  # set when graded from the episode's kept artifacts
 
 
 class Grader(Protocol):
@@ -56,7 +64,16 @@ class Grader(Protocol):
 
     def name(self, task: Task) -> str: ...
 
+    def from_artifacts(self, task: Task, kept: Path) -> bool: ...
+
     async def grade(self, replayed: Replayed) -> Verdict: ...
+
+
+@runtime_checkable
+class VerifiesArtifacts(Protocol):
+    """Environments that run a task's separate verifier on kept artifacts (DockerEnvironments)."""
+
+    async def verify_artifacts(self, task: Task, kept: Path, *, episode_id: str) -> Verdict: ...
 
 
 def verifier_digest(task: Task) -> str:
@@ -83,6 +100,14 @@ class VerifierGrader:
             return f"answer:{task.path}@{verifier_digest(task)}"
         return f"verifier:{task.tests_dir}@{verifier_digest(task)}"
 
+    def from_artifacts(self, task: Task, kept: Path) -> bool:
+        return (bool(task.config.artifacts) and verifier_separate(task.config)
+                and kept.is_dir() and isinstance(self.envs, VerifiesArtifacts))  # fmt: skip
+
     async def grade(self, replayed: Replayed) -> Verdict:
+        if replayed.artifacts is not None:
+            assert isinstance(self.envs, VerifiesArtifacts)
+            return await self.envs.verify_artifacts(replayed.task, replayed.artifacts,
+                                                    episode_id=replayed.sandbox_id)  # fmt: skip
         assert replayed.sandbox is not None, "a verifier grades the replayed sandbox"
         return await self.envs.verify(replayed.sandbox, replayed.task, episode_id=replayed.sandbox_id)

@@ -1,10 +1,12 @@
 """`stacx regrade` through the front door on real Docker: an oracle eval, then regrades with a
 changed verifier (new rewards, named grader, idempotent), with a changed environment (the
 replay diverges: reported, not graded), training on the regraded episodes (`stacx replay`),
-and an SWE-agent episode of the default model whose shell commands are replayed."""
+an SWE-agent episode of the default model whose shell commands are replayed, and a separate
+verifier regraded from the artifacts an episode kept."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,24 @@ def test_an_swe_agent_episodes_shell_commands_are_replayed(tmp_path: Path, base_
     assert "1 diverged" in diverged.stderr, diverged.stderr[-2000:]
     assert rows(run, "select issue, tool, recorded_exit_code, replayed_exit_code "
                 "from episode_not_regraded") == [("diverged", "bash", 0, 1)]  # fmt: skip
+
+
+def test_a_separate_verifier_is_regraded_from_the_kept_artifacts(
+    tmp_path: Path, base_image: str
+) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "harbor" / "fixtures" / "features"
+    run = tmp_path / "R"
+    done = stacx("eval", "--agent", "oracle", "--tasks", fixture, "--include", "separate-verifier",
+                 "--run-dir", run)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert rows(run, "select reward from episodes") == [(1.0,)]
+    for name, expect, reward in (("same", "= 42 ]", 1.0), ("stricter", "= 43 ]", 0.0)):
+        # an agent environment that cannot even be built: a replay could not start, so a grade
+        # proves the verifier ran on what the episode left (answer, report, the marker)
+        task = shutil.copytree(fixture / "separate-verifier", tmp_path / name / "separate-verifier")
+        (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm\nRUN false\n")
+        test = task / "tests" / "test.sh"
+        test.write_text(test.read_text().replace("= 42 ]", expect) + f"# {name}\n")
+        regraded = stacx("regrade", run, "--tasks", tmp_path / name)
+        assert "(from its artifacts)" in regraded.stderr, regraded.stderr[-2000:]
+        assert rows(run, "select reward from episodes") == [(reward,)]

@@ -117,12 +117,18 @@ def read_run(
     previous = read_previous(run_dir)  # ConfigError when a launcher is alive on it
     if previous is None:
         raise ConfigError(f"{run_dir}: its log has no RunStarted; nothing to regrade")
-    try:
-        recipe = convert(previous.config, source=f"{run_dir}'s recorded recipe")
+    try:  # an imported run (`stacx import harbor`) has no recipe: the defaults (Docker, SWE tools)
+        recorded = {"name": "import"} if "import" in previous.config else previous.config
+        recipe = convert(recorded, source=f"{run_dir}'s recorded recipe")
     except ConfigError as exc:
         raise ConfigError(f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}") from exc
     con = db.connect_run(run_dir)
     try:
+        try:
+            con.execute(f"select count(*) from episodes where {where}").fetchall()
+        except duckdb.Error as exc:
+            raise StacxError(f"--episodes: {where} is not a valid predicate over the episodes "
+                             f"view: {exc}") from exc  # fmt: skip
         if limit is not None:  # the first N by start, before their events are read
             ids = [r[1] for r in select_episodes(con, where)[:limit]]
             where = "episode_id IN (" + ", ".join(f"'{i}'" for i in ids) + ")" if ids else "false"
@@ -278,15 +284,22 @@ class Regrader:
         return msgspec.structs.replace(base, issue=str(issue), message=message)
 
 
+MakeGrader = Callable[[Environments], Grader]
+"""The grader of one regrade, given the run's environments (the judge's hook: the CLI passes
+its rubric grader here; see stacx.regrade.graders)."""
+
+
 async def regrade(
     run_dir: Path,
     *,
     tasks: Path | None = None,
     episodes: str | None = None,
     limit: int | None = None,
+    make_grader: MakeGrader = VerifierGrader,
     echo: Callable[[str], None] = print,
 ) -> list[Outcome]:
-    """Regrade RUN's selected episodes with their tasks' verifiers (see the module docstring)."""
+    """Regrade RUN's selected episodes with `make_grader`'s grader, by default the tasks' own
+    verifiers (see the module docstring)."""
     where = selection(episodes)
     recorded, recipe, records, paths = await asyncio.to_thread(read_run, run_dir, where, limit)
     if not records:
@@ -295,14 +308,15 @@ async def regrade(
     done = await asyncio.to_thread(done_before, run_dir)
     # this attempt's RunStarted: the run's recipe, and what this regrade did
     config = {**recorded, "regrade": {"tasks": str(tasks or ""), "episodes": where,
-                                      "limit": limit, "grader": "verifier"}}  # fmt: skip
+                                      "limit": limit,
+                                      "grader": getattr(make_grader, "__name__", str(make_grader))}}  # fmt: skip
     echo(f"regrading {len(chosen)} episode(s) of {run_dir} on the {recipe.sandbox.backend} backend")
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
         env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
         async with contextlib.AsyncExitStack() as stack:
             envs = await stack.enter_async_context(docker_environments(recipe, env))
             regrader = Regrader(run_id=run.run_id, attempt=run.attempt, envs=envs,
-                                grader=VerifierGrader(envs), recipe=recipe, emit=run.emit,
+                                grader=make_grader(envs), recipe=recipe, emit=run.emit,
                                 artifacts_dir=run.run_dir / "artifacts")  # fmt: skip
 
             async def one(t: Target) -> Outcome:

@@ -26,7 +26,8 @@ members, e.g. ``name = f"judge:{rubric path}@{digest}:{engine name}"``, ``replay
 and ``grade`` calling ``score(rubric, transcript, engine)`` on ``replayed.record``'s turns
 (or ``replays = True`` when its rubric reads files of the final state); a grader that
 combines a verifier and a judge calls both and combines the two verdicts by the task's rule.
-The CLI picks graders in `stacx.regrade.driver.make_grader`.
+`stacx.regrade.driver.regrade(..., make_grader=...)` takes it (the CLI would pick it from a
+``--rubric`` option).
 """
 
 from __future__ import annotations

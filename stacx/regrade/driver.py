@@ -48,6 +48,7 @@ import msgspec
 
 from stacx.actors.run import RunContext
 from stacx.agents.loop import Tools
+from stacx.agents.swe import SweTools
 from stacx.agents.tools import Observation, execute
 from stacx.errors import ConfigError, EngineError, SandboxError, StacxError, TaskError
 from stacx.events import Emit, EpisodeNotRegraded, RegradeIssue, RewardAssigned, derive_id
@@ -61,7 +62,7 @@ from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.regrade.graders import Grader, Replayed, VerifierGrader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
-from stacx.sandbox.tasks import load_task_set
+from stacx.sandbox.tasks import load_task, load_task_set
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
 from stacx.toolcalls import ToolCall
@@ -118,7 +119,7 @@ def read_run(
     if previous is None:
         raise ConfigError(f"{run_dir}: its log has no RunStarted; nothing to regrade")
     try:  # an imported run (`stacx import harbor`) has no recipe: the defaults (Docker, SWE tools)
-        recorded = {"name": "import"} if "import" in previous.config else previous.config
+        recorded: ConfigDict = {"name": "import"} if "import" in previous.config else previous.config
         recipe = convert(recorded, source=f"{run_dir}'s recorded recipe")
     except ConfigError as exc:
         raise ConfigError(f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}") from exc
@@ -156,8 +157,6 @@ def done_before(run_dir: Path) -> set[tuple[str, str]]:
 
 def targets(records: list[EpisodeRecord], paths: dict[str, str], tasks: Path | None) -> list[Target]:
     """Each episode with its tasks (see the module docstring, step 1)."""
-    from stacx.sandbox.tasks import load_task
-
     recorded: dict[str, Task | None] = {}
     for path in {paths[r.group_id] for r in records if r.group_id in paths}:
         try:
@@ -189,18 +188,17 @@ def run_call(target: Target, tools: Tools) -> RunCall:
 
     async def run(call: RecordedCall, sandbox: Sandbox) -> Observation | None:
         solution = target.recorded_task
-        if (target.policy == "oracle" and solution is not None and call.tool == "bash"
-                and call.arguments.get("command") == SOLVE_COMMAND):  # fmt: skip
-            limits = getattr(tools, "limits", None)
-            assert limits is not None, "the oracle acts through the SWE tools"
-            return await execute(ToolCall(name="bash", arguments=call.arguments), sandbox, limits,
-                                  run_solution(solution))  # fmt: skip
+        if (target.policy == "oracle" and solution is not None and isinstance(tools, SweTools)
+                and call.tool == "bash" and call.arguments.get("command") == SOLVE_COMMAND):  # fmt: skip
+            return await execute(ToolCall(name="bash", arguments=call.arguments), sandbox,
+                                 tools.limits, run_solution(solution))  # fmt: skip
         return await tools.replay(call.tool, call.arguments, sandbox)
 
     return run
 
 
 def not_replayable(target: Target) -> str:
+    """Why the episode's actions cannot be replayed, or ''."""
     if target.agent == "installed":
         return ("an installed scaffold's episode: its tool executions ran inside the scaffold, "
                 "and the log holds its model calls, not its actions")  # fmt: skip

@@ -117,6 +117,15 @@ class Policy(StrEnum):
     NULL = "null"  # submits at once (a floor for the verifier)
 
 
+class RegradeIssue(StrEnum):
+    """Why `stacx regrade` gave an episode no new grade (``EpisodeNotRegraded.issue``)."""
+
+    DIVERGED = "diverged"  # a replayed call's observation differs from the recorded one
+    NOT_REPLAYABLE = "not_replayable"  # no recorded actions to replay (installed scaffolds)
+    INFRA = "infra"  # the sandbox or the grader failed (an infrastructure failure, never a 0)
+    NO_TASK = "no_task"  # the episode's task is not in the task set given to the regrade
+
+
 class RunStatus(StrEnum):
     """How a run ended (``RunFinished.status``)."""
 
@@ -295,6 +304,10 @@ class RewardAssigned(_Kind, frozen=True, kw_only=True, tag=True):
     metrics_json: str = "{}"  # every numeric metric the verifier wrote, `reward` included
     verifier_ms: float = 0.0
     verifier_output: str = ""  # the tail of the verifier's own stdout+stderr
+    # who produced this reward: "" for the episode's own verifier at rollout time (and every
+    # log older than the field); `stacx regrade` names its grader (e.g. "verifier:<tests
+    # dir>@<content digest>"). An episode may have several; views take the latest by ts.
+    grader: str = ""
 
 
 class InfraFailed(_Kind, frozen=True, kw_only=True, tag=True):
@@ -484,6 +497,26 @@ class GatewayRefused(_Kind, frozen=True, kw_only=True, tag=True):
     message: str = ""
 
 
+# ---- regrading ------------------------------------------------------------------------------
+
+
+class EpisodeNotRegraded(_Kind, frozen=True, kw_only=True, tag=True):
+    """`stacx regrade` replayed an episode's recorded actions for `grader` and did not grade it
+    (its `issue`). A divergence names the first call whose replayed observation differs: the
+    turn, the tool, and both sides' exit codes and outputs; the episode keeps its old grade."""
+
+    episode_id: str
+    grader: str
+    issue: RegradeIssue
+    message: str = ""
+    turn: int | None = None
+    tool: str = ""
+    recorded_exit_code: int | None = None
+    replayed_exit_code: int | None = None
+    recorded_output: str = ""
+    replayed_output: str = ""
+
+
 AnyEvent: TypeAlias = (
     RunStarted
     | RunFinished
@@ -510,6 +543,7 @@ AnyEvent: TypeAlias = (
     | EventImported
     | ScaffoldExited
     | GatewayRefused
+    | EpisodeNotRegraded
 )
 
 KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

@@ -28,6 +28,8 @@ FROM (
 ) g;
 
 -- episodes: one row per episode (a contract for users' SQL; see events/README.md).
+-- reward, metrics_json, grader: the latest grade ('rollout': the run's own verifier; else the
+-- grader `stacx regrade` recorded).
 -- status: 'scored' (a reward was assigned), 'failed' (an infrastructure failure and no reward;
 -- never a 0), 'finished' (the agent stopped, not yet scored), 'running'.
 CREATE OR REPLACE VIEW episodes AS
@@ -40,8 +42,11 @@ WITH turn_stats AS (
 ), tool_stats AS (
     SELECT episode_id, count(*) AS n_tool_calls FROM tool_called GROUP BY episode_id
 ), rewards AS (
-    SELECT episode_id, arg_max(reward, ts) AS reward, arg_max(metrics_json, ts) AS metrics_json
-    FROM reward_assigned GROUP BY episode_id
+    -- the latest grade (stacx regrade appends grades; `grades` lists them all). grader is read
+    -- through to_json, so a log older than the field (opened read-only) still loads the view
+    SELECT episode_id, arg_max(reward, ts) AS reward, arg_max(metrics_json, ts) AS metrics_json,
+           arg_max(coalesce(nullif(to_json(r)->>'grader', ''), 'rollout'), ts) AS grader
+    FROM reward_assigned r GROUP BY episode_id
 ), finished AS (
     SELECT episode_id, arg_max(stop_reason, ts) AS stop_reason, max(ts) AS ts
     FROM episode_finished GROUP BY episode_id
@@ -75,7 +80,8 @@ SELECT s.episode_id,
        greatest(f.ts, x.ts) AS finished_ts,
        CASE WHEN g.is_eval THEN 'eval' ELSE 'train' END AS role,
        coalesce(g.split, 'train') AS split,
-       t.first_weight_version AS weight_version
+       t.first_weight_version AS weight_version,
+       r.grader
 FROM (SELECT * FROM episode_started QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY _seq) = 1) s
 LEFT JOIN turn_stats t USING (episode_id)
 LEFT JOIN tool_stats c USING (episode_id)

@@ -6,9 +6,10 @@
 -- std / sqrt(n)), so a rise between two versions can be read against its noise (a rise larger
 -- than twice sqrt(se_a^2 + se_b^2) is unlikely to be sampling noise).
 -- n_off_version: scored samples whose turns did not all come from the pinned version. The
--- engine serves one version at a time, so an eval still running when the trainer publishes
--- the next version finishes on it (seen on the H200: 212 of 280 samples of the v0 eval ran on
--- v1); read the curve against this count, or group `episodes` by first_weight_version.
+-- engine serves one version at a time: in sync mode the step after v waits for v's eval
+-- (stacx.train.units.gate_sql), so this is 0; in async mode an eval still running when the
+-- trainer publishes the next version finishes on it (seen on the H200 before the sync gate:
+-- 212 of 280 samples of the v0 eval ran on v1); read an async curve against this count.
 CREATE OR REPLACE VIEW eval_curve AS
 WITH evals AS (
     SELECT group_id, weight_version FROM scheduled_groups WHERE is_eval

@@ -33,7 +33,7 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.policies import Executor, MakeExecutor
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
-from stacx.agents.tools import ToolLog
+from stacx.agents.tools import Observation, ToolLog
 from stacx.events import Emit, StopReason, derive_id
 from stacx.ports import (
     Agent,
@@ -67,6 +67,14 @@ class Tools(Protocol):
     async def step(self, gen: Generation, text: str, sandbox: Sandbox, log: ToolLog) -> str | None:
         """Act on one reply (`text` is its decoded output), recording its call in `log`; the
         next observation, or None when the episode is done."""
+        ...
+
+    async def replay(
+        self, tool: str, arguments: dict[str, object], sandbox: Sandbox
+    ) -> Observation | None:
+        """Run a call this adapter recorded (ToolCalled's tool and arguments) again, as `step`
+        ran it: the observation it gives now (`stacx regrade`), or None for a call that never
+        reached the sandbox (a malformed one)."""
         ...
 
 

@@ -76,11 +76,7 @@ class RetoolTools(msgspec.Struct, frozen=True, kw_only=True, tag="retool"):
         reply = parse_reply(text)
         if isinstance(reply, FinalAnswer):
             await log.called(ANSWER, {"answer": reply.answer})
-            t0 = time.perf_counter()
-            if self.answer_path:
-                await sandbox.write_file(self.answer_path, reply.answer)
-            ms = (time.perf_counter() - t0) * 1000
-            await log.returned(ANSWER, Observation(output="Answer recorded.", duration_ms=ms))
+            await log.returned(ANSWER, await self._answer(reply.answer, sandbox))
             return None
         if reply is None:
             return prompts.NO_ACTION
@@ -92,6 +88,25 @@ class RetoolTools(msgspec.Struct, frozen=True, kw_only=True, tag="retool"):
         obs = await run_python(reply.code, sandbox, self)
         await log.returned(PYTHON, obs)
         return prompts.output_message(obs.output)
+
+    async def replay(
+        self, tool: str, arguments: dict[str, object], sandbox: Sandbox
+    ) -> Observation | None:
+        """A recorded call run again as `step` ran it (`stacx regrade`): the Python run, or the
+        answer written where the verifier reads it; None for a malformed call."""
+        if tool == PYTHON:
+            return await run_python(str(arguments.get("code", "")), sandbox, self)
+        if tool == ANSWER:
+            return await self._answer(str(arguments.get("answer", "")), sandbox)
+        return None
+
+    async def _answer(self, answer: str, sandbox: Sandbox) -> Observation:
+        """The final answer, written where the task's verifier reads it."""
+        t0 = time.perf_counter()
+        if self.answer_path:
+            await sandbox.write_file(self.answer_path, answer)
+        ms = (time.perf_counter() - t0) * 1000
+        return Observation(output="Answer recorded.", duration_ms=ms)
 
 
 class FinalAnswer(msgspec.Struct, frozen=True):

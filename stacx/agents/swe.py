@@ -65,3 +65,12 @@ class SweTools(msgspec.Struct, frozen=True, kw_only=True, tag="swe"):
         if isinstance(parsed, ToolCall) and parsed.extra_calls:
             body += prompts.extra_calls_note(parsed.extra_calls)
         return prompts.observation_message(tool, body)
+
+    async def replay(
+        self, tool: str, arguments: dict[str, object], sandbox: Sandbox
+    ) -> Observation | None:
+        """A recorded call run again through the same tools (`stacx regrade`); None for a
+        malformed one (tool ``invalid``), which never ran."""
+        if tool == "invalid":
+            return None
+        return await execute(ToolCall(name=tool, arguments=arguments), sandbox, self.limits)

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Run a recipe (train or eval); rerun on the same run dir to resume."),
     "eval": ("eval", "Evaluate a model and agent on a task set."),
     "replay": ("replay", "Feed past rollouts into a new training run."),
+    "regrade": ("regrade", "Regrade a run's episodes: replay their actions, run a new verifier."),
     "export": ("export", "Export episodes as JSONL or Parquet, or a run as a Harbor job dir."),
     "import": ("import_", "Import Harbor job directories into a STACX run."),
     "sql": ("sql", "Query one or more runs' trace logs with SQL."),

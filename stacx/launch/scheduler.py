@@ -340,17 +340,20 @@ class Scheduler(Actor):
             if self.verdict is not None:
                 return True
             sent = 0
-            due = [
-                ev
-                for iteration in iterations_due(self.plan, state)
-                for ev in iteration_events(self.run_id, self.plan, iteration, state.version)
-            ]
+            # a version's eval before its training groups: a sync-mode trainer's gate
+            # (stacx.train.units.gate_sql) then always sees the eval it must wait for
+            due = []
             if self.plan.evals is not None:
                 due += [
                     ev
                     for version in evals_due(self.plan, state)
                     for ev in eval_events(self.run_id, self.plan.evals, version)
                 ]
+            due += [
+                ev
+                for iteration in iterations_due(self.plan, state)
+                for ev in iteration_events(self.run_id, self.plan, iteration, state.version)
+            ]
             for ev in due:
                 if ev.group_id not in state.scheduled:
                     await self.publish(ev)

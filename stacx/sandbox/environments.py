@@ -336,6 +336,19 @@ class DockerEnvironments:
                 raise InfraFailure(FailureKind.START, str(exc)) from exc
         return result
 
+    async def verify_artifacts(self, task: Task, kept: Path, *, episode_id: str) -> Verdict:
+        """A separate verifier run on artifacts an earlier episode left under `kept` (its
+        ``<artifacts_dir>/<episode>``; `stacx regrade`), handed over at the paths they were
+        collected from, as right after that episode's agent: the declared artifacts, then what
+        else is there (``/logs/artifacts``). Only for tasks whose verifier is separate (a
+        shared one sees the agent's whole container, not just the artifacts)."""
+        if not verifier_separate(task.config):
+            raise TaskError(f"task {task.task_id}: its verifier is not separate; replay instead")
+        try:
+            return verdict(await self._verify_separate(task, kept_artifacts(task, kept), episode_id))
+        except SandboxError as exc:
+            raise InfraFailure(FailureKind.EXEC_TRANSPORT, str(exc)) from exc
+
     async def _start_step(
         self, sandbox: Sandbox, multi: Task, name: str, verified: Verdict | None, episode_id: str
     ) -> None:
@@ -469,6 +482,21 @@ async def _fetch(sandbox: DockerSandbox, source: str, into: Path, exclude: list[
                               for p in exclude)]  # fmt: skip
         tar.extractall(into, members=members, filter="data")
     return True
+
+
+def kept_artifacts(task: Task, kept: Path) -> list[tuple[str, Path]]:
+    """(path in the container, host path) of the artifacts `_collect` kept under `kept`: the
+    convention dir's items (as collected first), then each declared artifact that was found."""
+    declared: list[tuple[str, Path]] = []
+    for a in task.config.artifacts:
+        a = a if isinstance(a, ArtifactConfig) else ArtifactConfig(source=a)
+        dest = kept / (a.destination or PurePosixPath(a.source).name)
+        if dest.exists():
+            declared.append((a.source, dest))
+    named = {host for _, host in declared}
+    convention = [(f"{CONVENTION}/{item.name}", item) for item in sorted(kept.iterdir())
+                  if item not in named and item.name != "steps"]  # fmt: skip
+    return convention + declared
 
 
 def _replace(src: Path, dest: Path) -> None:

@@ -29,10 +29,11 @@ aggrevate   a parent episode       it is scored, and it has ``branches`` explore
   rest in a deterministic shuffle of (unit, step), so ``steps_per_iteration`` steps after one
   roll-in iteration are epochs over everything labeled so far.
 
-:func:`gate_sql` is the sync-mode barrier for the non-GRPO algorithms: the step after version
-``v`` waits until iteration ``v // steps_per_iteration`` is scheduled and nothing of it, or of
-an earlier iteration, is in flight (every sample done, every unit complete). GRPO's unit is the
-whole group already. :func:`pending_sql` is the in-flight count the scheduler uses to decide
+:func:`gate_sql` is the sync-mode barrier: the step after version ``v`` waits until the
+periodic eval pinned to ``v`` (and earlier) is done, and, for the non-GRPO algorithms, until
+iteration ``v // steps_per_iteration`` is scheduled and nothing of it, or of an earlier
+iteration, is in flight (every sample done, every unit complete). GRPO's unit is the whole
+group already. :func:`pending_sql` is the in-flight count the scheduler uses to decide
 that nothing is in flight. Queries take bound parameters (``$name``) for every value that is not
 an identifier from the validated config.
 """
@@ -264,15 +265,29 @@ SELECT iteration, sum(n)::BIGINT AS pending FROM (
 
 
 def gate_sql(cfg: TrainerConfig) -> str | None:
-    """One row (open): may the step after ``$version`` run, i.e. is ``$iteration``
-    (:func:`step_iteration`) scheduled and settled? None when no gate applies (GRPO, async
-    mode). Bind :func:`params`."""
-    if cfg.algorithm == "grpo" or cfg.mode != "sync":
+    """One row (open): may the step after ``$version`` run? None in async mode.
+
+    Sync mode: the periodic eval of every version up to ``$version`` is done (so an eval pinned
+    to v runs on v: the engine serves one version at a time, and publishing v+1 mid-eval would
+    score part of "v" on v+1), and, for the non-GRPO algorithms, ``$iteration``
+    (:func:`step_iteration`) is scheduled and settled (GRPO's unit is the whole group already).
+    The scheduler publishes a version's eval groups before its training groups, so an eval is
+    in the log before the step it gates could be ready. Bind :func:`params`."""
+    if cfg.mode != "sync":
         return None
+    evals = """NOT EXISTS (
+    SELECT 1 FROM scheduled_groups g
+    LEFT JOIN (SELECT group_id, count(*) FILTER (WHERE done) AS n_done FROM samples
+               GROUP BY group_id) d USING (group_id)
+    WHERE g.is_eval AND NOT g.lost AND g.weight_version <= $version
+      AND coalesce(d.n_done, 0) < g.n_samples)"""
+    if cfg.algorithm == "grpo":
+        return f"SELECT {evals} AS open"
     return f"""
 WITH p AS ({pending_sql(cfg)})
 SELECT EXISTS (SELECT 1 FROM task_scheduled WHERE iteration >= $iteration)
-   AND NOT EXISTS (SELECT 1 FROM p WHERE iteration <= $iteration AND pending > 0) AS open"""
+   AND NOT EXISTS (SELECT 1 FROM p WHERE iteration <= $iteration AND pending > 0)
+   AND {evals} AS open"""
 
 
 def step_iteration(cfg: TrainerConfig, version: int) -> int:

@@ -178,13 +178,15 @@ def _pretty(text: str) -> str:
 
 
 def _verifier_html(source: Source, eid: str) -> str:
-    r = source.query("select reward, metrics_json, verifier_ms, verifier_output from reward_assigned "
-                     "where episode_id = ? order by _seq", [eid]).dicts()  # fmt: skip
+    # the latest grade, as `episodes.reward` shows it (a `stacx regrade` names its grader)
+    r = source.query("select reward, metrics_json, verifier_ms, verifier_output, grader from grades "
+                     "where episode_id = ? and latest", [eid]).dicts()  # fmt: skip
     if not r:
         return ""
     v = r[-1]
+    by = "" if v["grader"] == "rollout" else f" · by <code>{esc(v['grader'])}</code>"
     return ("<section><h2>verifier</h2>"
-            f"<p>reward <b class=\"reward\">{fmt(v['reward'])}</b> · {fmt(v['verifier_ms'])} ms · "
+            f"<p>reward <b class=\"reward\">{fmt(v['reward'])}</b>{by} · {fmt(v['verifier_ms'])} ms · "
             f"metrics <code>{esc(v['metrics_json'])}</code></p>"
             + (f'<pre class="verifier">{esc(v["verifier_output"])}</pre>' if v["verifier_output"] else "")
             + "</section>")  # fmt: skip

@@ -211,3 +211,21 @@ def test_grpo_group_waits_for_every_scheduled_sample(log: Log) -> None:
         )
     )
     assert _ready(log, cfg, 1) == []  # used once
+
+
+def test_sync_step_waits_for_the_eval_pinned_to_its_version(log: Log) -> None:
+    """Sync mode: the step after v waits for the periodic eval of v (else the engine would load
+    v+1 mid-eval and score part of "v" on v+1); async mode does not wait."""
+    cfg = TrainerConfig(algorithm="grpo")
+    gate = gate_sql(cfg) or ""
+    assert _one(log, cfg, gate, 0) is True  # no eval scheduled: nothing to wait for
+    log.write(
+        ev.TaskScheduled(run_id=RUN, task_id="t", task_path="/t", group_id="ev0", n_samples=2,
+                         role="eval", split="eval", weight_version=0)  # fmt: skip
+    )
+    log.write(*_episode("a", group="ev0", turns=["student"], reward=1.0))
+    assert _one(log, cfg, gate, 0) is False  # one of the eval's two samples is done
+    assert _one(log, cfg, gate, 1) is False  # and an older version's eval still gates
+    log.write(*_episode("b", group="ev0", turns=["student"], reward=0.0, index=1))
+    assert _one(log, cfg, gate, 0) is True
+    assert gate_sql(TrainerConfig(algorithm="grpo", mode="async", max_staleness=1)) is None

@@ -104,7 +104,8 @@ class LoraMerge:
             w = params[name]
             base = self.base.setdefault(name, w.detach().clone())
             delta = b.to(w.device, torch.float32) @ a.to(w.device, torch.float32)
-            w.copy_(base.float().add_(delta, alpha=scale))
+            # out of place: base.float() IS the kept base when the weights are fp32
+            w.copy_(torch.add(base.float(), delta, alpha=scale))
 
     def forget(self) -> None:
         """Full weights were loaded: the kept bases are stale."""

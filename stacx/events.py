@@ -426,6 +426,9 @@ class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
     transport: str = ""
     # what moved into the engine: tensor bytes handed over, or the file's size; 0 in old logs
     bytes: int = 0
+    # the load itself (take or read, copy or LoRA merge, until the engine serves it); latency_ms
+    # adds bus delivery and queueing; 0 in old logs
+    load_ms: float = 0.0
     # the version was a LoRA adapter ([trainer.lora]): merged at load into the torch engine's
     # weights, or loaded through SGLang's LoRA endpoint
     adapter: bool = False

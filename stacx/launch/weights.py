@@ -174,7 +174,7 @@ class WeightSync(Actor):
                         f"match the published {event.sha256}"
                     )
             await load_published(self.engine, event.path, event.version)
-            moved = os.path.getsize(event.path)
+            moved = (await asyncio.to_thread(os.stat, event.path)).st_size
         self.last_load_ms = (time.perf_counter() - start) * 1e3
         await self.publish(
             WeightsLoaded(
@@ -185,6 +185,7 @@ class WeightSync(Actor):
                 latency_ms=max(0.0, (time.time() - event.ts) * 1e3),
                 transport=transport,
                 bytes=moved,
+                load_ms=self.last_load_ms,
                 adapter=lora is not None,
             )
         )

@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,6 +33,9 @@ from torch import nn
 from stacx.errors import ConfigError
 from stacx.train import checkpoint
 from stacx.train.config import LoraConfig, TrainerConfig
+
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -61,7 +65,7 @@ def target_modules(lm: nn.Module, cfg: TrainerConfig) -> list[str]:
     return found if cfg.trainable else sorted({n.rsplit(".", 1)[-1] for n in found})
 
 
-def peft_config(lm: nn.Module, cfg: TrainerConfig) -> object:
+def peft_config(lm: nn.Module, cfg: TrainerConfig) -> PeftLoraConfig:
     """peft's ``LoraConfig`` for ``cfg.lora`` on ``lm`` (also what adapter_config.json says)."""
     from peft import LoraConfig as PeftLoraConfig
 
@@ -70,7 +74,7 @@ def peft_config(lm: nn.Module, cfg: TrainerConfig) -> object:
     base = getattr(getattr(lm, "config", None), "_name_or_path", None) or cfg.model
     return PeftLoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # typed int; peft scales by alpha / r
         lora_dropout=lora.dropout,
         target_modules=target_modules(lm, cfg),
         bias="none",
@@ -88,7 +92,7 @@ def wrap(lm: nn.Module, cfg: TrainerConfig) -> nn.Module:
         raise ConfigError(
             f"{type(lm).__name__} already holds LoRA layers: hand the trainer an unadapted base"
         )
-    get_peft_model(lm, peft_config(lm, cfg))  # type: ignore[arg-type]
+    get_peft_model(lm, peft_config(lm, cfg))
     return lm
 
 
@@ -115,13 +119,11 @@ def adapter_bytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def write(tmp: Path, state: Mapping[str, torch.Tensor], config: object) -> None:
+def write(tmp: Path, state: Mapping[str, torch.Tensor], config: PeftLoraConfig) -> None:
     """The adapter files of a staged checkpoint directory (see the module docstring)."""
     checkpoint.write_weights(tmp, state, partial=True)
     os.link(tmp / checkpoint.WEIGHTS_FILE, tmp / ADAPTER_FILE)
-    save = getattr(config, "save_pretrained", None)
-    assert callable(save), "a peft LoraConfig"
-    save(str(tmp))
+    config.save_pretrained(str(tmp))
 
 
 def save(
@@ -148,12 +150,13 @@ def save(
     return path, sha, state
 
 
-def peft_config_of(lm: nn.Module) -> object:
+def peft_config_of(lm: nn.Module) -> PeftLoraConfig:
     """The LoraConfig :func:`wrap` injected (peft keeps it on the model)."""
     configs = getattr(lm, "peft_config", None)
     if not isinstance(configs, dict) or _ADAPTER_NAME not in configs:
         raise ConfigError(f"{type(lm).__name__} was not wrapped by stacx.train.lora.wrap")
-    return configs[_ADAPTER_NAME]
+    config: PeftLoraConfig = configs[_ADAPTER_NAME]
+    return config
 
 
 def load(weights: Path | str, lm: nn.Module) -> None:
@@ -168,8 +171,7 @@ def load(weights: Path | str, lm: nn.Module) -> None:
             "without [trainer.lora])"
         )
     state = load_file(str(weights))
-    params = {peft_name(n): p for n, p in lm.named_parameters()}
-    params.pop(None, None)
+    params = {k: p for n, p in lm.named_parameters() if (k := peft_name(n)) is not None}
     missing = sorted(set(params) - set(state))
     unknown = sorted(set(state) - set(params))
     wrong = [k for k in state if k in params and params[k].shape != state[k].shape]
@@ -180,7 +182,6 @@ def load(weights: Path | str, lm: nn.Module) -> None:
         )
     with torch.no_grad():
         for k, p in params.items():
-            assert k is not None
             p.copy_(state[k].to(device=p.device, dtype=p.dtype))
 
 

@@ -30,10 +30,10 @@ from tests.train.test_distributed import (
 )
 
 
-def lora_config(model_dir: Path, algorithm: str = "grpo", **kw: object) -> TrainerConfig:
+def lora_config(directory: Path, algorithm: str = "grpo", **kw: object) -> TrainerConfig:
     return TrainerConfig(
         algorithm=algorithm,
-        model=str(model_dir),
+        model=str(directory),
         lr=1e-2,
         max_tokens=40,
         lora=LoraConfig(rank=4, alpha=8.0),

@@ -13,7 +13,8 @@ memory (nvidia-smi), then reads the run's log to report per phase:
 - train: tokens / step time, MFU = (6 * non-embedding params * tokens + 6 * V * H * loss
   tokens) / time / 989 TF/s (the train bench's count without its attention term);
 - checkpoint ms (trainer.json write of the full weights + sharded optimizer state) and sync ms
-  (``WeightsLoaded.latency_ms``: WeightsPublished to the engine serving the version);
+  (``WeightsLoaded.latency_ms``: WeightsPublished to the engine serving the version), with its
+  bytes and the engine's own load ms (``WeightsLoaded.bytes``, ``load_ms``: with LoRA, the merge);
 - peak GPU memory in use (nvidia-smi, whole device) within each phase's window.
 
 The run's output is streamed line by line (flushed) and, with ``--out DIR``, copied to
@@ -193,8 +194,10 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
     )
     published = dict(rows("select version, ts from weights_published"))
     loaded = {
-        v: (ts, ms, nbytes)
-        for v, ts, ms, nbytes in rows("select version, ts, latency_ms, bytes from weights_loaded")
+        v: (ts, ms, nbytes, load_ms)
+        for v, ts, ms, nbytes, load_ms in rows(
+            "select version, ts, latency_ms, bytes, load_ms from weights_loaded"
+        )
     }
     out["train"] = []
     for step, ts, ms, tokens, metrics_json, world in steps:
@@ -203,7 +206,7 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
         flops = 6 * (n_params - v_h) * int(tokens) + 6 * v_h * int(metrics["n_loss_tokens"])  # type: ignore[call-overload]
         end = float(ts)  # type: ignore[arg-type]
         pub = float(published.get(step, end))  # type: ignore[arg-type]
-        load_ts, latency, nbytes = loaded.get(step, (None, None, None))
+        load_ts, latency, nbytes, load_ms = loaded.get(step, (None, None, None, None))
         out["train"].append(  # type: ignore[attr-defined]
             {
                 "step": step,
@@ -215,6 +218,7 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
                 "checkpoint_ms": round(float(metrics["checkpoint_ms"]), 1),
                 "sync_ms": round(float(latency), 1) if latency is not None else None,  # type: ignore[arg-type]
                 "sync_bytes": nbytes,
+                "load_ms": round(float(load_ms), 1) if load_ms is not None else None,  # type: ignore[arg-type]
                 "train_peak_gib": mem.peak(end - seconds, end),
                 "checkpoint_peak_gib": mem.peak(end, pub),
                 "sync_peak_gib": mem.peak(pub, float(load_ts)) if load_ts is not None else None,  # type: ignore[arg-type]
@@ -279,6 +283,7 @@ def summary(result: dict[str, object]) -> dict[str, object]:
         "train_tok_s": _mean([s["tok_s"] for s in later]),
         "sync_ms": _mean([s["sync_ms"] for s in steps]),
         "sync_bytes": _mean([s["sync_bytes"] for s in steps]),
+        "load_ms": _mean([s["load_ms"] for s in steps]),  # the engine's part of sync_ms
         "checkpoint_ms": _mean([s["checkpoint_ms"] for s in steps]),
     }
 
@@ -397,7 +402,7 @@ def main() -> None:
         result["summary"] = sums
         result["lora_over_full"] = {
             k: _ratio(lora[k], full[k])
-            for k in ("peak_gib", "train_peak_gib", "train_tok_s", "sync_ms", "sync_bytes")
+            for k in ("peak_gib", "train_peak_gib", "train_tok_s", "sync_ms", "sync_bytes", "load_ms")
         }
         result["runs"] = runs
     if args.out is not None:

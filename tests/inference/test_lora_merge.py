@@ -1,6 +1,7 @@
 """The torch engine serves base + a LoRA adapter by merging it at load (stacx.inference.adapters):
 its logprobs equal the peft model's, each adapter merges against the base (never on top of the
-previous merge), and a bad adapter changes nothing."""
+previous merge), and a bad adapter changes nothing. The SGLang client's LoRA requests are
+answered by `stacx serve`'s SGLang-shaped routes, which serve them through the same merge."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from aiohttp import web
 from torch import nn
 
 from stacx.errors import EngineError
+from stacx.inference.server import Server
+from stacx.inference.sglang_client import SGLangEngine
 from stacx.inference.torch_engine import TorchEngine
+from stacx.ports import SamplingParams
 from stacx.train import lora
 from stacx.train.config import LoraConfig, TrainerConfig
 from stacx.train.model import load_model
@@ -109,3 +114,37 @@ def test_a_bad_adapter_changes_nothing(base: nn.Module, tmp_path: Path) -> None:
         torch.testing.assert_close(engine_logprobs(engine), served, atol=0, rtol=0)
     finally:
         asyncio.run(engine.close())
+
+
+def test_sglang_lora_endpoints_against_stacx_serve(base: nn.Module, tmp_path: Path) -> None:
+    """SGLangEngine's LoRA requests (/load_lora_adapter, lora_path in /generate,
+    /unload_lora_adapter of the previous version) served by `stacx serve`'s SGLang routes."""
+    first, second = peft_pair(base, seed=1), peft_pair(base, seed=2)
+    dirs = [save_adapter(first, tmp_path / "a"), save_adapter(second, tmp_path / "b")]
+    engine = TorchEngine(copy.deepcopy(base), device="cpu", max_len=64, threads=1)
+    server = Server(engine)
+
+    async def scenario() -> tuple[list[list[float]], int, dict[str, str]]:
+        runner = web.AppRunner(server.app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = SGLangEngine(f"http://127.0.0.1:{port}")
+        try:
+            scores = []
+            for version, d in enumerate(dirs, start=1):
+                await client.load_adapter(str(d), version)
+                scores.append(await client.score(PROMPT, OUTPUT))
+            (gen,) = await client.generate([PROMPT], SamplingParams(max_new_tokens=2))
+            return scores, gen.weight_version, dict(server.loras)
+        finally:
+            await client.close()
+            await runner.cleanup()
+            await engine.close()
+
+    scores, version, loaded = asyncio.run(scenario())
+    torch.testing.assert_close(torch.tensor(scores[0]), logprobs_of(first), atol=2e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(scores[1]), logprobs_of(second), atol=2e-4, rtol=0)
+    assert version == 2
+    assert loaded == {"stacx-v2": str(dirs[1])}  # v1 was unloaded once v2 served

@@ -449,6 +449,8 @@ class WeightsPublished(_Kind, frozen=True, kw_only=True, tag=True):
     path: str
     sha256: str
     step: int = 0
+    # size of the weights file at `path` (with [trainer.lora]: the adapter); 0 in old logs
+    bytes: int = 0
 
 
 class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
@@ -458,6 +460,14 @@ class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
     # how the weights reached the engine: "memory" (the trainer's process), "shared" (another
     # process of the node: CUDA IPC or shared memory), "file" (the checkpoint); "" in old logs
     transport: str = ""
+    # what moved into the engine: tensor bytes handed over, or the file's size; 0 in old logs
+    bytes: int = 0
+    # the load itself (take or read, copy or LoRA merge, until the engine serves it); latency_ms
+    # adds bus delivery and queueing; 0 in old logs
+    load_ms: float = 0.0
+    # the version was a LoRA adapter ([trainer.lora]): merged at load into the torch engine's
+    # weights, or loaded through SGLang's LoRA endpoint
+    adapter: bool = False
 
 
 # ---- replay ----------------------------------------------------------------------------------

@@ -160,6 +160,18 @@ class LoadsState(Protocol):
     async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None: ...
 
 
+@runtime_checkable
+class LoadsAdapter(Protocol):
+    """An Engine capability: serve the base model + a LoRA adapter (a weight version of a
+    ``[trainer.lora]`` trainer). `path` is a PEFT adapter directory (adapter_config.json,
+    adapter_model.safetensors); `state`, when given, is its tensors already in memory (no file
+    read). Each load replaces the previous adapter (never stacks on it)."""
+
+    async def load_adapter(
+        self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
+    ) -> None: ...
+
+
 class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
     """Part of a streamed generation: the ids prompt `index` produced since its previous delta,
     with their logprobs. Its last delta also carries the whole `generation`; the deltas' ids,

@@ -6,7 +6,8 @@ WITH published AS (
     SELECT * FROM weights_published
     QUALIFY row_number() OVER (PARTITION BY version ORDER BY ts DESC, _seq DESC) = 1
 ), loaded AS (
-    SELECT version, engine, min(ts) AS loaded_ts, arg_min(latency_ms, ts) AS load_latency_ms
+    SELECT version, engine, min(ts) AS loaded_ts, arg_min(latency_ms, ts) AS load_latency_ms,
+           arg_min(bytes, ts) AS load_bytes
     FROM weights_loaded GROUP BY version, engine
 )
 SELECT p.version,
@@ -17,6 +18,8 @@ SELECT p.version,
        l.engine,
        l.loaded_ts,
        l.load_latency_ms,
+       l.load_bytes,
+       p.bytes AS published_bytes,
        p.run_id
 FROM published p
 LEFT JOIN loaded l USING (version);

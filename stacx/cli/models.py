@@ -49,13 +49,16 @@ def path(spec: str) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="New directory.")
 @click.option("--version", type=int, default=None, help="Weight version (default: the latest).")
 @click.option("--base", default=None, help="Base model (default: the run's recipe model.path).")
+@click.option("--merged", is_flag=True, help="LoRA runs: the base with the adapter merged in.")
 @friendly_errors
-def export(run_dir: Path, output: Path, version: int | None, base: str | None) -> None:
+def export(run_dir: Path, output: Path, version: int | None, base: str | None, merged: bool) -> None:
     """Write a run's checkpoint as a standalone HF model directory.
 
     Partial checkpoints (trainer.trainable) are laid over the base model, so the output loads
-    anywhere a model path is accepted: `--model`, `teacher.path`, transformers, SGLang.
+    anywhere a model path is accepted: `--model`, `teacher.path`, transformers, SGLang. A LoRA
+    run's checkpoint is written as its PEFT adapter directory, or with --merged as the merged
+    model.
     """
     from stacx.train.export import export_hf
 
-    click.echo(str(export_hf(run_dir, output, version=version, base=base)))
+    click.echo(str(export_hf(run_dir, output, version=version, base=base, merged=merged)))

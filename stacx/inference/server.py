@@ -12,6 +12,10 @@ server alike):
 - ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: a safetensors file or a
   directory of them. ``weight_version`` is SGLang's string field; here it must hold an integer
   (the version stamped on later tokens); absent, the current version + 1 is used.
+- ``POST /load_lora_adapter`` ``{lora_name, lora_path}``, ``POST /unload_lora_adapter``
+  ``{lora_name}`` and ``lora_path`` in ``/generate`` (SGLang's LoRA serving): one adapter at a
+  time, merged into the weights (stacx.inference.adapters); a request naming another adapter
+  (or none while one is merged) is a 400.
 - ``POST /flush_cache``, ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``.
 
 OpenAI routes (``/v1/models[/{id}]``, ``/v1/chat/completions``, ``/v1/completions``, with
@@ -101,6 +105,8 @@ class Server:
         """`model_name` and `aliases` are the names OpenAI requests may ask for (also served:
         the checkpoint's path and directory name); any other is a 404 model_not_found."""
         self.engine, self.model_name = engine, model_name
+        self.loras: dict[str, str] = {}  # SGLang's loaded adapters: name -> path
+        self.merged: str | None = None  # the one the engine serves (merged into its weights)
         self.app = web.Application(
             client_max_size=256 * 1024**2, middlewares=[_errors, openai_errors]
         )
@@ -108,6 +114,8 @@ class Server:
         r.add_post("/generate", self.generate)
         r.add_post("/update_weights_from_disk", self.update_weights)
         r.add_post("/flush_cache", self.flush_cache)
+        r.add_post("/load_lora_adapter", self.load_lora)
+        r.add_post("/unload_lora_adapter", self.unload_lora)
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)
         r.add_get("/get_model_info", self.model_info)
@@ -167,6 +175,7 @@ class Server:
         if body.get("stream"):
             raise BadRequest("stream=true is not supported by stacx serve")
         prompts, single = self._prompts(body, "input_ids", "text")
+        self._check_lora(body.get("lora_path"), len(prompts))
         params = sampling_from_sglang(body.get("sampling_params") or {})
         t0 = time.monotonic()
         gens = await self.engine.generate(prompts, params)
@@ -200,6 +209,49 @@ class Server:
                 }
             )
         return web.json_response(out[0] if single else out)
+
+    def _check_lora(self, names: object, n: int) -> None:
+        """SGLang's ``lora_path`` (a name, or one per prompt) must name the merged adapter:
+        this engine serves one adapter at a time, merged into its weights."""
+        want = names if isinstance(names, list) else [names] * n
+        if any(name != self.merged for name in want):
+            raise BadRequest(
+                f"lora_path {names!r}: this server serves {self.merged or 'the base model'} "
+                "(one adapter at a time, merged into the weights)"
+            )
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        """SGLang's ``/load_lora_adapter`` ``{lora_name, lora_path, pinned}``: merge the adapter
+        (a PEFT directory) into the weights, as the next weight version."""
+        body = await json_object(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise BadRequest("lora_name and lora_path (an adapter directory) are required")
+        try:
+            await self.engine.load_adapter(path, self.engine.weight_version + 1)
+        except EngineError as e:
+            return web.json_response({"success": False, "error_message": str(e)}, status=400)
+        self.loras[name], self.merged = path, name
+        return web.json_response(
+            {"success": True, "error_message": "", "loaded_adapters": self.loras}
+        )
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        """SGLang's ``/unload_lora_adapter`` ``{lora_name}``; unloading the merged adapter
+        restores the base weights."""
+        body = await json_object(request)
+        name = body.get("lora_name")
+        if name not in self.loras:
+            return web.json_response(
+                {"success": False, "error_message": f"adapter {name!r} is not loaded"}, status=400
+            )
+        path = self.loras.pop(str(name))
+        if name == self.merged:  # an empty adapter: every adapted weight gets its base back
+            await self.engine.load_adapter(path, self.engine.weight_version + 1, {})
+            self.merged = None
+        return web.json_response(
+            {"success": True, "error_message": "", "loaded_adapters": self.loras}
+        )
 
     async def update_weights(self, request: web.Request) -> web.Response:
         body = await json_object(request)

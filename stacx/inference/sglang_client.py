@@ -40,6 +40,13 @@ backend="nccl"}``; ``UpdateWeightsFromDistributedReqInput{names, dtypes, shapes,
 group_name="weight_update_group", flush_cache=True, abort_all_requests=False,
 weight_version=None}``; each answered by ``{success, message}`` with HTTP 200, or 400 when
 ``success`` is false.
+- LoRA (``load_adapter``, the `LoadsAdapter` capability; the server runs with
+  ``--enable-lora``): ``POST /load_lora_adapter`` with ``LoadLoRAAdapterReqInput{lora_name,
+  lora_path, pinned=False}`` answered by ``{success, error_message, loaded_adapters}`` (400 when
+  not ``success``), ``POST /unload_lora_adapter`` with ``{lora_name}``, and ``lora_path`` in
+  ``GenerateReqInput`` (the adapter's NAME, one per prompt of a batch), as in SGLang's
+  ``io_struct.py`` / ``http_server.py`` (main as stored). The adapter version is stamped on
+  generations (the server's ``weight_version`` is its base model's).
 - ``score`` asks for ``input_token_logprobs`` from ``logprob_start_len = len(prompt)``.
 - A seed is sent as ``sampling_seed`` (SGLang honours it only with deterministic sampling on).
 """
@@ -108,6 +115,17 @@ class StateNotAccepted(EngineError):
 
 
 UPDATE_GROUP = "weight_update_group"  # SGLang's default group_name
+
+
+def lora_name(version: int) -> str:
+    """The name a LoRA weight version is loaded under (SGLang's ``lora_name``)."""
+    return f"stacx-v{version}"
+
+
+def lora_load_request(path: str, version: int) -> dict[str, object]:
+    """SGLang's ``LoadLoRAAdapterReqInput{lora_name, lora_path, pinned=False}``: ``path`` is a
+    PEFT adapter directory the server can read."""
+    return {"lora_name": lora_name(version), "lora_path": path, "pinned": False}
 
 
 def serialize_named_tensors(state: Mapping[str, torch.Tensor]) -> str:
@@ -223,6 +241,7 @@ class SGLangEngine:
     ) -> None:
         self.http = HttpClient(base_url, timeout_s=timeout_s)
         self._version = weight_version
+        self._lora: str | None = None  # the adapter generations use (load_adapter)
 
     @property
     def weight_version(self) -> int:
@@ -242,8 +261,8 @@ class SGLangEngine:
         fr = meta.get("finish_reason")
         kind = fr.get("type") if isinstance(fr, dict) else fr
         version = self._version
-        try:
-            version = int(meta.get("weight_version"))
+        try:  # with an adapter, the server's weight_version is its base's: ours says more
+            version = version if self._lora else int(meta.get("weight_version"))
         except (TypeError, ValueError):
             pass
         return Generation(
@@ -262,6 +281,8 @@ class SGLangEngine:
             "sampling_params": sglang_sampling_params(params),
             "return_logprob": True,
         }
+        if self._lora is not None:
+            body["lora_path"] = [self._lora] * len(prompts)
         answer = await self.http.request("POST", "/generate", body)
         items = answer if isinstance(answer, list) else [answer]
         if len(items) != len(prompts):
@@ -277,6 +298,8 @@ class SGLangEngine:
             "return_logprob": True,
             "logprob_start_len": len(prompt_ids),
         }
+        if self._lora is not None:
+            body["lora_path"] = self._lora
         answer = await self.http.request("POST", "/generate", body, idempotent=True)  # a read
         meta = answer.get("meta_info", {}) if isinstance(answer, dict) else {}
         triples = meta.get("input_token_logprobs") or []
@@ -288,6 +311,20 @@ class SGLangEngine:
         if [int(t[1]) for t in tail] != list(output_ids):
             raise EngineError("input_token_logprobs do not line up with the scored ids")
         return [float(t[0]) for t in tail]
+
+    async def load_adapter(
+        self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """`LoadsAdapter`: ``/load_lora_adapter`` of the adapter directory (read by the SERVER:
+        ``state`` is not sent), then every generation names it in ``lora_path``; the previous
+        adapter is unloaded after (SGLang lets requests in flight on it finish first)."""
+        name = lora_name(version)
+        answer = await self.http.request("POST", "/load_lora_adapter", lora_load_request(path, version))
+        if isinstance(answer, dict) and not answer.get("success", False):
+            raise EngineError(f"load_lora_adapter refused: {answer.get('error_message')}")
+        old, self._lora, self._version = self._lora, name, version
+        if old is not None and old != name:
+            await self._update("/unload_lora_adapter", {"lora_name": old}, version)
 
     async def load_weights(self, path: str, version: int) -> None:
         answer = await self.http.request(

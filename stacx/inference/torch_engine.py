@@ -53,6 +53,7 @@ from torch import nn
 
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model, read_safetensors
+from stacx.inference import adapters
 from stacx.inference.decoder import Decoder, KVCache
 from stacx.inference.engine_requests import (
     Item,
@@ -147,6 +148,7 @@ class TorchEngine:
         else:
             self.model, self.tokenizer, self.model_path = load_hf_model(model, dev, dtype)
         self.decoder = Decoder(self.model, max_len, fuse=fuse)
+        self._lora = adapters.LoraMerge(self.model)  # LoRA versions: merged at load
         self.device = dev
         self.max_len = self.decoder.max_len
         self.eos_ids = eos_ids(self.model, self.tokenizer)
@@ -284,6 +286,16 @@ class TorchEngine:
         values); an unknown key or a shape mismatch is an :class:`EngineError` and changes nothing.
         """
         await self._call(lambda: self._apply_weights(state, version))
+
+    async def load_adapter(
+        self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Serve base + a LoRA adapter, merged into the weights (`LoadsAdapter`; see
+        stacx.inference.adapters: no decode cost, a ``B @ A`` per adapted module per load)."""
+        scale = await asyncio.to_thread(adapters.scaling, path)
+        if state is None:
+            state = await asyncio.to_thread(adapters.read_adapter, path)
+        await self._call(lambda: self._apply_weights(state, version, scale))
 
     async def flush_cache(self) -> None:
         """Forget cached prefixes of finished requests (requests in flight keep theirs)."""
@@ -621,8 +633,14 @@ class TorchEngine:
             versions=list(r.versions) if len(r.versions) > 1 else [],
         )
 
-    def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        self.decoder.load_in_place(state)
+    def _apply_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, lora_scale: float | None = None
+    ) -> None:
+        if lora_scale is not None:
+            self._lora.merge(state, lora_scale)
+        else:
+            self._lora.forget()
+            self.decoder.load_in_place(state)
         self._drop_prefixes()
         self._version = version
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from stacx.agents.chat import ChatTokenizer
 from stacx.errors import EngineError
 from stacx.ports import Engine
+from stacx.train.config import LoraConfig
 
 LATEST_SQL = "SELECT version, path FROM weights ORDER BY version DESC LIMIT 1"
 
@@ -31,8 +32,10 @@ async def open_engine(
     tp: int = 1,
     mem_fraction: float = 0.85,
     log_dir: Path | None = None,
+    lora: LoraConfig | None = None,
 ) -> tuple[Engine, ChatTokenizer]:
-    """Start (or connect to) an engine; it is closed when `stack` closes."""
+    """Start (or connect to) an engine; it is closed when `stack` closes. ``lora``: the
+    trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters)."""
     if backend == "torch":
         import torch
 
@@ -66,6 +69,7 @@ async def open_engine(
                     max_len=max_len,
                     tp=tp,
                     mem_fraction=mem_fraction,
+                    lora=lora,
                 ),
                 log_dir=log_dir,
             )
@@ -98,7 +102,14 @@ async def open_tokenizer(model: str) -> tuple[str, ChatTokenizer]:
 
 
 def sglang_args(
-    *, device: str, dtype: str, max_batch: int, max_len: int, tp: int, mem_fraction: float
+    *,
+    device: str,
+    dtype: str,
+    max_batch: int,
+    max_len: int,
+    tp: int,
+    mem_fraction: float,
+    lora: LoraConfig | None = None,
 ) -> tuple[str, ...]:
     """The recipe's engine settings as SGLang server flags ("auto" leaves SGLang's own choice)."""
     args = [
@@ -111,4 +122,7 @@ def sglang_args(
         args += ["--device", device]
     if dtype != "auto":
         args += ["--dtype", dtype]
+    if lora is not None:  # SGLang's LoRA serving (load_lora_adapter at every version)
+        args += ["--enable-lora", "--max-lora-rank", str(lora.rank)]
+        args += ["--lora-target-modules", *lora.target_modules]
     return tuple(args)

@@ -417,7 +417,8 @@ def _problems(r: Recipe) -> list[str]:
 
 
 def _sglang_partial_sync(r: Recipe) -> bool:
-    return r.engine.backend == "sglang" and not r.is_eval and bool(r.trainer.trainable)
+    lora = r.trainer.lora is not None  # a LoRA version is an adapter: SGLang loads those
+    return r.engine.backend == "sglang" and not r.is_eval and bool(r.trainer.trainable) and not lora
 
 
 _SERVER_KEYS = ("device", "max_batch", "max_len", "tp", "mem_fraction")

@@ -27,7 +27,7 @@ from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
-from stacx.launch.weights import WeightSync
+from stacx.launch.weights import WeightSync, load_published
 from stacx.ports import Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
 
@@ -116,12 +116,13 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             tp=e.tp,
             mem_fraction=e.mem_fraction,
             log_dir=Path(env.run_dir),
+            lora=None if recipe.is_eval else recipe.trainer.lora,
         )
         weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
         # Before any episode: a resumed run continues on its latest published weights.
         latest = (await env.query(LATEST_SQL)).to_pylist()
         if latest:
-            await engine.load_weights(str(latest[0]["path"]), int(latest[0]["version"]))
+            await load_published(engine, str(latest[0]["path"]), int(latest[0]["version"]))
         chat = ChatFormat(tokenizer)
         make_installed: MakeAgent | None = None
         if recipe.agent.name == "installed":  # a black-box scaffold behind the model gateway

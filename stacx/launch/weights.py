@@ -26,6 +26,11 @@ Three transports, tried in this order (``WeightsLoaded.transport`` records which
   comes back later, and after ``max_deliver`` attempts an ``InfraFailed`` is recorded), never a
   silent load.
 
+A LoRA version (a checkpoint directory holding ``adapter_config.json``: ``[trainer.lora]``)
+moves the adapter only, by the same three transports, into an engine with the ``LoadsAdapter``
+capability (the torch engine merges it into its weights; SGLang loads it through its LoRA
+endpoint); ``WeightsLoaded.bytes`` says how many bytes moved, ``adapter`` that it was one.
+
 Guarantees: versions only move forward (a ``WeightsPublished`` older than what the engine
 serves, or older than the newest in the log, is skipped: an engine that lags skips straight
 to the newest); on start the engine catches up to the newest published version in the log, so
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -45,8 +51,9 @@ from typing import TYPE_CHECKING, ClassVar
 from stacx.actors.base import Actor
 from stacx.errors import EngineError, StacxError
 from stacx.events import Event, WeightsLoaded, WeightsPublished, derive_id
+from stacx.inference import adapters
 from stacx.inference.sglang_client import StateNotAccepted
-from stacx.ports import Engine, LoadsState
+from stacx.ports import Engine, LoadsAdapter, LoadsState
 from stacx.train.checkpoint import sha256_file
 
 if TYPE_CHECKING:
@@ -143,13 +150,17 @@ class WeightSync(Actor):
     async def _load(self, event: WeightsPublished) -> None:
         start = time.perf_counter()
         transport = "file"
-        if self.handoff is not None and isinstance(self.engine, LoadsState):
+        lora = adapters.adapter_dir(event.path)  # a LoRA version: the adapter only moves
+        moved = 0
+        takes = lora is not None or isinstance(self.engine, LoadsState)
+        if self.handoff is not None and takes:
             state = await asyncio.to_thread(self.handoff.take, event.path, event.sha256)
             if state is not None:
                 try:
-                    await self.engine.load_state(state, event.version)
+                    await load_published(self.engine, event.path, event.version, state)
                     memory = isinstance(self.handoff, InProcessWeights)
                     transport = "memory" if memory else "shared"
+                    moved = sum(t.numel() * t.element_size() for t in state.values())
                 except StateNotAccepted as e:  # e.g. SGLang's tensor path without a GPU here
                     log.info("%s: v%d as tensors refused (%s); loading the file", self.name,
                              event.version, e)  # fmt: skip
@@ -162,7 +173,8 @@ class WeightSync(Actor):
                         f"weights v{event.version} at {event.path}: sha256 {digest} does not "
                         f"match the published {event.sha256}"
                     )
-            await self.engine.load_weights(event.path, event.version)
+            await load_published(self.engine, event.path, event.version)
+            moved = (await asyncio.to_thread(os.stat, event.path)).st_size
         self.last_load_ms = (time.perf_counter() - start) * 1e3
         await self.publish(
             WeightsLoaded(
@@ -172,5 +184,30 @@ class WeightSync(Actor):
                 engine=self.label,
                 latency_ms=max(0.0, (time.time() - event.ts) * 1e3),
                 transport=transport,
+                bytes=moved,
+                load_ms=self.last_load_ms,
+                adapter=lora is not None,
             )
         )
+
+
+
+async def load_published(
+    engine: Engine, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """Hand published version ``version`` (weights file ``path``; its tensors ``state`` when
+    already in memory) to ``engine``: a LoRA adapter (``adapter_config.json`` beside ``path``)
+    through `LoadsAdapter`, else tensors through `LoadsState` or the file."""
+    lora = adapters.adapter_dir(path)
+    if lora is not None:
+        if not isinstance(engine, LoadsAdapter):
+            raise EngineError(
+                f"{engine.name}: weights v{version} are a LoRA adapter ({lora}) and this engine "
+                "cannot serve adapters (backends torch and sglang can)"
+            )
+        await engine.load_adapter(str(lora), version, state)
+    elif state is not None:
+        assert isinstance(engine, LoadsState)
+        await engine.load_state(state, version)
+    else:
+        await engine.load_weights(path, version)

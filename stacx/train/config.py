@@ -55,6 +55,27 @@ DEFAULT_FILTER: Final = {
 }
 
 
+LORA_TARGETS: Final = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The recipe's ``[trainer.lora]`` table: train a LoRA adapter (peft) instead of the weights.
+
+    Each module whose name ends in one of ``target_modules`` (and, when ``trainer.trainable``
+    is set, whose ``.weight`` matches it) gets ``W + (alpha / rank) * B @ A``; only A and B are
+    trained, checkpointed and synced to engines (stacx.train.lora)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    # names of linear modules (their last name component: q_proj, ..., down_proj)
+    target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
 class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the trainer learns from the log. Field names are the recipe's ``[trainer]`` keys."""
 
@@ -73,6 +94,8 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # regex over parameter names: only matches are trained and checkpointed (the rest stays the
     # base model's); "" trains every parameter
     trainable: str = ""
+    # [trainer.lora]: train a LoRA adapter; a weight version is then the adapter (None: off)
+    lora: LoraConfig | None = None
     # batches
     batch_groups: int = 4  # grpo: groups per step
     batch_episodes: int = 8  # other algorithms: units (episodes) per step
@@ -236,9 +259,27 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
             re.compile(cfg.trainable)
         except re.error as e:
             raise _fail("trainable", cfg.trainable, f"a Python regex ({e})") from e
+    if cfg.lora is not None:
+        _validate_lora(cfg.lora)
     if cfg.device != "auto" and not re.match(r"^(cpu|cuda|cuda:\d+|mps)$", cfg.device):
         raise _fail("device", cfg.device, "auto | cpu | cuda | cuda:N")
     return cfg
+
+
+def _validate_lora(lora: LoraConfig) -> None:
+    if lora.rank < 1:
+        raise _fail("lora.rank", lora.rank, "an integer >= 1")
+    if not lora.alpha > 0:
+        raise _fail("lora.alpha", lora.alpha, "a float > 0")
+    if not 0 <= lora.dropout < 1:
+        raise _fail("lora.dropout", lora.dropout, "a float in [0, 1)")
+    bad = [m for m in lora.target_modules if not _IDENT.match(m)]
+    if not lora.target_modules or bad:
+        raise _fail(
+            "lora.target_modules",
+            lora.target_modules,
+            f"a non-empty list of linear module names, e.g. {list(LORA_TARGETS)}",
+        )
 
 
 def load(data: dict[str, object]) -> TrainerConfig:
@@ -249,6 +290,7 @@ def load(data: dict[str, object]) -> TrainerConfig:
         # msgspec names the path as `$.key`; say it as the recipe does
         message = str(e).replace("$.", "trainer.")
         if "unknown field" in message:
-            message += f"; accepted keys are {', '.join(TrainerConfig.__struct_fields__)}"
+            fields = (LoraConfig if "trainer.lora" in message else TrainerConfig).__struct_fields__
+            message += f"; accepted keys are {', '.join(fields)}"
         raise ConfigError(f"trainer: {message}") from e
     return cfg

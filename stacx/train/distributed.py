@@ -11,7 +11,8 @@ GPUs uses exactly those) and then drives them by broadcasting one command at a t
   every rank runs :func:`stacx.train.step.train_step` on its own with ``distributed=True``
   (FSDP2 reduces the gradients; figures are summed over ranks);
 - ``save``: rank 0 stages the checkpoint directory; the full weights are gathered to rank 0's
-  host memory and written as one HF-loadable ``model.safetensors`` (+ ``config.json``), the
+  host memory and written as one HF-loadable ``model.safetensors`` (+ ``config.json``; with
+  ``[trainer.lora]`` the gathered adapter only, as a PEFT directory: stacx.train.lora), the
   optimizer state is saved sharded (``optimizer/``, torch.distributed.checkpoint: each rank
   writes its own shard, nothing is gathered); rank 0 commits the directory atomically;
 - ``load``: every rank rebuilds its model and optimizer from a checkpoint (a supervisor restart
@@ -42,7 +43,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from stacx.errors import StacxError
-from stacx.train import checkpoint
+from stacx.train import checkpoint, lora
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import language_model
 from stacx.train.model import build, pick_device, tied_aliases
@@ -107,14 +108,20 @@ def _scatter(shards: list[list[Sample]] | None) -> list[Sample]:
 def full_weights(cfg: TrainerConfig, model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's tensors by HF name on rank 0 (empty on the others): in host memory
     when there are several ranks, on the device at world size 1 (so the in-process handoff is a
-    device copy); tied aliases once; with ``trainer.trainable`` the trained tensors only.
+    device copy); tied aliases once; with ``trainer.trainable`` or ``[trainer.lora]`` the
+    trained tensors only.
     Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     lm = language_model(model)
     offload = cfg.world_size > 1
+    partial = bool(cfg.trainable or cfg.lora)
+    # partial: gather the trained tensors only (a LoRA version never gathers the base)
     state = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload)
+        model,
+        options=StateDictOptions(
+            full_state_dict=True, cpu_offload=offload, ignore_frozen_params=partial
+        ),
     )
     drop = tied_aliases(lm)
     trained = {n for n, p in lm.named_parameters() if p.requires_grad}
@@ -122,7 +129,7 @@ def full_weights(cfg: TrainerConfig, model: nn.Module) -> dict[str, torch.Tensor
     for name, tensor in state.items():
         assert isinstance(tensor, torch.Tensor), name  # a model state dict holds tensors only
         name = name.removeprefix("lm.")
-        if name in drop or (cfg.trainable and name not in trained):
+        if name in drop or (partial and name not in trained):
             continue
         # at world size 1 the gathered tensor can be the parameter itself: snapshot it, the
         # next step must not change what an engine is copying
@@ -230,8 +237,12 @@ class RankGroup:
         try:
             _broadcast({"op": "save", "tmp": str(tmp)})
             state = _save_shards(self.cfg, self.model, self.optimizer, tmp)
-            checkpoint.write_weights(tmp, state, partial=bool(self.cfg.trainable))
-            if not self.cfg.trainable:
+            if self.cfg.lora is not None:  # the version is the adapter (stacx.train.lora)
+                state = lora.adapter_state(state)
+                lora.write(tmp, state, lora.peft_config_of(language_model(self.model)))
+            else:
+                checkpoint.write_weights(tmp, state, partial=bool(self.cfg.trainable))
+            if not (self.cfg.trainable or self.cfg.lora):
                 checkpoint.write_config(tmp, language_model(self.model))
             path, sha = checkpoint.commit(tmp, run_dir, version, meta)
         except BaseException:

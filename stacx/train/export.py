@@ -4,6 +4,11 @@ Checkpoints of runs that train a subset of the parameters (``trainer.trainable``
 those tensors. Exporting lays them over the run's base model (the recipe's ``model.path`` from
 RunStarted, or an explicit base) and writes a directory that ``resolve_model``, transformers,
 SGLang or a teacher (``teacher.path``) load like any checkpoint.
+
+A LoRA run's checkpoint (``[trainer.lora]``: a PEFT adapter directory) is exported as the adapter
+(``adapter_config.json`` naming the base, ``adapter_model.safetensors``: what peft's
+``PeftModel.from_pretrained`` and SGLang's ``--lora-paths`` load), or with ``merged`` as the
+base with the adapter merged in by peft (``merge_and_unload``): a plain HF model directory.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 
 from stacx.hf import read_safetensors, resolve_model
 from stacx.train.checkpoint import WEIGHTS_FILE, CheckpointError, version_dir, versions
+from stacx.train.lora import ADAPTER_CONFIG, ADAPTER_FILE
 
 BASE_SQL = "SELECT config_json FROM run_started ORDER BY _seq DESC LIMIT 1"
 
@@ -36,9 +42,15 @@ def run_base_model(run_dir: Path) -> str:
 
 
 def export_hf(
-    run_dir: Path, out: Path, *, version: int | None = None, base: str | None = None
+    run_dir: Path,
+    out: Path,
+    *,
+    version: int | None = None,
+    base: str | None = None,
+    merged: bool = False,
 ) -> Path:
-    """Write checkpoint `version` (default: the latest) of `run_dir` as an HF directory `out`."""
+    """Write checkpoint `version` (default: the latest) of `run_dir` as an HF directory `out`
+    (a LoRA checkpoint: its adapter directory, or with `merged` the merged model)."""
     from safetensors.torch import save_file
 
     have = versions(run_dir)
@@ -47,7 +59,14 @@ def export_hf(
     version = have[-1] if version is None else version
     if version not in have:
         raise CheckpointError(f"{run_dir}: no checkpoint v{version}; have {have}")
+    if out.exists():
+        raise CheckpointError(f"{out} exists; refusing to overwrite")
     base_dir = Path(resolve_model(base or run_base_model(run_dir)))
+    source = version_dir(run_dir, version)
+    if (source / ADAPTER_CONFIG).is_file():
+        return _export_adapter(source, out, base_dir, version, merged=merged)
+    if merged:
+        raise CheckpointError(f"checkpoint v{version} is not a LoRA adapter: --merged applies to LoRA runs")
     state = read_safetensors(base_dir)  # every shard
     trained = read_safetensors(version_dir(run_dir, version) / WEIGHTS_FILE)
     unknown = sorted(set(trained) - set(state))
@@ -62,8 +81,6 @@ def export_hf(
             f"checkpoint v{version}: shapes differ from the base at {mismatched[:3]}"
         )
     state.update(trained)
-    if out.exists():
-        raise CheckpointError(f"{out} exists; refusing to overwrite")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(
@@ -74,17 +91,41 @@ def export_hf(
         str(tmp / WEIGHTS_FILE),
         metadata={"format": "pt"},
     )
-    (tmp / "stacx-export.json").write_text(
-        json.dumps(
-            {
-                "run_dir": str(run_dir.resolve()),
-                "version": version,
-                "base": str(base_dir),
-                "trained_tensors": len(trained),
-            },
-            indent=2,
+    _provenance(tmp, run_dir, version, base_dir, trained_tensors=len(trained))
+    tmp.rename(out)
+    return out
+
+
+def _provenance(tmp: Path, run_dir: Path, version: int, base_dir: Path, **more: object) -> None:
+    record = {"run_dir": str(run_dir.resolve()), "version": version, "base": str(base_dir), **more}
+    (tmp / "stacx-export.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _export_adapter(source: Path, out: Path, base_dir: Path, version: int, *, merged: bool) -> Path:
+    """A LoRA checkpoint as its adapter directory, or merged into the base (peft)."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_dir = source.parent.parent
+    if merged:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        from stacx.hf import LOAD_LOCK
+
+        shutil.copytree(
+            base_dir, tmp, ignore=shutil.ignore_patterns("*.safetensors*", "*.gguf", "config.json")
         )
-        + "\n"
-    )
+        with LOAD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto")
+        lm = PeftModel.from_pretrained(model, str(source)).merge_and_unload()
+        lm.save_pretrained(str(tmp))
+        _provenance(tmp, run_dir, version, base_dir, merged_adapter=True)
+    else:
+        tmp.mkdir(parents=True)
+        shutil.copyfile(source / ADAPTER_FILE, tmp / ADAPTER_FILE)
+        config = json.loads((source / ADAPTER_CONFIG).read_text())
+        config["base_model_name_or_path"] = str(base_dir)  # where peft finds the base
+        (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        _provenance(tmp, run_dir, version, base_dir, adapter=True)
     tmp.rename(out)
     return out

@@ -17,7 +17,8 @@ recipe's ``[trainer]`` table:
    and the tied head), with a ``MixedPrecisionPolicy`` (fp32 gradient reduction; with
    ``trainer.mixed_precision`` fp32 master weights computed in ``trainer.dtype``), gradients
    summed rather than averaged (the step's loss is already the whole batch's token mean);
-5. the optimizer over the trainable parameters (``trainer.trainable``).
+5. the optimizer over the trainable parameters (``trainer.trainable``; with ``[trainer.lora]``
+   the base is wrapped by peft first (stacx.train.lora) and only the adapters train).
 
 Limits: every rank first loads the full model (then shards it); FSDP sharding is per decoder
 layer of a transformers LM with ``model.layers`` (Llama, Qwen, Mistral, SmolLM shapes).
@@ -30,7 +31,7 @@ import random
 import torch
 from torch import nn
 
-from stacx.train import checkpoint
+from stacx.train import checkpoint, lora
 from stacx.train.attention import use_varlen_attention
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import ModelShapeError, PackedLM
@@ -103,7 +104,11 @@ def build(
         lm = base.to(device=device, dtype=store)
     else:
         lm = load_model(cfg.model, device, store)
-    if weights is not None:
+    if cfg.lora is not None:
+        lora.wrap(lm, cfg)  # the base frozen, the adapters trainable
+    if weights is not None and cfg.lora is not None:
+        lora.load(weights, lm)
+    elif weights is not None:
         checkpoint.load(weights, lm)
     if fast_path(cfg, device):
         use_varlen_attention(lm)
@@ -119,7 +124,8 @@ def build(
         if not callable(enable):
             raise ModelShapeError(f"{type(lm).__name__} has no gradient checkpointing")
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    trainable_parameters(lm, cfg.trainable)
+    if cfg.lora is None:  # with LoRA, trainer.trainable chose the adapted modules
+        trainable_parameters(lm, cfg.trainable)
     model: nn.Module = lm
     if cfg.sharded:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard

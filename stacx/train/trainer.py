@@ -9,7 +9,8 @@ complete units exist, each with every label, score or branch it waits for), and 
    ``pack_episodes`` the turns of an episode that extend each other are one sequence, rebuilt
    from the stored deltas: `step_batch`),
 2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
-3. writes ``checkpoints/v<version>/`` (weights, optimizer state) atomically,
+3. writes ``checkpoints/v<version>/`` (weights, or with ``[trainer.lora]`` the adapter:
+   stacx.train.lora; optimizer state) atomically,
 4. publishes ``TrainStepFinished{step, episode_ids, ...}`` (the lineage: what this version was
    trained on) and then ``WeightsPublished{version, path, sha256}`` (the commit point).
 
@@ -56,7 +57,7 @@ from stacx.events import (
     derive_id,
 )
 from stacx.ports import WeightOffer
-from stacx.train import checkpoint, units
+from stacx.train import checkpoint, lora, units
 from stacx.train.batches import Query, StepBatch, scalar_rows, step_batch
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup
@@ -230,6 +231,7 @@ class Trainer(Actor):
                 path=str(path),
                 sha256=sha,
                 step=step,
+                bytes=path.stat().st_size,
             )
         )
         self.version = self._loaded = step
@@ -296,6 +298,12 @@ class Trainer(Actor):
         }
         if self._group is not None:
             path, sha, state = self._group.save(self.ctx.run_dir, step, meta)
+        elif self.config.lora is not None:  # the version is the adapter (stacx.train.lora)
+            path, sha, state = lora.save(
+                self.ctx.run_dir, step, self.model, self.optimizer, meta, self.config
+            )
+            if self.config.inprocess_handoff and self.handoff is not None:
+                state = {k: v.clone() for k, v in state.items()}  # a snapshot (see below)
         else:
             path, sha = checkpoint.save(
                 self.ctx.run_dir,

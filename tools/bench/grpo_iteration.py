@@ -1,6 +1,7 @@
-"""One GPU, engine and trainer colocated: full GRPO iterations of a 4B-shaped model via `stacx run`.
+"""One GPU, engine and trainer colocated: full GRPO iterations of a 4B/8B-shaped model via `stacx run`.
 
-Builds a random-init bf16 model of the Qwen3-4B shape (``--tiny``: a CPU-sized one) with the
+Builds a random-init bf16 model of the Qwen3-4B shape (``--shape 8b``: Qwen3-8B's; ``--tiny``: a
+CPU-sized one) with the
 bundled SmolLM2 tokenizer files (``--tokenizer``; ids past its vocabulary decode to nothing, so
 random samples stay valid token-in/token-out), writes a recipe (ReTool agent, the process
 sandbox: no Docker, the torch engine and the trainer on the one device, FSDP world 1 with
@@ -12,7 +13,8 @@ memory (nvidia-smi), then reads the run's log to report per phase:
 - train: tokens / step time, MFU = (6 * non-embedding params * tokens + 6 * V * H * loss
   tokens) / time / 989 TF/s (the train bench's count without its attention term);
 - checkpoint ms (trainer.json write of the full weights + sharded optimizer state) and sync ms
-  (``WeightsLoaded.latency_ms``: WeightsPublished to the engine serving the version);
+  (``WeightsLoaded.latency_ms``: WeightsPublished to the engine serving the version), with its
+  bytes and the engine's own load ms (``WeightsLoaded.bytes``, ``load_ms``: with LoRA, the merge);
 - peak GPU memory in use (nvidia-smi, whole device) within each phase's window.
 
 The run's output is streamed line by line (flushed) and, with ``--out DIR``, copied to
@@ -24,6 +26,15 @@ Usage (the H200 figures of the README; model on /dev/shm to spare the disk for c
 ``python tools/bench/grpo_iteration.py --tokenizer DIR --work /tmp/it --model-dir /dev/shm/m4b
 --out $OUT --deadline-s 380 --steps 2 --problems 1 --group 8 --new-tokens 48 --no-compile``;
 ``--tiny`` runs on CPU for a check of the script.
+
+LoRA vs full fine-tuning (``--lora RANK``): the same model and workload run twice, first with
+``[trainer.lora] rank = RANK`` (alpha = 2 * RANK, every linear module), then with full weights
+(``--lora-only`` skips it; a full run that does not fit is reported by its exit code and what
+its log holds). The last line then holds both reports and a ``summary`` per variant (peak GPU
+memory, mean train tok/s, mean sync ms and bytes, checkpoint ms) with the LoRA / full ratios:
+``python tools/bench/grpo_iteration.py --shape 8b --lora 16 --tokenizer DIR --work /tmp/it
+--model-dir /dev/shm/m8b --out $OUT --deadline-s 280 --steps 2 --problems 1 --group 8
+--new-tokens 48 --no-compile``.
 """
 
 from __future__ import annotations
@@ -83,16 +94,22 @@ compile = {compile}
 optimizer = "{optimizer}"
 max_tokens = 16384
 keep_last = 1
-[placement]
+{lora}[placement]
 mode = "local"
 """
 
 
-def qwen3(tiny: bool) -> Qwen3Config:
+def qwen3(tiny: bool, shape: str = "4b") -> Qwen3Config:
     if tiny:
         return Qwen3Config(
             hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, intermediate_size=128, vocab_size=49152, tie_word_embeddings=True,
+        )  # fmt: skip
+    if shape == "8b":
+        return Qwen3Config(
+            hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+            head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False,
+            max_position_embeddings=40960,
         )  # fmt: skip
     return Qwen3Config(
         hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -177,7 +194,10 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
     )
     published = dict(rows("select version, ts from weights_published"))
     loaded = {
-        v: (ts, ms) for v, ts, ms in rows("select version, ts, latency_ms from weights_loaded")
+        v: (ts, ms, nbytes, load_ms)
+        for v, ts, ms, nbytes, load_ms in rows(
+            "select version, ts, latency_ms, bytes, load_ms from weights_loaded"
+        )
     }
     out["train"] = []
     for step, ts, ms, tokens, metrics_json, world in steps:
@@ -186,7 +206,7 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
         flops = 6 * (n_params - v_h) * int(tokens) + 6 * v_h * int(metrics["n_loss_tokens"])  # type: ignore[call-overload]
         end = float(ts)  # type: ignore[arg-type]
         pub = float(published.get(step, end))  # type: ignore[arg-type]
-        load_ts, latency = loaded.get(step, (None, None))
+        load_ts, latency, nbytes, load_ms = loaded.get(step, (None, None, None, None))
         out["train"].append(  # type: ignore[attr-defined]
             {
                 "step": step,
@@ -197,6 +217,8 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
                 "mfu": round(flops / seconds / PEAK, 4),
                 "checkpoint_ms": round(float(metrics["checkpoint_ms"]), 1),
                 "sync_ms": round(float(latency), 1) if latency is not None else None,  # type: ignore[arg-type]
+                "sync_bytes": nbytes,
+                "load_ms": round(float(load_ms), 1) if load_ms is not None else None,  # type: ignore[arg-type]
                 "train_peak_gib": mem.peak(end - seconds, end),
                 "checkpoint_peak_gib": mem.peak(end, pub),
                 "sync_peak_gib": mem.peak(pub, float(load_ts)) if load_ts is not None else None,  # type: ignore[arg-type]
@@ -242,35 +264,42 @@ def run_stacx(cmd: list[str], log_path: Path | None, deadline_s: float) -> int:
     return code
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer.json etc.")
-    ap.add_argument("--work", type=Path, required=True, help="run dir and recipe go here")
-    ap.add_argument("--model-dir", type=Path, help="where the random model is written "
-                    "(default WORK/model; e.g. /dev/shm/m to spare the disk)")  # fmt: skip
-    ap.add_argument("--out", type=Path, help="also write the log and partial results here")
-    ap.add_argument("--deadline-s", type=float, default=1e9, help="stop stacx run after this")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--problems", type=int, default=4)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--optimizer", default="adamw", help="adamw | sgd (sgd: no optimizer state)")
-    args = ap.parse_args()
+def _mean(values: list[object]) -> float | None:
+    nums = [float(v) for v in values if isinstance(v, int | float)]
+    return round(sum(nums) / len(nums), 1) if nums else None
+
+
+def summary(result: dict[str, object]) -> dict[str, object]:
+    """The figures LoRA and full fine-tuning are compared on (steps after the first: the first
+    step pays compilation and allocator warm-up)."""
+    train = result.get("train")
+    steps = train if isinstance(train, list) else []
+    later = steps[1:] or steps
+    return {
+        "rc": result.get("stacx_run_rc"),
+        "steps": len(steps),
+        "peak_gib": result.get("gpu_mem_peak_run_gib"),
+        "train_peak_gib": max((s["train_peak_gib"] for s in steps if s["train_peak_gib"]), default=None),
+        "train_tok_s": _mean([s["tok_s"] for s in later]),
+        "sync_ms": _mean([s["sync_ms"] for s in steps]),
+        "sync_bytes": _mean([s["sync_bytes"] for s in steps]),
+        "load_ms": _mean([s["load_ms"] for s in steps]),  # the engine's part of sync_ms
+        "checkpoint_ms": _mean([s["checkpoint_ms"] for s in steps]),
+    }
+
+
+def run_variant(
+    args: argparse.Namespace, config: Qwen3Config, n_params: int, model_dir: Path, lora: int
+) -> dict[str, object]:
+    """One ``stacx run`` (LoRA of rank ``lora``, or full weights at 0) and its report."""
     device = "cpu" if args.tiny else "cuda"
-    config = qwen3(args.tiny)
-    args.work.mkdir(parents=True, exist_ok=True)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-    model_dir, run = args.model_dir or args.work / "model", args.work / "run"
-    t0 = time.perf_counter()
-    n_params = make_model(model_dir, config, device, args.tokenizer)
-    print(f"bench: model {n_params / 1e9:.2f}B params written to {model_dir} in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    tag = f"lora{lora}" if lora else "full"
+    work = args.work / tag
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "run", ignore_errors=True)
     if device == "cuda":
         torch.cuda.empty_cache()
-    recipe = args.work / "recipe.toml"
+    recipe = work / "recipe.toml"
     recipe.write_text(
         RECIPE.format(
             model=model_dir,
@@ -284,39 +313,100 @@ def main() -> None:
             steps=args.steps,
             compile="false" if args.no_compile else "true",
             optimizer=args.optimizer,
+            lora=f"[trainer.lora]\nrank = {lora}\nalpha = {2 * lora}\n" if lora else "",
         )
     )
     mem = GpuMemory()
     time.sleep(1.0)
     baseline = mem.samples[-1][1] / 1024 if mem.samples else None  # this bench's own context
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(work / "run")]
     print("+", " ".join(cmd), flush=True)
-    log_path = args.out / "stacx_run.log" if args.out is not None else None
-    code = run_stacx(cmd, log_path, args.deadline_s)
+    out = args.out / tag if args.out is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    code = run_stacx(cmd, out / "stacx_run.log" if out is not None else None, args.deadline_s)
     wall = time.perf_counter() - t0
     mem.stop()
     result: dict[str, object] = {
+        "variant": tag,
         "stacx_run_rc": code,
         "stacx_run_wall_s": round(wall, 1),
-        "tiny": args.tiny,
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
         "gpu_mem_before_run_gib": round(baseline, 2) if baseline is not None else None,
         "gpu_mem_peak_run_gib": mem.peak(mem.samples[0][0], mem.samples[-1][0])
         if mem.samples
         else None,
     }
     try:
-        result.update(report(run, config, n_params, mem))
+        result.update(report(work / "run", config, n_params, mem))
     except (duckdb.Error, OSError, KeyError, ValueError) as e:  # a killed run: say what is missing
         result["report_error"] = repr(e)
     result["recipe"] = recipe.read_text()
+    if out is not None:
+        (out / "grpo_iteration.json").write_text(json.dumps(result, indent=1))
+        (out / "gpu_memory.csv").write_text("".join(f"{t:.2f},{m:.0f}\n" for t, m in mem.samples))
+    return result
+
+
+def _ratio(a: object, b: object) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b:
+        return round(float(a) / float(b), 4)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shape", choices=("4b", "8b"), default="4b")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank: run LoRA, then full weights")
+    ap.add_argument("--lora-only", action="store_true", help="with --lora: skip the full run")
+    ap.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer.json etc.")
+    ap.add_argument("--work", type=Path, required=True, help="run dir and recipe go here")
+    ap.add_argument("--model-dir", type=Path, help="where the random model is written "
+                    "(default WORK/model; e.g. /dev/shm/m to spare the disk)")  # fmt: skip
+    ap.add_argument("--out", type=Path, help="also write the log and partial results here")
+    ap.add_argument("--deadline-s", type=float, default=1e9, help="stop each stacx run after this")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--problems", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--optimizer", default="adamw", help="adamw | sgd (sgd: no optimizer state)")
+    args = ap.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    config = qwen3(args.tiny, args.shape)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = args.model_dir or args.work / "model"
+    t0 = time.perf_counter()
+    n_params = make_model(model_dir, config, device, args.tokenizer)
+    print(f"bench: model {n_params / 1e9:.2f}B params written to {model_dir} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    variants = [args.lora] if args.lora else [0]
+    if args.lora and not args.lora_only:
+        variants.append(0)
+    runs = [run_variant(args, config, n_params, model_dir, rank) for rank in variants]
+    result: dict[str, object] = {
+        "shape": "tiny" if args.tiny else args.shape,
+        "tiny": args.tiny,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "params": n_params,
+    }
+    if len(runs) == 1:
+        result.update(runs[0])  # the single-run layout this bench always printed
+    else:
+        sums = {str(r["variant"]): summary(r) for r in runs}
+        lora, full = sums[f"lora{args.lora}"], sums["full"]
+        result["summary"] = sums
+        result["lora_over_full"] = {
+            k: _ratio(lora[k], full[k])
+            for k in ("peak_gib", "train_peak_gib", "train_tok_s", "sync_ms", "sync_bytes", "load_ms")
+        }
+        result["runs"] = runs
     if args.out is not None:
         (args.out / "grpo_iteration.json").write_text(json.dumps(result, indent=1))
-        (args.out / "gpu_memory.csv").write_text(
-            "".join(f"{t:.2f},{m:.0f}\n" for t, m in mem.samples)
-        )
     print(json.dumps(result), flush=True)
 
 

@@ -13,7 +13,7 @@ by the role builders' exit), metrics are flushed, RunFinished is published and t
 drains.
 
 Guarantees: the launcher holds no state that matters; kill -9 at any point and the same command
-continues from the log (see ``stacx.launch.scheduler`` and ``stacx.launch.resume``), ending with
+continues from the log (see ``stacx.schedule.scheduler`` and ``stacx.launch.resume``), ending with
 the counts of an uninterrupted run (tests/launch/test_crash.py). Limits: an episode in flight at
 a kill is redone as a new attempt once its task is redelivered (up to the rollout worker's ack
 wait after the restart), and its abandoned attempt counts against ``sandbox.max_attempts``, so
@@ -40,7 +40,7 @@ from stacx.launch.plan import RoleSpec, roles_for
 from stacx.launch.progress import ProgressView, Snapshot, snapshot
 from stacx.launch.recipe import Recipe
 from stacx.launch.resume import check_resume, remove_orphan_sandboxes
-from stacx.launch.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
+from stacx.schedule.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import ClassVar, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 import msgspec
 import nats.errors
@@ -56,30 +56,10 @@ from stacx.events import (
     stream_name,
     subject,
 )
+from stacx.store.query import Params, Query, QueryAfter  # re-exported: actors query the log
 from stacx.wire import decode, decode_many, split_batch
 
 log = logging.getLogger(__name__)
-
-Params: TypeAlias = Sequence[object] | Mapping[str, object] | None
-"""DuckDB bound parameters: a sequence for ``?``/``$1`` placeholders, a mapping for ``$name``."""
-
-
-class Query(Protocol):
-    """SQL over the run's log (views included) with bound parameters: ``query(sql, params)``.
-
-    Values never go into the SQL text: ``query("... WHERE episode_id = ?", [episode_id])``."""
-
-    def __call__(self, sql: str, params: Params = None, /) -> Awaitable[pa.Table]: ...
-
-
-class QueryAfter(Protocol):
-    """A ``Query`` that first waits until the recorder has committed stream sequence ``after``
-    (``None``: the implementation's default; see ``RunContext.query``)."""
-
-    def __call__(
-        self, sql: str, params: Params = None, /, *, after: int | None = None
-    ) -> Awaitable[pa.Table]: ...
-
 
 class Watermark:
     """The newest stream sequence one reader has published or been delivered: what the log

@@ -4,7 +4,7 @@ role builder and actor code.
 
 NATS stays the data plane either way: a Ray actor connects to the run's NATS URL, publishes
 with its own Publisher and consumes through its own durable consumers; only SQL goes through
-the launcher (``stacx.launch.query``), because the recorder, the log's only writer, lives there.
+the launcher (``stacx.store.query``), because the recorder, the log's only writer, lives there.
 
 Limits: the embedded NATS server listens on loopback, so Ray actors on *other* machines need
 ``STACX_NATS_URL`` pointing at a server they can reach (a local Ray cluster works as is).
@@ -32,8 +32,8 @@ from stacx.actors.run import RunContext
 from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
 from stacx.launch.plan import RoleSpec
-from stacx.launch.query import QueryService, remote_query
 from stacx.launch.recipe import Recipe
+from stacx.store.query import QueryService, remote_query
 
 if TYPE_CHECKING:
     from stacx.launch.weight_share import SharedWeights

@@ -1,5 +1,5 @@
 """Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer.
-(``stacx.launch.weights.WeightSync`` keeps each one on the newest published weights.)
+(``stacx.weights.sync.WeightSync`` keeps each one on the newest published weights.)
 
 Lifecycle: every engine (and any SGLang server started for it) is registered on the caller's
 AsyncExitStack, so a role's exit (done, error, Ctrl-C) closes it: no orphan servers.

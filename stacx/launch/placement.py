@@ -36,8 +36,8 @@ from stacx.launch.recipe import Recipe
 from stacx.store.query import QueryService, remote_query
 
 if TYPE_CHECKING:
-    from stacx.launch.weight_share import SharedWeights
-    from stacx.launch.weights import InProcessWeights
+    from stacx.weights.share import SharedWeights
+    from stacx.weights.sync import InProcessWeights
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class ActorEnv(msgspec.Struct, frozen=True, kw_only=True):
     """What a role builder may use: the run's id and directory, publish, the log's SQL, and
     the process's weight handoff: in memory for local placement, across the node's processes
-    (CUDA IPC / shared memory, stacx.launch.weight_share) in a Ray actor; None: the file."""
+    (CUDA IPC / shared memory, stacx.weights.share) in a Ray actor; None: the file."""
 
     run_id: str
     run_dir: str
@@ -80,7 +80,7 @@ class LocalPlacement:
         self.run = run
         self.recipe = recipe
         self._stack = AsyncExitStack()
-        from stacx.launch.weights import InProcessWeights  # torch: only once actors are placed
+        from stacx.weights.sync import InProcessWeights  # torch: only once actors are placed
 
         self._handoff = InProcessWeights()  # one per process: the trainer's and engines' roles
 
@@ -151,7 +151,7 @@ class RoleHost:
         async def emit(event: Event) -> None:
             await builder_ctx.publish(event)
 
-        from stacx.launch.weight_share import SharedWeights  # torch: in the host only
+        from stacx.weights.share import SharedWeights  # torch: in the host only
 
         handoff = SharedWeights()  # the trainer's versions to engines in other hosts of the node
         env = ActorEnv(

@@ -26,9 +26,9 @@ from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
-from stacx.launch.weights import WeightSync
 from stacx.ports import Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.weights.sync import WeightSync
 
 
 class RolloutWorker(RolloutManager):

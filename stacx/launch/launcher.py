@@ -35,7 +35,7 @@ from stacx.actors.run import RunContext
 from stacx.errors import ConfigError, TaskError
 from stacx.launch.loader import to_dict
 from stacx.launch.metrics import MetricsWriter, make_sinks
-from stacx.launch.placement import RayPlacement, make_placement, resolve_builder
+from stacx.launch.placement import make_placement, resolve_builder
 from stacx.launch.plan import RoleSpec, roles_for
 from stacx.launch.progress import ProgressView, Snapshot, snapshot
 from stacx.launch.recipe import Recipe
@@ -239,8 +239,7 @@ async def launch(
             while not scheduler.done.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(scheduler.done.wait(), 2.0)
-                if isinstance(placement, RayPlacement):
-                    await placement.check()
+                await placement.check()
         finally:
             for t in background:
                 t.cancel()

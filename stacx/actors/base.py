@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
@@ -48,7 +47,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
 
-from stacx.errors import StacxError
+from stacx.errors import StacxError, strict  # strict: re-exported, the mode is the runtime's
 from stacx.events import (
     Event,
     FailureKind,
@@ -116,11 +115,6 @@ def causal_context(
 INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.errors.Error)
 """Exception types that are infrastructure (retried, restarted). OSError covers TimeoutError
 (asyncio's included) and connection errors."""
-
-
-def strict() -> bool:
-    """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
-    return os.environ.get("STACX_STRICT", "") not in ("", "0")
 
 
 def is_bug(exc: BaseException) -> bool:

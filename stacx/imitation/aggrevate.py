@@ -52,10 +52,10 @@ from stacx.events import (
     derive_id,
 )
 from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
+from stacx.harbor.tasks import load_task
 from stacx.imitation.config import ImitationConfig
 from stacx.ports import Environments, Generation, InfraFailure, SamplingParams, Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
-from stacx.sandbox.tasks import load_task
 
 log = logging.getLogger(__name__)
 

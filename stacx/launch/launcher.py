@@ -96,7 +96,7 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
     reason, so one bad task fails alone. The notes name the task.toml keys not honoured."""
     from fnmatch import fnmatchcase
 
-    from stacx.sandbox.tasks import load_task_set, select
+    from stacx.harbor.tasks import load_task_set, select
 
     t = recipe.tasks
 

@@ -112,9 +112,9 @@ def eval_recipe(
 
 def _all_answer_tasks(spec: str) -> bool:
     from stacx.errors import StacxError
+    from stacx.harbor.tasks import load_tasks
     from stacx.launch.launcher import resolve_tasks
     from stacx.sandbox.answers import is_answer_task
-    from stacx.sandbox.tasks import load_tasks
 
     try:
         tasks = load_tasks(resolve_tasks(spec))

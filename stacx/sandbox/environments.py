@@ -24,7 +24,7 @@ gives it the default bridge, "allowlist" the episode's internal network with a f
 proxy to the task's allowed_hosts (stacx.sandbox.egress). When the phases differ the container
 starts on the bridge and is moved between networks at the phase boundary; when they agree on
 public or no-network it starts that way (network=none for no-network). "allowlist" next to
-"public" is refused when the task loads (stacx.sandbox.tasks).
+"public" is refused when the task loads (stacx.harbor.tasks).
 
 Compose services (stacx.sandbox.compose) start on a per-episode internal network; their named
 volumes are created for the episode (owner-labeled) and removed after its containers.
@@ -49,7 +49,10 @@ import msgspec
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, EpisodeWarned, FailureKind, derive_id, new_id
-from stacx.ports import ArtifactConfig, InfraFailure, Sandbox, StepFailed, Task, Verdict
+from stacx.harbor.model import ArtifactConfig
+from stacx.harbor.task_network import episode_network, network_mode
+from stacx.harbor.tasks import load_task, task_limits, verifier_separate
+from stacx.ports import InfraFailure, Sandbox, StepFailed, Task, Verdict
 from stacx.sandbox.aliases import AliasMap, dockerfile_warnings
 from stacx.sandbox.build import build_task_image, local_image
 from stacx.sandbox.compose import (
@@ -69,8 +72,6 @@ from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.steps import following, start_step
-from stacx.sandbox.task_network import episode_network, network_mode
-from stacx.sandbox.tasks import load_task, task_limits, verifier_separate
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done

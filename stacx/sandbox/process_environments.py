@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Self
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped
+from stacx.harbor.tasks import load_task, task_limits
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.sandbox.answers import is_answer_task, verify_answer
 from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.process import ProcessSandbox, isolation
 from stacx.sandbox.steps import following, start_step
-from stacx.sandbox.tasks import load_task, task_limits
 from stacx.sandbox.verifier import run_verifier, verdict
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
-from stacx.events import Policy, TurnActor
+from stacx.events import RollIn, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
 from stacx.launch.placement import ActorEnv
@@ -68,11 +68,11 @@ def agent_config(recipe: Recipe) -> AgentConfig:
 
 def rollout_config(recipe: Recipe) -> RolloutConfig:
     policy = {
-        "swe": Policy.STUDENT,
-        "retool": Policy.STUDENT,
-        "installed": Policy.STUDENT,
-        "oracle": Policy.ORACLE,
-        "null": Policy.NULL,
+        "swe": RollIn.STUDENT,
+        "retool": RollIn.STUDENT,
+        "installed": RollIn.STUDENT,
+        "oracle": RollIn.ORACLE,
+        "null": RollIn.NULL,
     }[recipe.agent.name]
     return RolloutConfig(
         agent=recipe.agent.name,

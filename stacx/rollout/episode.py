@@ -36,8 +36,8 @@ from stacx.events import (
     EpisodeStarted,
     Event,
     FailureKind,
-    Policy,
     RewardAssigned,
+    RollIn,
     StopReason,
     ToolCalled,
     TurnGenerated,
@@ -66,7 +66,7 @@ class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     iteration: int = 0
     agent: str = "swe"
-    policy: Policy = Policy.STUDENT
+    policy: RollIn = RollIn.STUDENT
     timeout_s: float | None = None  # agent-loop wall time; None: the task's (or 600 s)
 
     @property

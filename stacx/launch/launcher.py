@@ -195,7 +195,6 @@ async def launch(
         from stacx.sandbox.remote import remote_url
 
         remote_url(recipe.sandbox.url)
-    final: Snapshot | None = None
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
         if previous is not None:
             removed = await remove_orphan_sandboxes(run.run_id)
@@ -210,66 +209,86 @@ async def launch(
             echo(f"note: {note}")
         if prepare is not None:  # e.g. `stacx replay` imports past episodes before anything starts
             await prepare(run)
-        placement = make_placement(run, recipe)
         scheduler = Scheduler(plan, poll_s=poll_s)
-        lg = recipe.logging
-        metrics = MetricsWriter(
-            run.query,
-            lambda: make_sinks(
-                run.run_dir,
-                run.run_id,
-                config,
-                tensorboard=lg.tensorboard,
-                wandb_project=lg.wandb_project,
-            ),
-            interval_s=lg.interval_s,
-        )
-        progress = ProgressView(
-            run.query,
-            title=f"{recipe.name} · {run.run_id}",
-            steps=None if recipe.is_eval else recipe.trainer.steps,
-            mode=lg.progress,
-            interval_s=lg.interval_s,
-        )
-        background = [asyncio.create_task(metrics.run()), asyncio.create_task(progress.run())]
-        try:
-            for role in roles:
-                await placement.start(role)
-            run.spawn(scheduler)
-            while not scheduler.done.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(scheduler.done.wait(), 2.0)
-                await placement.check()
-        finally:
-            for t in background:
-                t.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            await placement.stop()
-            try:  # every actor is stopped: the last metrics and the final snapshot see it all
-                await run.sync(30)
-            except Exception:
-                log.exception("the recorder did not catch up before the final metrics")
-            await metrics.finish()
-            try:
-                final = await snapshot(run.query)
-            except Exception:
-                log.exception("final progress snapshot not read")
+        final = await _drive(run, recipe, roles, scheduler, config)
         attempt = run.attempt
-    plot = None
-    if recipe.logging.plot:
-        try:
-            from stacx.launch.plot import write_plot
-
-            plot = str(await asyncio.to_thread(write_plot, run.run_dir))
-        except Exception as exc:  # a plot is a convenience; the run itself succeeded
-            log.warning("plot not written: %r", exc)
     return Outcome(
         run_id=run.run_id,
         run_dir=str(run.run_dir),
         attempt=attempt,
         resumed=previous is not None,
         final=final,
-        plot=plot,
+        plot=await _plot(recipe, run.run_dir),
         verdict=scheduler.verdict or "stopped",
         skipped_tasks=skipped,
     )
+
+
+async def _drive(
+    run: RunContext,
+    recipe: Recipe,
+    roles: list[RoleSpec],
+    scheduler: Scheduler,
+    config: dict[str, object],
+) -> Snapshot | None:
+    """Place the roles and the scheduler, keep the metrics and the progress view going until
+    the scheduler says done (or a placed actor crashed), then stop everything; the final
+    progress snapshot, read once every actor stopped and the recorder caught up."""
+    placement = make_placement(run, recipe)
+    lg = recipe.logging
+    metrics = MetricsWriter(
+        run.query,
+        lambda: make_sinks(
+            run.run_dir,
+            run.run_id,
+            config,
+            tensorboard=lg.tensorboard,
+            wandb_project=lg.wandb_project,
+        ),
+        interval_s=lg.interval_s,
+    )
+    progress = ProgressView(
+        run.query,
+        title=f"{recipe.name} · {run.run_id}",
+        steps=None if recipe.is_eval else recipe.trainer.steps,
+        mode=lg.progress,
+        interval_s=lg.interval_s,
+    )
+    background = [asyncio.create_task(metrics.run()), asyncio.create_task(progress.run())]
+    final: Snapshot | None = None
+    try:
+        for role in roles:
+            await placement.start(role)
+        run.spawn(scheduler)
+        while not scheduler.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(scheduler.done.wait(), 2.0)
+            await placement.check()
+    finally:
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await placement.stop()
+        try:  # every actor is stopped: the last metrics and the final snapshot see it all
+            await run.sync(30)
+        except Exception:
+            log.exception("the recorder did not catch up before the final metrics")
+        await metrics.finish()
+        try:
+            final = await snapshot(run.query)
+        except Exception:
+            log.exception("final progress snapshot not read")
+    return final
+
+
+async def _plot(recipe: Recipe, run_dir: Path) -> str | None:
+    """The run's plot (``logging.plot``); None when off or when it could not be drawn."""
+    if not recipe.logging.plot:
+        return None
+    try:
+        from stacx.launch.plot import write_plot
+
+        return str(await asyncio.to_thread(write_plot, run_dir))
+    except Exception as exc:  # a plot is a convenience; the run itself succeeded
+        log.warning("plot not written: %r", exc)
+        return None

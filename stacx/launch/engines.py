@@ -34,22 +34,7 @@ async def open_engine(
 ) -> tuple[Engine, ChatTokenizer]:
     """Start (or connect to) an engine; it is closed when `stack` closes."""
     if backend == "torch":
-        import torch
-
-        from stacx.inference.torch_engine import TorchEngine
-
-        torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-        engine = await asyncio.to_thread(
-            TorchEngine,
-            model,
-            device=device,
-            dtype=torch_dtype,
-            max_batch=max_batch,
-            max_len=max_len,
-        )
-        stack.push_async_callback(engine.close)
-        assert engine.tokenizer is not None
-        return engine, engine.tokenizer  # type: ignore[return-value]
+        return await _open_torch(stack, model, device, dtype, max_batch, max_len)
     path, tokenizer = await open_tokenizer(model)
     if backend == "sglang":
         from stacx.inference.sglang_client import SGLangEngine
@@ -83,6 +68,23 @@ async def open_engine(
         stack.push_async_callback(oa.close)
         return oa, tokenizer
     raise EngineError(f"engine backend {backend!r}: accepted: torch, sglang, openai")
+
+
+async def _open_torch(
+    stack: AsyncExitStack, model: str, device: str, dtype: str, max_batch: int, max_len: int
+) -> tuple[Engine, ChatTokenizer]:
+    """STACX's own engine in this process (torch is imported only here)."""
+    import torch
+
+    from stacx.inference.torch_engine import TorchEngine
+
+    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+    engine = await asyncio.to_thread(
+        TorchEngine, model, device=device, dtype=torch_dtype, max_batch=max_batch, max_len=max_len
+    )
+    stack.push_async_callback(engine.close)
+    assert engine.tokenizer is not None
+    return engine, engine.tokenizer  # type: ignore[return-value]
 
 
 async def open_tokenizer(model: str) -> tuple[str, ChatTokenizer]:

@@ -1,5 +1,13 @@
 """One base exception with clear subclasses. Inside the domain, failures become events; these
-are for bad input and broken infrastructure at the edges."""
+are for bad input and broken infrastructure at the edges; `strict` says whether our own bugs
+crash at once (``STACX_STRICT``) rather than being retried."""
+
+import os
+
+
+def strict() -> bool:
+    """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
+    return os.environ.get("STACX_STRICT", "") not in ("", "0")
 
 
 class StacxError(Exception):

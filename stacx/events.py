@@ -21,7 +21,7 @@ Evolution rules (tested in tests/backbone/test_events.py):
 5. New kinds are additive; a reader that meets a kind it does not know dead-letters it
    (the recorder) or skips it (other actors), never crashes.
 6. Closed vocabularies are ``StrEnum`` field types (``StopReason``, ``FailureKind``,
-   ``TurnActor``, ``Policy``, ``RunStatus``). On the wire and in DuckDB they are their plain
+   ``TurnActor``, ``RollIn``, ``RunStatus``). On the wire and in DuckDB they are their plain
    string values (VARCHAR columns), so logs written when these fields were ``str`` decode
    unchanged. A member's value never changes. A value the reader does not know fails loudly:
    ``decode`` raises ``msgspec.ValidationError`` ("Invalid enum value ..."), so the recorder
@@ -106,8 +106,9 @@ class TurnActor(StrEnum):
     NULL = "null"
 
 
-class Policy(StrEnum):
-    """Who executes an episode's roll-in (``EpisodeStarted.policy``)."""
+class RollIn(StrEnum):
+    """Who executes an episode's roll-in (``EpisodeStarted.policy``; the acting policy itself is
+    ``stacx.agents.policies.Policy``)."""
 
     STUDENT = "student"
     TEACHER = "teacher"
@@ -191,7 +192,7 @@ class EpisodeStarted(_Kind, frozen=True, kw_only=True, tag=True):
     group_id: str
     sample_index: int = 0
     agent: str = ""
-    policy: Policy = Policy.STUDENT  # who executes the roll-in
+    policy: RollIn = RollIn.STUDENT  # who executes the roll-in
     iteration: int = 0
     attempt: int = 0
     image: str = ""

@@ -11,8 +11,9 @@ capability), plus `InfraFailure`, the one exception that crosses a port.
   `LoadsState` (weights from memory, same process) and `StreamsGenerations` (output ids handed
   over as they are produced, in `GenerationDelta`s); `WeightOffer`, the trainer's side of the
   in-process handoff.
-- Environment engine: `Sandbox`, `ExecResult`, `Limits`; `Task` and its `TaskConfig` (the
-  Harbor task.toml model; loading it stays in `stacx.sandbox.tasks`).
+- Environment engine: `Sandbox`, `ExecResult`, `Limits`; `Task` (the Harbor task model of
+  `stacx.harbor.model`, re-exported here because the ports speak it; loading it is
+  `stacx.harbor.tasks`).
 - Rollout: `Environments` (where episodes run and are verified), `Verdict`, `InfraFailure`;
   `Agent` (one episode's agent loop in a started sandbox), `AgentResult`, `MakeAgent`.
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
@@ -39,7 +39,7 @@ from stacx.events import (
     derive_id,
     prompt_split,
 )
-from stacx.rubric import Rubric
+from stacx.harbor.model import Task as Task  # re-exported: the ports speak it
 
 if TYPE_CHECKING:
     import torch
@@ -219,7 +219,7 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """Resource limits of one sandbox (a task's [environment] plus STACX's own pids limit);
-    every backend enforces them (see stacx.sandbox.tasks.task_limits)."""
+    every backend enforces them (see stacx.harbor.tasks.task_limits)."""
 
     cpus: float = 1.0
     memory_mb: int = 2048
@@ -277,186 +277,6 @@ class Sandbox(Protocol):
     async def upload_dir(self, local_dir: str, remote_dir: str) -> None: ...
 
     async def close(self) -> None: ...
-
-
-# Harbor's task.toml (schema_version 1.x), as `stacx.sandbox.tasks` parses it.
-
-
-class Healthcheck(msgspec.Struct, kw_only=True, frozen=True):
-    command: str
-    interval_sec: float = 5.0
-    timeout_sec: float = 30.0
-    start_period_sec: float = 0.0
-    start_interval_sec: float = 5.0
-    retries: int = 3
-
-
-class MCPServer(msgspec.Struct, kw_only=True, frozen=True):
-    """[[environment.mcp_servers]]: kept and reported (no STACX agent talks MCP)."""
-
-    name: str
-    transport: str = "sse"  # "stdio" | "sse" | "streamable-http"
-    url: str | None = None
-    command: str | None = None
-    args: list[str] = msgspec.field(default_factory=list)
-
-
-class ArtifactConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """An `artifacts` entry: a path in the agent's container, copied out after the agent."""
-
-    source: str
-    destination: str | None = None
-    exclude: list[str] = msgspec.field(default_factory=list)
-    service: str | None = None
-
-
-class StacxVerifier(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """``[verifier.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys).
-    ``rubric``: a rubric file (stacx.rubric; RewardKit's judge format), relative to the task
-    directory, scored by the recipe's judge model and combined with the verifier's reward."""
-
-    rubric: str | None = None
-
-
-class VerifierConfig(msgspec.Struct, kw_only=True, frozen=True):
-    timeout_sec: float = 600.0
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-    user: str | int | None = None
-    network_mode: str | None = None  # a phase override of environment.network_mode
-    allowed_hosts: list[str] | None = None
-    environment_mode: str | None = None  # "shared" | "separate"; None: separate iff environment
-    environment: EnvironmentConfig | None = None  # the separate verifier's own environment
-    stacx: StacxVerifier = msgspec.field(default_factory=StacxVerifier)
-
-
-class AgentConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """task.toml's [agent] table (not the agent loop's settings: stacx.agents.loop.AgentConfig)."""
-
-    timeout_sec: float | None = None
-    user: str | int | None = None
-    network_mode: str | None = None  # a phase override of environment.network_mode
-    allowed_hosts: list[str] | None = None
-
-
-class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-
-
-class StacxEnvironment(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """``[environment.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys) by
-    which a task asks for more privilege than the hardened default sandbox gives, or less.
-    `stacx tasks check` lists the tasks that ask for more."""
-
-    cap_add: list[str] = msgspec.field(default_factory=list)  # e.g. ["NET_RAW"] for ping
-    new_privileges: bool = False  # true: setuid binaries such as sudo work for a non-root user
-    read_only_root: bool = False  # true: the container's root filesystem is read-only
-
-
-class EnvironmentConfig(msgspec.Struct, kw_only=True, frozen=True):
-    build_timeout_sec: float = 600.0
-    docker_image: str | None = None
-    cpus: float = 1.0
-    memory_mb: int = 2048
-    storage_mb: int = 10240
-    gpus: int = 0
-    gpu_types: list[str] | None = None
-    allow_internet: bool = True
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-    healthcheck: Healthcheck | None = None
-    skills_dir: str | None = None
-    # "public" | "no-network" | "allowlist"; None: from the deprecated allow_internet
-    network_mode: str | None = None
-    allowed_hosts: list[str] | None = None
-    workdir: str | None = None  # overrides the image's WORKDIR for every command
-    os: str = "linux"
-    mcp_servers: list[MCPServer] = msgspec.field(default_factory=list)
-    tpu: dict[str, object] | None = None
-    stacx: StacxEnvironment = msgspec.field(default_factory=StacxEnvironment)
-
-
-class PackageInfo(msgspec.Struct, kw_only=True, frozen=True):
-    name: str = ""
-    description: str = ""
-    keywords: list[str] = msgspec.field(default_factory=list)
-    version: str | None = None
-    authors: list[dict[str, object]] = msgspec.field(default_factory=list)
-
-
-class StepConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """One [[steps]] entry of a multi-step task (files under steps/<name>/)."""
-
-    name: str
-    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
-    verifier: VerifierConfig = msgspec.field(default_factory=VerifierConfig)
-    min_reward: float | dict[str, float] | None = None
-    healthcheck: Healthcheck | None = None
-    artifacts: list[str | ArtifactConfig] = msgspec.field(default_factory=list)
-
-
-class TaskConfig(msgspec.Struct, kw_only=True, frozen=True):
-    schema_version: str = "1.0"
-    task: PackageInfo | None = None
-    metadata: dict[str, object] = msgspec.field(default_factory=dict)
-    verifier: VerifierConfig = msgspec.field(default_factory=VerifierConfig)
-    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
-    environment: EnvironmentConfig = msgspec.field(default_factory=EnvironmentConfig)
-    solution: SolutionConfig = msgspec.field(default_factory=SolutionConfig)
-    source: str | None = None
-    multi_step_reward_strategy: str | None = None  # "mean" (default) | "final"
-    steps: list[StepConfig] | None = None
-    artifacts: list[str | ArtifactConfig] = msgspec.field(default_factory=list)
-
-
-class Task(msgspec.Struct, kw_only=True, frozen=True):
-    """One Harbor task, as `stacx tasks prepare` writes it (one JSON line each).
-
-    A multi-step task's step is a Task too (`stacx.sandbox.tasks.step_tasks`): the same
-    directory and config with `step` set, the step's instruction, and tests/solution under
-    steps/<step>/."""
-
-    task_id: str
-    path: str  # absolute path of the task directory
-    instruction: str
-    config: TaskConfig
-    unknown: dict[str, object] = msgspec.field(default_factory=dict)  # dotted key -> value
-    has_solution: bool = False
-    step: str | None = None  # set on the view of one step of a multi-step task
-    notes: list[str] = msgspec.field(default_factory=list)  # keys reported as not honoured
-    step_tasks: list[Task] = msgspec.field(default_factory=list)  # a multi-step task's steps
-    rubric: Rubric | None = None  # [verifier.stacx] rubric, parsed at load (stacx.rubric)
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.path)
-
-    @property
-    def _files(self) -> Path:
-        return self.dir / "steps" / self.step if self.step else self.dir
-
-    @property
-    def environment_dir(self) -> Path:
-        return self.dir / "environment"
-
-    @property
-    def tests_dir(self) -> Path:
-        own = self._files / "tests"
-        return own if not self.step or own.is_dir() else self.dir / "tests"
-
-    @property
-    def solution_dir(self) -> Path:
-        return self._files / "solution"
-
-    def step_passes(self, name: str, verdict: Verdict) -> bool:
-        """Whether the steps after step `name` of this multi-step task run: the step's
-        min_reward (a float gates `reward`, a table gates each key it names; a missing key
-        fails)."""
-        config = next(s for s in self.config.steps or [] if s.name == name)
-        gate = config.min_reward
-        if gate is None:
-            return True
-        got = {"reward": verdict.reward, **verdict.metrics}
-        gates = {"reward": gate} if isinstance(gate, int | float) else gate
-        return all(got.get(k, float("-inf")) >= x for k, x in gates.items())
 
 
 # ---- rollout ----------------------------------------------------------------------------------

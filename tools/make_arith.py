@@ -1,4 +1,4 @@
-"""Generate the bundled math set recipes/tasks/math/ (answer tasks, stacx.sandbox.tasks format).
+"""Generate the bundled math set recipes/tasks/math/ (answer tasks, stacx.harbor.tasks format).
 
 Three tiers, each a `difficulty`:
 

@@ -35,9 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import ClassVar, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 import msgspec
 import nats.errors
@@ -48,7 +47,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
 
-from stacx.errors import StacxError
+from stacx.errors import StacxError, strict  # strict: re-exported, the mode is the runtime's
 from stacx.events import (
     Event,
     FailureKind,
@@ -56,30 +55,10 @@ from stacx.events import (
     stream_name,
     subject,
 )
+from stacx.store.query import Params, Query, QueryAfter  # re-exported: actors query the log
 from stacx.wire import decode, decode_many, split_batch
 
 log = logging.getLogger(__name__)
-
-Params: TypeAlias = Sequence[object] | Mapping[str, object] | None
-"""DuckDB bound parameters: a sequence for ``?``/``$1`` placeholders, a mapping for ``$name``."""
-
-
-class Query(Protocol):
-    """SQL over the run's log (views included) with bound parameters: ``query(sql, params)``.
-
-    Values never go into the SQL text: ``query("... WHERE episode_id = ?", [episode_id])``."""
-
-    def __call__(self, sql: str, params: Params = None, /) -> Awaitable[pa.Table]: ...
-
-
-class QueryAfter(Protocol):
-    """A ``Query`` that first waits until the recorder has committed stream sequence ``after``
-    (``None``: the implementation's default; see ``RunContext.query``)."""
-
-    def __call__(
-        self, sql: str, params: Params = None, /, *, after: int | None = None
-    ) -> Awaitable[pa.Table]: ...
-
 
 class Watermark:
     """The newest stream sequence one reader has published or been delivered: what the log
@@ -136,11 +115,6 @@ def causal_context(
 INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.errors.Error)
 """Exception types that are infrastructure (retried, restarted). OSError covers TimeoutError
 (asyncio's included) and connection errors."""
-
-
-def strict() -> bool:
-    """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
-    return os.environ.get("STACX_STRICT", "") not in ("", "0")
 
 
 def is_bug(exc: BaseException) -> bool:

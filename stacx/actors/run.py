@@ -35,6 +35,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -83,12 +84,9 @@ class RunContext:
         self.js: JetStreamContext | None = None
         self.publisher: Publisher | None = None
         self.recorder: Recorder | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._supervisors: list[Supervisor] = []
         self._recorder_sup: asyncio.Task[None] | None = None
         self._published = 0  # newest stream sequence published through this context
-        self._instances: dict[str, int] = {}  # actor name -> instances spawned so far
-        self.crashes: list[BaseException] = []  # strict mode: actors that died of a bug
+        self.actors = Spawner(self.actor_context)
 
     @property
     def nats_url(self) -> str:
@@ -239,12 +237,44 @@ class RunContext:
                               publish=self.publish, query=self.query, head=self.last_seq,
                               start=self._published)
 
-    def spawn(self, actor: Actor) -> Supervisor:
-        """Start an actor here, as a supervised asyncio task (local placement)."""
-        instance = 0 if actor.shared else self._instances.get(actor.name, 0)
-        if not actor.shared:
-            self._instances[actor.name] = instance + 1
-        actor.bind(self.actor_context(), instance=instance)
+    @property
+    def crashes(self) -> list[BaseException]:
+        """Strict mode: the programming errors that ended spawned actors, in order."""
+        return self.actors.crashes
+
+    def spawn(self, actor: Actor, *, instance: int | None = None) -> Supervisor:
+        """Start an actor here, as a supervised asyncio task (see ``Spawner.spawn``)."""
+        return self.actors.spawn(actor, instance=instance)
+
+    async def stop_actors(self, timeout: float = 30.0) -> None:
+        await self.actors.stop(timeout)
+
+
+class Spawner:
+    """Actors as supervised asyncio tasks of this process: the one spawn routine of both
+    placements (``RunContext.spawn`` in the launcher; a Ray role host in its own process).
+
+    Each actor gets a fresh context from ``context`` (its reads wait for its own writes) and an
+    instance number among same-named unshared actors: the next one in spawn order, or the
+    ``instance`` the caller names (a Ray host numbers its role instance's actors as the
+    launcher would have); later automatic numbers continue after it. A shared actor is always
+    instance 0 (one work-queue consumer). ``crashes`` collects the programming errors that
+    ended actors (strict mode); ``stop`` never raises them, its caller decides."""
+
+    def __init__(self, context: Callable[[], ActorContext]) -> None:
+        self.context = context
+        self.crashes: list[BaseException] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisors: list[Supervisor] = []
+        self._instances: dict[str, int] = {}  # actor name -> next automatic instance number
+
+    def spawn(self, actor: Actor, *, instance: int | None = None) -> Supervisor:
+        if actor.shared:
+            instance = 0
+        else:
+            instance = self._instances.get(actor.name, 0) if instance is None else instance
+            self._instances[actor.name] = max(self._instances.get(actor.name, 0), instance + 1)
+        actor.bind(self.context(), instance=instance)
         sup = Supervisor(actor)
         self._supervisors.append(sup)
         task = asyncio.create_task(sup.run(), name=f"actor:{actor.name}")
@@ -256,7 +286,8 @@ class RunContext:
         if not task.cancelled() and task.exception() is not None:
             self.crashes.append(task.exception())  # type: ignore[arg-type]
 
-    async def stop_actors(self, timeout: float = 30.0) -> None:
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Ask every actor to stop, cancel those still running after ``timeout`` seconds."""
         for s in self._supervisors:
             s.stop.set()
         if self._tasks:

@@ -16,12 +16,15 @@ import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import click
 
 from stacx.agents.scaffold_spec import shipped
 from stacx.cli._common import friendly_errors, render, run_interruptible
+
+if TYPE_CHECKING:
+    from stacx.launch.presets import EvalResult
 
 # installed:<scaffold>: a black-box scaffold behind the model gateway, shipped or a spec file
 AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in shipped()))
@@ -191,6 +194,12 @@ def cli(
     t0 = time.perf_counter()
     result = run_interruptible(run_eval(recipe, run_dir))
     wall = time.perf_counter() - t0
+    _report(result, run_dir, wall)
+
+
+def _report(result: EvalResult, run_dir: Path, wall: float) -> None:
+    """Print the report's tables (each with its SQL) and where the run is; exit 1 when the run
+    ended early or samples ended with infrastructure failures only."""
     for title, (sql, columns, rows) in result.tables:
         click.echo(render(columns, rows, "table", title=title))
         click.secho("\n".join("  " + line for line in sql.splitlines()), dim=True)

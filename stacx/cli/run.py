@@ -14,10 +14,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from stacx.cli._common import friendly_errors, run_interruptible
+
+if TYPE_CHECKING:
+    from stacx.launch.launcher import Outcome
+    from stacx.launch.recipe import Recipe
 
 
 @click.command()
@@ -70,13 +75,7 @@ def cli(
     if dry_run:
         _dry_run(recipe, run_dir)
         return
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # the progress display says enough
-    with contextlib.suppress(ImportError):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+    _quiet_libraries()
     from stacx.launch.launcher import launch
 
     t0 = time.perf_counter()
@@ -88,7 +87,23 @@ def cli(
             err=True,
         )
         sys.exit(130)
-    wall = time.perf_counter() - t0
+    _summary(recipe, outcome, time.perf_counter() - t0)
+
+
+def _quiet_libraries() -> None:
+    """Warnings only, and no download or loading bars: the progress display says enough."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def _summary(recipe: Recipe, outcome: Outcome, wall: float) -> None:
+    """The run's last lines: its progress, where it is, a query to start from; exit 1 when it
+    ended early."""
     f = outcome.final
     click.echo(
         f"\ndone in {wall:.0f} s: run {outcome.run_id}"

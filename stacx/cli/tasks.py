@@ -85,8 +85,8 @@ def prepare(source: Path | None, tasks_dir: Path | None, output: Path) -> None:
     """Parse every task under SOURCE into a tasks.jsonl (one task per line); a task that
     does not load is reported with the reason and left out (exit 1)."""
     from stacx.errors import StacxError
-    from stacx.sandbox.jsonl_tasks import write_jsonl
-    from stacx.sandbox.tasks import discover_all
+    from stacx.harbor.jsonl_tasks import write_jsonl
+    from stacx.harbor.tasks import discover_all
 
     root = source or tasks_dir
     if root is None:
@@ -116,8 +116,8 @@ def prepare(source: Path | None, tasks_dir: Path | None, output: Path) -> None:
 @friendly_errors
 def build(source: Path, force: bool, concurrency: int, aliases_file: str | None) -> None:
     """Build the image of every task in SOURCE (a task dir, a dir of tasks, or tasks.jsonl)."""
+    from stacx.harbor.tasks import load_task_set
     from stacx.sandbox.aliases import AliasMap
-    from stacx.sandbox.tasks import load_task_set
 
     tasks, broken = load_task_set(source)
     aliases = AliasMap.from_env(aliases_file)
@@ -223,8 +223,8 @@ def check(
 def privilege_lines(source: Path) -> list[str]:
     """One line per task whose [environment.stacx] asks for more than the hardened default
     sandbox (stacx.sandbox.privileges): extra capabilities, setuid binaries."""
+    from stacx.harbor.tasks import load_task_set
     from stacx.sandbox.privileges import requests
-    from stacx.sandbox.tasks import load_task_set
 
     tasks, _ = load_task_set(source)
     asked = [(t.task_id, requests(t.config.environment.stacx)) for t in tasks]

@@ -29,8 +29,8 @@ from stacx.events import (
     Event,
     FailureKind,
     InfraFailed,
-    Policy,
     RewardAssigned,
+    RollIn,
     StopReason,
     ToolCalled,
     ToolReturned,
@@ -212,7 +212,7 @@ def trial_events(
     yield EpisodeStarted(
         run_id=run_id, event_id=eid("start"), ts=t0, episode_id=episode, task_id=task,
         group_id=derive_id("harbor", job, task), sample_index=index,
-        agent=str(agent_info.get("name") or "harbor"), policy=Policy.STUDENT,
+        agent=str(agent_info.get("name") or "harbor"), policy=RollIn.STUDENT,
     )  # fmt: skip
     steps = _Steps(run_id, episode, traj_path, tokenizer)
     turn, last_ts = yield from steps.events(traj.get("steps", []), turn=0, segment=0, ts=t0)

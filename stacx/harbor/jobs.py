@@ -74,6 +74,35 @@ def _by_kind(rec: EpisodeRecord) -> dict[str, list[Json]]:
     return out
 
 
+def _agent_step(
+    t: Json, step_id: int, model_name: str, decode: Callable[[list[int]], str] | None
+) -> Json:
+    """One model turn as an ATIF agent step: the message, token ids and logprobs, STACX's own
+    fields under extra.stacx."""
+    prompt, output = list(t["prompt_ids"]), list(t["output_ids"])  # type: ignore[call-overload]
+    model_turn = t.get("actor") in (TurnActor.STUDENT, TurnActor.TEACHER)
+    return {
+        "step_id": step_id,
+        "timestamp": _iso(t.get("ts")),
+        "source": "agent",
+        "model_name": model_name,
+        "message": decode(output) if decode else "",
+        "llm_call_count": 1 if model_turn else None,
+        "metrics": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(output),
+            "prompt_token_ids": prompt,
+            "completion_token_ids": output,
+            "logprobs": t.get("logprobs"),
+        },
+        "extra": {"stacx": {
+            "turn": int(t["turn"]), "actor": t.get("actor"),  # type: ignore[call-overload]
+            "weight_version": t.get("weight_version"), "finish_reason": t.get("finish_reason"),
+            "engine": t.get("engine"), "segment": t.get("segment") or 0,
+        }},
+    }  # fmt: skip
+
+
 def trajectory(
     rec: EpisodeRecord,
     *,
@@ -95,31 +124,10 @@ def trajectory(
     }]  # fmt: skip
     total_prompt = total_completion = 0
     for t in whole_turns(ev["TurnGenerated"]):
+        step = _agent_step(t, len(steps) + 1, model_name, decode)
+        total_prompt += step["metrics"]["prompt_tokens"]  # type: ignore[index]
+        total_completion += step["metrics"]["completion_tokens"]  # type: ignore[index]
         turn = int(t["turn"])  # type: ignore[call-overload]
-        prompt, output = list(t["prompt_ids"]), list(t["output_ids"])  # type: ignore[call-overload]
-        total_prompt += len(prompt)
-        total_completion += len(output)
-        model_turn = t.get("actor") in (TurnActor.STUDENT, TurnActor.TEACHER)
-        step: Json = {
-            "step_id": len(steps) + 1,
-            "timestamp": _iso(t.get("ts")),
-            "source": "agent",
-            "model_name": model_name,
-            "message": decode(output) if decode else "",
-            "llm_call_count": 1 if model_turn else None,
-            "metrics": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(output),
-                "prompt_token_ids": prompt,
-                "completion_token_ids": output,
-                "logprobs": t.get("logprobs"),
-            },
-            "extra": {"stacx": {
-                "turn": turn, "actor": t.get("actor"), "weight_version": t.get("weight_version"),
-                "finish_reason": t.get("finish_reason"), "engine": t.get("engine"),
-                "segment": t.get("segment") or 0,
-            }},
-        }  # fmt: skip
         if calls[turn]:
             step["tool_calls"] = [_tool_call(c) for c in calls[turn]]
         if returns[turn]:
@@ -242,71 +250,125 @@ def export_job(
     if not records:
         raise StacxError(f"{run_dir}: no episodes to export")
     config, task_paths = _run_meta(run_dir)
-    model = config.get("model")
-    model_name = str(model.get("path") if isinstance(model, dict) else model or "unknown")
-    agent = config.get("agent")
-    agent_name = str(agent.get("name") if isinstance(agent, dict) else agent or "stacx")
-    tasks_cfg = config.get("tasks")
-    dataset = str(tasks_cfg.get("path") if isinstance(tasks_cfg, dict) else "") or "tasks"
-    run_id = records[0].run_id
     job_dir.mkdir(parents=True, exist_ok=True)
-    successes: dict[str, list[bool]] = defaultdict(list)
-    reward_stats: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    exception_stats: dict[str, list[str]] = defaultdict(list)
-    rewards: list[float] = []
-    starts: list[float] = []
-    ends: list[float] = []
+    job = _JobWriter(run_dir, job_dir, config, task_paths, records[0].run_id, decode)
     for rec in records:
+        job.trial(rec)
+    job.finish(len(records))
+    return len(records)
+
+
+class _JobWriter:
+    """One Harbor job directory being written: the run's identity (model, agent, dataset) and
+    the job-level totals its trials add to (pass@k, reward and exception stats, time span)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        job_dir: Path,
+        config: dict[str, object],
+        task_paths: dict[str, str],
+        run_id: str,
+        decode: Callable[[list[int]], str] | None,
+    ) -> None:
+        self.run_dir, self.job_dir, self.config = run_dir, job_dir, config
+        self.task_paths, self.run_id, self.decode = task_paths, run_id, decode
+        model = config.get("model")
+        self.model_name = str(model.get("path") if isinstance(model, dict) else model or "unknown")
+        agent = config.get("agent")
+        self.agent_name = str(agent.get("name") if isinstance(agent, dict) else agent or "stacx")
+        self.tasks_cfg = config.get("tasks")
+        tasks_cfg = self.tasks_cfg
+        self.dataset = str(tasks_cfg.get("path") if isinstance(tasks_cfg, dict) else "") or "tasks"
+        self.successes: dict[str, list[bool]] = defaultdict(list)
+        self.reward_stats: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        self.exception_stats: dict[str, list[str]] = defaultdict(list)
+        self.rewards: list[float] = []
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def trial(self, rec: EpisodeRecord) -> None:
+        """Write one episode as a trial directory (result, config, verifier output, artifacts,
+        the ATIF trajectory) and count it in the job's totals."""
         ev = _by_kind(rec)
         trial = f"{rec.task_id}__{rec.episode_id[:8]}"
-        tdir = job_dir / trial
+        tdir = self.job_dir / trial
+        reward = ev["RewardAssigned"][-1] if ev["RewardAssigned"] else None
+        verifier_result = self._verifier(reward, rec.task_id, trial, tdir)
+        exception_info = None if reward is not None else self._exception(ev, trial)
+        event_ts = [float(e["ts"]) for e in rec.events if isinstance(e.get("ts"), int | float)]  # type: ignore[arg-type]
+        if event_ts:
+            self.starts.append(min(event_ts))
+            self.ends.append(max(event_ts))
+        task_path = self.task_paths.get(rec.task_id)
+        result = self._result(rec, ev, trial, tdir, task_path, event_ts)
+        result["verifier_result"] = verifier_result
+        result["exception_info"] = exception_info
+        _write(tdir / "result.json", result)
+        _write(tdir / "config.json", result["config"])
+        _copy_artifacts(self.run_dir / "artifacts" / rec.episode_id, tdir)
+        _write(tdir / "agent" / "trajectory.json", trajectory(
+            rec, instruction=_instruction(task_path), model_name=self.model_name,
+            decode=self.decode))  # fmt: skip
+
+    def _verifier(self, reward: Json | None, task_id: str, trial: str, tdir: Path) -> Json | None:
+        """The trial's verifier result (and its verifier/ files); None without a reward."""
+        if reward is None:
+            return None
+        metrics = json.loads(str(reward.get("metrics_json") or "{}"))
+        metrics.setdefault("reward", reward["reward"])
+        value = float(metrics["reward"])
+        self.rewards.append(value)
+        self.successes[task_id].append(value >= 1.0)
+        self.reward_stats["reward"][f"{value:g}"].append(trial)
+        _write(tdir / "verifier" / "reward.json", metrics)
+        (tdir / "verifier" / "test-stdout.txt").write_text(str(reward.get("verifier_output") or ""))
+        return {"rewards": metrics}
+
+    def _exception(self, ev: dict[str, list[Json]], trial: str) -> Json | None:
+        """An unscored trial's exception info: its last episode-level InfraFailed, if any."""
+        failure = next((f for f in reversed(ev["InfraFailed"]) if f.get("turn") is None), None)
+        if failure is None:
+            return None
+        self.exception_stats[str(failure["failure_kind"])].append(trial)
+        return {
+            "exception_type": str(failure["failure_kind"]),
+            "exception_message": str(failure.get("message") or ""),
+            "exception_traceback": "",
+            "occurred_at": _iso(failure.get("ts")),
+        }
+
+    def _result(
+        self,
+        rec: EpisodeRecord,
+        ev: dict[str, list[Json]],
+        trial: str,
+        tdir: Path,
+        task_path: str | None,
+        event_ts: list[float],
+    ) -> Json:
+        """A trial's result.json (verifier_result and exception_info are set by the caller)."""
         start = ev["EpisodeStarted"][0] if ev["EpisodeStarted"] else {}
         sandbox = ev["SandboxStarted"][0] if ev["SandboxStarted"] else {}
         finished = ev["EpisodeFinished"][-1] if ev["EpisodeFinished"] else {}
         reward = ev["RewardAssigned"][-1] if ev["RewardAssigned"] else None
-        failure = next((f for f in reversed(ev["InfraFailed"]) if f.get("turn") is None), None)
-        verifier_result = None
-        if reward is not None:
-            metrics = json.loads(str(reward.get("metrics_json") or "{}"))
-            metrics.setdefault("reward", reward["reward"])
-            verifier_result = {"rewards": metrics}
-            value = float(metrics["reward"])
-            rewards.append(value)
-            successes[rec.task_id].append(value >= 1.0)
-            reward_stats["reward"][f"{value:g}"].append(trial)
-            _write(tdir / "verifier" / "reward.json", metrics)
-            (tdir / "verifier" / "test-stdout.txt").write_text(
-                str(reward.get("verifier_output") or ""))  # fmt: skip
         step_results = _step_results(
             json.loads(str(reward.get("metrics_json") or "{}")) if reward else {},
             ev["StepFailed"],
         )
-        exception_info = None
-        if failure is not None and reward is None:
-            exception_info = {
-                "exception_type": str(failure["failure_kind"]),
-                "exception_message": str(failure.get("message") or ""),
-                "exception_traceback": "",
-                "occurred_at": _iso(failure.get("ts")),
-            }
-            exception_stats[str(failure["failure_kind"])].append(trial)
-        event_ts = [float(e["ts"]) for e in rec.events if isinstance(e.get("ts"), int | float)]  # type: ignore[arg-type]
-        if event_ts:
-            starts.append(min(event_ts))
-            ends.append(max(event_ts))
         turns = whole_turns(ev["TurnGenerated"])
         n_in = sum(len(t["prompt_ids"]) for t in turns)  # type: ignore[arg-type,misc]
         n_out = sum(len(t["output_ids"]) for t in turns)  # type: ignore[arg-type,misc]
-        task_path = task_paths.get(rec.task_id)
-        result = {
-            "id": str(uuid.UUID(hex=derive_id(run_id, rec.episode_id))),
+        model_name, agent_name = self.model_name, self.agent_name
+        return {
+            "id": str(uuid.UUID(hex=derive_id(self.run_id, rec.episode_id))),
             "task_name": rec.task_id,
             "trial_name": trial,
             "trial_uri": tdir.resolve().as_uri(),
             "task_id": {"path": task_path or rec.task_id},
-            "source": dataset,
+            "source": self.dataset,
             "task_checksum": "",
-            "config": {"task": {"path": task_path}, "trial_name": trial, "job_id": run_id,
+            "config": {"task": {"path": task_path}, "trial_name": trial, "job_id": self.run_id,
                        "agent": {"name": agent_name, "model_name": model_name}},
             "agent_info": {"name": agent_name, "version": "stacx",
                            "model_info": {"name": model_name, "provider": "stacx"}},
@@ -316,9 +378,9 @@ def export_job(
                                           "n_turns": finished.get("n_turns"),
                                           "stacx_episode_id": rec.episode_id,
                                           "stacx_group_id": rec.group_id}},
-            "verifier_result": verifier_result,
+            "verifier_result": None,
             "step_results": step_results,
-            "exception_info": exception_info,
+            "exception_info": None,
             "started_at": _iso(min(event_ts) if event_ts else None),
             "finished_at": _iso(max(event_ts) if event_ts else None),
             "environment_setup": _timing(start.get("ts"), sandbox.get("ts") or start.get("ts")),
@@ -327,34 +389,34 @@ def export_job(
             "verifier": _timing(finished.get("ts"), reward.get("ts") if reward else None)
             if finished else None,
         }  # fmt: skip
-        _write(tdir / "result.json", result)
-        _write(tdir / "config.json", result["config"])
-        _copy_artifacts(run_dir / "artifacts" / rec.episode_id, tdir)
-        _write(tdir / "agent" / "trajectory.json", trajectory(
-            rec, instruction=_instruction(task_path), model_name=model_name, decode=decode))  # fmt: skip
-    n_errors = sum(len(v) for v in exception_stats.values())
-    key = f"{agent_name}__{Path(model_name).name}__{Path(dataset).name}"
-    _write(job_dir / "config.json", {
-        "job_name": job_dir.name, "jobs_dir": str(job_dir.parent),
-        "n_attempts": int(tasks_cfg.get("group_size", 1)) if isinstance(tasks_cfg, dict) else 1,
-        "agents": [{"name": agent_name, "model_name": model_name}],
-        "datasets": [{"path": dataset}], "tasks": [],
-        "stacx": {"run_id": run_id, "run_dir": str(run_dir.resolve()), "recipe": config},
-    })  # fmt: skip
-    _write(job_dir / "result.json", {
-        "id": str(uuid.UUID(hex=derive_id("job", run_id))),
-        "started_at": _iso(min(starts) if starts else None),
-        "finished_at": _iso(max(ends) if ends else None),
-        "n_total_trials": len(records),
-        "stats": {"n_trials": len(records), "n_errors": n_errors, "evals": {key: {
-            "n_trials": len(records), "n_errors": n_errors,
-            "metrics": [{"mean": sum(rewards) / len(rewards) if rewards else 0.0}],
-            "pass_at_k": pass_at_k(successes),
-            "reward_stats": {k: dict(v) for k, v in reward_stats.items()},
-            "exception_stats": dict(exception_stats),
-        }}},
-    })  # fmt: skip
-    return len(records)
+
+    def finish(self, n_trials: int) -> None:
+        """The job's config.json and result.json (totals over every trial written)."""
+        n_errors = sum(len(v) for v in self.exception_stats.values())
+        key = f"{self.agent_name}__{Path(self.model_name).name}__{Path(self.dataset).name}"
+        tasks_cfg = self.tasks_cfg
+        _write(self.job_dir / "config.json", {
+            "job_name": self.job_dir.name, "jobs_dir": str(self.job_dir.parent),
+            "n_attempts": int(tasks_cfg.get("group_size", 1)) if isinstance(tasks_cfg, dict) else 1,
+            "agents": [{"name": self.agent_name, "model_name": self.model_name}],
+            "datasets": [{"path": self.dataset}], "tasks": [],
+            "stacx": {"run_id": self.run_id, "run_dir": str(self.run_dir.resolve()),
+                      "recipe": self.config},
+        })  # fmt: skip
+        rewards = self.rewards
+        _write(self.job_dir / "result.json", {
+            "id": str(uuid.UUID(hex=derive_id("job", self.run_id))),
+            "started_at": _iso(min(self.starts) if self.starts else None),
+            "finished_at": _iso(max(self.ends) if self.ends else None),
+            "n_total_trials": n_trials,
+            "stats": {"n_trials": n_trials, "n_errors": n_errors, "evals": {key: {
+                "n_trials": n_trials, "n_errors": n_errors,
+                "metrics": [{"mean": sum(rewards) / len(rewards) if rewards else 0.0}],
+                "pass_at_k": pass_at_k(self.successes),
+                "reward_stats": {k: dict(v) for k, v in self.reward_stats.items()},
+                "exception_stats": dict(self.exception_stats),
+            }}},
+        })  # fmt: skip
 
 
 # ---- import -----------------------------------------------------------------------------------

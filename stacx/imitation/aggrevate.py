@@ -47,15 +47,15 @@ from stacx.events import (
     FailureKind,
     InfraFailed,
     RewardAssigned,
+    RollIn,
     ToolReturned,
     TurnActor,
     derive_id,
 )
-from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
+from stacx.harbor.tasks import load_task
 from stacx.imitation.config import ImitationConfig
 from stacx.ports import Environments, Generation, InfraFailure, SamplingParams, Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
-from stacx.sandbox.tasks import load_task
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
             attempt=0,
             iteration=self.iteration,
             agent="swe",
-            policy=EpisodePolicy.BRANCH,
+            policy=RollIn.BRANCH,
         )
 
     def created(self, action_index: int) -> BranchCreated:
@@ -323,7 +323,7 @@ class BranchActor(Actor):
         e = event.episode_id
         at = {"episode_id": e}
         parent = (await self.query(PARENT_SQL, at)).to_pylist()
-        if not parent or parent[0]["policy"] not in (EpisodePolicy.STUDENT, EpisodePolicy.MIXTURE):
+        if not parent or parent[0]["policy"] not in (RollIn.STUDENT, RollIn.MIXTURE):
             return  # branches, evals of other policies: not roll-ins
         if not parent[0]["task_path"]:
             log.warning("episode %s: no TaskScheduled for its group; not branched", e)

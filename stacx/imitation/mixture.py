@@ -30,8 +30,7 @@ import msgspec
 from stacx.agents.chat import ChatFormat
 from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import Executor, Policy
-from stacx.events import EpisodeStarted, Event, TaskScheduled, derive_id
-from stacx.events import Policy as EpisodePolicy  # not agents.policies.Policy, the actor
+from stacx.events import EpisodeStarted, Event, RollIn, TaskScheduled, derive_id
 from stacx.imitation.config import ImitationConfig
 from stacx.ports import Environments, Task
 from stacx.rollout.manager import RolloutConfig, RolloutManager
@@ -120,6 +119,6 @@ class MixtureRolloutManager(RolloutManager):
     async def emit_episode_event(self, event: Event) -> None:
         if isinstance(event, EpisodeStarted):
             event = msgspec.structs.replace(
-                event, policy=EpisodePolicy.MIXTURE, beta=self.roll_in.config.beta(event.iteration)
+                event, policy=RollIn.MIXTURE, beta=self.roll_in.config.beta(event.iteration)
             )
         await self.publish(event)

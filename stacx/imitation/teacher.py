@@ -40,7 +40,7 @@ from stacx.events import (
     Event,
     FailureKind,
     InfraFailed,
-    Policy,
+    RollIn,
     TeacherLabeled,
     TeacherScored,
     TurnActor,
@@ -52,7 +52,7 @@ from stacx.ports import Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 
-ROLL_IN_POLICIES = (Policy.STUDENT, Policy.MIXTURE)
+ROLL_IN_POLICIES = (RollIn.STUDENT, RollIn.MIXTURE)
 
 
 def label_seed(episode_id: str, turn: int) -> int:

@@ -1,5 +1,5 @@
 """Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer.
-(``stacx.launch.weights.WeightSync`` keeps each one on the newest published weights.)
+(``stacx.weights.sync.WeightSync`` keeps each one on the newest published weights.)
 
 Lifecycle: every engine (and any SGLang server started for it) is registered on the caller's
 AsyncExitStack, so a role's exit (done, error, Ctrl-C) closes it: no orphan servers.
@@ -37,22 +37,7 @@ async def open_engine(
     """Start (or connect to) an engine; it is closed when `stack` closes. ``lora``: the
     trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters)."""
     if backend == "torch":
-        import torch
-
-        from stacx.inference.torch_engine import TorchEngine
-
-        torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-        engine = await asyncio.to_thread(
-            TorchEngine,
-            model,
-            device=device,
-            dtype=torch_dtype,
-            max_batch=max_batch,
-            max_len=max_len,
-        )
-        stack.push_async_callback(engine.close)
-        assert engine.tokenizer is not None
-        return engine, engine.tokenizer  # type: ignore[return-value]
+        return await _open_torch(stack, model, device, dtype, max_batch, max_len)
     path, tokenizer = await open_tokenizer(model)
     if backend == "sglang":
         from stacx.inference.sglang_client import SGLangEngine
@@ -87,6 +72,23 @@ async def open_engine(
         stack.push_async_callback(oa.close)
         return oa, tokenizer
     raise EngineError(f"engine backend {backend!r}: accepted: torch, sglang, openai")
+
+
+async def _open_torch(
+    stack: AsyncExitStack, model: str, device: str, dtype: str, max_batch: int, max_len: int
+) -> tuple[Engine, ChatTokenizer]:
+    """STACX's own engine in this process (torch is imported only here)."""
+    import torch
+
+    from stacx.inference.torch_engine import TorchEngine
+
+    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+    engine = await asyncio.to_thread(
+        TorchEngine, model, device=device, dtype=torch_dtype, max_batch=max_batch, max_len=max_len
+    )
+    stack.push_async_callback(engine.close)
+    assert engine.tokenizer is not None
+    return engine, engine.tokenizer  # type: ignore[return-value]
 
 
 async def open_tokenizer(model: str) -> tuple[str, ChatTokenizer]:

@@ -13,7 +13,7 @@ by the role builders' exit), metrics are flushed, RunFinished is published and t
 drains.
 
 Guarantees: the launcher holds no state that matters; kill -9 at any point and the same command
-continues from the log (see ``stacx.launch.scheduler`` and ``stacx.launch.resume``), ending with
+continues from the log (see ``stacx.schedule.scheduler`` and ``stacx.launch.resume``), ending with
 the counts of an uninterrupted run (tests/launch/test_crash.py). Limits: an episode in flight at
 a kill is redone as a new attempt once its task is redelivered (up to the rollout worker's ack
 wait after the restart), and its abandoned attempt counts against ``sandbox.max_attempts``, so
@@ -35,12 +35,12 @@ from stacx.actors.run import RunContext
 from stacx.errors import ConfigError, TaskError
 from stacx.launch.loader import to_dict
 from stacx.launch.metrics import MetricsWriter, make_sinks
-from stacx.launch.placement import RayPlacement, make_placement, resolve_builder
+from stacx.launch.placement import make_placement, resolve_builder
 from stacx.launch.plan import RoleSpec, roles_for
 from stacx.launch.progress import ProgressView, Snapshot, snapshot
 from stacx.launch.recipe import Recipe
 from stacx.launch.resume import check_resume, remove_orphan_sandboxes
-from stacx.launch.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
+from stacx.schedule.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
     reason, so one bad task fails alone. The notes name the task.toml keys not honoured."""
     from fnmatch import fnmatchcase
 
-    from stacx.sandbox.tasks import load_task_set, select
+    from stacx.harbor.tasks import load_task_set, select
 
     t = recipe.tasks
 
@@ -195,7 +195,6 @@ async def launch(
         from stacx.sandbox.remote import remote_url
 
         remote_url(recipe.sandbox.url)
-    final: Snapshot | None = None
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
         if previous is not None:
             removed = await remove_orphan_sandboxes(run.run_id)
@@ -210,67 +209,86 @@ async def launch(
             echo(f"note: {note}")
         if prepare is not None:  # e.g. `stacx replay` imports past episodes before anything starts
             await prepare(run)
-        placement = make_placement(run, recipe)
         scheduler = Scheduler(plan, poll_s=poll_s)
-        lg = recipe.logging
-        metrics = MetricsWriter(
-            run.query,
-            lambda: make_sinks(
-                run.run_dir,
-                run.run_id,
-                config,
-                tensorboard=lg.tensorboard,
-                wandb_project=lg.wandb_project,
-            ),
-            interval_s=lg.interval_s,
-        )
-        progress = ProgressView(
-            run.query,
-            title=f"{recipe.name} · {run.run_id}",
-            steps=None if recipe.is_eval else recipe.trainer.steps,
-            mode=lg.progress,
-            interval_s=lg.interval_s,
-        )
-        background = [asyncio.create_task(metrics.run()), asyncio.create_task(progress.run())]
-        try:
-            for role in roles:
-                await placement.start(role)
-            run.spawn(scheduler)
-            while not scheduler.done.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(scheduler.done.wait(), 2.0)
-                if isinstance(placement, RayPlacement):
-                    await placement.check()
-        finally:
-            for t in background:
-                t.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            await placement.stop()
-            try:  # every actor is stopped: the last metrics and the final snapshot see it all
-                await run.sync(30)
-            except Exception:
-                log.exception("the recorder did not catch up before the final metrics")
-            await metrics.finish()
-            try:
-                final = await snapshot(run.query)
-            except Exception:
-                log.exception("final progress snapshot not read")
+        final = await _drive(run, recipe, roles, scheduler, config)
         attempt = run.attempt
-    plot = None
-    if recipe.logging.plot:
-        try:
-            from stacx.launch.plot import write_plot
-
-            plot = str(await asyncio.to_thread(write_plot, run.run_dir))
-        except Exception as exc:  # a plot is a convenience; the run itself succeeded
-            log.warning("plot not written: %r", exc)
     return Outcome(
         run_id=run.run_id,
         run_dir=str(run.run_dir),
         attempt=attempt,
         resumed=previous is not None,
         final=final,
-        plot=plot,
+        plot=await _plot(recipe, run.run_dir),
         verdict=scheduler.verdict or "stopped",
         skipped_tasks=skipped,
     )
+
+
+async def _drive(
+    run: RunContext,
+    recipe: Recipe,
+    roles: list[RoleSpec],
+    scheduler: Scheduler,
+    config: dict[str, object],
+) -> Snapshot | None:
+    """Place the roles and the scheduler, keep the metrics and the progress view going until
+    the scheduler says done (or a placed actor crashed), then stop everything; the final
+    progress snapshot, read once every actor stopped and the recorder caught up."""
+    placement = make_placement(run, recipe)
+    lg = recipe.logging
+    metrics = MetricsWriter(
+        run.query,
+        lambda: make_sinks(
+            run.run_dir,
+            run.run_id,
+            config,
+            tensorboard=lg.tensorboard,
+            wandb_project=lg.wandb_project,
+        ),
+        interval_s=lg.interval_s,
+    )
+    progress = ProgressView(
+        run.query,
+        title=f"{recipe.name} · {run.run_id}",
+        steps=None if recipe.is_eval else recipe.trainer.steps,
+        mode=lg.progress,
+        interval_s=lg.interval_s,
+    )
+    background = [asyncio.create_task(metrics.run()), asyncio.create_task(progress.run())]
+    final: Snapshot | None = None
+    try:
+        for role in roles:
+            await placement.start(role)
+        run.spawn(scheduler)
+        while not scheduler.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(scheduler.done.wait(), 2.0)
+            await placement.check()
+    finally:
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await placement.stop()
+        try:  # every actor is stopped: the last metrics and the final snapshot see it all
+            await run.sync(30)
+        except Exception:
+            log.exception("the recorder did not catch up before the final metrics")
+        await metrics.finish()
+        try:
+            final = await snapshot(run.query)
+        except Exception:
+            log.exception("final progress snapshot not read")
+    return final
+
+
+async def _plot(recipe: Recipe, run_dir: Path) -> str | None:
+    """The run's plot (``logging.plot``); None when off or when it could not be drawn."""
+    if not recipe.logging.plot:
+        return None
+    try:
+        from stacx.launch.plot import write_plot
+
+        return str(await asyncio.to_thread(write_plot, run_dir))
+    except Exception as exc:  # a plot is a convenience; the run itself succeeded
+        log.warning("plot not written: %r", exc)
+        return None

@@ -130,34 +130,54 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
     trainer = data.get("trainer", {})
     if algo == "eval" or not isinstance(trainer, dict):
         return data
+    data = _derive_imitation(data, algo, trainer.get("steps", 1))
+    per_iteration = _get(data, "tasks.per_iteration", 4)
+    group_size = _get(data, "tasks.group_size", 4)
+    fixed = _trainer_keys(data, algo)
+    out = dict(trainer)
+    for key, (value, origin) in fixed.items():
+        if key in trainer and trainer[key] != value:
+            raise ConfigError(
+                f"trainer.{key} = {trainer[key]!r} contradicts {origin} = {value!r}; "
+                f"the trainer's is derived from {origin.split(' ')[0]}: remove trainer.{key}"
+            )
+        out[key] = value
+    if isinstance(per_iteration, int) and isinstance(group_size, int):
+        out.setdefault("batch_groups", per_iteration)
+        out.setdefault("batch_episodes", per_iteration * group_size)
+    return {**data, "trainer": out}
+
+
+def _derive_imitation(data: ConfigDict, algo: object, steps: object) -> ConfigDict:
+    """algorithm.imitation.name / iterations = algorithm.name / trainer.steps (DAgger,
+    AggreVaTe, OPD); a recipe that says otherwise is refused."""
     algorithm = data.get("algorithm", {})
     imitation = _get(data, "algorithm.imitation", {})
-    if (
+    if not (
         algo in ("dagger", "aggrevate", "opd")
         and isinstance(algorithm, dict)
         and isinstance(imitation, dict)
     ):
-        steps = trainer.get("steps", 1)
-        for key, value, origin in (
-            ("name", algo, "algorithm.name"),
-            ("iterations", steps, "trainer.steps"),
-        ):
-            if key in imitation and imitation[key] != value:
-                raise ConfigError(
-                    f"algorithm.imitation.{key} = {imitation[key]!r} contradicts "
-                    f"{origin} = {value!r}; remove algorithm.imitation.{key}"
-                )
-        data = {
-            **data,
-            "algorithm": {
-                **algorithm,
-                "imitation": {**imitation, "name": algo, "iterations": steps},
-            },
-        }
+        return data
+    for key, value, origin in (
+        ("name", algo, "algorithm.name"),
+        ("iterations", steps, "trainer.steps"),
+    ):
+        if key in imitation and imitation[key] != value:
+            raise ConfigError(
+                f"algorithm.imitation.{key} = {imitation[key]!r} contradicts "
+                f"{origin} = {value!r}; remove algorithm.imitation.{key}"
+            )
+    return {
+        **data,
+        "algorithm": {**algorithm, "imitation": {**imitation, "name": algo, "iterations": steps}},
+    }
+
+
+def _trainer_keys(data: ConfigDict, algo: object) -> dict[str, tuple[object, str]]:
+    """The trainer keys that other sections decide: key -> (value, the key it comes from)."""
     mode = _get(data, "algorithm.mode", "sync")
-    per_iteration = _get(data, "tasks.per_iteration", 4)
-    group_size = _get(data, "tasks.group_size", 4)
-    fixed = {
+    fixed: dict[str, tuple[object, str]] = {
         "algorithm": (algo, "algorithm.name"),
         "model": (_get(data, "model.path", "default"), "model.path"),
         "mode": (mode, "algorithm.mode"),
@@ -177,27 +197,12 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
             "algorithm.imitation.branches",
         )
     if algo == "opd":
-        for key, default in (
-            ("opd_discount", 0.0),
-            ("opd_grpo_weight", 0.0),
-            ("opd_center", False),
-        ):
+        for key, default in (("opd_discount", 0.0), ("opd_grpo_weight", 0.0), ("opd_center", False)):
             fixed[key] = (
                 _get(data, f"algorithm.imitation.{key}", default),
                 f"algorithm.imitation.{key}",
             )
-    out = dict(trainer)
-    for key, (value, origin) in fixed.items():
-        if key in trainer and trainer[key] != value:
-            raise ConfigError(
-                f"trainer.{key} = {trainer[key]!r} contradicts {origin} = {value!r}; "
-                f"the trainer's is derived from {origin.split(' ')[0]}: remove trainer.{key}"
-            )
-        out[key] = value
-    if isinstance(per_iteration, int) and isinstance(group_size, int):
-        out.setdefault("batch_groups", per_iteration)
-        out.setdefault("batch_episodes", per_iteration * group_size)
-    return {**data, "trainer": out}
+    return fixed
 
 
 def to_dict(recipe: Recipe) -> ConfigDict:

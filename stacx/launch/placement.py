@@ -1,10 +1,13 @@
-"""Placement: where a role's actors run. ``local``: asyncio tasks in the launcher's process.
-``ray``: one Ray actor per role instance, with the role's CPU/GPU request, running the SAME
-role builder and actor code.
+"""Placement: where a role's actors run, one ``Placement`` protocol with two runners.
+``local``: asyncio tasks in the launcher's process. ``ray``: one Ray actor per role instance,
+with the role's CPU/GPU request, running the SAME role builder and actor code. Both build an
+instance and spawn its actors with ``host_instance`` over a ``stacx.actors.run.Spawner`` (the
+launcher's ``RunContext.actors``, or a Ray host's own from ``remote_run``), so numbering,
+supervision, stopping and strict-mode crashes are one routine.
 
 NATS stays the data plane either way: a Ray actor connects to the run's NATS URL, publishes
 with its own Publisher and consumes through its own durable consumers; only SQL goes through
-the launcher (``stacx.launch.query``), because the recorder, the log's only writer, lives there.
+the launcher (``stacx.store.query``), because the recorder, the log's only writer, lives there.
 
 Limits: the embedded NATS server listens on loopback, so Ray actors on *other* machines need
 ``STACX_NATS_URL`` pointing at a server they can reach (a local Ray cluster works as is).
@@ -21,23 +24,23 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from stacx.actors.base import Actor, ActorContext, Query, Supervisor, causal_context
-from stacx.actors.run import RunContext
+from stacx.actors.base import Actor, ActorContext, Query, causal_context
+from stacx.actors.run import RunContext, Spawner
 from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
 from stacx.launch.plan import RoleSpec
-from stacx.launch.query import QueryService, remote_query
 from stacx.launch.recipe import Recipe
+from stacx.store.query import QueryService, remote_query
 
 if TYPE_CHECKING:
-    from stacx.launch.weight_share import SharedWeights
-    from stacx.launch.weights import InProcessWeights
+    from stacx.weights.share import SharedWeights
+    from stacx.weights.sync import InProcessWeights
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 class ActorEnv(msgspec.Struct, frozen=True, kw_only=True):
     """What a role builder may use: the run's id and directory, publish, the log's SQL, and
     the process's weight handoff: in memory for local placement, across the node's processes
-    (CUDA IPC / shared memory, stacx.launch.weight_share) in a Ray actor; None: the file."""
+    (CUDA IPC / shared memory, stacx.weights.share) in a Ray actor; None: the file."""
 
     run_id: str
     run_dir: str
@@ -71,6 +74,45 @@ def resolve_builder(path: str) -> RoleBuilder:
     return fn
 
 
+class Placement(Protocol):
+    """Where the roles' actors run: one protocol, two interchangeable runners (local, ray) that
+    share one spawn routine (``host_instance`` over a ``Spawner``)."""
+
+    mode: str
+
+    async def start(self, role: RoleSpec) -> None:
+        """Build and start every instance of ``role``; return once its actors run."""
+        ...
+
+    async def check(self) -> None:
+        """Raise the error that ended an actor of a started role (strict mode), if any."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop every actor placed (and the run's own), then release what the roles built."""
+        ...
+
+
+async def host_instance(
+    stack: AsyncExitStack,
+    spawner: Spawner,
+    builder: RoleBuilder,
+    recipe: Recipe,
+    env: ActorEnv,
+    index: int,
+) -> None:
+    """Build instance ``index`` of a role (its resources released when ``stack`` closes) and
+    spawn its actors. Unshared actors are numbered ``index * n + k`` (n same-named actors per
+    instance), the numbers spawn order gives in one process, so consumers are the same whether
+    the instances share the launcher or each has a Ray actor."""
+    actors = await stack.enter_async_context(builder(recipe, env, index))
+    per_name = Counter(a.name for a in actors if not a.shared)
+    seen: Counter[str] = Counter()
+    for actor in actors:
+        spawner.spawn(actor, instance=index * per_name[actor.name] + seen[actor.name])
+        seen[actor.name] += 1
+
+
 class LocalPlacement:
     """Every role's actors as supervised asyncio tasks of the launcher (RunContext.spawn)."""
 
@@ -80,7 +122,7 @@ class LocalPlacement:
         self.run = run
         self.recipe = recipe
         self._stack = AsyncExitStack()
-        from stacx.launch.weights import InProcessWeights  # torch: only once actors are placed
+        from stacx.weights.sync import InProcessWeights  # torch: only once actors are placed
 
         self._handoff = InProcessWeights()  # one per process: the trainer's and engines' roles
 
@@ -94,12 +136,54 @@ class LocalPlacement:
             handoff=self._handoff,
         )
         for index in range(role.count):
-            for actor in await self._stack.enter_async_context(builder(self.recipe, env, index)):
-                self.run.spawn(actor)
+            await host_instance(self._stack, self.run.actors, builder, self.recipe, env, index)
+
+    async def check(self) -> None:
+        if self.run.crashes:
+            raise self.run.crashes[0]
 
     async def stop(self) -> None:
         await self.run.stop_actors()
         await self._stack.aclose()
+
+
+@contextlib.asynccontextmanager
+async def remote_run(
+    nats_url: str, run_id: str, run_dir: str, name: str
+) -> AsyncIterator[tuple[Spawner, ActorContext]]:
+    """What a process other than the launcher's needs to host actors: its own NATS connection
+    and publisher, SQL through the launcher's query service, and a ``Spawner`` whose actors'
+    contexts start from the stream's head at entry (a resumed run's log included); also one
+    context for the role builder itself."""
+    from stacx.bus.client import Publisher, connect
+
+    nc = await connect(nats_url, name=name)
+    js = nc.jetstream(timeout=10.0)
+    publisher = Publisher(js, run_id)
+    try:
+        query = remote_query(nc, run_id)
+
+        async def head() -> int:
+            return int((await js.stream_info(stream_name(run_id))).state.last_seq)
+
+        start = await head()
+
+        def context() -> ActorContext:  # one per actor: its reads wait for its own writes only
+            return causal_context(
+                run_id=run_id,
+                run_dir=run_dir,
+                js=js,
+                publish=publisher.publish,
+                query=query,
+                head=head,
+                start=start,
+            )
+
+        yield Spawner(context), context()
+    finally:
+        await publisher.close()
+        with contextlib.suppress(Exception):
+            await nc.drain()
 
 
 class RoleHost:
@@ -119,77 +203,33 @@ class RoleHost:
         run_dir: str,
         sys_path: list[str],
     ) -> str:
-        from stacx.bus.client import Publisher, connect
-
         for p in reversed(sys_path):
             if p not in sys.path:
                 sys.path.insert(0, p)
         recipe = msgspec.json.decode(recipe_json, type=Recipe)
-        nc = await connect(nats_url, name=f"stacx-ray-{run_id}-{builder_path}-{index}")
-        js = nc.jetstream(timeout=10.0)
-        publisher = Publisher(js, run_id)
-        query = remote_query(nc, run_id)
-
-        async def head() -> int:
-            return int((await js.stream_info(stream_name(run_id))).state.last_seq)
-
-        start = await head()  # what this host must see from the start (a resumed run's log)
-
-        def context() -> ActorContext:  # one per actor: its reads wait for its own writes only
-            return causal_context(
-                run_id=run_id,
-                run_dir=run_dir,
-                js=js,
-                publish=publisher.publish,
-                query=query,
-                head=head,
-                start=start,
+        name = f"stacx-ray-{run_id}-{builder_path}-{index}"
+        async with AsyncExitStack() as stack:
+            spawner, own = await stack.enter_async_context(
+                remote_run(nats_url, run_id, run_dir, name)
             )
 
-        builder_ctx = context()
+            async def emit(event: Event) -> None:
+                await own.publish(event)
 
-        async def emit(event: Event) -> None:
-            await builder_ctx.publish(event)
+            from stacx.weights.share import SharedWeights  # torch: in the host only
 
-        from stacx.launch.weight_share import SharedWeights  # torch: in the host only
-
-        handoff = SharedWeights()  # the trainer's versions to engines in other hosts of the node
-        env = ActorEnv(
-            run_id=run_id, run_dir=run_dir, emit=emit, query=builder_ctx.query, handoff=handoff
-        )
-        try:
-            async with resolve_builder(builder_path)(recipe, env, index) as actors:
-                sups: list[Supervisor] = []
-                tasks = []
-                per_name = Counter(a.name for a in actors if not a.shared)
-                seen: Counter[str] = Counter()
-                for actor in actors:
-                    # numbered as local placement numbers them (builder `index` yields
-                    # per_name[name] instances of each name), so consumers match across modes
-                    instance = (
-                        0 if actor.shared else index * per_name[actor.name] + seen[actor.name]
-                    )
-                    seen[actor.name] += 1
-                    actor.bind(context(), instance=instance)
-                    sup = Supervisor(actor)
-                    sups.append(sup)
-                    tasks.append(asyncio.create_task(sup.run(), name=f"actor:{actor.name}"))
-                self._ready.set()
-                await self._stop.wait()
-                for s in sups:
-                    s.stop.set()
-                _done, pending = await asyncio.wait(tasks, timeout=30) if tasks else (set(), set())
-                for t in pending:
-                    t.cancel()
-                results = await asyncio.gather(*tasks, return_exceptions=True)
-                crashes = [r for r in results if isinstance(r, Exception)]
-                if crashes:  # strict mode: an actor died of a programming error
-                    raise crashes[0]
-        finally:
-            handoff.close()
-            await publisher.close()
-            with contextlib.suppress(Exception):
-                await nc.drain()
+            handoff = SharedWeights()  # the trainer's versions to engines in other hosts
+            stack.callback(handoff.close)
+            env = ActorEnv(
+                run_id=run_id, run_dir=run_dir, emit=emit, query=own.query, handoff=handoff
+            )
+            builder = resolve_builder(builder_path)
+            await host_instance(stack, spawner, builder, recipe, env, index)
+            self._ready.set()
+            await self._stop.wait()
+            await spawner.stop()
+            if spawner.crashes:  # strict mode: an actor died of a programming error
+                raise spawner.crashes[0]
         return f"{builder_path}[{index}] stopped"
 
     async def ready(self) -> bool:
@@ -258,9 +298,12 @@ class RayPlacement:
                 await asyncio.to_thread(ray.get, ref)
 
     async def check(self) -> None:
-        """Raise if a Ray actor's serve() ended (crashed) while the run is live."""
+        """Raise if a Ray actor's serve() ended (crashed) while the run is live, or an actor of
+        the launcher's own (the scheduler) died of a programming error."""
         import ray
 
+        if self.run.crashes:
+            raise self.run.crashes[0]
         refs = [ref for _h, ref in self._hosts]
         if refs:
             done, _ = await asyncio.to_thread(ray.wait, refs, num_returns=len(refs), timeout=0)
@@ -286,9 +329,6 @@ class RayPlacement:
         if self._started_ray:
             await asyncio.to_thread(ray.shutdown)
         await self.run.stop_actors()
-
-
-Placement = LocalPlacement | RayPlacement
 
 
 def make_placement(run: RunContext, recipe: Recipe) -> Placement:

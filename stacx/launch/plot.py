@@ -10,7 +10,9 @@ is read through a snapshot).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stacx.errors import ConfigError, StacxError
 from stacx.store import db
@@ -96,17 +98,9 @@ def write_plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
-    con = db.connect_run(run_dir)
-    try:
-        if tuple(metrics) == DEFAULT_METRICS and con.execute(METRICS["eval"][2]).fetchall():
-            metrics = (*DEFAULT_METRICS, "eval")
-        data = {m: con.execute(METRICS[m][2].replace("{PERIODIC}", PERIODIC)).fetchall()
-                for m in metrics}  # fmt: skip
-    finally:
-        con.close()
+    metrics, data = _read(run_dir, metrics)
     if not any(data.values()):
         raise StacxError(f"{run_dir}: nothing to plot yet (no scored episodes, no train steps)")
     versions = sorted({int(r[2]) for rows in data.values() for r in rows if r[2] is not None}) or [
@@ -115,24 +109,7 @@ def write_plot(
     cmap = plt.get_cmap("viridis", max(2, len(versions)))
     fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 3.2 * len(metrics)), squeeze=False)
     for ax, m in zip(axes[:, 0], metrics, strict=True):
-        xlabel, ylabel, _sql = METRICS[m]
-        rows = [r for r in data[m] if r[1] is not None]
-        if rows:
-            xs, ys = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
-            colors = [cmap(versions.index(int(r[2] or 0))) for r in rows]
-            sizes = [20 + 6 * min(int(r[3] or 1), 30) for r in rows]
-            ax.scatter(xs, ys, c=colors, s=sizes, zorder=3)
-            means: dict[float, list[float]] = {}
-            for x, y in zip(xs, ys, strict=True):
-                means.setdefault(x, []).append(y)
-            mx = sorted(means)
-            ax.plot(mx, [sum(means[x]) / len(means[x]) for x in mx], color="grey", lw=1, zorder=2)
-        else:
-            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations and steps are counts
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
+        _panel(ax, m, data[m], lambda v: cmap(versions.index(v)))
     handles = [
         plt.Line2D([], [], marker="o", ls="", color=cmap(i), label=f"v{v}")
         for i, v in enumerate(versions)
@@ -145,3 +122,44 @@ def write_plot(
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target
+
+
+def _read(
+    run_dir: Path, metrics: tuple[str, ...] | list[str]
+) -> tuple[tuple[str, ...] | list[str], dict[str, list[tuple[Any, ...]]]]:
+    """Each metric's rows (x, y, weight version, count); the default set gains "eval" when
+    the run has a periodic eval."""
+    con = db.connect_run(run_dir)
+    try:
+        if tuple(metrics) == DEFAULT_METRICS and con.execute(METRICS["eval"][2]).fetchall():
+            metrics = (*DEFAULT_METRICS, "eval")
+        data = {m: con.execute(METRICS[m][2].replace("{PERIODIC}", PERIODIC)).fetchall()
+                for m in metrics}  # fmt: skip
+    finally:
+        con.close()
+    return metrics, data
+
+
+def _panel(ax: Any, metric: str, data: list[tuple[Any, ...]], color: Callable[[int], Any]) -> None:
+    """One metric's panel: a point per row (colored by weight version, sized by count) and
+    the mean at each x."""
+    from matplotlib.ticker import MaxNLocator
+
+    xlabel, ylabel, _sql = METRICS[metric]
+    rows = [r for r in data if r[1] is not None]
+    if rows:
+        xs, ys = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+        colors = [color(int(r[2] or 0)) for r in rows]
+        sizes = [20 + 6 * min(int(r[3] or 1), 30) for r in rows]
+        ax.scatter(xs, ys, c=colors, s=sizes, zorder=3)
+        means: dict[float, list[float]] = {}
+        for x, y in zip(xs, ys, strict=True):
+            means.setdefault(x, []).append(y)
+        mx = sorted(means)
+        ax.plot(mx, [sum(means[x]) / len(means[x]) for x in mx], color="grey", lw=1, zorder=2)
+    else:
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations and steps are counts
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)

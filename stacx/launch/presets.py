@@ -74,12 +74,6 @@ def eval_recipe(
     answer task (no image to run), else Docker."""
     if backend == "auto":
         backend = "process" if _all_answer_tasks(tasks) else "docker"
-    name_, _, scaffold = agent.partition(":")  # installed:<scaffold>
-    agent_keys: dict[str, object] = {"name": name_, "format": format, "seed": seed}
-    if scaffold:  # a black-box scaffold writes its own prompts and calls: no format, no seed
-        if format != "tool_call":
-            raise ConfigError(f"--format {format}: not used by an installed scaffold ({agent})")
-        agent_keys = {"name": name_, "scaffold": scaffold}
     return convert(
         {
             "name": name,
@@ -92,7 +86,7 @@ def eval_recipe(
                 "group_size": n_samples,
             },
             "agent": {
-                **agent_keys,
+                **_agent_keys(agent, format, seed),
                 "max_turns": max_turns,
                 "max_new_tokens": max_new_tokens,
                 "temperature": temperature,
@@ -110,11 +104,22 @@ def eval_recipe(
     )
 
 
+def _agent_keys(agent: str, format: str, seed: int | None) -> dict[str, object]:
+    """--agent NAME or installed:<scaffold> as [agent] keys (a black-box scaffold writes its own
+    prompts and calls: no format, no seed)."""
+    name, _, scaffold = agent.partition(":")
+    if not scaffold:
+        return {"name": name, "format": format, "seed": seed}
+    if format != "tool_call":
+        raise ConfigError(f"--format {format}: not used by an installed scaffold ({agent})")
+    return {"name": name, "scaffold": scaffold}
+
+
 def _all_answer_tasks(spec: str) -> bool:
     from stacx.errors import StacxError
+    from stacx.harbor.tasks import load_tasks
     from stacx.launch.launcher import resolve_tasks
     from stacx.sandbox.answers import is_answer_task
-    from stacx.sandbox.tasks import load_tasks
 
     try:
         tasks = load_tasks(resolve_tasks(spec))

@@ -366,6 +366,21 @@ def _problems(r: Recipe) -> list[str]:
             f"(demonstrations) or eval only; {algo} learns from the student's own samples, "
             "so its trainer would starve (use agent.name = 'swe')"
         )
+    out.extend(_agent_problems(r))
+    out.extend(_installed_problems(r))
+    out.extend(_eval_problems(r))
+    out.extend(_judge_problems(r))
+    if r.needs_teacher and not (r.teacher.path or r.teacher.url):
+        out.append(f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url")
+    out.extend(_engine_problems(r))
+    out.extend(_sandbox_problems(r))
+    return out
+
+
+def _agent_problems(r: Recipe) -> list[str]:
+    """The agent's format against its name, and retool with the imitation algorithms."""
+    out: list[str] = []
+    algo = r.algorithm.name
     a = r.agent
     if a.format == "python" and a.name != "retool":
         out.append("agent.format = 'python': the retool agent's format (use tool_call or bash)")
@@ -376,11 +391,13 @@ def _problems(r: Recipe) -> list[str]:
             f"agent.name = 'retool' with algorithm.name = {algo!r}: the imitation roll-ins "
             "run the SWE agent only (use sft, grpo, opd or eval)"
         )
-    out.extend(_installed_problems(r))
-    out.extend(_eval_problems(r))
-    out.extend(_judge_problems(r))
-    if r.needs_teacher and not (r.teacher.path or r.teacher.url):
-        out.append(f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url")
+    return out
+
+
+def _engine_problems(r: Recipe) -> list[str]:
+    """The engine's backend against its keys (sglang-only keys, a server's own settings)."""
+    out: list[str] = []
+    algo = r.algorithm.name
     e, defaults = r.engine, EngineSection()
     if e.backend == "openai" and not e.url:
         out.append("engine.url: backend 'openai' needs the url of an OpenAI-compatible server")
@@ -405,6 +422,12 @@ def _problems(r: Recipe) -> list[str]:
                     f"{key} = {value!r}: not used with engine.url (the server there was "
                     "started with its own settings); remove it"
                 )
+    return out
+
+
+def _sandbox_problems(r: Recipe) -> list[str]:
+    """The sandbox keys that only the remote backend uses, or that it ignores."""
+    out: list[str] = []
     sb = r.sandbox
     if sb.url and sb.backend != "remote":
         out.append(f"sandbox.url: used by backend 'remote' only (backend is {sb.backend!r})")

@@ -20,16 +20,16 @@ from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
-from stacx.events import Policy, TurnActor
+from stacx.events import RollIn, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
 from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
-from stacx.launch.weights import WeightSync, load_published
 from stacx.ports import Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.weights.sync import WeightSync, load_published
 
 
 class RolloutWorker(RolloutManager):
@@ -69,11 +69,11 @@ def agent_config(recipe: Recipe) -> AgentConfig:
 
 def rollout_config(recipe: Recipe) -> RolloutConfig:
     policy = {
-        "swe": Policy.STUDENT,
-        "retool": Policy.STUDENT,
-        "installed": Policy.STUDENT,
-        "oracle": Policy.ORACLE,
-        "null": Policy.NULL,
+        "swe": RollIn.STUDENT,
+        "retool": RollIn.STUDENT,
+        "installed": RollIn.STUDENT,
+        "oracle": RollIn.ORACLE,
+        "null": RollIn.NULL,
     }[recipe.agent.name]
     return RolloutConfig(
         agent=recipe.agent.name,

@@ -21,9 +21,9 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import CallFormat
 from stacx.agents.policies import MakeExecutor, ScriptedCall, always, null_policy, oracle_policy
 from stacx.agents.tools import Observation, ToolRun, bash_observation
+from stacx.harbor.tasks import resolve_env
 from stacx.ports import Sandbox, Task
 from stacx.rollout.episode import DEFAULT_AGENT_TIMEOUT_S
-from stacx.sandbox.tasks import resolve_env
 from stacx.toolcalls import ToolCall
 
 SOLUTION_DIR = "/solution"

@@ -52,6 +52,7 @@ from stacx.agents.swe import SweTools
 from stacx.agents.tools import Observation, execute
 from stacx.errors import ConfigError, EngineError, SandboxError, StacxError, TaskError
 from stacx.events import Emit, EpisodeNotRegraded, RegradeIssue, RewardAssigned, derive_id
+from stacx.harbor.tasks import load_task, load_task_set
 from stacx.launch.launcher import resolve_tasks
 from stacx.launch.loader import ConfigDict, convert
 from stacx.launch.placement import ActorEnv
@@ -62,7 +63,6 @@ from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.regrade.graders import Grader, Replayed, VerifierGrader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
-from stacx.sandbox.tasks import load_task, load_task_set
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
 from stacx.toolcalls import ToolCall

@@ -39,10 +39,10 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from stacx.harbor.tasks import verifier_separate
 from stacx.ports import Environments, Sandbox, Task, Verdict
 from stacx.sandbox.answers import is_answer_task
 from stacx.sandbox.remote_wire import task_digest
-from stacx.sandbox.tasks import verifier_separate
 from stacx.store.episodes_io import EpisodeRecord
 
 

@@ -38,8 +38,8 @@ from stacx.events import (
     Event,
     FailureKind,
     JudgeScored,
-    Policy,
     RewardAssigned,
+    RollIn,
     StopReason,
     ToolCalled,
     TurnGenerated,
@@ -70,7 +70,7 @@ class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     iteration: int = 0
     agent: str = "swe"
-    policy: Policy = Policy.STUDENT
+    policy: RollIn = RollIn.STUDENT
     timeout_s: float | None = None  # agent-loop wall time; None: the task's (or 600 s)
     judged: bool = True  # False: rubrics are not scored, the verifier's reward stands alone
 

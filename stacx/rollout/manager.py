@@ -26,7 +26,7 @@ import msgspec
 
 from stacx.actors.base import Actor
 from stacx.errors import TaskError
-from stacx.events import Event, FailureKind, InfraFailed, Policy, TaskScheduled, derive_id
+from stacx.events import Event, FailureKind, InfraFailed, RollIn, TaskScheduled, derive_id
 from stacx.judge import JudgeModel
 from stacx.ports import Environments, InfraFailure, MakeAgent, Task
 from stacx.rollout.episode import EpisodeSpec, episode_id_for, run_episode
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = "swe"  # recorded in EpisodeStarted.agent
-    policy: Policy = Policy.STUDENT  # recorded in EpisodeStarted.policy
+    policy: RollIn = RollIn.STUDENT  # recorded in EpisodeStarted.policy
     concurrency: int = 2
     max_attempts: int = 3
     episode_timeout_s: float | None = None  # None: each task's agent.timeout_sec

@@ -1,12 +1,12 @@
-"""The environment engine: real Docker sandboxes for Harbor tasks.
+"""The environment engine: where Harbor tasks run. Backends (Docker, process, remote), the
+sandbox service, networking (egress, the allowlist proxy) and verification; the task format
+itself (task.toml, task sets, compose files) is read by stacx.harbor.
 
 Modules (import what you use; this package imports nothing heavy):
 
 - docker    DockerSandbox (aiodocker), the Docker backend of the Sandbox port (stacx.ports:
             Sandbox, ExecResult, Limits)
 - pool      SandboxPool: warm containers per (image, limits), destroyed after use
-- tasks     Harbor tasks: task.toml, instruction.md, task sets, tasks.jsonl (the Task model
-            itself is in stacx.ports)
 - aliases   base-image alias map (FROM ubuntu:24.04 -> stacx/base:bookworm)
 - standins  offline stand-ins rebuilt from a package registry (uv's images, from PyPI)
 - images    the offline base image (debootstrap + docker import)
@@ -25,6 +25,9 @@ Modules (import what you use; this package imports nothing heavy):
 - cgroups   OOM-kill and pids-limit counters of a container
 - output    bounded capture of a command's output
 - archive   tar archives for uploads
+- compose   a task's docker-compose.yaml run through the Docker API (read by
+            stacx.harbor.compose_load)
+- egress, egress_proxy  network_mode = "allowlist": the per-episode network and its proxy
 
 An episode, as the rollout engine drives it (stacx.rollout.episode.run_episode, through the
 `Environments` port; DockerEnvironments does the build, pool and healthcheck)::

@@ -1,4 +1,4 @@
-"""The verifier of answer tasks (math sets in the light .jsonl format, see stacx.sandbox.tasks):
+"""The verifier of answer tasks (math sets in the light .jsonl format, see stacx.harbor.tasks):
 normalize a final answer and compare it with the task's reference answer.
 
 Reward: 1.0 when the agent's answer equals the reference, else 0.0. Equality is numeric where

@@ -11,7 +11,7 @@ the episode.
 
 Honoured service keys: image, build (context; dockerfile only when it is "Dockerfile"),
 environment, command, entrypoint, healthcheck, depends_on, working_dir, user, volumes; and for
-main: environment, depends_on, volumes. The file is read by stacx.sandbox.compose_load as the
+main: environment, depends_on, volumes. The file is read by stacx.harbor.compose_load as the
 Compose specification defines it (interpolation, the official JSON schema, every form of these
 keys); other keys are reported (the task's notes), not silently dropped.
 
@@ -40,7 +40,7 @@ from aiodocker.types import JSONValue
 from aiodocker.volumes import DockerVolume
 
 from stacx.errors import SandboxError, TaskError
-from stacx.sandbox.compose_load import FILES, MAIN, Mount, Service, compose_file, load_compose
+from stacx.harbor.compose_load import FILES, MAIN, Mount, Service, compose_file, load_compose
 from stacx.sandbox.privileges import security_options
 
 __all__ = ["FILES", "MAIN", "Mount", "Service", "compose_file", "load_compose"]

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import aiodocker
 from aiodocker.containers import DockerContainer
@@ -267,26 +267,8 @@ class DockerSandbox:
             argv = ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{max(timeout, 0.001):.3f}", *argv]
         t0 = time.perf_counter()
         out, err = OutputCapture(self.output_limit), OutputCapture(self.output_limit)
-        flooded = False
-        try:
-            execution = await self.container.exec(
-                argv, environment=env, user=str(user or ""), workdir=cwd
-            )
-            deadline = None if timeout is None else timeout + KILL_GRACE_S + DEADLINE_GRACE_S
-            finished = True
-            async with execution.start(detach=False) as stream:
-                try:
-                    async with asyncio.timeout(deadline):
-                        while (msg := await stream.read_out()) is not None:
-                            (out if msg.stream == 1 else err).feed(msg.data)
-                            if not flooded and out.total + err.total > self.flood_limit:
-                                flooded = True
-                                self._kill_host_pid((await execution.inspect()).get("Pid"))
-                except TimeoutError:
-                    finished = False
-            info = await execution.inspect()
-        except aiodocker.DockerError as exc:
-            raise SandboxError(f"exec in sandbox {self.name} failed: {exc}") from exc
+        deadline = None if timeout is None else timeout + KILL_GRACE_S + DEADLINE_GRACE_S
+        info, finished, flooded = await self._stream(argv, env, user, cwd, deadline, out, err)
         duration_ms = (time.perf_counter() - t0) * 1000
         if not finished and info.get("Running"):
             self._kill_host_pid(info.get("Pid"))
@@ -314,6 +296,40 @@ class DockerSandbox:
             oom_killed=oom,
             pids_limited=pids,
         )
+
+    async def _stream(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None,
+        user: str | None,
+        cwd: str | None,
+        deadline: float | None,
+        out: OutputCapture,
+        err: OutputCapture,
+    ) -> tuple[dict[str, Any], bool, bool]:
+        """Run `argv` in the container, capturing its output until it ends or `deadline`
+        passes; (the exec's inspect info, whether it ended in time, whether it flooded: then
+        its process group was killed from the host)."""
+        flooded = False
+        try:
+            execution = await self.container.exec(
+                argv, environment=env, user=str(user or ""), workdir=cwd
+            )
+            finished = True
+            async with execution.start(detach=False) as stream:
+                try:
+                    async with asyncio.timeout(deadline):
+                        while (msg := await stream.read_out()) is not None:
+                            (out if msg.stream == 1 else err).feed(msg.data)
+                            if not flooded and out.total + err.total > self.flood_limit:
+                                flooded = True
+                                self._kill_host_pid((await execution.inspect()).get("Pid"))
+                except TimeoutError:
+                    finished = False
+            info: dict[str, Any] = await execution.inspect()
+        except aiodocker.DockerError as exc:
+            raise SandboxError(f"exec in sandbox {self.name} failed: {exc}") from exc
+        return info, finished, flooded
 
     async def set_network(self, public: bool) -> None:
         """Give the container a route out (the default bridge) or none (loopback only), for

@@ -14,7 +14,7 @@ refuses (403) every host not listed; the host itself is not reachable either (th
 bridge has no IPv4 address, where a plain internal network routes to the host's addresses). Limits: clients that ignore the proxy variables reach
 nothing; the proxy variables stay set in the sandbox's other (no-network) phases, where they
 lead nowhere. An allowlist phase next to a public one is refused when the task loads
-(stacx.sandbox.tasks), as the variables cannot change in a running container.
+(stacx.harbor.tasks), as the variables cannot change in a running container.
 """
 
 from __future__ import annotations

@@ -25,12 +25,6 @@ import sys
 from collections.abc import Sequence
 
 PORT = 3128
-_ENTRY = re.compile(r"^(\*\.)?([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:]+\])(:\d{1,5})?$")
-
-
-def bad_entry(entry: str) -> bool:
-    """Whether an allowed_hosts entry is not one of: name, *.name, IP, [IPv6], each :port."""
-    return _ENTRY.match(entry.strip().lower()) is None
 
 
 def host_allowed(host: str, port: int, allowed: Sequence[str]) -> bool:

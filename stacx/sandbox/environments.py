@@ -24,7 +24,7 @@ gives it the default bridge, "allowlist" the episode's internal network with a f
 proxy to the task's allowed_hosts (stacx.sandbox.egress). When the phases differ the container
 starts on the bridge and is moved between networks at the phase boundary; when they agree on
 public or no-network it starts that way (network=none for no-network). "allowlist" next to
-"public" is refused when the task loads (stacx.sandbox.tasks).
+"public" is refused when the task loads (stacx.harbor.tasks).
 
 Compose services (stacx.sandbox.compose) start on a per-episode internal network; their named
 volumes are created for the episode (owner-labeled) and removed after its containers.
@@ -36,6 +36,7 @@ reused after an episode (the pool destroys them on release).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import shutil
 import tempfile
@@ -49,7 +50,10 @@ import msgspec
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, EpisodeWarned, FailureKind, derive_id, new_id
-from stacx.ports import ArtifactConfig, InfraFailure, Sandbox, StepFailed, Task, Verdict
+from stacx.harbor.model import ArtifactConfig
+from stacx.harbor.task_network import episode_network, network_mode
+from stacx.harbor.tasks import load_task, task_limits, verifier_separate
+from stacx.ports import InfraFailure, Limits, Sandbox, StepFailed, Task, Verdict
 from stacx.sandbox.aliases import AliasMap, dockerfile_warnings
 from stacx.sandbox.build import build_task_image, local_image
 from stacx.sandbox.compose import (
@@ -69,11 +73,25 @@ from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.sandbox.steps import following, start_step
-from stacx.sandbox.task_network import episode_network, network_mode
-from stacx.sandbox.tasks import load_task, task_limits, verifier_separate
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What one episode starts (DockerEnvironments._plan): the image, the sandbox's limits
+    (compose volumes' mounts added once created), the compose services and their start
+    order, the allowlist's hosts, whether the network switches per phase, and whether the
+    sandbox must be started cold (it mounts the episode's own volumes)."""
+
+    image: str
+    limits: Limits
+    services: dict[str, Service]
+    order: list[str]
+    hosts: list[str] | None
+    switching: bool
+    fresh: bool = False
 
 
 class DockerEnvironments:
@@ -125,6 +143,43 @@ class DockerEnvironments:
     @contextlib.asynccontextmanager
     async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
         assert self._pool is not None and self._docker is not None, "use `async with`"
+        plan = await self._plan(task, episode_id)
+        # compose volumes: created for this episode before main (Docker fixes mounts at
+        # creation), so main is started cold and never pooled; removed after everything
+        volumes: dict[str, str] = {}
+        try:
+            if any(s.mounts for s in plan.services.values()):
+                volumes = await create_volumes(
+                    self._docker, plan.services, f"stacx-{episode_id[:16]}-{new_id()[:6]}",
+                    owner_labels(self.run_id, episode_id),
+                )  # fmt: skip
+                main_mounts = binds(plan.services[MAIN], volumes)
+                plan.fresh = bool(main_mounts)
+                plan.limits = msgspec.structs.replace(
+                    plan.limits, mounts={**plan.limits.mounts, **main_mounts}
+                )
+        except SandboxError as exc:
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        try:
+            sandbox, sidecars = await self._start(task, plan, episode_id, volumes)
+            if task.step_tasks:
+                self._multi[episode_id] = task
+            try:
+                yield sandbox
+            finally:
+                self._multi.pop(episode_id, None)
+                await self._pool.release(sandbox)
+                if sidecars is not None:
+                    await sidecars.close()
+                await self._close_egress(episode_id)
+        finally:
+            await remove_volumes(self._docker, list(volumes.values()))
+
+    async def _plan(self, task: Task, episode_id: str) -> _Plan:
+        """What an episode of `task` starts: its image (built, then layered), the sandbox's
+        limits, the compose services, and the network it starts on (the bridge when it must
+        switch between phases)."""
+        assert self._docker is not None
         # before the build: the warning explains a build that fails (pinned wheels of another
         # Python), so every episode of the task records it, built or not
         warnings = await self._warn(task, episode_id)
@@ -156,73 +211,57 @@ class DockerEnvironments:
             except (TaskError, aiodocker.DockerError) as exc:
                 raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
             limits = layered_limits(limits, self.layer)
-        # compose volumes: created for this episode before main (Docker fixes mounts at
-        # creation), so main is started cold and never pooled; removed after everything
-        main_mounts: dict[str, str] = {}
-        volumes: dict[str, str] = {}
+        return _Plan(image=image, limits=limits, services=services, order=sidecar_order,
+                     hosts=hosts, switching=switching)  # fmt: skip
+
+    async def _start(
+        self, task: Task, plan: _Plan, episode_id: str, volumes: dict[str, str]
+    ) -> tuple[DockerSandbox, Sidecars | None]:
+        """Start the episode's egress proxy, sandbox and services, switch it to the agent's
+        network, and wait until it is healthy (and the first step is set up); what started is
+        released again on a failure (an InfraFailure, or the first step's StepFailed)."""
+        assert self._pool is not None and self._docker is not None
+        sidecars: Sidecars | None = None
+        egress: Egress | None = None
         try:
-            if any(s.mounts for s in services.values()):
-                volumes = await create_volumes(
-                    self._docker, services, f"stacx-{episode_id[:16]}-{new_id()[:6]}",
+            if plan.hosts is not None:
+                egress = await Egress.start(
+                    self._docker, f"stacx-{episode_id[:16]}-{new_id()[:6]}-egress", plan.hosts,
                     owner_labels(self.run_id, episode_id),
                 )  # fmt: skip
-                main_mounts = binds(services[MAIN], volumes)
-                limits = msgspec.structs.replace(limits, mounts={**limits.mounts, **main_mounts})
-        except SandboxError as exc:
+                self._egress[episode_id] = egress
+            sandbox = await self._pool.acquire(plan.image, plan.limits, episode_id=episode_id,
+                                              fresh=plan.fresh)  # fmt: skip
+        except (SandboxError, aiodocker.DockerError) as exc:
+            await self._close_egress(episode_id)
             raise InfraFailure(FailureKind.START, str(exc)) from exc
         try:
-            sidecars: Sidecars | None = None
-            egress: Egress | None = None
-            try:
-                if hosts is not None:
-                    egress = await Egress.start(
-                        self._docker, f"stacx-{episode_id[:16]}-{new_id()[:6]}-egress", hosts,
-                        owner_labels(self.run_id, episode_id),
-                    )  # fmt: skip
-                    self._egress[episode_id] = egress
-                sandbox = await self._pool.acquire(image, limits, episode_id=episode_id,
-                                                  fresh=bool(main_mounts))
-            except (SandboxError, aiodocker.DockerError) as exc:
-                await self._close_egress(episode_id)
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
-            try:
-                if sidecar_order:
-                    sidecars = await self._start_services(task, services, sidecar_order, sandbox,
-                                                          episode_id, volumes)  # fmt: skip
-                if switching:
-                    await _switch(sandbox, network_mode(task.step_tasks[0] if task.step_tasks
-                                                        else task, "agent"), egress)  # fmt: skip
-            except (SandboxError, TaskError, aiodocker.DockerError) as exc:
-                await self._pool.release(sandbox, reason="services failed")
-                await self._close_egress(episode_id)
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
-            healthcheck = task.config.environment.healthcheck
-            try:  # the agent starts once the services are up (and the first step is set up)
-                if healthcheck is not None:
-                    await wait_healthy(sandbox, healthcheck)
-                if task.step_tasks:
-                    await self._start_step(sandbox, task, task.step_tasks[0].step or "",
-                                           None, episode_id)  # fmt: skip
-            except (SandboxError, aiodocker.DockerError, StepFailed) as exc:
-                await self._pool.release(sandbox, reason="unhealthy")
-                if sidecars is not None:
-                    await sidecars.close()
-                await self._close_egress(episode_id)
-                if isinstance(exc, StepFailed):  # the first step's, not the sandbox's
-                    raise
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
+            if plan.order:
+                sidecars = await self._start_services(task, plan.services, plan.order, sandbox,
+                                                      episode_id, volumes)  # fmt: skip
+            if plan.switching:
+                await _switch(sandbox, network_mode(task.step_tasks[0] if task.step_tasks
+                                                    else task, "agent"), egress)  # fmt: skip
+        except (SandboxError, TaskError, aiodocker.DockerError) as exc:
+            await self._pool.release(sandbox, reason="services failed")
+            await self._close_egress(episode_id)
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        healthcheck = task.config.environment.healthcheck
+        try:  # the agent starts once the services are up (and the first step is set up)
+            if healthcheck is not None:
+                await wait_healthy(sandbox, healthcheck)
             if task.step_tasks:
-                self._multi[episode_id] = task
-            try:
-                yield sandbox
-            finally:
-                self._multi.pop(episode_id, None)
-                await self._pool.release(sandbox)
-                if sidecars is not None:
-                    await sidecars.close()
-                await self._close_egress(episode_id)
-        finally:
-            await remove_volumes(self._docker, list(volumes.values()))
+                await self._start_step(sandbox, task, task.step_tasks[0].step or "",
+                                       None, episode_id)  # fmt: skip
+        except (SandboxError, aiodocker.DockerError, StepFailed) as exc:
+            await self._pool.release(sandbox, reason="unhealthy")
+            if sidecars is not None:
+                await sidecars.close()
+            await self._close_egress(episode_id)
+            if isinstance(exc, StepFailed):  # the first step's, not the sandbox's
+                raise
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        return sandbox, sidecars
 
     async def _close_egress(self, episode_id: str) -> None:
         egress = self._egress.pop(episode_id, None)

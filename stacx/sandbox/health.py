@@ -11,7 +11,8 @@ import asyncio
 import time
 
 from stacx.errors import SandboxError
-from stacx.ports import Healthcheck, Sandbox
+from stacx.harbor.model import Healthcheck
+from stacx.ports import Sandbox
 
 
 class Unhealthy(SandboxError):

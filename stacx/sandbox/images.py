@@ -183,6 +183,25 @@ def _configure_root(root: Path, mirror: str, suite: str, security: str | None) -
                 entry.unlink()
 
 
+def _docker_import(root: Path, tag: str, suite: str, log: Log) -> None:
+    """`tar -C root -c . | docker import` as `tag`, with the image's config (IMAGE_CHANGES)."""
+    cmd = ["docker", "import"]
+    for change in (*IMAGE_CHANGES, f"LABEL stacx.base={suite}"):
+        cmd += ["--change", change]
+    cmd += ["-", tag]
+    log("$ tar -C root -c . | " + " ".join(cmd[:2]) + f" ... - {tag}")
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(root), "-c", "."],
+        stdout=subprocess.PIPE,
+    )
+    imp = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, check=False)
+    assert tar.stdout is not None
+    tar.stdout.close()
+    tar_rc = tar.wait()
+    if tar_rc != 0 or imp.returncode != 0:
+        raise SandboxError(f"docker import of {tag} failed: {imp.stderr[-2000:]}")
+
+
 def bootstrap_base_image(
     *,
     tag: str | None = None,
@@ -233,20 +252,6 @@ def bootstrap_base_image(
         n_extra = install_host_trust(root)
         log(f"copied host CA bundle and {n_extra} extra certificate(s)")
         _configure_root(root, mirror, suite, security)
-        cmd = ["docker", "import"]
-        for change in (*IMAGE_CHANGES, f"LABEL stacx.base={suite}"):
-            cmd += ["--change", change]
-        cmd += ["-", tag]
-        log("$ tar -C root -c . | " + " ".join(cmd[:2]) + f" ... - {tag}")
-        tar = subprocess.Popen(
-            ["tar", "--numeric-owner", "-C", str(root), "-c", "."],
-            stdout=subprocess.PIPE,
-        )
-        imp = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, check=False)
-        assert tar.stdout is not None
-        tar.stdout.close()
-        tar_rc = tar.wait()
-        if tar_rc != 0 or imp.returncode != 0:
-            raise SandboxError(f"docker import of {tag} failed: {imp.stderr[-2000:]}")
+        _docker_import(root, tag, suite, log)
     log(f"built {tag}")
     return True

@@ -26,7 +26,7 @@ Default (`security_options`):
 A task asks for more (or less) in its task.toml, a STACX extension (Harbor has no key for it):
 
     [environment.stacx]
-    cap_add = ["NET_RAW"]       # capabilities beyond the default (accepted: `ALL_CAPS`)
+    cap_add = ["NET_RAW"]       # capabilities beyond the default (accepted: stacx.harbor.model.ALL_CAPS)
     new_privileges = true       # setuid binaries work (sudo for a non-root agent user)
     read_only_root = true       # the root filesystem is read-only (less than the default)
 
@@ -39,31 +39,15 @@ from __future__ import annotations
 from typing import Any
 
 from stacx.errors import TaskError
-from stacx.ports import Limits, StacxEnvironment
+from stacx.harbor.model import StacxEnvironment
+from stacx.ports import Limits
 
 DEFAULT_CAPS = (
     "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
 )  # fmt: skip
-ALL_CAPS = frozenset({
-    "AUDIT_CONTROL", "AUDIT_READ", "AUDIT_WRITE", "BLOCK_SUSPEND", "BPF", "CHECKPOINT_RESTORE",
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "IPC_LOCK", "IPC_OWNER",
-    "KILL", "LEASE", "LINUX_IMMUTABLE", "MAC_ADMIN", "MAC_OVERRIDE", "MKNOD", "NET_ADMIN",
-    "NET_BIND_SERVICE", "NET_BROADCAST", "NET_RAW", "PERFMON", "SETFCAP", "SETGID", "SETPCAP",
-    "SETUID", "SYSLOG", "SYS_ADMIN", "SYS_BOOT", "SYS_CHROOT", "SYS_MODULE", "SYS_NICE",
-    "SYS_PACCT", "SYS_PTRACE", "SYS_RAWIO", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG",
-    "WAKE_ALARM",
-})  # fmt: skip
 RUNTIMES = ("runc", "runsc")  # Docker's default, gVisor
 # Writable even with a read-only root: Harbor's upload and log paths, and scratch space.
 READ_ONLY_WRITABLE = ("/tmp", "/var/tmp", "/run", "/logs", "/tests", "/solution")
-
-
-def check_request(env: StacxEnvironment, where: str) -> None:
-    """TaskError naming the key and the accepted values for an unknown capability name."""
-    bad = [c for c in env.cap_add if c.upper().removeprefix("CAP_") not in ALL_CAPS]
-    if bad:
-        raise TaskError(f"{where}: environment.stacx.cap_add: {bad} are not Linux capabilities; "
-                        f"accepted: {', '.join(sorted(ALL_CAPS))}")
 
 
 def check_runtime(runtime: str, where: str = "sandbox.runtime") -> str:

@@ -103,6 +103,47 @@ _FORK_REFUSED = re.compile(
 )
 _uids = itertools.count()
 
+class _Child:
+    """One running command of a process sandbox: its process group, its bounded output, and
+    what was seen or done to it (an output flood, forks refused, a KILL sent by STACX rather
+    than the kernel's OOM killer)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, output_limit: int, flood_limit: int):
+        self.proc = proc
+        self.out, self.err = OutputCapture(output_limit), OutputCapture(output_limit)
+        self.stderr_tail = bytearray()  # the last bytes of stderr, for the flag patterns
+        self.flood_limit = flood_limit
+        self.flooded = self.forks_refused = self.killed = False
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        self.killed = self.killed or sig == signal.SIGKILL
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, sig)
+
+    def read(self) -> asyncio.Future[tuple[None, None]]:
+        """Both output streams, read until they close."""
+        return asyncio.gather(
+            self._pump(self.proc.stdout, self.out, bytearray()),
+            self._pump(self.proc.stderr, self.err, self.stderr_tail),
+        )
+
+    async def _pump(
+        self, stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray
+    ) -> None:
+        assert stream is not None
+        while chunk := await stream.read(1 << 16):
+            cap.feed(chunk)
+            tail += chunk
+            del tail[:-8192]
+            if cap is self.err and not self.forks_refused and _FORK_REFUSED.search(tail):
+                # a fork bomb: its children would hold every pid, so it goes at once
+                self.forks_refused = True
+                self.kill()
+            if not self.flooded and self.out.total + self.err.total > self.flood_limit:
+                self.flooded = True
+                self.kill()
+
+
 class ProcessSandbox:
     """One sandbox root with limits. Use as an async context manager or `await create(...)`;
     `close()` kills what is left and removes the root; it is idempotent."""
@@ -271,24 +312,9 @@ class ProcessSandbox:
         root = self._root()
         ids = self._ids(user)
         cwd = posixpath.normpath(posixpath.join(self.workdir, cwd or self.workdir))
-        full_env = {
-            "PATH": os.environ.get("PATH", DEFAULT_PATH),
-            "HOME": HOME,
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            **self.limits.env,
-            **(env or {}),
-        }
-        host_cwd = "/"
-        if self.isolation == "rewrite":
-            host_cwd = str(self.host_path(cwd))
-            full_env = {
-                k: self._rewrite.sub(lambda m: str(root) + m.group(0), v)
-                for k, v in full_env.items()
-            }
+        full_env, host_cwd = self._environment(root, cwd, env)
         cpu = self.cpu_seconds if timeout is None else timeout * max(self.limits.cpus, 1.0) + 1
         child_setup = preexec(self.limits, cpu, ids if self.isolation == "rewrite" else None)
-        out, err = OutputCapture(self.output_limit), OutputCapture(self.output_limit)
-        tails = [bytearray(), bytearray()]  # the last bytes of stderr, for the flag patterns
         t0 = time.perf_counter()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -303,34 +329,38 @@ class ProcessSandbox:
             )
         except OSError as exc:
             raise SandboxError(f"exec in sandbox {self.id} failed: {exc}") from exc
+        child = _Child(proc, self.output_limit, self.flood_limit)
         self._groups.add(proc.pid)
-        flooded = forks_refused = False
-        killed = False  # STACX sent the KILL (a timeout, a flood): not an OOM kill
+        try:
+            timed_out = await self._wait(child, timeout, ids)
+        finally:
+            self._groups.discard(proc.pid)
+        return await self._outcome(child, timed_out, ids, (time.perf_counter() - t0) * 1000)
 
-        def kill(sig: signal.Signals = signal.SIGKILL) -> None:
-            nonlocal killed
-            killed = killed or sig == signal.SIGKILL
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, sig)
+    def _environment(
+        self, root: Path, cwd: str, env: dict[str, str] | None
+    ) -> tuple[dict[str, str], str]:
+        """The command's environment and host working directory ("rewrite" isolation: paths
+        under the sandbox's top-level directories point into its root)."""
+        full_env = {
+            "PATH": os.environ.get("PATH", DEFAULT_PATH),
+            "HOME": HOME,
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            **self.limits.env,
+            **(env or {}),
+        }
+        if self.isolation != "rewrite":
+            return full_env, "/"
+        rewritten = {
+            k: self._rewrite.sub(lambda m: str(root) + m.group(0), v) for k, v in full_env.items()
+        }
+        return rewritten, str(self.host_path(cwd))
 
-        async def pump(
-            stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray
-        ) -> None:
-            nonlocal flooded, forks_refused
-            assert stream is not None
-            while chunk := await stream.read(1 << 16):
-                cap.feed(chunk)
-                tail += chunk
-                del tail[:-8192]
-                if cap is err and not forks_refused and _FORK_REFUSED.search(tail):
-                    # a fork bomb: its children would hold every pid, so it goes at once
-                    forks_refused = True
-                    kill()
-                if not flooded and out.total + err.total > self.flood_limit:
-                    flooded = True
-                    kill()
-
-        readers = asyncio.gather(pump(proc.stdout, out, tails[0]), pump(proc.stderr, err, tails[1]))
+    async def _wait(self, child: _Child, timeout: float | None, ids: tuple[int, int] | None) -> bool:
+        """Wait for the command (TERM, then KILL, past `timeout`) and for its output; whether it
+        timed out. A cancelled caller kills the group."""
+        proc = child.proc
+        readers = child.read()
         timed_out = False
         try:
             try:
@@ -338,13 +368,13 @@ class ProcessSandbox:
                     await exited(proc)
             except TimeoutError:
                 timed_out = True
-                kill(signal.SIGTERM)
+                child.kill(signal.SIGTERM)
                 try:
                     async with asyncio.timeout(KILL_GRACE_S):
                         await exited(proc)
                 except TimeoutError:
                     pass
-                kill()
+                child.kill()
                 await exited(proc)
             # A background child may hold the pipes open: it goes with its group (and, past
             # that, with the sandbox's uid), and its output is cut off there.
@@ -354,48 +384,51 @@ class ProcessSandbox:
                         await asyncio.shield(readers)
                     break
                 except TimeoutError:
-                    kill()
+                    child.kill()
                     if step:
                         await self._sweep(ids)
             else:
                 readers.cancel()
         except BaseException:
-            kill()
+            child.kill()
             readers.cancel()
             raise
-        finally:
-            self._groups.discard(proc.pid)
-        duration_ms = (time.perf_counter() - t0) * 1000
-        rc = proc.returncode
+        return timed_out
+
+    async def _outcome(
+        self, child: _Child, timed_out: bool, ids: tuple[int, int] | None, duration_ms: float
+    ) -> ExecResult:
+        """The ExecResult of an ended command: how it ended (CPU limit, OOM kill, refused
+        forks, output flood) read from its exit status and stderr; stragglers swept."""
+        rc = child.proc.returncode
         assert rc is not None
         sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else 0)
-        stderr_tail = bytes(tails[1])
+        err = child.err
         if sig == signal.SIGXCPU and not timed_out:
             timed_out = True
             err.feed(b"\n[stacx: the command ran out of its CPU-seconds limit (SIGXCPU)]\n")
         oom = not timed_out and (
-            (sig == signal.SIGKILL and not killed)
-            or _OOM_LINE.search(stderr_tail) is not None  # a child's, too (as Docker counts it)
+            (sig == signal.SIGKILL and not child.killed)
+            or _OOM_LINE.search(bytes(child.stderr_tail)) is not None  # a child's, too (as Docker)
         )
-        pids = forks_refused
+        pids = child.forks_refused
         if pids or oom or timed_out:
-            kill()  # a fork bomb's children, a timed-out command's stragglers
+            child.kill()  # a fork bomb's children, a timed-out command's stragglers
             await self._sweep(ids)
-        if flooded:
+        if child.flooded:
             err.feed(
                 f"\n[stacx: output flood: the command was killed after printing more than "
                 f"{self.flood_limit} bytes]\n".encode()
             )
-        stdout, t1 = out.text()
+        stdout, t1 = child.out.text()
         stderr, t2 = err.text()
-        exit_code: int | None = None if timed_out else (128 + -rc if rc < 0 else rc)
         return ExecResult(
-            exit_code=exit_code,
+            exit_code=None if timed_out else (128 + -rc if rc < 0 else rc),
             stdout=stdout,
             stderr=stderr,
             timed_out=timed_out,
             duration_ms=duration_ms,
-            truncated=t1 or t2 or flooded,
+            truncated=t1 or t2 or child.flooded,
             oom_killed=oom,
             pids_limited=pids,
         )

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Self
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped
-from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
+from stacx.harbor.tasks import load_task, task_limits
+from stacx.ports import Environments, InfraFailure, Limits, Sandbox, Task, Verdict
 from stacx.sandbox.answers import is_answer_task, verify_answer
 from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.process import ProcessSandbox, isolation
 from stacx.sandbox.steps import following, start_step
-from stacx.sandbox.tasks import load_task, task_limits
 from stacx.sandbox.verifier import run_verifier, verdict
 
 log = logging.getLogger(__name__)
@@ -63,25 +63,7 @@ class ProcessEnvironments:
 
     @contextlib.asynccontextmanager
     async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
-        if isolation().isolation != "namespaces":
-            raise InfraFailure(
-                FailureKind.START,
-                "the process backend needs mount namespaces (unshare --mount) to give a task "
-                "its own /logs and /tests; this machine has none",
-            )
-        has_image = (task.environment_dir / "Dockerfile").is_file() or bool(
-            task.config.environment.docker_image
-        )
-        if has_image and task.task_id not in self._warned:
-            self._warned.add(task.task_id)
-            log.warning(
-                "task %s has an image; the process backend runs it on the host instead",
-                task.task_id,
-            )
-        try:
-            limits = task_limits(task)
-        except TaskError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        limits = self._limits(task)
         sandbox = ProcessSandbox(
             limits, workdir=self.workdir, run_id=self.run_id, episode_id=episode_id
         )
@@ -125,6 +107,29 @@ class ProcessEnvironments:
                         reason=reason,
                     )
                 )
+
+    def _limits(self, task: Task) -> Limits:
+        """The task's limits, once this machine is known to give it its own /logs and /tests
+        (mount namespaces); a task with an image is run on the host, with a warning."""
+        if isolation().isolation != "namespaces":
+            raise InfraFailure(
+                FailureKind.START,
+                "the process backend needs mount namespaces (unshare --mount) to give a task "
+                "its own /logs and /tests; this machine has none",
+            )
+        has_image = (task.environment_dir / "Dockerfile").is_file() or bool(
+            task.config.environment.docker_image
+        )
+        if has_image and task.task_id not in self._warned:
+            self._warned.add(task.task_id)
+            log.warning(
+                "task %s has an image; the process backend runs it on the host instead",
+                task.task_id,
+            )
+        try:
+            return task_limits(task)
+        except TaskError as exc:
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
         """Harbor's verifier (tests/test.sh), or for a light-format answer task (a jsonl

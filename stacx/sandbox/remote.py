@@ -43,6 +43,7 @@ from nats.aio.msg import Msg
 from stacx.bus.client import connect
 from stacx.errors import ConfigError, SandboxError
 from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped, new_id
+from stacx.harbor.tasks import load_task
 from stacx.ports import Environments, ExecResult, InfraFailure, Sandbox, Task, Verdict
 from stacx.sandbox.archive import tar_directory
 from stacx.sandbox.remote_hosts import Host, HostTable
@@ -70,7 +71,6 @@ from stacx.sandbox.remote_wire import (
     step_failed_of,
     task_digest,
 )
-from stacx.sandbox.tasks import load_task
 
 log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 30.0  # reads, writes, stops: the service answers these in well under that

@@ -45,6 +45,7 @@ from nats.aio.msg import Msg
 from stacx.bus.connection import connect_waiting
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Event, FailureKind, SandboxStarted, new_id
+from stacx.harbor.tasks import load_task
 from stacx.ports import InfraFailure, Sandbox, StepFailed, Task
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.environments import DockerEnvironments
@@ -84,7 +85,6 @@ from stacx.sandbox.remote_wire import (
     step_failed_reply,
     subject_token,
 )
-from stacx.sandbox.tasks import load_task
 
 log = logging.getLogger(__name__)
 BLOB_TTL_S = 120.0

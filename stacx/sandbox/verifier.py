@@ -27,8 +27,8 @@ import msgspec
 
 from stacx.errors import SandboxError, TaskError
 from stacx.events import FailureKind
+from stacx.harbor.tasks import resolve_env
 from stacx.ports import InfraFailure, Sandbox, Task, Verdict
-from stacx.sandbox.tasks import resolve_env
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from stacx.agents.installed import FORWARD_PORT, FORWARDER, SOCKET, SOCKET_DIR, scaffold
+from stacx.harbor.tasks import load_task
 from stacx.inference.gateway import Gateway, serve_unix
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.images import bootstrap_base_image
 from stacx.sandbox.layers import ImageLayer
-from stacx.sandbox.tasks import load_task
 from stacx.store import db
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]

@@ -23,9 +23,9 @@ from stacx.events import (
     TurnGenerated,
     full_prompts,
 )
+from stacx.harbor.jsonl_tasks import ANSWER_PATH, AnswerRecord, answer_task
 from stacx.ports import AgentResult, Limits
 from stacx.sandbox.answers import verify_answer
-from stacx.sandbox.jsonl_tasks import ANSWER_PATH, AnswerRecord, answer_task
 from stacx.sandbox.process import ProcessSandbox
 from stacx.sandbox.verifier import VerifierResult
 from stacx.toolcalls import MalformedCall, render_tool_call

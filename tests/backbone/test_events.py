@@ -91,7 +91,7 @@ _OLD_ENUM_PAYLOADS: list[tuple[dict[str, object], str, Enum]] = [
     ({"kind": "TurnGenerated", "run_id": "r", "episode_id": "e", "turn": 0, "prompt_ids": [1],
       "output_ids": [2], "actor": "teacher"}, "actor", ev.TurnActor.TEACHER),
     ({"kind": "EpisodeStarted", "run_id": "r", "episode_id": "e", "task_id": "t", "group_id": "g",
-      "policy": "branch"}, "policy", ev.Policy.BRANCH),
+      "policy": "branch"}, "policy", ev.RollIn.BRANCH),
     ({"kind": "RunFinished", "run_id": "r", "status": "interrupted"}, "status", ev.RunStatus.INTERRUPTED),
 ]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from stacx.errors import TaskError
+from stacx.harbor.compose_load import duration_ns, interpolate
 from stacx.sandbox.compose import load_compose
-from stacx.sandbox.compose_load import duration_ns, interpolate
 
 NS = 1_000_000_000
 

@@ -50,8 +50,8 @@ async def test_buildkit_build_failure_keeps_its_log(tmp_path: Path, base_images:
     import aiodocker
 
     from stacx.errors import TaskError
+    from stacx.harbor.tasks import load_task
     from stacx.sandbox.build import build_task_image
-    from stacx.sandbox.tasks import load_task
 
     (tmp_path / "environment").mkdir()
     (tmp_path / "tests").mkdir()

@@ -11,12 +11,12 @@ import msgspec
 import pytest
 
 from stacx.errors import TaskError
+from stacx.harbor.task_network import allowed_hosts, episode_network, network_mode
+from stacx.harbor.tasks import discover, discover_all, load_task, task_limits
 from stacx.ports import StepFailed, Verdict
 from stacx.rollout.episode import combine_steps
 from stacx.sandbox.compose import binds, load_compose
 from stacx.sandbox.egress_proxy import host_allowed
-from stacx.sandbox.task_network import allowed_hosts, episode_network, network_mode
-from stacx.sandbox.tasks import discover, discover_all, load_task, task_limits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MIXED = FIXTURES / "mixed"
@@ -232,8 +232,8 @@ def test_a_stacx_bug_while_loading_fails_the_task_alone_or_crashes_in_strict_mod
 ) -> None:
     """A task file's fault is a TaskError; any other exception while loading is STACX's bug:
     with STACX_STRICT it propagates (a traceback), without it the one task is unloadable."""
-    from stacx.sandbox import tasks as tasks_module
-    from stacx.sandbox.tasks import discover_all
+    from stacx.harbor import tasks as tasks_module
+    from stacx.harbor.tasks import discover_all
 
     _task(tmp_path / "set", "")
 

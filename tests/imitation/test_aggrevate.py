@@ -12,6 +12,7 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.loop import AgentConfig, LoopAgent
 from stacx.agents.policies import ScriptedPolicy, always, oracle_policy
 from stacx.events import TaskScheduled
+from stacx.harbor.tasks import load_task
 from stacx.imitation.aggrevate import (
     RECORDED_SQL,
     BranchActor,
@@ -23,7 +24,6 @@ from stacx.imitation.config import ImitationConfig
 from stacx.ports import Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.sandbox.environments import DockerEnvironments
-from stacx.sandbox.tasks import load_task
 from stacx.toolcalls import render_tool_call
 from stacx.train import units
 from stacx.train.config import TrainerConfig

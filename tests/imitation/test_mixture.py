@@ -12,12 +12,12 @@ from stacx.agents.loop import AgentConfig
 from stacx.agents.policies import ScriptedPolicy
 from stacx.errors import ConfigError
 from stacx.events import TaskScheduled
+from stacx.harbor.tasks import load_task
 from stacx.imitation.config import ImitationConfig, beta_at
 from stacx.imitation.mixture import MixtureExecutor, MixtureRollIn, MixtureRolloutManager
 from stacx.ports import Generation, SamplingParams
 from stacx.rollout.manager import RolloutConfig
 from stacx.sandbox.environments import DockerEnvironments
-from stacx.sandbox.tasks import load_task
 from stacx.toolcalls import render_tool_call
 from tests.imitation.conftest import BASIC, wait_for
 

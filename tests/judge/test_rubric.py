@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stacx.errors import ConfigError, TaskError
+from stacx.harbor.tasks import load_task
 from stacx.launch.loader import convert
 from stacx.rubric import (
     Combine,
@@ -20,7 +21,6 @@ from stacx.rubric import (
     parse_rubric,
     prompt_messages,
 )
-from stacx.sandbox.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLAIN = ROOT / "recipes" / "tasks" / "explain"

@@ -150,3 +150,15 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
 @contextlib.asynccontextmanager
 async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
     yield [FakeTrainer(recipe.tasks.per_iteration, recipe.tasks.group_size)]
+
+
+class BuggyRollout(FakeRollout):
+    """A rollout worker with a programming error: its first TaskScheduled raises TypeError."""
+
+    async def handle(self, event: ev.Event) -> None:
+        raise TypeError("a bug in a rollout worker")
+
+
+@contextlib.asynccontextmanager
+async def buggy_rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    yield [BuggyRollout()]

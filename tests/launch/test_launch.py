@@ -165,3 +165,13 @@ async def test_eval_recipe_ends_when_every_task_is_scored(tmp_path: Path) -> Non
     con.close()
     assert rows == [("eval", 2)] and scored == 6
     assert counts(tmp_path / "r")[1] == 0  # no trainer: no weights
+
+
+def test_an_actor_bug_ends_a_local_run_with_its_traceback(tmp_path: Path) -> None:
+    """Strict mode (the test suite's): a placed actor that dies of a programming error ends the
+    run with that error, as a crashed Ray role host does, instead of the scheduler waiting
+    forever for samples nobody will score; run.json says failed."""
+    sets = [*RECIPE, "placement.builders.rollout='tests.launch.standins:buggy_rollout'"]
+    with pytest.raises(TypeError, match="a bug in a rollout worker"):
+        asyncio.run(launch(load_recipe(STANDIN, sets), tmp_path / "r", echo=lambda s: None))
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "failed"

@@ -6,7 +6,7 @@ import pytest
 
 from stacx.agents.retool import RetoolTools
 from stacx.errors import ConfigError
-from stacx.events import Policy
+from stacx.events import RollIn
 from stacx.launch.loader import convert
 from stacx.launch.roles import agent_config, rollout_config
 
@@ -16,7 +16,7 @@ def test_retool_recipe_maps_onto_the_agent_and_a_student_policy() -> None:
     config = agent_config(r)
     assert isinstance(config.tools, RetoolTools) and config.max_turns == 3
     assert config.tools.style == "python"
-    assert rollout_config(r).policy == Policy.STUDENT and rollout_config(r).agent == "retool"
+    assert rollout_config(r).policy == RollIn.STUDENT and rollout_config(r).agent == "retool"
     default = agent_config(convert({"name": "x", "agent": {"name": "retool"}})).tools
     assert isinstance(default, RetoolTools) and default.style == "tool_call"
 

@@ -24,6 +24,7 @@ from stacx.events import (
     TaskScheduled,
     derive_id,
 )
+from stacx.harbor.tasks import load_task
 from stacx.launch.presets import eval_recipe, run_eval
 from stacx.launch.scripted import SOLVE_COMMAND, scripted_executors
 from stacx.ports import AgentResult, InfraFailure
@@ -31,7 +32,6 @@ from stacx.rollout import report
 from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.rollout.manager import RolloutConfig, RolloutManager
 from stacx.sandbox.environments import DockerEnvironments
-from stacx.sandbox.tasks import load_task
 from stacx.store.db import connect_run
 from stacx.toolcalls import render_tool_call
 

@@ -15,11 +15,11 @@ from stacx.agents.chat import ChatFormat
 from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import EnginePolicy, always
 from stacx.events import TaskScheduled
+from stacx.harbor.tasks import load_task
 from stacx.launch.presets import eval_recipe, run_eval
 from stacx.rollout import report
 from stacx.rollout.manager import RolloutConfig, RolloutManager
 from stacx.sandbox.environments import DockerEnvironments
-from stacx.sandbox.tasks import load_task
 from stacx.store.db import connect_run
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]

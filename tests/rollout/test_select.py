@@ -10,10 +10,10 @@ import pytest
 
 from stacx.cli.eval import resolve_tasks
 from stacx.errors import ConfigError
+from stacx.harbor.jsonl_tasks import write_jsonl
+from stacx.harbor.tasks import discover
 from stacx.launch.launcher import select_tasks, unsolvable_tasks
 from stacx.launch.presets import eval_recipe
-from stacx.sandbox.jsonl_tasks import write_jsonl
-from stacx.sandbox.tasks import discover
 
 BASIC = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic"
 

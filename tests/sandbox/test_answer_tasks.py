@@ -1,4 +1,4 @@
-"""Answer tasks in the light .jsonl format (stacx.sandbox.tasks), and the bundled math set."""
+"""Answer tasks in the light .jsonl format (stacx.harbor.tasks), and the bundled math set."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from stacx.errors import TaskError
-from stacx.sandbox.jsonl_tasks import ANSWER_PATH
-from stacx.sandbox.tasks import discover, load_task, load_tasks, select
+from stacx.harbor.jsonl_tasks import ANSWER_PATH
+from stacx.harbor.tasks import discover, load_task, load_tasks, select
 
 ROOT = Path(__file__).resolve().parents[2]
 ARITH = ROOT / "recipes" / "tasks" / "math"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from stacx.errors import TaskError
+from stacx.harbor.jsonl_tasks import read_jsonl, write_jsonl
+from stacx.harbor.tasks import discover, load_task, parse_task_config, resolve_env
 from stacx.sandbox.images import extra_certificates, split_pem_bundle
-from stacx.sandbox.jsonl_tasks import read_jsonl, write_jsonl
-from stacx.sandbox.tasks import discover, load_task, parse_task_config, resolve_env
 
 from .conftest import FIXTURES, make_task
 
@@ -159,7 +159,7 @@ def test_extra_host_certificates_are_those_missing_from_stock() -> None:
 
 
 def test_select_by_pattern_difficulty_and_limit() -> None:
-    from stacx.sandbox.tasks import load_tasks, select
+    from stacx.harbor.tasks import load_tasks, select
 
     basic = load_tasks(Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic")
     ids = [t.task_id for t in select(basic, include=["create-*"], exclude=["create-nested-*"])]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from stacx.events import Emit, FailureKind, RewardAssigned, StopReason
+from stacx.harbor.tasks import load_task
 from stacx.ports import AgentResult, InfraFailure, Sandbox, Verdict
 from stacx.rollout.episode import EpisodeSpec, run_episode
 from stacx.sandbox.environments import DockerEnvironments
-from stacx.sandbox.tasks import load_task
 
 from .conftest import Recorder, make_task
 

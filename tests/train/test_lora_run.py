@@ -18,8 +18,8 @@ import torch
 
 from stacx.hf import resolve_model
 from stacx.inference.torch_engine import TorchEngine
-from stacx.launch.weights import load_published
 from stacx.store import db
+from stacx.weights.sync import load_published
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

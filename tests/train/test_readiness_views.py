@@ -5,7 +5,7 @@ the trainer's readiness and the rollout manager select from: `tasks_lost`, `sche
 from __future__ import annotations
 
 from stacx.events import InfraFailed, TaskScheduled
-from stacx.launch.scheduler import STATE_SQL
+from stacx.schedule.scheduler import STATE_SQL
 
 from .conftest import Log
 from .test_views import RUN, episode

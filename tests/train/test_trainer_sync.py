@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.inference.torch_engine import TorchEngine
-from stacx.launch.weights import InProcessWeights, WeightSync
 from stacx.ports import SamplingParams
 from stacx.train.config import TrainerConfig
 from stacx.train.trainer import Trainer
+from stacx.weights.sync import InProcessWeights, WeightSync
 
 from .test_trainer_support import column, emit_group, prompt_ids, until, until_sql
 

@@ -1,4 +1,4 @@
-"""Cross-process weight handoff on one node (stacx.launch.weight_share), on CPU: a trainer
+"""Cross-process weight handoff on one node (stacx.weights.share), on CPU: a trainer
 process packs a real checkpoint's weights into shared memory and writes the manifest; this
 process (the engine's) maps them and loads them into a real TorchEngine, without reading the
 checkpoint file (it is overwritten with garbage first). What cannot be reached from here
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from stacx.inference.torch_engine import TorchEngine
-from stacx.launch.weight_share import SHARE_FILE, SHM_DIR, SharedWeights
 from stacx.train import checkpoint
+from stacx.weights.share import SHARE_FILE, SHM_DIR, SharedWeights
 from tests.train.test_checkpoint import tiny_model
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")

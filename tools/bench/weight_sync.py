@@ -96,8 +96,8 @@ def _trainer(conn: Connection, config: dict[str, Any], device: str, run_dir: str
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from stacx.launch.weight_share import SharedWeights
     from stacx.train import checkpoint
+    from stacx.weights.share import SharedWeights
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -127,8 +127,8 @@ def transports(device: str, n: int, tiny: bool) -> dict[str, object]:
     from stacx.events import Event, WeightsLoaded
     from stacx.hf import read_safetensors
     from stacx.inference.torch_engine import TorchEngine
-    from stacx.launch.weight_share import SharedWeights
-    from stacx.launch.weights import InProcessWeights, WeightSync
+    from stacx.weights.share import SharedWeights
+    from stacx.weights.sync import InProcessWeights, WeightSync
 
     config = qwen3_config(tiny)
     with torch.device(device):

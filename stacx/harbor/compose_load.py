@@ -19,7 +19,7 @@ Three steps, in the order `docker compose` takes them:
 
 Every error raised here about the file's content is a TaskError (the task is invalid). An
 exception of any other type raised while reading a file that passed the schema is STACX's own
-bug (see stacx.sandbox.tasks.discover_all for how a task set treats each).
+bug (see stacx.harbor.tasks.discover_all for how a task set treats each).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Weight sync: engines pick up what the trainer publishes (wired here, in launch, because it
-joins the two engines: the trainer's output and an inference engine).
+"""Weight sync: engines pick up what the trainer publishes (a room above the engines, because it
+joins two of them: the trainer's output and an inference engine).
 
 :class:`WeightSync` is a small actor living next to one engine (one instance per engine; its
 durable consumer is named after the engine's label). On ``WeightsPublished`` it loads the new
@@ -17,7 +17,7 @@ Three transports, tried in this order (``WeightsLoaded.transport`` records which
   snapshot is the bytes the file was written from; SGLang's client sends the same tensors to
   its server as CUDA IPC handles (``/update_weights_from_tensor``);
 - ``shared`` (trainer and engine in different processes of one node: Ray placement): each Ray
-  role host has a :class:`~stacx.launch.weight_share.SharedWeights`; the trainer packs each
+  role host has a :class:`~stacx.weights.share.SharedWeights`; the trainer packs each
   version into one CUDA IPC buffer (or a ``/dev/shm`` segment on CPU) and writes its manifest
   beside the checkpoint; the engine's WeightSync maps it and copies from it, with no file read;
 - ``file``: otherwise (another node, a buffer already dropped, an engine that refuses the
@@ -59,7 +59,7 @@ from stacx.train.checkpoint import sha256_file
 if TYPE_CHECKING:
     import torch
 
-    from stacx.launch.weight_share import SharedWeights
+    from stacx.weights.share import SharedWeights
 
 log = logging.getLogger(__name__)
 

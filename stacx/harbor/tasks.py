@@ -41,19 +41,13 @@ from pathlib import Path
 
 import msgspec
 
-from stacx.actors.base import strict
-from stacx.errors import TaskError
-from stacx.ports import (
-    Limits,
-    Task,
-    TaskConfig,
-    VerifierConfig,
-)
+from stacx.errors import TaskError, strict
+from stacx.harbor.compose_load import compose_file, load_compose
+from stacx.harbor.jsonl_tasks import read_jsonl
+from stacx.harbor.model import Task, TaskConfig, VerifierConfig, check_request
+from stacx.harbor.task_network import check_allowlist, network_mode
+from stacx.ports import Limits
 from stacx.rubric import task_rubric
-from stacx.sandbox.compose import compose_file, load_compose
-from stacx.sandbox.jsonl_tasks import read_jsonl
-from stacx.sandbox.privileges import check_request
-from stacx.sandbox.task_network import check_allowlist, network_mode
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _SCALE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024, "": 1 / (1024 * 1024)}
@@ -135,7 +129,7 @@ def parse_task_config(
         # msgspec says e.g. "Expected `int`, got `str` - at `$.environment.memory_mb`".
         raise TaskError(f"{where}: {exc}") from exc
     _check_values(config, where)
-    check_request(config.environment.stacx, where)  # capability names (stacx.sandbox.privileges)
+    check_request(config.environment.stacx, where)  # capability names (stacx.harbor.model)
     return config, unknown
 
 

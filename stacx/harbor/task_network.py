@@ -4,12 +4,20 @@ combined with on the Docker backend (checked when the task loads)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from stacx.errors import TaskError
-from stacx.ports import Task
-from stacx.sandbox.compose import compose_file
-from stacx.sandbox.egress_proxy import bad_entry
+from stacx.harbor.compose_load import compose_file
+from stacx.harbor.model import Task
+
+# an allowed_hosts entry; the egress proxy (stacx.sandbox.egress_proxy.host_allowed) matches them
+_ENTRY = re.compile(r"^(\*\.)?([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:]+\])(:\d{1,5})?$")
+
+
+def bad_entry(entry: str) -> bool:
+    """Whether an allowed_hosts entry is not one of: name, *.name, IP, [IPv6], each :port."""
+    return _ENTRY.match(entry.strip().lower()) is None
 
 
 def network_mode(task: Task, phase: str) -> str:

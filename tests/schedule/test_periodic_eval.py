@@ -14,7 +14,7 @@ import pytest
 
 from stacx.errors import ConfigError
 from stacx.launch.loader import convert
-from stacx.launch.scheduler import (
+from stacx.schedule.scheduler import (
     EvalPlan,
     LogState,
     Plan,

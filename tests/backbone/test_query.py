@@ -10,7 +10,7 @@ import pytest
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.bus.client import connect
-from stacx.launch.query import QueryError, QueryService, remote_query
+from stacx.store.query import QueryError, QueryService, remote_query
 
 
 async def test_remote_query_sees_own_writes_and_big_results(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""SQL over the log from another process: a NATS request/reply service the launcher serves.
+"""The log's read contract (``Query``: SQL over the run's log with bound parameters) and SQL
+over the log from another process: a NATS request/reply service the launcher serves.
 
 Actors placed on Ray run in other processes (maybe other machines) but ``ActorContext.query``
 must see the same log as local actors: the recorder, the only DuckDB writer, lives in the
@@ -21,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Protocol, TypeAlias
 
 import msgspec
 import nats.aio.client
@@ -30,10 +31,30 @@ import pyarrow as pa
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from stacx.actors.base import Params, QueryAfter
 from stacx.errors import StacxError
 
 log = logging.getLogger(__name__)
+
+Params: TypeAlias = Sequence[object] | Mapping[str, object] | None
+"""DuckDB bound parameters: a sequence for ``?``/``$1`` placeholders, a mapping for ``$name``."""
+
+
+class Query(Protocol):
+    """SQL over the run's log (views included) with bound parameters: ``query(sql, params)``.
+
+    Values never go into the SQL text: ``query("... WHERE episode_id = ?", [episode_id])``."""
+
+    def __call__(self, sql: str, params: Params = None, /) -> Awaitable[pa.Table]: ...
+
+
+class QueryAfter(Protocol):
+    """A ``Query`` that first waits until the recorder has committed stream sequence ``after``
+    (``None``: the implementation's default; see ``RunContext.query``)."""
+
+    def __call__(
+        self, sql: str, params: Params = None, /, *, after: int | None = None
+    ) -> Awaitable[pa.Table]: ...
+
 
 CHUNK = 512 * 1024
 TIMEOUT_S = 120.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from stacx.launch.scheduler import (
+from stacx.schedule.scheduler import (
     LogState,
     Plan,
     TaskRef,

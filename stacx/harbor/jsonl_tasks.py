@@ -1,6 +1,6 @@
 """Task sets as JSON lines: `write_jsonl` / `read_jsonl` (what `stacx tasks prepare` writes),
 and the light answer-task format (one ``{"id", "problem", "answer", "difficulty"?}`` per line;
-see stacx.sandbox.tasks)."""
+see stacx.harbor.tasks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from stacx.errors import TaskError
-from stacx.ports import AgentConfig, EnvironmentConfig, Task, TaskConfig, VerifierConfig
+from stacx.harbor.model import AgentConfig, EnvironmentConfig, Task, TaskConfig, VerifierConfig
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Task)

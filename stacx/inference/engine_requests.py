@@ -72,14 +72,6 @@ def put_done(queue: asyncio.Queue[Item], i: int, r: Request, _: object) -> None:
     queue.put_nowait((i, r))
 
 
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def eos_ids(model: nn.Module, tokenizer: object) -> frozenset[int]:
     ids: set[int] = set()
     gen_cfg = getattr(model, "generation_config", None)

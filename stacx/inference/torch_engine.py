@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import os
 import threading
 import time
@@ -53,16 +54,9 @@ from torch import nn
 
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model, read_safetensors
-from stacx.inference.decoder import Decoder, KVCache
-from stacx.inference.engine_requests import (
-    Item,
-    Request,
-    common_prefix,
-    eos_ids,
-    post,
-    put_done,
-    put_tokens,
-)
+from stacx.inference.decoder import Decoder
+from stacx.inference.engine_requests import Item, Request, eos_ids, post, put_done, put_tokens
+from stacx.inference.kv_plan import KVPlan, Place, new_plan
 from stacx.inference.sampling import RowParams, sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
 
@@ -70,7 +64,6 @@ if TYPE_CHECKING:
     from stacx.inference.cuda_graphs import Chunk
 
 T = TypeVar("T")
-MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
 
 
 class TorchEngine:
@@ -95,6 +88,9 @@ class TorchEngine:
         fuse: bool = True,
         gemv_rows: int = 4,
         kernels: bool | None = None,
+        kv_cache: str = "slots",
+        kv_tokens: int | None = None,
+        kv_block: int = 64,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
@@ -125,6 +121,10 @@ class TorchEngine:
         CUDA in fp32 (tested).
         ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
         only to measure the difference (the kernels need it).
+        ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
+        ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
+        prefixes; admission control and preemption when full), see kv_plan.py, which also
+        decides the cache's size (`new_plan`).
         """
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
@@ -152,7 +152,10 @@ class TorchEngine:
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
-        self._cache: KVCache = self.decoder.new_cache()
+        self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
+                                    block=kv_block)  # fmt: skip
+        self.kv_cache = kv_cache
+        self._cache = self._kv.cache
         self._graphed = None
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         if kernels and not (dev.type == "cuda" and cuda_graphs):
@@ -162,18 +165,6 @@ class TorchEngine:
                 + ("" if cuda_graphs else " without CUDA graphs")
             )
         if dev.type == "cuda":
-            # static cache at full size: CUDA graphs need fixed addresses
-            d = self.decoder
-            need = 2 * len(d.layers) * self.max_batch * (self.max_len + 1) * d.n_kv * d.head_dim
-            need *= torch.finfo(dtype).bits // 8
-            free = torch.cuda.mem_get_info(dev)[0]
-            if need > 0.8 * free:
-                raise EngineError(
-                    f"the KV cache for max_batch={self.max_batch} x max_len={self.max_len} needs "
-                    f"{need / 2**30:.1f} GiB, more than 80% of the {free / 2**30:.1f} GiB free on "
-                    f"{dev}; lower max_len or max_batch"
-                )
-            self._cache.grow(self.max_batch, self.max_len + 1)
             if cuda_graphs:
                 from stacx.inference.cuda_graphs import GraphedDecode
 
@@ -182,8 +173,7 @@ class TorchEngine:
                 elif compile is None or compile:
                     self.decoder.enable_compile(compile_mode, gemv_rows)
                 self._graphed = GraphedDecode(self.decoder, self._cache)
-        self._owner: list[Request | None] = []
-        self._slot_tokens: list[list[int]] = []  # tokens whose keys are valid, per slot
+        self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
         self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
@@ -191,8 +181,9 @@ class TorchEngine:
         self._closing = False
         # decode_calls: device calls (graph replays) that made the decode steps; decode_ahead:
         # those launched before their predecessor's tokens were read (see _continuation)
+        # preempted: rows evicted from a full paged pool (recomputed later)
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
-                      "decode_ahead": 0}  # fmt: skip
+                      "decode_ahead": 0, "preempted": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -286,8 +277,9 @@ class TorchEngine:
         await self._call(lambda: self._apply_weights(state, version))
 
     async def flush_cache(self) -> None:
-        """Forget cached prefixes of finished requests (requests in flight keep theirs)."""
-        await self._call(self._drop_prefixes)
+        """Never reuse keys computed so far: cached prefixes are dropped, and requests in flight
+        finish on their own keys without offering them to later ones."""
+        await self._call(self._kv.invalidate)
 
     async def close(self) -> None:
         with self._cv:
@@ -313,6 +305,9 @@ class TorchEngine:
                 f"prompt of {len(prompt)} tokens leaves no room under the context limit "
                 f"{self.max_len}"
             )
+        too_long = self._kv.too_long(len(prompt) + 1)
+        if too_long:
+            raise EngineError(f"prompt of {len(prompt)} tokens: {too_long}")
         gen = None
         if params.seed is not None and params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
@@ -386,53 +381,80 @@ class TorchEngine:
             if r is not None:
                 post(r.loop, r.future, err)
                 self._owner[i] = None
-                self._slot_tokens[i] = []
-
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        """(slot, reusable prefix length) for a new request; grows the slot table if needed."""
-        free = [i for i, r in enumerate(self._owner) if r is None]
-        if not free:
-            self._owner.append(None)
-            self._slot_tokens.append([])
-            return len(self._owner) - 1, 0
-        best, best_len = free[0], 0
-        for i in free:
-            n = common_prefix(self._slot_tokens[i], prompt, len(prompt) - 1)
-            if n > best_len:
-                best, best_len = i, n
-        if best_len < MIN_PREFIX_REUSE:
-            return free[0], 0  # lowest free row keeps the decode batch compact
-        return best, best_len
+                self._kv.release(i, keep=False)
 
     def _admit(self) -> None:
-        batch: list[tuple[Request, int]] = []
+        """Admit waiting requests while rows (paged: and blocks) are free, in order, then
+        prefill them: first those whose reused keys exist, then the group siblings reusing a
+        prompt admitted in this same step (see kv_plan.py)."""
+        batch: list[tuple[Request, Place]] = []
         with self._cv:
-            # admitted requests own their slot at once, so _n_active() already counts them
+            # admitted requests own their row at once, so _n_active() already counts them
             while self._waiting and self._n_active() < self.max_batch:
-                req = self._waiting.popleft()
+                req = self._waiting[0]
                 if req.cancelled or req.future.done():
+                    self._waiting.popleft()
                     continue
-                slot, reuse = self._pick_slot(req.prompt)
-                req.slot, req.admitted = slot, time.monotonic()
-                self._owner[slot] = req
-                batch.append((req, reuse))
+                upcoming = [r.prompt for r in itertools.islice(self._waiting, 1, self.max_batch)]
+                place = self._kv.place(req.prompt + req.output, req.cached, upcoming)
+                if place is None:
+                    break  # the paged pool is full: wait for rows to finish (admission control)
+                self._waiting.popleft()
+                req.slot, req.admitted = place.row, req.admitted or time.monotonic()
+                self._owner += [None] * (len(self._kv.tokens) - len(self._owner))
+                self._owner[place.row] = req
+                batch.append((req, place))
         if not batch:
             return
-        need_cap = max(len(r.prompt) for r, _ in batch) + 2
-        self._ensure_cache(len(self._owner), need_cap)
+        logits: dict[int, torch.Tensor] = {}
+        try:
+            for phase in ([b for b in batch if b[1].after is None], [b for b in batch if b[1].after is not None]):
+                if phase:
+                    logits.update(self._prefill(phase))
+        finally:
+            self._kv.end_step()
+        reqs = [r for r, _ in batch]
+        self._accept(reqs, torch.cat([logits[r.slot] for r in reqs], dim=0))
+
+    def _prefill(self, batch: list[tuple[Request, Place]]) -> dict[int, torch.Tensor]:
+        """Each row's tokens past its reused prefix into the cache; its last token's logits."""
+        tokens = [r.prompt + r.output for r, _ in batch]
+        self._ensure_cache(len(self._owner), max(map(len, tokens)) + 2)
+        for _, p in batch:
+            self._kv.copy(p.copies)
         logits = self.decoder.prefill(
             self._cache,
-            [r.slot for r, _ in batch],
-            [reuse for _, reuse in batch],
-            [r.prompt[reuse:] for r, reuse in batch],
-            [len(r.prompt) - reuse - 1 for r, reuse in batch],
+            [p.row for _, p in batch],
+            [p.reuse for _, p in batch],
+            [t[p.reuse :] for t, (_, p) in zip(tokens, batch, strict=True)],
+            [len(t) - p.reuse - 1 for t, (_, p) in zip(tokens, batch, strict=True)],
         )
-        for r, reuse in batch:
-            self._slot_tokens[r.slot] = list(r.prompt)
-            self.stats["reused_tokens"] += reuse
-            self.stats["prefill_tokens"] += len(r.prompt) - reuse
-        last = torch.cat(logits, dim=0)
-        self._accept([r for r, _ in batch], last)
+        for t, (_, p) in zip(tokens, batch, strict=True):
+            self.stats["reused_tokens"] += p.reuse
+            self.stats["prefill_tokens"] += len(t) - p.reuse
+        return {p.row: lg for (_, p), lg in zip(batch, logits, strict=True)}
+
+    def _reserve(self, live: list[Request], steps: int) -> bool:
+        """Room for each row's next `steps` positions (paged). Where the pool is full the
+        youngest rows are preempted (put back in front of the queue, recomputed when
+        readmitted); a row alone that cannot grow finishes at "length". False: the batch
+        changed (plan the step again)."""
+        ok = True
+        for r in sorted(live, key=lambda r: r.admitted):
+            while self._owner[r.slot] is r and not self._kv.reserve(r.slot, r.cached + steps):
+                ok = False
+                rest = [x for x in live if self._owner[x.slot] is x]
+                if len(rest) == 1:
+                    self._finish(r, "length")
+                    break
+                victim = max(rest, key=lambda x: x.admitted)
+                self._owner[victim.slot] = None
+                self._kv.release(victim.slot, keep=False)
+                victim.slot = -1
+                self.stats["preempted"] += 1
+                with self._cv:
+                    self._waiting.appendleft(victim)
+        return ok
 
     def _ensure_cache(self, slots: int, capacity: int) -> None:
         if self._graphed is not None:
@@ -453,6 +475,9 @@ class TorchEngine:
         live = [r for r in live if not r.cancelled]
         if not live:
             return
+        steps, sampled = self._chunk_plan(live)
+        if not self._reserve(live, steps):
+            return  # rows were preempted: plan again (admitting first)
         hi = max(r.slot for r in live) + 1
         self._ensure_cache(hi, max(r.cached for r in live) + 2)
         scratch = self._cache.capacity - 1
@@ -460,7 +485,6 @@ class TorchEngine:
         for r in live:
             ids[r.slot], pos[r.slot] = r.output[-1], r.cached
         kv_len = max(r.cached for r in live) + 1
-        steps, sampled = self._chunk_plan(live)
         if steps > 1:
             assert self._graphed is not None
             draw = None
@@ -475,6 +499,7 @@ class TorchEngine:
             logits = self._graphed.run(ids, pos, kv_len)
         else:
             dev = self.device
+            self._cache.sync_table()
             logits = self.decoder.decode(
                 self._cache, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), kv_len
             )
@@ -538,6 +563,8 @@ class TorchEngine:
         if steps <= 1:
             return None
         last = max(r.cached for r in reqs) + chunk.steps  # the furthest row's next position
+        if not all(self._kv.reserve(r.slot, r.cached + chunk.steps + steps) for r in reqs):
+            return None  # the paged pool is full: plan on the host (it may preempt)
         nxt = self._graphed.continue_chunk(chunk, last + steps, steps)
         if nxt is None:
             return None
@@ -587,7 +614,7 @@ class TorchEngine:
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         """Append one sampled token to `r`; finish it on a stop or a limit (returns True)."""
         if r.output:
-            self._slot_tokens[r.slot].append(r.output[-1])  # its keys were just written
+            self._kv.tokens[r.slot].append(r.output[-1])  # its keys were just written
         if not r.versions or r.versions[-1] != self._version:  # a load since its last token
             r.version_starts.append(len(r.output))
             r.versions.append(self._version)
@@ -603,7 +630,7 @@ class TorchEngine:
 
     def _finish(self, r: Request, reason: str) -> None:
         self._owner[r.slot] = None
-        # the slot keeps prompt + output[:-1] as a reusable prefix
+        self._kv.release(r.slot, keep=True)  # prompt + output[:-1] stay as a reusable prefix
         post(r.loop, r.future, self._generation(r, reason))
 
     def _generation(self, r: Request, reason: str) -> Generation:
@@ -623,10 +650,6 @@ class TorchEngine:
 
     def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         self.decoder.load_in_place(state)
-        self._drop_prefixes()
+        if self.decoder.changes_keys(state):  # e.g. not for the final norm or an untied lm_head
+            self._kv.invalidate()
         self._version = version
-
-    def _drop_prefixes(self) -> None:
-        for i, r in enumerate(self._owner):
-            if r is None:
-                self._slot_tokens[i] = []

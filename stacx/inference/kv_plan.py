@@ -131,6 +131,18 @@ class KVPlan:
         """Why a sequence of `tokens` positions can never be cached (None: it can)."""
         return None
 
+    def first(self, prompts: list[list[int]]) -> list[int]:
+        """The order in which to admit these waiting prompts (indices; default: as they came)."""
+        return list(range(len(prompts)))
+
+    def usage(self) -> dict[str, int]:
+        """Positions the cache holds (``pool_tokens``), those in use now and at the peak since
+        `reset_peak` (running rows and cached prefixes), and the bytes allocated."""
+        return {"pool_tokens": 0, "used_tokens": 0, "peak_tokens": 0, "bytes": self.cache.nbytes()}
+
+    def reset_peak(self) -> None:
+        """Start a new peak of `usage`."""
+
     def reserve(self, row: int, upto: int) -> bool:
         """Room for `row`'s positions ``[0, upto)`` (False: none; the caller preempts)."""
         return True
@@ -203,6 +215,19 @@ class SlotKV(KVPlan):
         super().release(row, keep)
         self.used[row] = self.tick
 
+    def first(self, prompts: list[list[int]]) -> list[int]:
+        """Prompts that extend a cached prefix first (stable): admitted after another request,
+        they could find their row handed to it (more episodes than rows)."""
+        keys = {tuple(self.tokens[i][:MIN_PREFIX_REUSE]) for i, ok in enumerate(self.live)
+                if not ok and len(self.tokens[i]) >= MIN_PREFIX_REUSE and self.row_epoch[i] == self.epoch}  # fmt: skip
+        if not keys:
+            return list(range(len(prompts)))
+        return sorted(range(len(prompts)), key=lambda i: tuple(prompts[i][:MIN_PREFIX_REUSE]) not in keys)
+
+    def usage(self) -> dict[str, int]:
+        held = self.cache.slots * max(self.cache.capacity - 1, 0)  # a slot holds max_len whatever
+        return {"pool_tokens": held, "used_tokens": held, "peak_tokens": held, "bytes": self.cache.nbytes()}
+
 
 @dataclass
 class Entry:
@@ -224,6 +249,7 @@ class PagedKV(KVPlan):
         self.blocks: list[list[int]] = []
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # LRU first
         self._next_entry = 0
+        self.peak = 0  # blocks in use, see usage
         for _ in range(max_rows):
             self._add_row()
 
@@ -254,6 +280,7 @@ class PagedKV(KVPlan):
         got = [self.free.pop() for _ in range(n)]
         for b in got:
             self.refs[b] = 1
+        self.peak = max(self.peak, self.used_blocks)
         return got
 
     def place(self, tokens: list[int], cached: int, upcoming: list[list[int]]) -> Place | None:
@@ -327,6 +354,14 @@ class PagedKV(KVPlan):
             blocks = blocks[held:]
         self._unref(blocks)
         super().release(row, keep=False)
+
+    def usage(self) -> dict[str, int]:
+        b = self.block
+        return {"pool_tokens": (self.pool.blocks - 1) * b, "used_tokens": self.used_blocks * b,
+                "peak_tokens": self.peak * b, "bytes": self.pool.nbytes()}  # fmt: skip
+
+    def reset_peak(self) -> None:
+        self.peak = self.used_blocks
 
     def invalidate(self) -> None:
         super().invalidate()

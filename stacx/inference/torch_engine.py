@@ -2,10 +2,13 @@
 
 Continuous batching: every ``generate`` call (from any number of concurrent episodes) puts its
 prompts on one queue. A single worker thread owns the model and loops: run pending jobs
-(weight loads, scoring), admit waiting requests into free cache slots (one batched, chunked
-prefill, reusing the cached prefix of a previous request when the new prompt extends it), then
-one batched decode step for every running request. Requests join and leave between steps; the
-asyncio event loop only enqueues and awaits futures, so it stays responsive.
+(weight loads, scoring), admit waiting requests into free rows (one batched, chunked prefill,
+reusing the keys of the longest prefix the new prompt shares with a previous request, a
+running one, or a sibling of its GRPO group admitted with it), then one batched decode step for
+every running request. Requests join and leave between steps; the asyncio event loop only
+enqueues and awaits futures, so it stays responsive. The KV cache is one row per request
+("slots", the default) or a pool of blocks shared copy-on-write ("paged": admission control
+and preemption when full, never an out-of-memory error); kv_plan.py says which.
 
 Guarantees:
 
@@ -22,9 +25,13 @@ Guarantees:
   token, and one that spans a load says which tokens each version produced
   (``Generation.version_starts`` / ``versions``: the change points; empty when one version
   produced them all). A load runs only after the tokens of a replay launched ahead are read
-  (``_drain``), so every token is attributed to the weights that sampled it. Requests in flight at the load are not restarted: their earlier tokens (and the KV
-  cache of their prompt) come from the old weights. Cached prefixes of finished requests are
-  dropped at a load, so new requests never reuse stale keys.
+  (``_drain``), so every token is attributed to the weights that sampled it. Requests in
+  flight at the load are not restarted: their earlier tokens (and the KV cache of their
+  prompt) come from the old weights. A load that changes keys (any but the final norm, an
+  untied lm_head and the last layer's post-attention part) makes every key computed before it
+  unusable for later requests, so they never reuse stale keys; other loads keep the cache.
+  A paged request preempted for room is recomputed on readmission from its prompt and
+  output so far, under the weights of that time.
 - ``finish_reason``: "stop" (EOS unless ``ignore_eos``, or a stop id), "length"
   (max_new_tokens, or the model's context limit), "abort" (cancelled, or the engine closed).
 - Streaming (:meth:`generate_stream`, the `StreamsGenerations` capability): after each decode
@@ -55,9 +62,19 @@ from torch import nn
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model, read_safetensors
 from stacx.inference.decoder import Decoder
-from stacx.inference.engine_requests import Item, Request, eos_ids, post, put_done, put_tokens
+from stacx.inference.engine_replays import MultiStepReplays
+from stacx.inference.engine_requests import (
+    Item,
+    Request,
+    eos_ids,
+    hand_over,
+    new_request,
+    post,
+    put_done,
+    put_tokens,
+)
 from stacx.inference.kv_plan import KVPlan, Place, new_plan
-from stacx.inference.sampling import RowParams, sample_rows
+from stacx.inference.sampling import sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
 
 if TYPE_CHECKING:
@@ -66,7 +83,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class TorchEngine:
+class TorchEngine(MultiStepReplays):
     """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
 
     name = "torch"
@@ -276,6 +293,15 @@ class TorchEngine:
         """
         await self._call(lambda: self._apply_weights(state, version))
 
+    def kv_usage(self) -> dict[str, int]:
+        """The KV cache's positions (``pool_tokens``), those in use now and at the peak since
+        `reset_kv_peak` (paged: blocks of running rows and cached prefixes; slots: all, a
+        slot holds max_len whatever its length), and its allocated ``bytes``."""
+        return self._kv.usage()
+
+    def reset_kv_peak(self) -> None:
+        self._kv.reset_peak()
+
     async def flush_cache(self) -> None:
         """Never reuse keys computed so far: cached prefixes are dropped, and requests in flight
         finish on their own keys without offering them to later ones."""
@@ -308,22 +334,9 @@ class TorchEngine:
         too_long = self._kv.too_long(len(prompt) + 1)
         if too_long:
             raise EngineError(f"prompt of {len(prompt)} tokens: {too_long}")
-        gen = None
-        if params.seed is not None and params.temperature > 0:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
-        seed = params.seed + index if params.seed is not None else int(torch.randint(2**62, ()))
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        req = Request(
-            prompt=list(prompt),
-            params=params,
-            row=RowParams(params.temperature, params.top_p, params.top_k, gen, seed),
-            stop_ids=frozenset(stops),
-            loop=loop,
-            future=loop.create_future(),
-            submitted=time.monotonic(),
-        )
+        req = new_request(prompt, params, index, loop, self.device, self.eos_ids)
         if params.max_new_tokens <= 0:
-            req.future.set_result(self._generation(req, "length"))
+            req.future.set_result(req.generation("length", self._version))
         return req
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -371,10 +384,7 @@ class TorchEngine:
             pending = list(self._waiting)
             self._waiting.clear()
         for r in pending + [r for r in self._owner if r is not None]:
-            post(r.loop, r.future, self._generation(r, "abort"))
-
-    def _n_active(self) -> int:
-        return sum(r is not None for r in self._owner)
+            post(r.loop, r.future, r.generation("abort", self._version))
 
     def _fail_all(self, err: EngineError) -> None:
         for i, r in enumerate(self._owner):
@@ -390,6 +400,10 @@ class TorchEngine:
         batch: list[tuple[Request, Place]] = []
         with self._cv:
             # admitted requests own their row at once, so _n_active() already counts them
+            if len(self._waiting) > 1 and self._n_active() < self.max_batch:
+                waiting = list(self._waiting)
+                order = self._kv.first([r.prompt for r in waiting])
+                self._waiting = collections.deque(waiting[i] for i in order)
             while self._waiting and self._n_active() < self.max_batch:
                 req = self._waiting[0]
                 if req.cancelled or req.future.done():
@@ -511,85 +525,6 @@ class TorchEngine:
         rows = torch.tensor([r.slot for r in live], device=logits.device)
         self._accept(live, logits.index_select(0, rows))
 
-    def _chunk_plan(self, live: list[Request]) -> tuple[int, bool]:
-        """How many steps to run in one replay (1: the per-step path), and whether sampled.
-
-        Greedy rows, and with the Triton step rows sampled at a plain temperature, run in
-        multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
-        all while requests wait for a slot (they are admitted between replays). Steps: see
-        `_chunk_steps`."""
-        if self._graphed is None or self.decode_steps == 1:
-            return 1, False
-        sampled = any(r.row.temperature > 0 for r in live)
-        if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
-            return 1, False
-        if self._waiting and self._n_active() < self.max_batch:
-            return 1, False
-        return self._chunk_steps(live, 0), sampled
-
-    def _chunk_steps(self, reqs: list[Request], ahead: int) -> int:
-        """A power of two (few graph shapes), no more than the most tokens any row may still
-        produce, nor than the cache has room for, once each row has made `ahead` more."""
-        room = self._cache.capacity - 1 - max(r.cached for r in reqs) - ahead
-        left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
-                   for r in reqs) - ahead  # fmt: skip
-        k = 1
-        while k * 2 <= min(self.decode_steps, left, room):
-            k *= 2
-        return k
-
-    def _run_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take a launched multi-step replay's tokens; first launch its continuation where the
-        batch goes on unchanged, so that the GPU runs it while this thread reads these tokens
-        (the host work per chunk, ~3 ms at 64 rows, would otherwise leave the GPU idle)."""
-        self.stats["decode_steps"] += chunk.steps
-        self.stats["decode_calls"] += 1
-        self._ahead = self._continuation(reqs, chunk)
-        self._accept_chunk(reqs, chunk)
-
-    def _continuation(self, reqs: list[Request], chunk: Chunk) -> tuple[list[Request], Chunk] | None:
-        """Launch the chunk after `chunk` over the same rows from the inputs it left on the
-        device, before its tokens are read (None: the batch may change, so the next step is
-        planned on the host). Rows that stop inside `chunk` go on in the continuation; their
-        extra tokens are discarded, like a chunk's tokens after a stop, and the keys they write
-        lie past their end. Only while nothing else waits: a new request, a job (a weight load
-        must not land between a chunk's launch and the reading of its tokens) or a cancel."""
-        assert self._graphed is not None
-        if self._waiting or self._jobs or any(r.cancelled for r in reqs):
-            return None
-        if [r for r in self._owner if r is not None] != reqs:
-            return None  # admitted or finished since `chunk` was planned
-        steps = self._chunk_steps(reqs, chunk.steps)  # as if every row ran through `chunk`
-        if steps <= 1:
-            return None
-        last = max(r.cached for r in reqs) + chunk.steps  # the furthest row's next position
-        if not all(self._kv.reserve(r.slot, r.cached + chunk.steps + steps) for r in reqs):
-            return None  # the paged pool is full: plan on the host (it may preempt)
-        nxt = self._graphed.continue_chunk(chunk, last + steps, steps)
-        if nxt is None:
-            return None
-        self.stats["decode_ahead"] += 1
-        return reqs, nxt
-
-    def _drain(self) -> None:
-        """Take the tokens of a continuation launched ahead, if any."""
-        if self._ahead is not None:
-            reqs, chunk = self._ahead
-            self._ahead = None
-            self._accept_chunk(reqs, chunk)
-
-    def _accept_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take each row's tokens of a multi-step replay up to its stop; discard the rest (and
-        all of a row that had finished before it: a continuation runs rows that stopped)."""
-        tok_K_B, lp_K_B = chunk.read()  # the one device->host transfer of the chunk
-        reqs = [r for r in reqs if self._owner[r.slot] is r]
-        done: set[int] = set()
-        for toks, lps in zip(tok_K_B, lp_K_B, strict=True):
-            for r in reqs:
-                if r.slot not in done and self._take(r, int(toks[r.slot]), lps[r.slot]):
-                    done.add(r.slot)
-        self._hand_over(reqs)
-
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
         tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
@@ -597,19 +532,7 @@ class TorchEngine:
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
         for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):
             self._take(r, int(tok_f), lp)
-        self._hand_over(reqs)
-
-    def _hand_over(self, reqs: list[Request]) -> None:
-        """Post each streamed, unfinished request's new ids to its loop (a finished one's come
-        with its Generation)."""
-        for r in reqs:
-            if r.on_tokens is not None and self._owner[r.slot] is r and len(r.output) > r.streamed:
-                ids, lps = r.output[r.streamed :], r.logprobs[r.streamed :]
-                r.streamed = len(r.output)
-                try:
-                    r.loop.call_soon_threadsafe(r.on_tokens, ids, lps)
-                except RuntimeError:  # the caller's event loop is closed; nobody is waiting
-                    pass
+        hand_over(reqs, self._owner)
 
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         """Append one sampled token to `r`; finish it on a stop or a limit (returns True)."""
@@ -631,22 +554,7 @@ class TorchEngine:
     def _finish(self, r: Request, reason: str) -> None:
         self._owner[r.slot] = None
         self._kv.release(r.slot, keep=True)  # prompt + output[:-1] stay as a reusable prefix
-        post(r.loop, r.future, self._generation(r, reason))
-
-    def _generation(self, r: Request, reason: str) -> Generation:
-        now = time.monotonic()
-        admitted = r.admitted or now
-        return Generation(
-            output_ids=list(r.output),
-            logprobs=list(r.logprobs),
-            finish_reason=reason,
-            weight_version=self._version,
-            gen_ms=(now - admitted) * 1e3,
-            queue_ms=(admitted - r.submitted) * 1e3,
-            # change points only where a load fell inside the generation (compact, see ports)
-            version_starts=list(r.version_starts) if len(r.versions) > 1 else [],
-            versions=list(r.versions) if len(r.versions) > 1 else [],
-        )
+        post(r.loop, r.future, r.generation(reason, self._version))
 
     def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         self.decoder.load_in_place(state)

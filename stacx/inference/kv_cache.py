@@ -61,6 +61,10 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    def token_bytes(self) -> int:
+        """Bytes of one position's keys and values over all layers."""
+        return 2 * len(self.k) * self._n_kv * self._head_dim * torch.finfo(self.dtype).bits // 8
+
     def grow(self, slots: int, capacity: int) -> None:
         """Make room for at least `slots` rows of `capacity` positions; keeps the contents."""
         slots, capacity = max(slots, self.slots), max(capacity, self.capacity)

@@ -136,9 +136,11 @@ class KVPlan:
         return list(range(len(prompts)))
 
     def usage(self) -> dict[str, int]:
-        """Positions the cache holds (``pool_tokens``), those in use now and at the peak since
-        `reset_peak` (running rows and cached prefixes), and the bytes allocated."""
-        return {"pool_tokens": 0, "used_tokens": 0, "peak_tokens": 0, "bytes": self.cache.nbytes()}
+        """Positions the cache holds (``pool_tokens``), those in use now (``used_tokens``:
+        running rows and cached prefixes), those running rows held at the peak since
+        `reset_peak` (``peak_tokens``), the bytes allocated and the bytes per position."""
+        return {"pool_tokens": 0, "used_tokens": 0, "peak_tokens": 0, "bytes": self.cache.nbytes(),
+                "token_bytes": self.cache.token_bytes()}  # fmt: skip
 
     def reset_peak(self) -> None:
         """Start a new peak of `usage`."""
@@ -226,7 +228,8 @@ class SlotKV(KVPlan):
 
     def usage(self) -> dict[str, int]:
         held = self.cache.slots * max(self.cache.capacity - 1, 0)  # a slot holds max_len whatever
-        return {"pool_tokens": held, "used_tokens": held, "peak_tokens": held, "bytes": self.cache.nbytes()}
+        return {"pool_tokens": held, "used_tokens": held, "peak_tokens": held, "bytes": self.cache.nbytes(),
+                "token_bytes": self.cache.token_bytes()}  # fmt: skip
 
 
 @dataclass
@@ -249,7 +252,8 @@ class PagedKV(KVPlan):
         self.blocks: list[list[int]] = []
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # LRU first
         self._next_entry = 0
-        self.peak = 0  # blocks in use, see usage
+        self.row_refs = [0] * cache.blocks  # references from running rows
+        self.held = self.peak = 0  # blocks running rows reference, now and at the peak
         for _ in range(max_rows):
             self._add_row()
 
@@ -280,8 +284,14 @@ class PagedKV(KVPlan):
         got = [self.free.pop() for _ in range(n)]
         for b in got:
             self.refs[b] = 1
-        self.peak = max(self.peak, self.used_blocks)
         return got
+
+    def _hold(self, blocks: list[int], by: int) -> None:
+        """Count running rows' references (`usage`: the blocks running rows need)."""
+        for b in blocks:
+            self.row_refs[b] += by
+            self.held += (self.row_refs[b] == 1) if by > 0 else -(self.row_refs[b] == 0)
+        self.peak = max(self.peak, self.held)
 
     def place(self, tokens: list[int], cached: int, upcoming: list[list[int]]) -> Place | None:
         row = next(i for i, ok in enumerate(self.live) if not ok)  # the engine caps live rows
@@ -318,6 +328,7 @@ class PagedKV(KVPlan):
             self._unref(keep)
             return None
         self.blocks[row] = keep + fresh
+        self._hold(self.blocks[row], 1)
         self.pool.set_row(row, self.blocks[row])
         place = Place(row, n, after, copies)
         self.placed(place, tokens, cached)
@@ -341,11 +352,13 @@ class PagedKV(KVPlan):
         if got is None:
             return False
         self.blocks[row] += got
+        self._hold(got, 1)
         self.pool.set_row(row, self.blocks[row])
         return True
 
     def release(self, row: int, keep: bool) -> None:
         blocks, self.blocks[row] = self.blocks[row], []
+        self._hold(blocks, -1)
         self.pool.set_row(row, [])
         held = self._blocks_for(len(self.tokens[row]))
         if keep and self.row_epoch[row] == self.epoch and len(self.tokens[row]) >= MIN_PREFIX_REUSE:
@@ -358,10 +371,11 @@ class PagedKV(KVPlan):
     def usage(self) -> dict[str, int]:
         b = self.block
         return {"pool_tokens": (self.pool.blocks - 1) * b, "used_tokens": self.used_blocks * b,
-                "peak_tokens": self.peak * b, "bytes": self.pool.nbytes()}  # fmt: skip
+                "peak_tokens": self.peak * b, "bytes": self.pool.nbytes(),
+                "token_bytes": self.pool.token_bytes()}  # fmt: skip
 
     def reset_peak(self) -> None:
-        self.peak = self.used_blocks
+        self.peak = self.held
 
     def invalidate(self) -> None:
         super().invalidate()

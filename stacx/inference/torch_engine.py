@@ -294,9 +294,10 @@ class TorchEngine(MultiStepReplays):
         await self._call(lambda: self._apply_weights(state, version))
 
     def kv_usage(self) -> dict[str, int]:
-        """The KV cache's positions (``pool_tokens``), those in use now and at the peak since
-        `reset_kv_peak` (paged: blocks of running rows and cached prefixes; slots: all, a
-        slot holds max_len whatever its length), and its allocated ``bytes``."""
+        """The KV cache's positions (``pool_tokens``), those in use now (paged: running rows'
+        blocks and cached prefixes), those running rows held at the peak since `reset_kv_peak`
+        (slots: all of them, a slot holds max_len whatever its length), its allocated
+        ``bytes`` and ``token_bytes`` per position."""
         return self._kv.usage()
 
     def reset_kv_peak(self) -> None:

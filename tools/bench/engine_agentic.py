@@ -27,8 +27,13 @@ first turn reuses nothing; ``reuse_rate_after_first`` = reused / submitted promp
 turns 2..T (``reuse_ideal_after_first``: what reusing every previous prompt + reply would give).
 Prefill counts are the engine's ``stats["prefill_tokens"]`` / ``["reused_tokens"]``. Time to
 first token: submission to the first streamed id, per turn (the engine streams the first token
-right after the prefill that makes it). On CUDA: peak ``torch.cuda.max_memory_allocated`` per
-pass and the KV cache's bytes (allocated at full size: max_batch x max_len).
+right after the prefill that makes it). KV memory: the cache's allocated bytes
+(``kv_cache_gib``; slots on CUDA: max_batch x max_len at full size) and per pass the positions
+running rows held at the peak (``kv_peak_tokens`` / ``kv_peak_gib``: paged, their blocks, cached
+prefixes not counted; slots, the whole cache); on CUDA also the peak
+``torch.cuda.max_memory_allocated``. ``--kv-cache paged`` runs the engine on its paged cache
+(``--kv-tokens``: the pool; ``--kv-block``: positions per block); ``preempted`` counts rows
+recomputed because the pool was full.
 
 ``--tiny``: SmolLM2-135M on CPU, 4 episodes x 3 turns, start 64, observations 64, replies
 16-32 (about a minute on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
@@ -181,6 +186,7 @@ async def stacx_pass(
         "ttft_ms_p50_per_turn": [pct(row, 0.5) for row in ttft],
         "ttft_ms_p99_per_turn": [pct(row, 0.99) for row in ttft],
         "decode_steps": stats["decode_steps"],
+        "preempted": stats["preempted"],
     }
 
 
@@ -271,6 +277,11 @@ def parse() -> argparse.Namespace:
         "--hf-turns", type=int, default=None, help="HF baselines: turns (default 3 on CUDA)"
     )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--kv-cache", choices=("slots", "paged"), default="slots",
+                    help="the engine's KV cache: one row per request (default) or a paged pool")
+    ap.add_argument("--kv-tokens", type=int, default=None,
+                    help="paged: the pool's positions (default: as many as the slots would hold)")
+    ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
     args = ap.parse_args()
     if args.tiny:
         args.device = "cpu" if args.device == "auto" else args.device
@@ -348,11 +359,11 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         from stacx.inference.torch_engine import TorchEngine
 
         engine = TorchEngine(model, device=str(device), dtype=dtype, threads=threads,
-                             max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8)  # fmt: skip
-        if gpu:
-            cache = engine._cache
-            result["kv_cache_gib"] = round(sum(t.numel() * t.element_size()
-                                               for t in cache.k + cache.v) / 2**30, 2)  # fmt: skip
+                             max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8,
+                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block)  # fmt: skip
+        usage = engine.kv_usage()
+        result.update(kv_cache=args.kv_cache, kv_pool_tokens=usage["pool_tokens"],
+                      kv_cache_gib=round(usage["bytes"] / 2**30, 3))  # allocated (CPU: grown so far)
     except Exception as e:
         errors["stacx"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -368,7 +379,13 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         try:
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
+            engine.reset_kv_peak()
             r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together))
+            usage = engine.kv_usage()
+            # the KV positions running rows held at the peak (paged: their blocks; slots: the
+            # whole cache) and their bytes
+            r["kv_peak_tokens"] = usage["peak_tokens"]
+            r["kv_peak_gib"] = round(usage["peak_tokens"] * usage["token_bytes"] / 2**30, 3)
             if gpu:
                 r["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             result[name] = r

@@ -34,8 +34,7 @@ def test_tiny_agentic_bench_reports_reuse(kv_cache: str) -> None:
     assert off["reused_tokens"] == 0 and off["prefill_tokens"] == off["submitted_prompt_tokens"]
     assert len(warm["ttft_ms_p50_per_turn"]) == 2 and warm["ttft_ms_p99"] is not None
     assert result["kv_cache"] == kv_cache and warm["preempted"] == 0
-    # slots hold their whole pool; paged, the blocks the running episodes' tokens need
-    if kv_cache == "slots":
-        assert warm["kv_peak_tokens"] == result["kv_pool_tokens"]
-    else:
-        assert 0 < warm["kv_peak_tokens"] <= 2 * -(-result["max_context"] // 16) * 16
+    # slots hold whole rows (grown on demand on CPU); paged, the blocks the episodes' tokens need
+    assert warm["kv_peak_tokens"] > 0
+    if kv_cache == "paged":
+        assert warm["kv_peak_tokens"] <= 2 * -(-result["max_context"] // 16) * 16

@@ -123,6 +123,8 @@ class PagedKVCache(KVCache):
         self.rows_table = self.host_table if device.type == "cpu" else self.host_table.to(device)
         self.table = self.rows_table
         self._dirty = False
+        # CUDA uploads go through two pinned buffers in turn (see sync_table)
+        self._stages: list[tuple[torch.Tensor, torch.cuda.Event]] = []
         start = blocks if device.type == "cuda" else min(blocks, 64)
         self.k = [self._zeros(start, block) for _ in range(n_layers)]
         self.v = [self._zeros(start, block) for _ in range(n_layers)]
@@ -161,9 +163,21 @@ class PagedKVCache(KVCache):
                 store[i] = new
 
     def sync_table(self) -> None:
-        """Upload the host table's edits (a staged copy: the host copy may change right after)."""
-        if self._dirty and self.rows_table is not self.host_table:
-            self.rows_table.copy_(self.host_table, non_blocking=True)
+        """Upload the host table's edits, in stream order (a step running on the device reads
+        the old table; the next reads the new). Through a pinned buffer, so that the host never
+        waits for the device (a pageable copy may: it would stall the replay launched ahead);
+        each of the two buffers is reused only once its last upload has completed."""
+        if not self._dirty or self.rows_table is self.host_table:
+            self._dirty = False
+            return
+        if len(self._stages) < 2:
+            self._stages.append((torch.empty_like(self.host_table).pin_memory(), torch.cuda.Event()))
+        stage, done = self._stages.pop(0)
+        done.synchronize()  # two uploads ago: long done by now (a no-op before its first record)
+        stage.copy_(self.host_table)
+        self.rows_table.copy_(stage, non_blocking=True)
+        done.record()
+        self._stages.append((stage, done))
         self._dirty = False
 
     def locate(self, rows: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,6 +31,7 @@ async def open_engine(
     tp: int = 1,
     mem_fraction: float = 0.85,
     log_dir: Path | None = None,
+    kv_cache: str = "slots",
 ) -> tuple[Engine, ChatTokenizer]:
     """Start (or connect to) an engine; it is closed when `stack` closes."""
     if backend == "torch":
@@ -46,6 +47,7 @@ async def open_engine(
             dtype=torch_dtype,
             max_batch=max_batch,
             max_len=max_len,
+            kv_cache=kv_cache,
         )
         stack.push_async_callback(engine.close)
         assert engine.tokenizer is not None

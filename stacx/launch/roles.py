@@ -112,6 +112,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             tp=e.tp,
             mem_fraction=e.mem_fraction,
             log_dir=Path(env.run_dir),
+            kv_cache=e.kv_cache,
         )
         weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
         # Before any episode: a resumed run continues on its latest published weights.

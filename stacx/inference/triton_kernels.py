@@ -11,7 +11,9 @@ valid keys:
   cache writes, one kernel for every token (several heads per program);
 - :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
   (a program serves the ``rep`` query heads of one kv head), split over the keys when the
-  batch alone does not fill the GPU (flash-decoding), then one small combine kernel;
+  batch alone does not fill the GPU (flash-decoding), then one small combine kernel; over a
+  paged cache (kv_cache.py) each key's block comes from the row's block table, and
+  :func:`rope_cache` writes at (block, offset);
 - :func:`silu_mul`: the gated MLP's ``silu(gate) * up``;
 - :func:`gemv`: a projection of at most 4 rows with the RMSNorm before it, the residual add
   after it or the SiLU gate folded in (6 kernels per layer for such steps);

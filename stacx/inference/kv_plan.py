@@ -46,20 +46,24 @@ MIN_PREFIX_REUSE = 16  # shorter shared prefixes are recomputed
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of `a` and `b`, at most `limit` (list slices compare in C)."""
+    """Length of the common prefix of `a` and `b`, at most `limit`. Compares slices of growing
+    size (in C), so the cost follows the common part, not the lists' lengths."""
     n = min(len(a), len(b), limit)
     if n <= 0 or a[0] != b[0]:
         return 0
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 1, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    lo, step = 0, 64
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+                mid = (lo + hi) // 2
+                if a[lo:mid] == b[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo, step = hi, min(step * 2, 4096)
+    return n
 
 
 @dataclass
@@ -274,12 +278,13 @@ class PagedKV(KVPlan):
             if self.refs[b] == 0:
                 self.free.append(b)
 
-    def _take(self, n: int) -> list[int] | None:
-        """`n` fresh blocks, evicting cached prefixes (least recently used first) as needed."""
-        while len(self.free) < n and self.entries:
+    def _take(self, n: int, spare: int = 0) -> list[int] | None:
+        """`n` fresh blocks, evicting cached prefixes (least recently used first) as needed;
+        None unless `spare` more would be left."""
+        while len(self.free) < n + spare and self.entries:
             _, entry = self.entries.popitem(last=False)
             self._unref(entry.blocks)
-        if len(self.free) < n:
+        if len(self.free) < n + spare:
             return None
         got = [self.free.pop() for _ in range(n)]
         for b in got:
@@ -323,7 +328,9 @@ class PagedKV(KVPlan):
             self._unref(keep[-1:])
             copies.append((keep[-1], got[0], 0))
             keep = keep[:-1] + got
-        fresh = self._take(self._blocks_for(len(tokens)) - len(keep))
+        # one block to spare per running row: a request readmitted right after its preemption
+        # would otherwise take the blocks the others need to go on (no step would run)
+        fresh = self._take(self._blocks_for(len(tokens)) - len(keep), spare=sum(self.live))
         if fresh is None:
             self._unref(keep)
             return None

@@ -7,6 +7,7 @@ it changes them, and the slot cache keeps the prefixes that waiting prompts exte
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import transformers
 from stacx.errors import EngineError
 from stacx.inference.decoder import Decoder
 from stacx.inference.kv_cache import KVCache
-from stacx.inference.kv_plan import SlotKV
+from stacx.inference.kv_plan import SlotKV, common_prefix
 from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import SamplingParams
 
@@ -198,3 +199,39 @@ def test_slot_choice_spares_the_prefixes_waiting_prompts_extend() -> None:
     assert pc is not None and pc.row == 1 and pc.reuse == 0  # row 0 is wanted: row 1 goes
     pa2 = plan.place([*a, 1, 2, 3], len(a) + 3, [])
     assert pa2 is not None and (pa2.row, pa2.reuse) == (0, len(a))
+
+
+def test_common_prefix_equals_a_token_by_token_scan() -> None:
+    """The sliced comparison (chunks that grow, then a bisection inside the first differing
+    one) against the plain scan, over random lists sharing prefixes across chunk edges."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 400))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 300))]
+        limit = rng.randint(0, 500)
+        n = 0
+        while n < min(len(a), len(b), limit) and a[n] == b[n]:
+            n += 1
+        assert common_prefix(a, b, limit) == n
+
+
+@pytest.mark.model
+async def test_paged_engine_on_the_default_model_equals_hf_and_reuses_the_last_turn(model_dir: str) -> None:
+    """The real SmolLM2 through the paged cache (blocks of 16): greedy equals HF generate in a
+    shared batch, and a next turn reuses all of the previous one."""
+    e = TorchEngine(model_dir, device="cpu", max_len=2048, threads=1, kv_cache="paged", kv_block=16)
+    tok = e.tokenizer
+    try:
+        chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,  # type: ignore[attr-defined]
+                                                    add_generation_prompt=True), add_special_tokens=False)
+                 for q in ("What is 2+2?", "Name three animals.")]  # fmt: skip
+        gens = await e.generate(chats, SamplingParams(max_new_tokens=12, temperature=0.0))
+        for p, g in zip(chats, gens, strict=True):
+            assert g.output_ids == hf_greedy(e.model, p, 12)[: len(g.output_ids)]
+        second = chats[1] + gens[1].output_ids + chats[0][1:]
+        before = e.stats["reused_tokens"]
+        (g2,) = await e.generate([second], SamplingParams(max_new_tokens=12, temperature=0.0))
+        assert e.stats["reused_tokens"] - before == len(chats[1]) + len(gens[1].output_ids) - 1
+        assert g2.output_ids == hf_greedy(e.model, second, 12)[: len(g2.output_ids)]
+    finally:
+        await e.close()

@@ -31,6 +31,7 @@ class MultiStepReplays:
     _ahead: tuple[list[Request], Chunk] | None
     _owner: list[Request | None]
     _waiting: collections.deque[Request]
+    _blocked: bool
     _jobs: collections.deque[Callable[[], None]]
     _kv: KVPlan
     _cache: KVCache
@@ -44,6 +45,11 @@ class MultiStepReplays:
     def _n_active(self) -> int:
         return sum(r is not None for r in self._owner)
 
+    def _admissible(self) -> bool:
+        """Requests wait that a free row may take now (not while the paged pool refuses them:
+        until a row ends, the batch goes on in multi-step replays)."""
+        return bool(self._waiting) and self._n_active() < self.max_batch and not self._blocked
+
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         raise NotImplementedError
 
@@ -52,14 +58,14 @@ class MultiStepReplays:
 
         Greedy rows, and with the Triton step rows sampled at a plain temperature, run in
         multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
-        all while requests wait for a slot (they are admitted between replays). Steps: see
+        all while requests wait that a free row can take (they are admitted between replays). Steps: see
         `_chunk_steps`."""
         if self._graphed is None or self.decode_steps == 1:
             return 1, False
         sampled = any(r.row.temperature > 0 for r in live)
         if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
             return 1, False
-        if self._waiting and self._n_active() < self.max_batch:
+        if self._admissible():
             return 1, False
         return self._chunk_steps(live, 0), sampled
 
@@ -91,7 +97,7 @@ class MultiStepReplays:
         lie past their end. Only while nothing else waits: a new request, a job (a weight load
         must not land between a chunk's launch and the reading of its tokens) or a cancel."""
         assert self._graphed is not None
-        if self._waiting or self._jobs or any(r.cancelled for r in reqs):
+        if self._admissible() or self._jobs or any(r.cancelled for r in reqs):
             return None
         if [r for r in self._owner if r is not None] != reqs:
             return None  # admitted or finished since `chunk` was planned

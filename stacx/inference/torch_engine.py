@@ -193,6 +193,7 @@ class TorchEngine(MultiStepReplays):
         self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
         self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
+        self._blocked = False  # the paged pool refused the next request: retry after a release
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
@@ -371,7 +372,7 @@ class TorchEngine(MultiStepReplays):
                 jobs = list(self._jobs)
                 self._jobs.clear()
             try:
-                if jobs or self._waiting:
+                if jobs or self._admissible():
                     self._drain()  # before a weight load, and before the batch changes
                 for job in jobs:
                     job()
@@ -391,6 +392,7 @@ class TorchEngine(MultiStepReplays):
         for i, r in enumerate(self._owner):
             if r is not None:
                 post(r.loop, r.future, err)
+                self._blocked = False
                 self._owner[i] = None
                 self._kv.release(i, keep=False)
 
@@ -398,6 +400,8 @@ class TorchEngine(MultiStepReplays):
         """Admit waiting requests while rows (paged: and blocks) are free, in order, then
         prefill them: first those whose reused keys exist, then the group siblings reusing a
         prompt admitted in this same step (see kv_plan.py)."""
+        if self._blocked:
+            return
         batch: list[tuple[Request, Place]] = []
         with self._cv:
             # admitted requests own their row at once, so _n_active() already counts them
@@ -412,8 +416,9 @@ class TorchEngine(MultiStepReplays):
                     continue
                 upcoming = [r.prompt for r in itertools.islice(self._waiting, 1, self.max_batch)]
                 place = self._kv.place(req.prompt + req.output, req.cached, upcoming)
-                if place is None:
-                    break  # the paged pool is full: wait for rows to finish (admission control)
+                if place is None:  # the paged pool is full: wait for a row to end (admission control)
+                    self._blocked = True
+                    break
                 self._waiting.popleft()
                 req.slot, req.admitted = place.row, req.admitted or time.monotonic()
                 self._owner += [None] * (len(self._kv.tokens) - len(self._owner))
@@ -463,6 +468,7 @@ class TorchEngine(MultiStepReplays):
                     self._finish(r, "length")
                     break
                 victim = max(rest, key=lambda x: x.admitted)
+                self._blocked = False  # (readmitted only with a block to spare per running row)
                 self._owner[victim.slot] = None
                 self._kv.release(victim.slot, keep=False)
                 victim.slot = -1
@@ -554,6 +560,7 @@ class TorchEngine(MultiStepReplays):
 
     def _finish(self, r: Request, reason: str) -> None:
         self._owner[r.slot] = None
+        self._blocked = False
         self._kv.release(r.slot, keep=True)  # prompt + output[:-1] stay as a reusable prefix
         post(r.loop, r.future, r.generation(reason, self._version))
 

@@ -228,7 +228,8 @@ async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
     try:
         gens = await engine.generate(prompts, SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True))
         assert [g.output_ids for g in gens] == refs
-        assert engine.stats["preempted"] > 0 and engine.stats["decode_ahead"] > 0
+        assert engine.stats["preempted"] > 0  # and multi-step replays ran over block tables:
+        assert engine.stats["decode_steps"] > 2 * engine.stats["decode_calls"]
         hot = SamplingParams(max_new_tokens=20, temperature=1.0, seed=3, ignore_eos=True)
         before = engine.stats["prefill_tokens"]
         group = await engine.generate([prompts[2]] * 4, hot)

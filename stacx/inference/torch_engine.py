@@ -81,6 +81,9 @@ if TYPE_CHECKING:
     from stacx.inference.cuda_graphs import Chunk
 
 T = TypeVar("T")
+# contexts admitted per prefill round at most (past the first request): bounds the prefill's
+# transient key reads (paged: gathered copies) when hundreds of long contexts arrive at once
+ADMIT_TOKENS = 1 << 18
 
 
 class TorchEngine(MultiStepReplays):
@@ -409,7 +412,8 @@ class TorchEngine(MultiStepReplays):
                 waiting = list(self._waiting)
                 order = self._kv.first([r.prompt for r in waiting])
                 self._waiting = collections.deque(waiting[i] for i in order)
-            while self._waiting and self._n_active() < self.max_batch:
+            admitted = 0  # context tokens: a prefill reads each row's keys (paged: a copy)
+            while self._waiting and self._n_active() < self.max_batch and admitted < ADMIT_TOKENS:
                 req = self._waiting[0]
                 if req.cancelled or req.future.done():
                     self._waiting.popleft()
@@ -420,6 +424,7 @@ class TorchEngine(MultiStepReplays):
                     self._blocked = True
                     break
                 self._waiting.popleft()
+                admitted += len(req.prompt) + len(req.output)
                 req.slot, req.admitted = place.row, req.admitted or time.monotonic()
                 self._owner += [None] * (len(self._kv.tokens) - len(self._owner))
                 self._owner[place.row] = req

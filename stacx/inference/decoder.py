@@ -388,7 +388,7 @@ class Decoder:
         feeding = [self.embed, *self.layers[:-1], last.input_layernorm, last.self_attn]
         ptrs = {t.data_ptr() for m in feeding for t in m.state_dict(keep_vars=True).values()}
         late = {t.data_ptr() for t in last.self_attn.o_proj.state_dict(keep_vars=True).values()}
-        return any(own[k].data_ptr() in ptrs - late for k in names)
+        return any(k not in own or own[k].data_ptr() in ptrs - late for k in names)  # unknown: yes
 
     @torch.inference_mode()
     def prefill(

@@ -16,7 +16,9 @@ row that would run past the cache writes to the scratch cell instead.
 Guarantees: a graph reads its inputs from static buffers and the cache's fixed tensors, so the
 cache must not be reallocated after capture (the engine allocates it at full size on CUDA), and
 weights must be loaded in place (``copy_``), which ``load_state_dict`` does. Padded rows use
-the scratch cell (see decoder.py), so running a bucket larger than the live batch is safe.
+the scratch cell (see decoder.py), so running a bucket larger than the live batch is safe. A
+paged cache's block table is one more input of fixed shape (rows x max blocks per row), at a
+fixed address; the engine edits its host copy and it is uploaded before each launch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import NamedTuple
 import torch
 
 from stacx.device_lock import CUDA_EXCLUSIVE
-from stacx.inference.decoder import Decoder, KVCache
+from stacx.inference.decoder import Decoder
+from stacx.inference.kv_cache import KVCache
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_KV_BUCKET = 256  # key-length buckets: 256, 384, 512, 768, 1024, 1536, ... (x1.5, x4/3)
@@ -133,7 +136,10 @@ class GraphedDecode:
         """The chunk after `chunk` over the same rows (same temperatures and seeds), from the
         inputs it left on the device; None if that graph is not captured yet."""
         key = self._chunk_key(chunk.rows, kv_len, steps, chunk.sampled)
-        return self._replay(key, chunk.rows) if key in self.greedy else None
+        if key not in self.greedy:
+            return None
+        self.cache.sync_table()  # a paged cache: the blocks reserved for this chunk
+        return self._replay(key, chunk.rows)
 
     def _chunk_key(self, n: int, kv_len: int, steps: int, sampled: bool) -> tuple[int, int, int, bool]:
         return min(bucket(n, BATCH_BUCKETS), self.cache.slots), self._kv_bucket(kv_len), steps, sampled
@@ -155,6 +161,7 @@ class GraphedDecode:
         return Chunk(host, done, n, steps, sampled)
 
     def _load_inputs(self, ids: list[int], pos: list[int], n: int, b: int) -> None:
+        self.cache.sync_table()  # a paged cache: the rows' block tables (a graph input)
         self.ids[:n].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
         self.pos[:n].copy_(torch.tensor(pos, dtype=torch.long), non_blocking=True)
         self.ids[n:b].zero_()

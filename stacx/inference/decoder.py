@@ -9,7 +9,9 @@ Cache layout: per layer, ``k, v: [slots, kv_heads, capacity, head_dim]``. A requ
 (one row) while it runs; row r's valid keys are positions ``[0, len_r)``. Position
 ``capacity - 1`` is a scratch cell: padded rows and padded prompt tokens write there, and no
 sequence may grow into it, so padding never corrupts a row. Writes past a row's valid length
-are harmless by construction (a position is always written before it is read).
+are harmless by construction (a position is always written before it is read). A paged cache
+(kv_cache.py) keeps the same row/position view: row r's positions map to blocks through its
+table, and the scratch position maps to the scratch block.
 
 Fused projections: at construction the q/k/v weights of each layer (and the MLP's gate/up
 weights) are concatenated into one tensor, and the model's own parameters are re-pointed
@@ -42,50 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from stacx.errors import EngineError
+from stacx.inference.kv_cache import KVCache, PagedKVCache, gather_blocks
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-
-
-class KVCache:
-    """Per-slot key/value storage, one tensor per layer (``k[layer]: [slots, kv_heads,
-    capacity, head_dim]``); grows by reallocation (CPU) or is allocated once (CUDA graphs).
-
-    Separate tensors per layer (not one [layers, ...] tensor) matter under torch.compile: an
-    in-place write into a view of a graph input is functionalized into a copy of the WHOLE
-    input, per layer; a write into an input itself stays in place.
-    """
-
-    def __init__(
-        self, n_layers: int, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        self._n_kv, self._head_dim = n_kv, head_dim
-        self.dtype, self.device = dtype, device
-        self.k = [self._zeros(0, 0) for _ in range(n_layers)]
-        self.v = [self._zeros(0, 0) for _ in range(n_layers)]
-
-    def _zeros(self, slots: int, capacity: int) -> torch.Tensor:
-        shape = (slots, self._n_kv, capacity, self._head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    @property
-    def slots(self) -> int:
-        return self.k[0].shape[0]
-
-    @property
-    def capacity(self) -> int:
-        return self.k[0].shape[2]
-
-    def grow(self, slots: int, capacity: int) -> None:
-        """Make room for at least `slots` rows of `capacity` positions; keeps the contents."""
-        slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
-        if (slots, capacity) == (self.slots, self.capacity):
-            return
-        for store in (self.k, self.v):
-            for i, old in enumerate(store):
-                new = self._zeros(slots, capacity)
-                # the old scratch cell holds garbage; copying it is harmless (never read)
-                new[: old.shape[0], :, : old.shape[2]] = old
-                store[i] = new
 
 
 class Decoder:
@@ -143,6 +104,11 @@ class Decoder:
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.n_kv, self.head_dim, self.dtype, self.device)
+
+    def new_paged_cache(self, rows: int, blocks: int, block: int) -> PagedKVCache:
+        """A pool of `blocks` blocks of `block` positions read by `rows` decode rows."""
+        return PagedKVCache(len(self.layers), self.n_kv, self.head_dim, self.dtype, self.device,
+                            rows=rows, max_len=self.max_len, blocks=blocks, block=block)  # fmt: skip
 
     def _rope_tables(self, model: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Same arithmetic as transformers' rotary modules: fp32 freqs, cat(freqs, freqs),
@@ -285,14 +251,15 @@ class Decoder:
         Reads keys ``[0, kv_len)``; every real row needs ``pos < kv_len <= capacity``.
         Fixed shapes for fixed (B, kv_len): safe to capture in a CUDA graph.
         """
+        table = None if cache.table is None else cache.table[: ids_B.shape[0]]  # paged: row r's
         if self.kernels:
-            return self._decode_kernels(cache.k, cache.v, ids_B, pos_B, kv_len)
+            return self._decode_kernels(cache.k, cache.v, ids_B, pos_B, kv_len, table)
         small = ids_B.shape[0] <= self.gemv_rows
         fn = getattr(self, "_decode_small" if small else "_decode_fn", self._decode_impl)
         visible = torch.arange(kv_len, device=ids_B.device)[None, :] <= pos_B[:, None]
         if self.compiled:
             torch._dynamo.mark_static(visible, 1)  # the key length: see enable_compile
-        return fn(cache.k, cache.v, ids_B, pos_B, visible)  # type: ignore[no-any-return]
+        return fn(cache.k, cache.v, ids_B, pos_B, visible, table)  # type: ignore[no-any-return]
 
     def _decode_impl(
         self,
@@ -301,17 +268,28 @@ class Decoder:
         ids_B: torch.Tensor,
         pos_B: torch.Tensor,
         visible_B_T: torch.Tensor,
+        table_B_W: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The torch-op step; ``table_B_W``: the rows' block tables of a paged cache (None:
+        row r is slot r), see kv_cache.py."""
         n, kv_len = visible_B_T.shape
         rows = torch.arange(n, device=ids_B.device)
+        cell_rows, cells = rows, pos_B
+        if table_B_W is not None:
+            block = k_cache[0].shape[2]
+            cell_rows, cells = table_B_W[rows, pos_B // block].long(), pos_B % block
+            table_B_W = table_B_W[:, : -(-kv_len // block)].long()
         x = self.embed(ids_B)
         cos, sin = self.cos[pos_B], self.sin[pos_B]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
             kc, vc = k_cache[i], v_cache[i]
-            kc[rows, :, pos_B] = k
-            vc[rows, :, pos_B] = v
-            keys, values = kc[:n, :, :kv_len], vc[:n, :, :kv_len]
+            kc[cell_rows, :, cells] = k
+            vc[cell_rows, :, cells] = v
+            if table_B_W is None:
+                keys, values = kc[:n, :, :kv_len], vc[:n, :, :kv_len]
+            else:
+                keys, values = gather_blocks(kc, table_B_W, kv_len), gather_blocks(vc, table_B_W, kv_len)
             qg = q.view(n, self.n_kv, self.rep, self.head_dim)
             scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
             scores = scores.masked_fill(~visible_B_T[:, None, None, :], float("-inf"))
@@ -328,8 +306,10 @@ class Decoder:
         ids_B: torch.Tensor,
         pos_B: torch.Tensor,
         kv_len: int,
+        table_B_W: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`_decode_impl` as Triton kernels; row r is cache slot r. Projections: for at most
+        """`_decode_impl` as Triton kernels; row r is cache slot r (paged: reads and writes go
+        through its block table ``table_B_W``). Projections: for at most
         ``gemv_rows`` rows GEMV kernels with the norms, the residual adds and the SiLU gate
         folded in (6 kernels per layer, plus attention's combine); up to ``gemm_rows`` Triton
         GEMMs with the SiLU gate folded in and the narrow ones split-K, their partial sums
@@ -341,15 +321,20 @@ class Decoder:
         small = n <= self.gemv_rows
         mid = not small and n <= self.gemm_rows
         residual: torch.Tensor | tk.Partials | None = None
+        slot_B, cell_B = None, None  # slots: row r's keys go to slot r at its position
+        if table_B_W is not None:
+            block = k_cache[0].shape[2]
+            slot_B = table_B_W[torch.arange(n, device=pos_B.device), pos_B // block].long()
+            cell_B = pos_B % block
         for i, w in enumerate(self._kl):
             if small:
                 qkv = tk.gemv(x, *w.qkv, norm=w.in_norm)
             else:
                 x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
                 qkv = tk.gemm(h, *w.qkv) if mid else F.linear(h, w.qkv.weight, w.qkv.bias)
-            q = tk.rope_cache(qkv, pos_B, None, k_cache[i], v_cache[i], self.cos, self.sin,
-                              self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
-            out = tk.decode_attention(q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling)
+            q = tk.rope_cache(qkv, pos_B, slot_B, k_cache[i], v_cache[i], self.cos, self.sin,
+                              self.n_heads, self.n_kv, w.qk_norm, cell=cell_B)  # fmt: skip
+            out = tk.decode_attention(q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W)
             if small:
                 x = tk.gemv(out.view(n, -1), *w.o, residual=x)
                 act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
@@ -394,6 +379,17 @@ class Decoder:
             for k, t in state.items():
                 own[k].copy_(t.to(device=own[k].device, dtype=own[k].dtype))
 
+    def changes_keys(self, names: Mapping[str, object]) -> bool:
+        """Whether loading these parameter names changes any cached key or value: every
+        parameter does except the final norm, the lm_head (unless tied to the embedding) and the
+        last layer's o_proj, MLP and post-attention norm, which act after the last keys."""
+        own = self.model.state_dict(keep_vars=True)
+        last = self.layers[-1]
+        feeding = [self.embed, *self.layers[:-1], last.input_layernorm, last.self_attn]
+        ptrs = {t.data_ptr() for m in feeding for t in m.state_dict(keep_vars=True).values()}
+        late = {t.data_ptr() for t in last.self_attn.o_proj.state_dict(keep_vars=True).values()}
+        return any(k not in own or own[k].data_ptr() in ptrs - late for k in names)  # unknown: yes
+
     @torch.inference_mode()
     def prefill(
         self,
@@ -411,6 +407,7 @@ class Decoder:
         new token from index ``logits_from[i]`` on. Rows' cached positions ``[0, offset)`` must
         already be valid (prefix reuse).
         """
+        cache.sync_table()
         n = len(slots)
         lens = [len(ids) for ids in new_ids]
         t_max = max(lens)
@@ -439,7 +436,8 @@ class Decoder:
         for c0 in range(0, t_max, chunk):
             c1 = min(t_max, c0 + chunk)
             kv_len = max(o + min(t, c1) for o, t in zip(offsets, lens, strict=True))
-            x = self._prefill_chunk(cache, slot_idx, rows, ids[:, c0:c1], pos[:, c0:c1], kv_len, fresh)
+            where = cache.locate(slot_idx[:, None], pos[:, c0:c1])  # the chunk's cache cells
+            x = self._prefill_chunk(cache, where, rows, ids[:, c0:c1], pos[:, c0:c1], kv_len, fresh)
             for r in range(n):
                 lo, hi = max(c0, logits_from[r]), min(c1, lens[r])
                 if lo < hi:
@@ -452,7 +450,7 @@ class Decoder:
     def _prefill_chunk(
         self,
         cache: KVCache,
-        slot_idx: torch.Tensor,
+        where: tuple[torch.Tensor, torch.Tensor],
         rows: slice | torch.Tensor,
         ids: torch.Tensor,
         pos: torch.Tensor,
@@ -462,23 +460,24 @@ class Decoder:
         """One chunk of prefill; ``fresh``: every row starts at position 0 and this chunk holds
         its whole prompt (right-padded), so causal attention over the chunk's own keys is exact
         (a real token never sees a padded one) and runs as one fused kernel without a mask.
-        ``rows`` selects the rows' cache slots for the attention's reads (a slice: a view)."""
+        ``rows`` selects the rows' cache slots for the attention's reads (a slice: a view);
+        ``where``: each token's (storage row, cell), from ``cache.locate``."""
         n, c = ids.shape
         x = self.embed(ids)
         key_pos = torch.arange(kv_len, device=ids.device)
         mask = None if fresh else (key_pos[None, None, :] <= pos[:, :, None])[:, None]
         if self.kernels:
-            return self._prefill_chunk_kernels(cache, slot_idx, rows, x, pos, kv_len, mask)
+            return self._prefill_chunk_kernels(cache, where, rows, x, pos, kv_len, mask)
         cos, sin = self.cos[pos], self.sin[pos]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
             kc, vc = cache.k[i], cache.v[i]
-            kc[slot_idx[:, None], :, pos] = k  # [n, c, Hkv, D] into (slot, pos) cells
-            vc[slot_idx[:, None], :, pos] = v
+            kc[where[0], :, where[1]] = k  # [n, c, Hkv, D] into (slot, pos) cells (paged: block, offset)
+            vc[where[0], :, where[1]] = v
             if fresh:
                 keys, values = k.transpose(1, 2), v.transpose(1, 2)
             else:
-                keys, values = kc[rows, :, :kv_len], vc[rows, :, :kv_len]
+                keys, values = cache.keys(kc, rows, kv_len), cache.keys(vc, rows, kv_len)
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 keys,
@@ -495,7 +494,7 @@ class Decoder:
     def _prefill_chunk_kernels(
         self,
         cache: KVCache,
-        slot_idx: torch.Tensor,
+        where: tuple[torch.Tensor, torch.Tensor],
         rows: slice | torch.Tensor,
         x: torch.Tensor,
         pos: torch.Tensor,
@@ -508,18 +507,19 @@ class Decoder:
         from stacx.inference import triton_kernels as tk
 
         n, c, _ = x.shape
-        slots = slot_idx.repeat_interleave(c)  # one slot per token, materialized
+        slots = where[0].expand(n, c).reshape(-1)  # one slot (block) per token, materialized
+        cells = None if cache.table is None else where[1].reshape(-1)
         residual: torch.Tensor | None = None
         for i, w in enumerate(self._kl):
             x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
             qkv = F.linear(h, w.qkv.weight, w.qkv.bias).view(n * c, -1)
             kc, vc = cache.k[i], cache.v[i]
             q = tk.rope_cache(qkv, pos.reshape(-1), slots, kc, vc, self.cos, self.sin,
-                              self.n_heads, self.n_kv, w.qk_norm)  # fmt: skip
+                              self.n_heads, self.n_kv, w.qk_norm, cell=cells)  # fmt: skip
             out = F.scaled_dot_product_attention(
                 q.view(n, c, self.n_heads, self.head_dim).transpose(1, 2),
-                kc[rows, :, :kv_len],
-                vc[rows, :, :kv_len],
+                cache.keys(kc, rows, kv_len),
+                cache.keys(vc, rows, kv_len),
                 attn_mask=mask,
                 is_causal=mask is None,
                 scale=self.scaling,

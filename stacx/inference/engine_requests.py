@@ -4,10 +4,12 @@ thread to the caller's event loop (futures and stream queues are only touched in
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
 from torch import nn
 
 from stacx.inference.sampling import RowParams
@@ -44,6 +46,62 @@ class Request:
         """Tokens whose keys are in the cache (all but the last sampled one)."""
         return len(self.prompt) + max(0, len(self.output) - 1)
 
+    def generation(self, reason: str, version: int) -> Generation:
+        """The result so far, finished for `reason` under weight `version`."""
+        now = time.monotonic()
+        admitted = self.admitted or now
+        return Generation(
+            output_ids=list(self.output),
+            logprobs=list(self.logprobs),
+            finish_reason=reason,
+            weight_version=version,
+            gen_ms=(now - admitted) * 1e3,
+            queue_ms=(admitted - self.submitted) * 1e3,
+            # change points only where a load fell inside the generation (compact, see ports)
+            version_starts=list(self.version_starts) if len(self.versions) > 1 else [],
+            versions=list(self.versions) if len(self.versions) > 1 else [],
+        )
+
+
+def new_request(
+    prompt: list[int],
+    params: SamplingParams,
+    index: int,
+    loop: asyncio.AbstractEventLoop,
+    device: torch.device,
+    eos: frozenset[int],
+) -> Request:
+    """Prompt `index` of a ``generate`` call: its seed is ``params.seed + index`` (a random
+    one without a seed: the Philox key of a GPU draw), its stop ids the params' plus EOS
+    unless ``ignore_eos``."""
+    gen = None
+    if params.seed is not None and params.temperature > 0:
+        gen = torch.Generator(device=device).manual_seed(params.seed + index)
+    seed = params.seed + index if params.seed is not None else int(torch.randint(2**62, ()))
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else eos)
+    return Request(
+        prompt=list(prompt),
+        params=params,
+        row=RowParams(params.temperature, params.top_p, params.top_k, gen, seed),
+        stop_ids=frozenset(stops),
+        loop=loop,
+        future=loop.create_future(),
+        submitted=time.monotonic(),
+    )
+
+
+def hand_over(reqs: list[Request], owner: list[Request | None]) -> None:
+    """Post each streamed, unfinished request's new ids to its loop (a finished one's come
+    with its Generation); `owner`: the engine's rows (a request not in its row has ended)."""
+    for r in reqs:
+        if r.on_tokens is not None and 0 <= r.slot and owner[r.slot] is r and len(r.output) > r.streamed:
+            ids, lps = r.output[r.streamed :], r.logprobs[r.streamed :]
+            r.streamed = len(r.output)
+            try:
+                r.loop.call_soon_threadsafe(r.on_tokens, ids, lps)
+            except RuntimeError:  # the caller's event loop is closed; nobody is waiting
+                pass
+
 
 Item = tuple[int, list[int], list[float]] | tuple[int, Request]  # a stream's queue: ids | done
 
@@ -70,14 +128,6 @@ def put_tokens(queue: asyncio.Queue[Item], i: int, ids: list[int], lps: list[flo
 
 def put_done(queue: asyncio.Queue[Item], i: int, r: Request, _: object) -> None:
     queue.put_nowait((i, r))
-
-
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def eos_ids(model: nn.Module, tokenizer: object) -> frozenset[int]:

@@ -2,10 +2,13 @@
 
 Continuous batching: every ``generate`` call (from any number of concurrent episodes) puts its
 prompts on one queue. A single worker thread owns the model and loops: run pending jobs
-(weight loads, scoring), admit waiting requests into free cache slots (one batched, chunked
-prefill, reusing the cached prefix of a previous request when the new prompt extends it), then
-one batched decode step for every running request. Requests join and leave between steps; the
-asyncio event loop only enqueues and awaits futures, so it stays responsive.
+(weight loads, scoring), admit waiting requests into free rows (one batched, chunked prefill,
+reusing the keys of the longest prefix the new prompt shares with a previous request, a
+running one, or a sibling of its GRPO group admitted with it), then one batched decode step for
+every running request. Requests join and leave between steps; the asyncio event loop only
+enqueues and awaits futures, so it stays responsive. The KV cache is one row per request
+("slots", the default) or a pool of blocks shared copy-on-write ("paged": admission control
+and preemption when full, never an out-of-memory error); kv_plan.py says which.
 
 Guarantees:
 
@@ -22,9 +25,13 @@ Guarantees:
   token, and one that spans a load says which tokens each version produced
   (``Generation.version_starts`` / ``versions``: the change points; empty when one version
   produced them all). A load runs only after the tokens of a replay launched ahead are read
-  (``_drain``), so every token is attributed to the weights that sampled it. Requests in flight at the load are not restarted: their earlier tokens (and the KV
-  cache of their prompt) come from the old weights. Cached prefixes of finished requests are
-  dropped at a load, so new requests never reuse stale keys.
+  (``_drain``), so every token is attributed to the weights that sampled it. Requests in
+  flight at the load are not restarted: their earlier tokens (and the KV cache of their
+  prompt) come from the old weights. A load that changes keys (any but the final norm, an
+  untied lm_head and the last layer's post-attention part) makes every key computed before it
+  unusable for later requests, so they never reuse stale keys; other loads keep the cache.
+  A paged request preempted for room is recomputed on readmission from its prompt and
+  output so far, under the weights of that time.
 - ``finish_reason``: "stop" (EOS unless ``ignore_eos``, or a stop id), "length"
   (max_new_tokens, or the model's context limit), "abort" (cancelled, or the engine closed).
 - Streaming (:meth:`generate_stream`, the `StreamsGenerations` capability): after each decode
@@ -42,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import os
 import threading
 import time
@@ -54,27 +62,32 @@ from torch import nn
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model, read_safetensors
 from stacx.inference import adapters
-from stacx.inference.decoder import Decoder, KVCache
+from stacx.inference.decoder import Decoder
+from stacx.inference.engine_replays import MultiStepReplays
 from stacx.inference.engine_requests import (
     Item,
     Request,
-    common_prefix,
     eos_ids,
+    hand_over,
+    new_request,
     post,
     put_done,
     put_tokens,
 )
-from stacx.inference.sampling import RowParams, sample_rows
+from stacx.inference.kv_plan import KVPlan, Place, new_plan
+from stacx.inference.sampling import sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
 
 if TYPE_CHECKING:
     from stacx.inference.cuda_graphs import Chunk
 
 T = TypeVar("T")
-MIN_PREFIX_REUSE = 16  # shorter shared prefixes are not worth steering slot choice for
+# contexts admitted per prefill round at most (past the first request): bounds the prefill's
+# transient key reads (paged: gathered copies) when hundreds of long contexts arrive at once
+ADMIT_TOKENS = 1 << 18
 
 
-class TorchEngine:
+class TorchEngine(MultiStepReplays):
     """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
 
     name = "torch"
@@ -96,6 +109,9 @@ class TorchEngine:
         fuse: bool = True,
         gemv_rows: int = 4,
         kernels: bool | None = None,
+        kv_cache: str = "slots",
+        kv_tokens: int | None = None,
+        kv_block: int = 64,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
@@ -126,6 +142,10 @@ class TorchEngine:
         CUDA in fp32 (tested).
         ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
         only to measure the difference (the kernels need it).
+        ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
+        ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
+        prefixes; admission control and preemption when full), see kv_plan.py, which also
+        decides the cache's size (`new_plan`).
         """
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
@@ -154,7 +174,10 @@ class TorchEngine:
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
-        self._cache: KVCache = self.decoder.new_cache()
+        self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
+                                    block=kv_block)  # fmt: skip
+        self.kv_cache = kv_cache
+        self._cache = self._kv.cache
         self._graphed = None
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         if kernels and not (dev.type == "cuda" and cuda_graphs):
@@ -164,18 +187,6 @@ class TorchEngine:
                 + ("" if cuda_graphs else " without CUDA graphs")
             )
         if dev.type == "cuda":
-            # static cache at full size: CUDA graphs need fixed addresses
-            d = self.decoder
-            need = 2 * len(d.layers) * self.max_batch * (self.max_len + 1) * d.n_kv * d.head_dim
-            need *= torch.finfo(dtype).bits // 8
-            free = torch.cuda.mem_get_info(dev)[0]
-            if need > 0.8 * free:
-                raise EngineError(
-                    f"the KV cache for max_batch={self.max_batch} x max_len={self.max_len} needs "
-                    f"{need / 2**30:.1f} GiB, more than 80% of the {free / 2**30:.1f} GiB free on "
-                    f"{dev}; lower max_len or max_batch"
-                )
-            self._cache.grow(self.max_batch, self.max_len + 1)
             if cuda_graphs:
                 from stacx.inference.cuda_graphs import GraphedDecode
 
@@ -184,17 +195,18 @@ class TorchEngine:
                 elif compile is None or compile:
                     self.decoder.enable_compile(compile_mode, gemv_rows)
                 self._graphed = GraphedDecode(self.decoder, self._cache)
-        self._owner: list[Request | None] = []
-        self._slot_tokens: list[list[int]] = []  # tokens whose keys are valid, per slot
+        self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
         self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
+        self._blocked = False  # the paged pool refused the next request: retry after a release
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
         # decode_calls: device calls (graph replays) that made the decode steps; decode_ahead:
         # those launched before their predecessor's tokens were read (see _continuation)
+        # preempted: rows evicted from a full paged pool (recomputed later)
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
-                      "decode_ahead": 0}  # fmt: skip
+                      "decode_ahead": 0, "preempted": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -297,9 +309,20 @@ class TorchEngine:
             state = await asyncio.to_thread(adapters.read_adapter, path)
         await self._call(lambda: self._apply_weights(state, version, scale))
 
+    def kv_usage(self) -> dict[str, int]:
+        """The KV cache's positions (``pool_tokens``), those in use now (paged: running rows'
+        blocks and cached prefixes), those running rows held at the peak since `reset_kv_peak`
+        (slots: all of them, a slot holds max_len whatever its length), its allocated
+        ``bytes`` and ``token_bytes`` per position."""
+        return self._kv.usage()
+
+    def reset_kv_peak(self) -> None:
+        self._kv.reset_peak()
+
     async def flush_cache(self) -> None:
-        """Forget cached prefixes of finished requests (requests in flight keep theirs)."""
-        await self._call(self._drop_prefixes)
+        """Never reuse keys computed so far: cached prefixes are dropped, and requests in flight
+        finish on their own keys without offering them to later ones."""
+        await self._call(self._kv.invalidate)
 
     async def close(self) -> None:
         with self._cv:
@@ -325,22 +348,12 @@ class TorchEngine:
                 f"prompt of {len(prompt)} tokens leaves no room under the context limit "
                 f"{self.max_len}"
             )
-        gen = None
-        if params.seed is not None and params.temperature > 0:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
-        seed = params.seed + index if params.seed is not None else int(torch.randint(2**62, ()))
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        req = Request(
-            prompt=list(prompt),
-            params=params,
-            row=RowParams(params.temperature, params.top_p, params.top_k, gen, seed),
-            stop_ids=frozenset(stops),
-            loop=loop,
-            future=loop.create_future(),
-            submitted=time.monotonic(),
-        )
+        too_long = self._kv.too_long(len(prompt) + 1)
+        if too_long:
+            raise EngineError(f"prompt of {len(prompt)} tokens: {too_long}")
+        req = new_request(prompt, params, index, loop, self.device, self.eos_ids)
         if params.max_new_tokens <= 0:
-            req.future.set_result(self._generation(req, "length"))
+            req.future.set_result(req.generation("length", self._version))
         return req
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -374,7 +387,7 @@ class TorchEngine:
                 jobs = list(self._jobs)
                 self._jobs.clear()
             try:
-                if jobs or self._waiting:
+                if jobs or self._admissible():
                     self._drain()  # before a weight load, and before the batch changes
                 for job in jobs:
                     job()
@@ -388,63 +401,98 @@ class TorchEngine:
             pending = list(self._waiting)
             self._waiting.clear()
         for r in pending + [r for r in self._owner if r is not None]:
-            post(r.loop, r.future, self._generation(r, "abort"))
-
-    def _n_active(self) -> int:
-        return sum(r is not None for r in self._owner)
+            post(r.loop, r.future, r.generation("abort", self._version))
 
     def _fail_all(self, err: EngineError) -> None:
         for i, r in enumerate(self._owner):
             if r is not None:
                 post(r.loop, r.future, err)
+                self._blocked = False
                 self._owner[i] = None
-                self._slot_tokens[i] = []
-
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        """(slot, reusable prefix length) for a new request; grows the slot table if needed."""
-        free = [i for i, r in enumerate(self._owner) if r is None]
-        if not free:
-            self._owner.append(None)
-            self._slot_tokens.append([])
-            return len(self._owner) - 1, 0
-        best, best_len = free[0], 0
-        for i in free:
-            n = common_prefix(self._slot_tokens[i], prompt, len(prompt) - 1)
-            if n > best_len:
-                best, best_len = i, n
-        if best_len < MIN_PREFIX_REUSE:
-            return free[0], 0  # lowest free row keeps the decode batch compact
-        return best, best_len
+                self._kv.release(i, keep=False)
 
     def _admit(self) -> None:
-        batch: list[tuple[Request, int]] = []
+        """Admit waiting requests while rows (paged: and blocks) are free, in order, then
+        prefill them: first those whose reused keys exist, then the group siblings reusing a
+        prompt admitted in this same step (see kv_plan.py)."""
+        if self._blocked:
+            return
+        batch: list[tuple[Request, Place]] = []
         with self._cv:
-            # admitted requests own their slot at once, so _n_active() already counts them
-            while self._waiting and self._n_active() < self.max_batch:
-                req = self._waiting.popleft()
+            # admitted requests own their row at once, so _n_active() already counts them
+            if len(self._waiting) > 1 and self._n_active() < self.max_batch:
+                waiting = list(self._waiting)
+                order = self._kv.first([r.prompt for r in waiting])
+                self._waiting = collections.deque(waiting[i] for i in order)
+            admitted = 0  # context tokens: a prefill reads each row's keys (paged: a copy)
+            while self._waiting and self._n_active() < self.max_batch and admitted < ADMIT_TOKENS:
+                req = self._waiting[0]
                 if req.cancelled or req.future.done():
+                    self._waiting.popleft()
                     continue
-                slot, reuse = self._pick_slot(req.prompt)
-                req.slot, req.admitted = slot, time.monotonic()
-                self._owner[slot] = req
-                batch.append((req, reuse))
+                upcoming = [r.prompt for r in itertools.islice(self._waiting, 1, self.max_batch)]
+                place = self._kv.place(req.prompt + req.output, req.cached, upcoming)
+                if place is None:  # the paged pool is full: wait for a row to end (admission control)
+                    self._blocked = True
+                    break
+                self._waiting.popleft()
+                admitted += len(req.prompt) + len(req.output)
+                req.slot, req.admitted = place.row, req.admitted or time.monotonic()
+                self._owner += [None] * (len(self._kv.tokens) - len(self._owner))
+                self._owner[place.row] = req
+                batch.append((req, place))
         if not batch:
             return
-        need_cap = max(len(r.prompt) for r, _ in batch) + 2
-        self._ensure_cache(len(self._owner), need_cap)
+        logits: dict[int, torch.Tensor] = {}
+        try:
+            for phase in ([b for b in batch if b[1].after is None], [b for b in batch if b[1].after is not None]):
+                if phase:
+                    logits.update(self._prefill(phase))
+        finally:
+            self._kv.end_step()
+        reqs = [r for r, _ in batch]
+        self._accept(reqs, torch.cat([logits[r.slot] for r in reqs], dim=0))
+
+    def _prefill(self, batch: list[tuple[Request, Place]]) -> dict[int, torch.Tensor]:
+        """Each row's tokens past its reused prefix into the cache; its last token's logits."""
+        tokens = [r.prompt + r.output for r, _ in batch]
+        self._ensure_cache(len(self._owner), max(map(len, tokens)) + 2)
+        for _, p in batch:
+            self._kv.copy(p.copies)
         logits = self.decoder.prefill(
             self._cache,
-            [r.slot for r, _ in batch],
-            [reuse for _, reuse in batch],
-            [r.prompt[reuse:] for r, reuse in batch],
-            [len(r.prompt) - reuse - 1 for r, reuse in batch],
+            [p.row for _, p in batch],
+            [p.reuse for _, p in batch],
+            [t[p.reuse :] for t, (_, p) in zip(tokens, batch, strict=True)],
+            [len(t) - p.reuse - 1 for t, (_, p) in zip(tokens, batch, strict=True)],
         )
-        for r, reuse in batch:
-            self._slot_tokens[r.slot] = list(r.prompt)
-            self.stats["reused_tokens"] += reuse
-            self.stats["prefill_tokens"] += len(r.prompt) - reuse
-        last = torch.cat(logits, dim=0)
-        self._accept([r for r, _ in batch], last)
+        for t, (_, p) in zip(tokens, batch, strict=True):
+            self.stats["reused_tokens"] += p.reuse
+            self.stats["prefill_tokens"] += len(t) - p.reuse
+        return {p.row: lg for (_, p), lg in zip(batch, logits, strict=True)}
+
+    def _reserve(self, live: list[Request], steps: int) -> bool:
+        """Room for each row's next `steps` positions (paged). Where the pool is full the
+        youngest rows are preempted (put back in front of the queue, recomputed when
+        readmitted); a row alone that cannot grow finishes at "length". False: the batch
+        changed (plan the step again)."""
+        ok = True
+        for r in sorted(live, key=lambda r: r.admitted):
+            while self._owner[r.slot] is r and not self._kv.reserve(r.slot, r.cached + steps):
+                ok = False
+                rest = [x for x in live if self._owner[x.slot] is x]
+                if len(rest) == 1:
+                    self._finish(r, "length")
+                    break
+                victim = max(rest, key=lambda x: x.admitted)
+                self._blocked = False  # (readmitted only with a block to spare per running row)
+                self._owner[victim.slot] = None
+                self._kv.release(victim.slot, keep=False)
+                victim.slot = -1
+                self.stats["preempted"] += 1
+                with self._cv:
+                    self._waiting.appendleft(victim)
+        return ok
 
     def _ensure_cache(self, slots: int, capacity: int) -> None:
         if self._graphed is not None:
@@ -465,6 +513,9 @@ class TorchEngine:
         live = [r for r in live if not r.cancelled]
         if not live:
             return
+        steps, sampled = self._chunk_plan(live)
+        if not self._reserve(live, steps):
+            return  # rows were preempted: plan again (admitting first)
         hi = max(r.slot for r in live) + 1
         self._ensure_cache(hi, max(r.cached for r in live) + 2)
         scratch = self._cache.capacity - 1
@@ -472,7 +523,6 @@ class TorchEngine:
         for r in live:
             ids[r.slot], pos[r.slot] = r.output[-1], r.cached
         kv_len = max(r.cached for r in live) + 1
-        steps, sampled = self._chunk_plan(live)
         if steps > 1:
             assert self._graphed is not None
             draw = None
@@ -487,6 +537,7 @@ class TorchEngine:
             logits = self._graphed.run(ids, pos, kv_len)
         else:
             dev = self.device
+            self._cache.sync_table()
             logits = self.decoder.decode(
                 self._cache, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), kv_len
             )
@@ -498,83 +549,6 @@ class TorchEngine:
         rows = torch.tensor([r.slot for r in live], device=logits.device)
         self._accept(live, logits.index_select(0, rows))
 
-    def _chunk_plan(self, live: list[Request]) -> tuple[int, bool]:
-        """How many steps to run in one replay (1: the per-step path), and whether sampled.
-
-        Greedy rows, and with the Triton step rows sampled at a plain temperature, run in
-        multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
-        all while requests wait for a slot (they are admitted between replays). Steps: see
-        `_chunk_steps`."""
-        if self._graphed is None or self.decode_steps == 1:
-            return 1, False
-        sampled = any(r.row.temperature > 0 for r in live)
-        if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
-            return 1, False
-        if self._waiting and self._n_active() < self.max_batch:
-            return 1, False
-        return self._chunk_steps(live, 0), sampled
-
-    def _chunk_steps(self, reqs: list[Request], ahead: int) -> int:
-        """A power of two (few graph shapes), no more than the most tokens any row may still
-        produce, nor than the cache has room for, once each row has made `ahead` more."""
-        room = self._cache.capacity - 1 - max(r.cached for r in reqs) - ahead
-        left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
-                   for r in reqs) - ahead  # fmt: skip
-        k = 1
-        while k * 2 <= min(self.decode_steps, left, room):
-            k *= 2
-        return k
-
-    def _run_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take a launched multi-step replay's tokens; first launch its continuation where the
-        batch goes on unchanged, so that the GPU runs it while this thread reads these tokens
-        (the host work per chunk, ~3 ms at 64 rows, would otherwise leave the GPU idle)."""
-        self.stats["decode_steps"] += chunk.steps
-        self.stats["decode_calls"] += 1
-        self._ahead = self._continuation(reqs, chunk)
-        self._accept_chunk(reqs, chunk)
-
-    def _continuation(self, reqs: list[Request], chunk: Chunk) -> tuple[list[Request], Chunk] | None:
-        """Launch the chunk after `chunk` over the same rows from the inputs it left on the
-        device, before its tokens are read (None: the batch may change, so the next step is
-        planned on the host). Rows that stop inside `chunk` go on in the continuation; their
-        extra tokens are discarded, like a chunk's tokens after a stop, and the keys they write
-        lie past their end. Only while nothing else waits: a new request, a job (a weight load
-        must not land between a chunk's launch and the reading of its tokens) or a cancel."""
-        assert self._graphed is not None
-        if self._waiting or self._jobs or any(r.cancelled for r in reqs):
-            return None
-        if [r for r in self._owner if r is not None] != reqs:
-            return None  # admitted or finished since `chunk` was planned
-        steps = self._chunk_steps(reqs, chunk.steps)  # as if every row ran through `chunk`
-        if steps <= 1:
-            return None
-        last = max(r.cached for r in reqs) + chunk.steps  # the furthest row's next position
-        nxt = self._graphed.continue_chunk(chunk, last + steps, steps)
-        if nxt is None:
-            return None
-        self.stats["decode_ahead"] += 1
-        return reqs, nxt
-
-    def _drain(self) -> None:
-        """Take the tokens of a continuation launched ahead, if any."""
-        if self._ahead is not None:
-            reqs, chunk = self._ahead
-            self._ahead = None
-            self._accept_chunk(reqs, chunk)
-
-    def _accept_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take each row's tokens of a multi-step replay up to its stop; discard the rest (and
-        all of a row that had finished before it: a continuation runs rows that stopped)."""
-        tok_K_B, lp_K_B = chunk.read()  # the one device->host transfer of the chunk
-        reqs = [r for r in reqs if self._owner[r.slot] is r]
-        done: set[int] = set()
-        for toks, lps in zip(tok_K_B, lp_K_B, strict=True):
-            for r in reqs:
-                if r.slot not in done and self._take(r, int(toks[r.slot]), lps[r.slot]):
-                    done.add(r.slot)
-        self._hand_over(reqs)
-
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
         tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
@@ -582,24 +556,12 @@ class TorchEngine:
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
         for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):
             self._take(r, int(tok_f), lp)
-        self._hand_over(reqs)
-
-    def _hand_over(self, reqs: list[Request]) -> None:
-        """Post each streamed, unfinished request's new ids to its loop (a finished one's come
-        with its Generation)."""
-        for r in reqs:
-            if r.on_tokens is not None and self._owner[r.slot] is r and len(r.output) > r.streamed:
-                ids, lps = r.output[r.streamed :], r.logprobs[r.streamed :]
-                r.streamed = len(r.output)
-                try:
-                    r.loop.call_soon_threadsafe(r.on_tokens, ids, lps)
-                except RuntimeError:  # the caller's event loop is closed; nobody is waiting
-                    pass
+        hand_over(reqs, self._owner)
 
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         """Append one sampled token to `r`; finish it on a stop or a limit (returns True)."""
         if r.output:
-            self._slot_tokens[r.slot].append(r.output[-1])  # its keys were just written
+            self._kv.tokens[r.slot].append(r.output[-1])  # its keys were just written
         if not r.versions or r.versions[-1] != self._version:  # a load since its last token
             r.version_starts.append(len(r.output))
             r.versions.append(self._version)
@@ -615,23 +577,9 @@ class TorchEngine:
 
     def _finish(self, r: Request, reason: str) -> None:
         self._owner[r.slot] = None
-        # the slot keeps prompt + output[:-1] as a reusable prefix
-        post(r.loop, r.future, self._generation(r, reason))
-
-    def _generation(self, r: Request, reason: str) -> Generation:
-        now = time.monotonic()
-        admitted = r.admitted or now
-        return Generation(
-            output_ids=list(r.output),
-            logprobs=list(r.logprobs),
-            finish_reason=reason,
-            weight_version=self._version,
-            gen_ms=(now - admitted) * 1e3,
-            queue_ms=(admitted - r.submitted) * 1e3,
-            # change points only where a load fell inside the generation (compact, see ports)
-            version_starts=list(r.version_starts) if len(r.versions) > 1 else [],
-            versions=list(r.versions) if len(r.versions) > 1 else [],
-        )
+        self._blocked = False
+        self._kv.release(r.slot, keep=True)  # prompt + output[:-1] stay as a reusable prefix
+        post(r.loop, r.future, r.generation(reason, self._version))
 
     def _apply_weights(
         self, state: Mapping[str, torch.Tensor], version: int, lora_scale: float | None = None
@@ -641,10 +589,8 @@ class TorchEngine:
         else:
             self._lora.forget()
             self.decoder.load_in_place(state)
-        self._drop_prefixes()
+        # e.g. not for the final norm or an untied lm_head; an adapter's names are unknown to
+        # the decoder, so a LoRA version always drops the keys
+        if self.decoder.changes_keys(state):
+            self._kv.invalidate()
         self._version = version
-
-    def _drop_prefixes(self) -> None:
-        for i, r in enumerate(self._owner):
-            if r is None:
-                self._slot_tokens[i] = []

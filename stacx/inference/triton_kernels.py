@@ -11,7 +11,9 @@ valid keys:
   cache writes, one kernel for every token (several heads per program);
 - :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
   (a program serves the ``rep`` query heads of one kv head), split over the keys when the
-  batch alone does not fill the GPU (flash-decoding), then one small combine kernel;
+  batch alone does not fill the GPU (flash-decoding), then one small combine kernel; over a
+  paged cache (kv_cache.py) each key's block comes from the row's block table, and
+  :func:`rope_cache` writes at (block, offset);
 - :func:`silu_mul`: the gated MLP's ``silu(gate) * up``;
 - :func:`gemv`: a projection of at most 4 rows with the RMSNorm before it, the residual add
   after it or the SiLU gate folded in (6 kernels per layer for such steps);
@@ -106,7 +108,7 @@ def add_rmsnorm(
 
 @triton.jit
 def _rope_cache_kernel(
-    QKV, Q, KC, VC, COS, SIN, POS, SLOT, QNW, KNW,
+    QKV, Q, KC, VC, COS, SIN, POS, SLOT, CELL, QNW, KNW,
     qkv_stride, kc_slot, kc_head, kc_pos, eps,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
     ROW_SLOTS: tl.constexpr, HEADS: tl.constexpr,
@@ -151,7 +153,8 @@ def _rope_cache_kernel(
     tl.store(q_out + HALF, o2, mask=is_q[:, None])
     slot = t if ROW_SLOTS else tl.load(SLOT + t)
     kv = tl.where(is_k, j - N_HEADS, j - N_HEADS - N_KV)
-    cell = slot * kc_slot + kv[:, None] * kc_head + pos * kc_pos + d[None, :]
+    at = tl.load(CELL + t)  # the position in the slot (paged: the offset in the block)
+    cell = slot.to(tl.int64) * kc_slot + kv[:, None] * kc_head + at * kc_pos + d[None, :]
     tl.store(KC + cell, o1, mask=is_k[:, None])
     tl.store(KC + cell + HALF, o2, mask=is_k[:, None])
     tl.store(VC + cell, o1, mask=is_v[:, None])
@@ -170,23 +173,27 @@ def rope_cache(
     n_kv: int,
     q_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
     heads: int | None = None,
+    cell: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """From ``qkv`` [T, (H + 2 Hkv) * D] (rows may be strided), return q [T, H, D] with its
     norm (``q_norm``: the q and k norm weights and their eps, or None) and rope applied, and
     write each token's normed, roped k and its v into the caches ([slots, Hkv, capacity, D])
     at ``(slot[t], pos[t])`` (``slot`` None: token t's slot is t, as in a decode step);
     ``cos``/``sin``: [positions, D] tables; ``heads``: heads per program (a power of two; by
-    default all of a token's for many tokens, 4 for a decode step's few)."""
+    default all of a token's for many tokens, 4 for a decode step's few); ``cell``: where in
+    its slot token t's keys go when not at ``pos[t]`` (a paged cache: the offset in the block
+    ``slot[t]``, see kv_cache.py)."""
     tokens, dim = qkv.shape[0], k_cache.shape[-1]
     pos = pos.contiguous()  # the kernel reads pos[t] and slot[t] at t's offset
     slot = None if slot is None else slot.contiguous()
+    cell = pos if cell is None else cell.contiguous()
     q = torch.empty(tokens, n_heads, dim, dtype=qkv.dtype, device=qkv.device)
     qw, kw, eps = q_norm if q_norm is not None else (cos, cos, 0.0)
     total = n_heads + 2 * n_kv
     # many tokens (a prefill): one program per token; few (a decode step): more programs
     heads = heads or min(triton.next_power_of_2(total), 32 if tokens > 256 else 4)
     _rope_cache_kernel[(tokens, triton.cdiv(total, heads))](
-        qkv, q, k_cache, v_cache, cos, sin, pos, pos if slot is None else slot, qw, kw,
+        qkv, q, k_cache, v_cache, cos, sin, pos, pos if slot is None else slot, cell, qw, kw,
         qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         N_HEADS=n_heads, N_KV=n_kv, HALF=dim // 2, QK_NORM=q_norm is not None,
         ROW_SLOTS=slot is None, HEADS=heads,
@@ -195,12 +202,17 @@ def rope_cache(
 
 
 @triton.jit
-def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK: tl.constexpr,
-                 F32_DOT: tl.constexpr):  # fmt: skip
-    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax."""
+def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, TBL, kc_slot,
+                 BLOCK: tl.constexpr, F32_DOT: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax; PAGE > 0:
+    key n lives in block ``TBL[n // PAGE]`` at offset ``n % PAGE`` (a paged cache)."""
     n = start + tl.arange(0, BLOCK)
     valid = n < hi
-    offs = n[:, None] * kc_pos + d[None, :]
+    if PAGE == 0:
+        offs = n[:, None] * kc_pos + d[None, :]
+    else:
+        blk = tl.load(TBL + n // PAGE, mask=valid, other=0).to(tl.int64)
+        offs = blk[:, None] * kc_slot + (n % PAGE)[:, None] * kc_pos + d[None, :]
     k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
     v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
     if F32_DOT:
@@ -221,11 +233,11 @@ def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, BL
 
 @triton.jit
 def _decode_attn_kernel(
-    Q, KC, VC, POS, OUT, PO, PM, PL, keys, scale,
-    kc_slot, kc_head, kc_pos,
+    Q, KC, VC, POS, OUT, PO, PM, PL, TABLE, keys, scale,
+    kc_slot, kc_head, kc_pos, table_stride,
     N_HEADS: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, DIM: tl.constexpr,
     BLOCK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, F32_DOT: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, PAGE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -241,19 +253,19 @@ def _decode_attn_kernel(
     m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, DIM], tl.float32)
-    kbase = KC + b * kc_slot + g * kc_head
-    vbase = VC + b * kc_slot + g * kc_head
+    row = b * kc_slot if PAGE == 0 else 0  # paged: each key's block comes from row b's table
+    kbase = KC + row + g * kc_head
+    vbase = VC + row + g * kc_head
+    tbl = TABLE + b * table_stride
     if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past the length
         for start in range(0, CHUNK, BLOCK):
             if lo + start < hi:
-                m_i, l_i, acc = _attend_tile(
-                    q, kbase, vbase, lo + start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK, F32_DOT
-                )
+                m_i, l_i, acc = _attend_tile(q, kbase, vbase, lo + start, hi, kc_pos, scale, m_i, l_i,
+                                             acc, d, tbl, kc_slot, BLOCK, F32_DOT, PAGE)  # fmt: skip
     else:
         for start in range(lo, hi, BLOCK):
-            m_i, l_i, acc = _attend_tile(
-                q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, BLOCK, F32_DOT
-            )
+            m_i, l_i, acc = _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i,
+                                         acc, d, tbl, kc_slot, BLOCK, F32_DOT, PAGE)  # fmt: skip
     rmask = (r < REP)[:, None]
     if SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -295,10 +307,13 @@ def decode_attention(
     pos: torch.Tensor,
     keys: int,
     scale: float,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per row: ``q`` [B, H, D]; row b attends to its cache slot
     b's keys ``[0, pos[b]]`` if ``pos[b] < keys``, else to none (a padded row: zeros). ``keys``
-    bounds the grid (the step's key bucket), not the reads. Returns [B, H, D] in q's dtype."""
+    bounds the grid (the step's key bucket), not the reads. Returns [B, H, D] in q's dtype.
+    ``table`` [B, W] (a paged cache, kv_cache.py): row b's position p is in block
+    ``table[b, p // block]`` of the caches ([blocks, Hkv, block, D])."""
     batch, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
@@ -312,11 +327,12 @@ def decode_attention(
     else:
         po = pm = pl = out
     _decode_attn_kernel[(batch, n_kv, splits)](
-        q, k_cache, v_cache, pos, out, po, pm, pl, keys, scale,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q, k_cache, v_cache, pos, out, po, pm, pl, pos if table is None else table, keys, scale,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 0 if table is None else table.stride(0),
         N_HEADS=n_heads, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), DIM=dim,
         BLOCK=BLOCK_N, SPLITS=splits, CHUNK=chunk, F32_DOT=q.dtype == torch.float32 or INTERPRET,
-        INTERPRETED=INTERPRET, num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
+        INTERPRETED=INTERPRET, PAGE=0 if table is None else k_cache.shape[2],
+        num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](

@@ -33,11 +33,12 @@ async def open_engine(
     mem_fraction: float = 0.85,
     log_dir: Path | None = None,
     lora: LoraConfig | None = None,
+    kv_cache: str = "slots",
 ) -> tuple[Engine, ChatTokenizer]:
     """Start (or connect to) an engine; it is closed when `stack` closes. ``lora``: the
     trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters)."""
     if backend == "torch":
-        return await _open_torch(stack, model, device, dtype, max_batch, max_len)
+        return await _open_torch(stack, model, device, dtype, max_batch, max_len, kv_cache)
     path, tokenizer = await open_tokenizer(model)
     if backend == "sglang":
         from stacx.inference.sglang_client import SGLangEngine
@@ -75,7 +76,13 @@ async def open_engine(
 
 
 async def _open_torch(
-    stack: AsyncExitStack, model: str, device: str, dtype: str, max_batch: int, max_len: int
+    stack: AsyncExitStack,
+    model: str,
+    device: str,
+    dtype: str,
+    max_batch: int,
+    max_len: int,
+    kv_cache: str,
 ) -> tuple[Engine, ChatTokenizer]:
     """STACX's own engine in this process (torch is imported only here)."""
     import torch
@@ -84,7 +91,13 @@ async def _open_torch(
 
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
     engine = await asyncio.to_thread(
-        TorchEngine, model, device=device, dtype=torch_dtype, max_batch=max_batch, max_len=max_len
+        TorchEngine,
+        model,
+        device=device,
+        dtype=torch_dtype,
+        max_batch=max_batch,
+        max_len=max_len,
+        kv_cache=kv_cache,
     )
     stack.push_async_callback(engine.close)
     assert engine.tokenizer is not None

@@ -68,6 +68,9 @@ class EngineSection(_Section, frozen=True):
     max_len: int = 8192  # prompt + output tokens (sglang --context-length)
     tp: int = 1  # tensor parallel degree (sglang only): GPUs per engine
     mem_fraction: float = 0.85  # sglang only: --mem-fraction-static
+    # torch only: one cache row of max_len per request, or a pool of blocks shared between
+    # prefixes, with admission control and preemption when full (stacx.inference.kv_plan)
+    kv_cache: Literal["slots", "paged"] = "slots"
 
 
 class SandboxSection(_Section, frozen=True):
@@ -413,7 +416,9 @@ def _engine_problems(r: Recipe) -> list[str]:
                     f"engine.{key} = {getattr(e, key)!r}: sglang only (the torch engine runs "
                     "on one device of the worker's process)"
                 )
-    elif e.url or e.backend == "openai":
+    elif e.kv_cache != defaults.kv_cache:
+        out.append(f"engine.kv_cache = {e.kv_cache!r}: torch only (an SGLang server pages its own cache)")
+    if e.backend != "torch" and (e.url or e.backend == "openai"):
         fixed = {f"engine.{k}": (getattr(e, k), getattr(defaults, k)) for k in _SERVER_KEYS}
         fixed["model.dtype"] = (r.model.dtype, ModelSection().dtype)
         for key, (value, default) in fixed.items():

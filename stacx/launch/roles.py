@@ -117,6 +117,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             mem_fraction=e.mem_fraction,
             log_dir=Path(env.run_dir),
             lora=None if recipe.is_eval else recipe.trainer.lora,
+            kv_cache=e.kv_cache,
         )
         weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
         # Before any episode: a resumed run continues on its latest published weights.

@@ -3,6 +3,7 @@ greedy tokens equal transformers' greedy `generate`. Skipped where there is no G
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
@@ -204,3 +205,38 @@ async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
         await engine.close()
     assert not errors, errors
     assert steps[0] > 0
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(kernels: bool) -> None:
+    """The paged cache on the CUDA path (graphs, 16 steps per replay, replays launched ahead,
+    the block table a graph input): greedy rows equal HF generate with a pool too small for
+    them (rows are preempted and recomputed), and a group of samples of one prompt prefills
+    it once, each sample what its seed gives alone."""
+    model = small_qwen3()
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (5, 17, 40, 33, 61, 8)]
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, min_new_tokens=48,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        refs.append(out[0, len(p) :].tolist())
+    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160,
+                         kv_cache="paged", kv_tokens=256, kv_block=16, kernels=kernels,
+                         compile=False)  # fmt: skip
+    try:
+        gens = await engine.generate(prompts, SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True))
+        assert [g.output_ids for g in gens] == refs
+        assert engine.stats["preempted"] > 0  # and multi-step replays ran over block tables:
+        assert engine.stats["decode_steps"] > 2 * engine.stats["decode_calls"]
+        hot = SamplingParams(max_new_tokens=20, temperature=1.0, seed=3, ignore_eos=True)
+        before = engine.stats["prefill_tokens"]
+        group = await engine.generate([prompts[2]] * 4, hot)
+        assert engine.stats["prefill_tokens"] - before <= len(prompts[2]) + 3
+        await engine.flush_cache()
+        alone = [(await engine.generate([prompts[2]], msgspec.structs.replace(hot, seed=3 + i)))[0]
+                 for i in range(4)]  # fmt: skip
+    finally:
+        await engine.close()
+    assert [g.output_ids for g in group] == [a.output_ids for a in alone]

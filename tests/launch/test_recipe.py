@@ -273,6 +273,13 @@ def test_sglang_only_settings_on_the_torch_engine_are_rejected(key: str, value: 
     assert f"engine.{key} = {value!r}" in msg and "sglang only" in msg
 
 
+def test_a_paged_kv_cache_is_a_torch_engine_setting() -> None:
+    assert convert({"name": "x", "engine": {"kv_cache": "paged"}}).engine.kv_cache == "paged"
+    msg = _error({"name": "x", "engine": {"backend": "sglang", "kv_cache": "paged"}})
+    assert "engine.kv_cache = 'paged'" in msg and "torch only" in msg
+    assert "slots" in _error({"name": "x", "engine": {"kv_cache": "blocks"}})
+
+
 def test_sglang_server_gets_every_engine_setting() -> None:
     from stacx.launch.engines import sglang_args
 

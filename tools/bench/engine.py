@@ -209,6 +209,11 @@ def main() -> None:
                     help="CUDA: torch-profile one STACX generate per batch (kernel time vs host gaps)")
     ap.add_argument("--check-hf", action="store_true",
                     help="assert STACX greedy tokens equal HF generate's (first 32 tokens, batch 4)")
+    ap.add_argument("--kv-cache", choices=("slots", "paged"), default="slots",
+                    help="the engine's KV cache: one row per request (default) or a paged pool")
+    ap.add_argument("--kv-tokens", type=int, default=None,
+                    help="paged: the pool's positions (default: as many as the slots would hold)")
+    ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
     args = ap.parse_args()
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -273,13 +278,15 @@ def main() -> None:
                                     ("gemv_rows", args.gemv_rows)) if v is not None}  # fmt: skip
         engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
                              max_len=prompt_len + new + 8, compile_mode=args.compile_mode,
-                             fuse=not args.no_fuse, **tuning)  # fmt: skip
+                             fuse=not args.no_fuse, kv_cache=args.kv_cache, kv_tokens=args.kv_tokens,
+                             kv_block=args.kv_block, **tuning)  # fmt: skip
         if args.gemm_rows is not None:  # before the warm-up captures the graphs
             engine.decoder.gemm_rows = args.gemm_rows
         result.update(decode_steps=engine.decode_steps, compile_mode=args.compile_mode,
                       gemm_rows=engine.decoder.gemm_rows,
                       gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse,
-                      kernels=engine.decoder.kernels)
+                      kernels=engine.decoder.kernels, kv_cache=args.kv_cache,
+                      kv_gib=round(engine.kv_usage()["bytes"] / 2**30, 3))
         for b in batches:
             ids = all_prompts[:b].tolist()
             try:

@@ -27,8 +27,15 @@ first turn reuses nothing; ``reuse_rate_after_first`` = reused / submitted promp
 turns 2..T (``reuse_ideal_after_first``: what reusing every previous prompt + reply would give).
 Prefill counts are the engine's ``stats["prefill_tokens"]`` / ``["reused_tokens"]``. Time to
 first token: submission to the first streamed id, per turn (the engine streams the first token
-right after the prefill that makes it). On CUDA: peak ``torch.cuda.max_memory_allocated`` per
-pass and the KV cache's bytes (allocated at full size: max_batch x max_len).
+right after the prefill that makes it). KV memory: the cache's allocated bytes
+(``kv_cache_gib``; slots on CUDA: max_batch x max_len at full size) and per pass the positions
+running rows held at the peak (``kv_peak_tokens`` / ``kv_peak_gib``: paged, their blocks, cached
+prefixes not counted; slots, the whole cache); on CUDA also the peak
+``torch.cuda.max_memory_allocated``. ``--kv-cache paged`` runs the engine on its paged cache
+(``--kv-tokens``: the pool; ``--kv-block``: positions per block); ``preempted`` counts rows
+recomputed because the pool was full. ``--group N`` adds a pass where every turn is N sampled
+replies to its prompt in one call (a GRPO group; the episode goes on with the first):
+``reuse_ideal`` then counts the other samples reusing the prompt but its last token.
 
 ``--tiny``: SmolLM2-135M on CPU, 4 episodes x 3 turns, start 64, observations 64, replies
 16-32 (about a minute on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
@@ -124,9 +131,11 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 async def stacx_pass(
-    engine: object, wl: Workload, *, reuse: bool, together: bool
+    engine: object, wl: Workload, *, reuse: bool, together: bool, group: int = 1
 ) -> dict[str, object]:
-    """Run the whole workload once; tokens/s, prefill counts and TTFT per turn (ms)."""
+    """Run the whole workload once; tokens/s, prefill counts and TTFT per turn (ms). `group`
+    > 1: each turn is `group` samples of its prompt in one call (a GRPO group: temperature 1,
+    seeded), the episode going on with the first."""
     from stacx.ports import SamplingParams
 
     n, turns = len(wl.starts), wl.turns
@@ -138,18 +147,19 @@ async def stacx_pass(
         if not reuse:
             await engine.flush_cache()  # type: ignore[attr-defined]
         prompts[e] += wl.obs[e][t]
-        params = SamplingParams(max_new_tokens=wl.replies[e][t], temperature=0.0, ignore_eos=True)
-        t0, out = time.perf_counter(), []
-        async for d in engine.generate_stream([prompts[e]], params):  # type: ignore[attr-defined]
-            if not out and d.output_ids:
+        temp, seed = (1.0, 1000 * e + t) if group > 1 else (0.0, None)
+        params = SamplingParams(max_new_tokens=wl.replies[e][t], temperature=temp, seed=seed, ignore_eos=True)
+        t0, outs = time.perf_counter(), [[] for _ in range(group)]  # type: ignore[var-annotated]
+        async for d in engine.generate_stream([prompts[e]] * group, params):  # type: ignore[attr-defined]
+            if not any(outs) and d.output_ids:
                 ttft[t].append((time.perf_counter() - t0) * 1e3)
-            out += d.output_ids
-        if len(out) != wl.replies[e][t]:
+            outs[d.index] += d.output_ids
+        if any(len(out) != wl.replies[e][t] for out in outs):
             raise RuntimeError(
-                f"episode {e} turn {t}: {len(out)} tokens, expected {wl.replies[e][t]}"
+                f"episode {e} turn {t}: {[len(o) for o in outs]} tokens, expected {wl.replies[e][t]}"
             )
-        prompts[e] += out
-        return len(out)
+        prompts[e] += outs[0]
+        return sum(map(len, outs))
 
     async def episode(e: int) -> int:
         return sum([await turn(e, t) for t in range(turns)])
@@ -165,22 +175,30 @@ async def stacx_pass(
     wall = time.perf_counter() - t0
     stats = {k: v - before[k] for k, v in engine.stats.items()}  # type: ignore[attr-defined]
     first, later, ideal = wl.prompt_tokens(n, turns)
+    # a group's other samples reuse all of its prompt but the last token
+    ideal += (group - 1) * (first + later - n * turns)
+    submitted = group * (first + later)
     flat = [x for row in ttft for x in row]
+    after_first = {  # turn 1 reuses nothing without groups: every reused token is a later turn's
+        "reuse_rate_after_first": round(stats["reused_tokens"] / max(later, 1), 4),
+        "reuse_ideal_after_first": round(ideal / max(later, 1), 4),
+    } if group == 1 else {}  # fmt: skip
     return {
         "tok_s": round(made / wall, 1),
         "wall_s": round(wall, 2),
         "generated": made,
-        "submitted_prompt_tokens": first + later,
+        "submitted_prompt_tokens": submitted,
         "prefill_tokens": stats["prefill_tokens"],
         "reused_tokens": stats["reused_tokens"],
-        "reuse_rate": round(stats["reused_tokens"] / (first + later), 4),
-        "reuse_rate_after_first": round(stats["reused_tokens"] / max(later, 1), 4),
-        "reuse_ideal_after_first": round(ideal / max(later, 1), 4),
+        "reuse_rate": round(stats["reused_tokens"] / submitted, 4),
+        "reuse_ideal": round(ideal / submitted, 4),
+        **after_first,
         "ttft_ms_p50": pct(flat, 0.5),
         "ttft_ms_p99": pct(flat, 0.99),
         "ttft_ms_p50_per_turn": [pct(row, 0.5) for row in ttft],
         "ttft_ms_p99_per_turn": [pct(row, 0.99) for row in ttft],
         "decode_steps": stats["decode_steps"],
+        "preempted": stats["preempted"],
     }
 
 
@@ -271,6 +289,13 @@ def parse() -> argparse.Namespace:
         "--hf-turns", type=int, default=None, help="HF baselines: turns (default 3 on CUDA)"
     )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--kv-cache", choices=("slots", "paged"), default="slots",
+                    help="the engine's KV cache: one row per request (default) or a paged pool")
+    ap.add_argument("--kv-tokens", type=int, default=None,
+                    help="paged: the pool's positions (default: as many as the slots would hold)")
+    ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
+    ap.add_argument("--group", type=int, default=1,
+                    help="also a pass where each turn is this many samples of its prompt (a GRPO group)")
     args = ap.parse_args()
     if args.tiny:
         args.device = "cpu" if args.device == "auto" else args.device
@@ -348,11 +373,11 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         from stacx.inference.torch_engine import TorchEngine
 
         engine = TorchEngine(model, device=str(device), dtype=dtype, threads=threads,
-                             max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8)  # fmt: skip
-        if gpu:
-            cache = engine._cache
-            result["kv_cache_gib"] = round(sum(t.numel() * t.element_size()
-                                               for t in cache.k + cache.v) / 2**30, 2)  # fmt: skip
+                             max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8,
+                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block)  # fmt: skip
+        usage = engine.kv_usage()
+        result.update(kv_cache=args.kv_cache, kv_pool_tokens=usage["pool_tokens"],
+                      kv_cache_gib=round(usage["bytes"] / 2**30, 3))  # allocated (CPU: grown so far)
     except Exception as e:
         errors["stacx"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -364,11 +389,20 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
     ]
     if args.together:
         passes.append(("stacx_together", True, True))
+    if args.group > 1:
+        passes.append(("stacx_group", True, False))
     for name, reuse, together in passes:
         try:
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
-            r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together))
+            engine.reset_kv_peak()
+            group = args.group if name == "stacx_group" else 1
+            r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together, group=group))
+            usage = engine.kv_usage()
+            # the KV positions running rows held at the peak (paged: their blocks; slots: the
+            # whole cache) and their bytes
+            r["kv_peak_tokens"] = usage["peak_tokens"]
+            r["kv_peak_gib"] = round(usage["peak_tokens"] * usage["token_bytes"] / 2**30, 3)
             if gpu:
                 r["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             result[name] = r

@@ -1,0 +1,431 @@
+"""Who holds which keys in the in-process engine's KV cache: prefix reuse, group sharing,
+admission and eviction (host-side bookkeeping; the tensors are kv_cache.py's).
+
+Two policies with one interface, chosen by ``TorchEngine(kv_cache=...)``:
+
+- `SlotKV` ("slots"): a request owns one cache row of ``max_len`` positions while it runs;
+  a finished row keeps its keys as a cached prefix until the row is handed to another request.
+- `PagedKV` ("paged"): a pool of fixed-size blocks; a row's table lists its blocks, so
+  memory goes to the tokens that exist. Blocks are shared by reference (refcounts): a group's
+  n samples and the next turn of an episode point at their prompt's blocks; a shared block
+  that would be written (the partial last block of a prefix) is copied first (copy-on-write).
+  Finished rows' blocks stay as cached prefixes, evicted least recently used when the pool
+  needs room. A request is admitted only when its prompt's blocks fit (admission control);
+  a step that cannot get blocks for its rows preempts the youngest row (the engine recomputes
+  it later), so a full pool never raises an out-of-memory error.
+
+Prefix matching (both): a new request's tokens (its prompt, plus the output so far when it
+was preempted) are compared with every *source*: a running row's valid keys, a cached
+prefix, and the rows admitted earlier in the same step (the siblings of a GRPO group arrive
+together: the first computes the prompt, the others reuse it once its prefill has run, see
+`Place.after`). The longest common prefix wins, at most ``len(tokens) - 1`` (the last token
+is computed: it gives the first logits) and at least `MIN_PREFIX_REUSE`. Keys computed under
+an older *epoch* are never reused: the engine bumps the epoch (`invalidate`) at a weight load
+that changes keys and at ``flush_cache``; rows running across it finish, but their keys are
+not offered to later requests.
+
+Limits: matching is linear in the sources (a C-speed list comparison each), not a radix tree;
+a prefix shorter than MIN_PREFIX_REUSE is recomputed.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from stacx.errors import EngineError
+from stacx.inference.kv_cache import KVCache, PagedKVCache
+
+if TYPE_CHECKING:
+    from stacx.inference.decoder import Decoder
+
+MIN_PREFIX_REUSE = 16  # shorter shared prefixes are recomputed
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of `a` and `b`, at most `limit`. Compares slices of growing
+    size (in C), so the cost follows the common part, not the lists' lengths."""
+    n = min(len(a), len(b), limit)
+    if n <= 0 or a[0] != b[0]:
+        return 0
+    lo, step = 0, 64
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+                mid = (lo + hi) // 2
+                if a[lo:mid] == b[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo, step = hi, min(step * 2, 4096)
+    return n
+
+
+@dataclass
+class Place:
+    """Where an admitted request's keys go: its row, how many leading tokens it reuses, and
+    the row admitted in this same step whose prefill must run first (None: none)."""
+
+    row: int
+    reuse: int
+    after: int | None = None
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # see KVPlan.copy
+
+
+class KVPlan:
+    """The interface the engine drives (see the module docstring); ``tokens[row]`` are the
+    tokens whose keys are valid in `row` (the engine appends as decode steps write them)."""
+
+    cache: KVCache
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.tokens: list[list[int]] = []
+        self.live: list[bool] = []  # held by a request
+        self.row_epoch: list[int] = []
+        self.epoch = 0
+        self.tick = 0  # LRU clock
+        self.pending: dict[int, int | None] = {}  # rows placed in this step -> their `after`
+
+    def _sources(self, tokens: list[int]) -> tuple[int, int]:
+        """(row, n) of the live or pending row sharing the longest prefix (n 0: none)."""
+        best, best_n = -1, 0
+        for row, ok in enumerate(self.live):
+            if ok and self.row_epoch[row] == self.epoch and self.pending.get(row) is None:
+                n = common_prefix(self.tokens[row], tokens, len(tokens) - 1)
+                if n > best_n:
+                    best, best_n = row, n
+        return best, best_n
+
+    def _add_row(self) -> int:
+        self.tokens.append([])
+        self.live.append(False)
+        self.row_epoch.append(self.epoch)
+        return len(self.tokens) - 1
+
+    def place(self, tokens: list[int], cached: int, upcoming: list[list[int]]) -> Place | None:
+        """Take a row for a request whose keys will be `tokens[:cached]` after its prefill
+        (None: no room now). `upcoming`: prompts waiting behind it (their cached prefixes are
+        evicted last)."""
+        raise NotImplementedError
+
+    def placed(self, place: Place, tokens: list[int], cached: int) -> None:
+        self.pending[place.row] = place.after
+        self.live[place.row] = True
+        self.tokens[place.row] = tokens[:cached]
+        self.row_epoch[place.row] = self.epoch
+
+    def end_step(self) -> None:
+        """The step's admissions have been prefilled: its rows become ordinary sources."""
+        self.pending.clear()
+
+    def release(self, row: int, keep: bool) -> None:
+        """`row`'s request is done (``keep``: its keys stay as a cached prefix)."""
+        self.live[row] = False
+        self.tick += 1
+        if not keep or self.row_epoch[row] != self.epoch:
+            self.tokens[row] = []
+
+    def too_long(self, tokens: int) -> str | None:
+        """Why a sequence of `tokens` positions can never be cached (None: it can)."""
+        return None
+
+    def first(self, prompts: list[list[int]]) -> list[int]:
+        """The order in which to admit these waiting prompts (indices; default: as they came)."""
+        return list(range(len(prompts)))
+
+    def usage(self) -> dict[str, int]:
+        """Positions the cache holds (``pool_tokens``), those in use now (``used_tokens``:
+        running rows and cached prefixes), those running rows held at the peak since
+        `reset_peak` (``peak_tokens``), the bytes allocated and the bytes per position."""
+        return {"pool_tokens": 0, "used_tokens": 0, "peak_tokens": 0, "bytes": self.cache.nbytes(),
+                "token_bytes": self.cache.token_bytes()}  # fmt: skip
+
+    def reset_peak(self) -> None:
+        """Start a new peak of `usage`."""
+
+    def reserve(self, row: int, upto: int) -> bool:
+        """Room for `row`'s positions ``[0, upto)`` (False: none; the caller preempts)."""
+        return True
+
+    def invalidate(self) -> None:
+        """Keys computed so far are never reused (a weight load that changes them, a flush)."""
+        self.epoch += 1
+        for row, ok in enumerate(self.live):
+            if not ok:
+                self.release(row, keep=False)
+
+    def copy(self, copies: list[tuple[int, int, int]]) -> None:
+        """Run a placement's prefix copies (before its prefill)."""
+
+
+class SlotKV(KVPlan):
+    """One cache row per request (see the module docstring); the slot cache grows on CPU."""
+
+    def __init__(self, cache: KVCache, max_rows: int) -> None:
+        super().__init__(max_rows)
+        self.cache = cache
+        self.used: list[int] = []  # LRU tick per row
+
+    def _add_row(self) -> int:
+        self.used.append(0)
+        return super()._add_row()
+
+    def place(self, tokens: list[int], cached: int, upcoming: list[list[int]]) -> Place | None:
+        free = [i for i, ok in enumerate(self.live) if not ok]
+        best, best_n = -1, 0
+        for i in free:  # a cached prefix: take its row, nothing to copy
+            if self.tokens[i] and self.row_epoch[i] == self.epoch:
+                n = common_prefix(self.tokens[i], tokens, len(tokens) - 1)
+                if n > best_n:
+                    best, best_n = i, n
+        src, src_n = self._sources(tokens)
+        if best_n >= MIN_PREFIX_REUSE and best_n >= src_n:
+            place = Place(best, best_n)
+        else:
+            row = self._free_row(free, upcoming)
+            if src_n >= MIN_PREFIX_REUSE:  # a running row or a sibling: copy its prefix
+                place = Place(row, src_n, src if src in self.pending else None, [(src, row, src_n)])
+            else:
+                place = Place(row, 0)
+        self.placed(place, tokens, cached)
+        self.used[place.row] = self.tick
+        return place
+
+    def _free_row(self, free: list[int], upcoming: list[list[int]]) -> int:
+        """An empty row (the lowest: keeps the decode batch compact), else the least recently
+        used cached prefix that no upcoming prompt starts with, else the least recently used."""
+        empty = [i for i in free if not self.tokens[i]]
+        if empty:
+            return empty[0]
+        if not free:
+            return self._add_row()
+
+        def wanted(i: int) -> bool:
+            return any(common_prefix(self.tokens[i], p, MIN_PREFIX_REUSE) >= MIN_PREFIX_REUSE
+                       for p in upcoming)  # fmt: skip
+
+        by_age = sorted(free, key=lambda i: self.used[i])
+        return next((i for i in by_age if not wanted(i)), by_age[0])
+
+    def copy(self, copies: list[tuple[int, int, int]]) -> None:
+        for src, dst, n in copies:
+            self.cache.copy_prefix(src, dst, n)
+
+    def release(self, row: int, keep: bool) -> None:
+        super().release(row, keep)
+        self.used[row] = self.tick
+
+    def first(self, prompts: list[list[int]]) -> list[int]:
+        """Prompts that extend a cached prefix first (stable): admitted after another request,
+        they could find their row handed to it (more episodes than rows)."""
+        keys = {tuple(self.tokens[i][:MIN_PREFIX_REUSE]) for i, ok in enumerate(self.live)
+                if not ok and len(self.tokens[i]) >= MIN_PREFIX_REUSE and self.row_epoch[i] == self.epoch}  # fmt: skip
+        if not keys:
+            return list(range(len(prompts)))
+        return sorted(range(len(prompts)), key=lambda i: tuple(prompts[i][:MIN_PREFIX_REUSE]) not in keys)
+
+    def usage(self) -> dict[str, int]:
+        held = self.cache.slots * max(self.cache.capacity - 1, 0)  # a slot holds max_len whatever
+        return {"pool_tokens": held, "used_tokens": held, "peak_tokens": held, "bytes": self.cache.nbytes(),
+                "token_bytes": self.cache.token_bytes()}  # fmt: skip
+
+
+@dataclass
+class Entry:
+    """A cached prefix of the paged pool: the tokens whose keys its blocks hold."""
+
+    tokens: list[int]
+    blocks: list[int]
+
+
+class PagedKV(KVPlan):
+    """Rows read a pool of blocks through tables (see the module docstring)."""
+
+    def __init__(self, cache: PagedKVCache, max_rows: int) -> None:
+        super().__init__(max_rows)
+        self.cache = self.pool = cache
+        self.block = cache.block
+        self.refs = [0] * cache.blocks
+        self.free = list(range(cache.blocks - 1, 0, -1))  # block 0: the scratch block
+        self.blocks: list[list[int]] = []
+        self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # LRU first
+        self._next_entry = 0
+        self.row_refs = [0] * cache.blocks  # references from running rows
+        self.held = self.peak = 0  # blocks running rows reference, now and at the peak
+        for _ in range(max_rows):
+            self._add_row()
+
+    def _add_row(self) -> int:
+        self.blocks.append([])
+        return super()._add_row()
+
+    @property
+    def used_blocks(self) -> int:
+        return self.pool.blocks - 1 - len(self.free)
+
+    def _blocks_for(self, positions: int) -> int:
+        return -(-positions // self.block)
+
+    def _unref(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free.append(b)
+
+    def _take(self, n: int, spare: int = 0) -> list[int] | None:
+        """`n` fresh blocks, evicting cached prefixes (least recently used first) as needed;
+        None unless `spare` more would be left."""
+        while len(self.free) < n + spare and self.entries:
+            _, entry = self.entries.popitem(last=False)
+            self._unref(entry.blocks)
+        if len(self.free) < n + spare:
+            return None
+        got = [self.free.pop() for _ in range(n)]
+        for b in got:
+            self.refs[b] = 1
+        return got
+
+    def _hold(self, blocks: list[int], by: int) -> None:
+        """Count running rows' references (`usage`: the blocks running rows need)."""
+        for b in blocks:
+            self.row_refs[b] += by
+            self.held += (self.row_refs[b] == 1) if by > 0 else -(self.row_refs[b] == 0)
+        self.peak = max(self.peak, self.held)
+
+    def place(self, tokens: list[int], cached: int, upcoming: list[list[int]]) -> Place | None:
+        row = next(i for i, ok in enumerate(self.live) if not ok)  # the engine caps live rows
+        src, n = self._sources(tokens)
+        key, entry_n = None, 0
+        for k, e in self.entries.items():
+            m = common_prefix(e.tokens, tokens, len(tokens) - 1)
+            if m > entry_n:
+                key, entry_n = k, m
+        after = None
+        if entry_n >= max(n, MIN_PREFIX_REUSE):
+            assert key is not None
+            shared, n = self.entries[key].blocks, entry_n
+        elif n >= MIN_PREFIX_REUSE:
+            shared, after = self.blocks[src], src if src in self.pending else None
+        else:
+            shared, n = [], 0
+        keep = shared[: self._blocks_for(n)]
+        for b in keep:
+            self.refs[b] += 1  # pinned before any eviction below
+        if key is not None and entry_n == n and n == len(self.entries[key].tokens):
+            self._unref(self.entries.pop(key).blocks)  # superseded: this row extends all of it
+        copies: list[tuple[int, int, int]] = []
+        if n % self.block and self.refs[keep[-1]] > 1:  # copy-on-write of the partial block
+            got = self._take(1)
+            if got is None:
+                self._unref(keep)
+                return None
+            self._unref(keep[-1:])
+            copies.append((keep[-1], got[0], 0))
+            keep = keep[:-1] + got
+        # one block to spare per running row: a request readmitted right after its preemption
+        # would otherwise take the blocks the others need to go on (no step would run)
+        fresh = self._take(self._blocks_for(len(tokens)) - len(keep), spare=sum(self.live))
+        if fresh is None:
+            self._unref(keep)
+            return None
+        self.blocks[row] = keep + fresh
+        self._hold(self.blocks[row], 1)
+        self.pool.set_row(row, self.blocks[row])
+        place = Place(row, n, after, copies)
+        self.placed(place, tokens, cached)
+        return place
+
+    def copy(self, copies: list[tuple[int, int, int]]) -> None:
+        for src, dst, _ in copies:
+            self.pool.copy_block(src, dst)
+
+    def too_long(self, tokens: int) -> str | None:
+        pool = (self.pool.blocks - 1) * self.block
+        if self._blocks_for(tokens) * self.block <= pool:
+            return None
+        return f"{tokens} positions do not fit the paged KV cache's {pool} (raise kv_tokens)"
+
+    def reserve(self, row: int, upto: int) -> bool:
+        need = self._blocks_for(min(upto, self.pool.max_len)) - len(self.blocks[row])
+        if need <= 0:
+            return True
+        got = self._take(need)
+        if got is None:
+            return False
+        self.blocks[row] += got
+        self._hold(got, 1)
+        self.pool.set_row(row, self.blocks[row])
+        return True
+
+    def release(self, row: int, keep: bool) -> None:
+        blocks, self.blocks[row] = self.blocks[row], []
+        self._hold(blocks, -1)
+        self.pool.set_row(row, [])
+        held = self._blocks_for(len(self.tokens[row]))
+        if keep and self.row_epoch[row] == self.epoch and len(self.tokens[row]) >= MIN_PREFIX_REUSE:
+            self.entries[self._next_entry] = Entry(self.tokens[row], blocks[:held])
+            self._next_entry += 1
+            blocks = blocks[held:]
+        self._unref(blocks)
+        super().release(row, keep=False)
+
+    def usage(self) -> dict[str, int]:
+        b = self.block
+        return {"pool_tokens": (self.pool.blocks - 1) * b, "used_tokens": self.used_blocks * b,
+                "peak_tokens": self.peak * b, "bytes": self.pool.nbytes(),
+                "token_bytes": self.pool.token_bytes()}  # fmt: skip
+
+    def reset_peak(self) -> None:
+        self.peak = self.held
+
+    def invalidate(self) -> None:
+        super().invalidate()
+        while self.entries:
+            self._unref(self.entries.popitem()[1].blocks)
+
+
+KV_CACHE_MODES = ("slots", "paged")
+
+
+def new_plan(
+    decoder: Decoder, mode: str, rows: int, *, kv_tokens: int | None = None, block: int = 64
+) -> KVPlan:
+    """The engine's KV cache and its policy: the ONE place where the cache's size is decided.
+
+    ``slots``: ``rows`` rows of ``max_len + 1`` positions (allocated at full size on CUDA,
+    grown on demand on CPU). ``paged``: a pool of ``kv_tokens`` positions (default: as many as
+    the slots would hold, capped on CUDA at 80% of the free device memory) in blocks of
+    ``block``, shared by ``rows`` decode rows. On CUDA an explicit size over 80% of the free
+    memory (or a slot cache over it) is an :class:`EngineError` naming the numbers."""
+    if mode not in KV_CACHE_MODES:
+        raise EngineError(f"kv_cache must be one of {', '.join(KV_CACHE_MODES)}, got {mode!r}")
+    cuda = decoder.device.type == "cuda"
+    per_token = 2 * len(decoder.layers) * decoder.n_kv * decoder.head_dim
+    per_token *= torch.finfo(decoder.dtype).bits // 8
+    free = torch.cuda.mem_get_info(decoder.device)[0] if cuda else 0
+    full = rows * (decoder.max_len + 1)
+    if mode == "paged" and kv_tokens is None:
+        tokens = min(full, int(0.8 * free) // per_token) if cuda else full
+    else:
+        tokens = kv_tokens if mode == "paged" and kv_tokens is not None else full
+    if cuda and tokens * per_token > 0.8 * free:
+        what = f"kv_tokens={tokens}" if mode == "paged" else f"max_batch={rows} x max_len={decoder.max_len}"
+        raise EngineError(
+            f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than 80% of "
+            f"the {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
+        )
+    if mode == "slots":
+        cache = decoder.new_cache()
+        if cuda:  # static cache at full size: CUDA graphs need fixed addresses
+            cache.grow(rows, decoder.max_len + 1)
+        return SlotKV(cache, rows)
+    if block < 1 or tokens < block:
+        raise EngineError(f"a paged KV cache needs kv_block >= 1 and kv_tokens >= kv_block, "
+                          f"got {block} and {tokens}")  # fmt: skip
+    return PagedKV(decoder.new_paged_cache(rows, -(-tokens // block) + 1, block), rows)

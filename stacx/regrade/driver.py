@@ -63,7 +63,7 @@ from stacx.launch.roles import agent_config, docker_environments
 from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.regrade.graders import Grader, Replayed
-from stacx.regrade.judging import open_grader
+from stacx.regrade.judging import judge_plan, open_grader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
 from stacx.sandbox.tasks import load_task, load_task_set
 from stacx.store import db
@@ -305,6 +305,8 @@ async def regrade(
     chosen = await asyncio.to_thread(targets, records, paths, tasks)
     done = await asyncio.to_thread(done_before, run_dir)
     judged: ConfigDict = {"name": "import"} if "import" in recorded else recorded  # its [judge]
+    plan = await asyncio.to_thread(judge_plan, judged, [t.task for t in chosen if t.task is not None],
+                                   rubric, list(judge_sets or []))  # fmt: skip
     # this attempt's RunStarted: the run's recipe, and what this regrade did
     config = {**recorded, "regrade": {"tasks": str(tasks or ""), "episodes": where,
                                       "limit": limit, "rubric": str(rubric or ""),
@@ -314,11 +316,7 @@ async def regrade(
         env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
         async with contextlib.AsyncExitStack() as stack:
             envs = await stack.enter_async_context(docker_environments(recipe, env))
-            grader = await open_grader(
-                stack, envs, env, attempt=run.attempt, recorded=judged,
-                tasks=[t.task for t in chosen if t.task is not None], rubric=rubric,
-                judge_sets=list(judge_sets or []),
-            )  # fmt: skip
+            grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
             regrader = Regrader(run_id=run.run_id, attempt=run.attempt, envs=envs,
                                 grader=grader, recipe=recipe, emit=run.emit,
                                 artifacts_dir=run.run_dir / "artifacts")  # fmt: skip

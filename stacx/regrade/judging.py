@@ -122,20 +122,18 @@ def needs_judge(tasks: list[Task], rubric: Rubric | None, recipe: Recipe) -> boo
     return rubric is not None or bool(recipe.judge.rubric) or any(t.rubric for t in tasks)
 
 
-async def open_grader(
-    stack: contextlib.AsyncExitStack,
-    envs: Environments,
-    env: ActorEnv,
-    *,
-    attempt: int,
-    recorded: ConfigDict,
-    tasks: list[Task],
-    rubric: Path | None,
-    judge_sets: list[str],
-) -> Grader:
-    """The regrade's grader: `JudgeGrader` (its judge engine closed with `stack`) when a rubric
-    applies to a selected episode and a judge is to be asked, else `VerifierGrader`."""
-    verifier = VerifierGrader(envs)
+class JudgePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What a regrade judges with, checked before it starts: the ``--rubric`` (parsed) and the
+    recipe whose [judge] is opened (None: the verifiers alone)."""
+
+    rubric: Rubric | None
+    recipe: Recipe | None
+
+
+def judge_plan(recorded: ConfigDict, tasks: list[Task], rubric: Path | None,
+               judge_sets: list[str]) -> JudgePlan:  # fmt: skip
+    """The plan for `tasks` (the selected episodes'): a ConfigError naming ``--rubric`` or the
+    ``--set`` item when one is wrong."""
     given = None
     if rubric is not None:
         try:
@@ -143,9 +141,21 @@ async def open_grader(
         except TaskError as exc:
             raise ConfigError(f"--rubric: {exc}") from exc
     recipe = judge_recipe(recorded, judge_sets, asked=given is not None)
-    if recipe is None or not needs_judge(tasks, given, recipe):
+    if recipe is not None and not needs_judge(tasks, given, recipe):
+        recipe = None
+    return JudgePlan(rubric=given, recipe=recipe)
+
+
+async def open_grader(
+    stack: contextlib.AsyncExitStack, envs: Environments, env: ActorEnv, plan: JudgePlan,
+    *, attempt: int,
+) -> Grader:  # fmt: skip
+    """The regrade's grader: `JudgeGrader` (its judge engine closed with `stack`) when the plan
+    names a judge, else `VerifierGrader`."""
+    verifier = VerifierGrader(envs)
+    if plan.recipe is None:
         return verifier
-    judge = await open_judge(stack, recipe, env)
+    judge = await open_judge(stack, plan.recipe, env)
     assert judge is not None  # judge_recipe always names one
-    return JudgeGrader(verifier, judge, judge_label(recipe), rubric=given, run_id=env.run_id,
-                       attempt=attempt, emit=env.emit)  # fmt: skip
+    return JudgeGrader(verifier, judge, judge_label(plan.recipe), rubric=plan.rubric,
+                       run_id=env.run_id, attempt=attempt, emit=env.emit)  # fmt: skip

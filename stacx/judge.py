@@ -6,8 +6,8 @@ after an engine error or an unparseable reply, and returns a `JudgeResult`: ever
 (prompt ids, output ids, decoded reply, what was parsed), the per-criterion scores and the
 aggregated score, or the reason it failed. It publishes nothing and raises nothing for a judge
 failure: the caller records the calls (``JudgeScored``) and turns a failure into an infrastructure
-failure (FailureKind.JUDGE), never into a score of 0 (`stacx.rollout.episode` does; `stacx
-regrade` can call the same function on recorded answers).
+failure (FailureKind.JUDGE), never into a score of 0 (`stacx.rollout.episode` does, and `stacx
+regrade`'s judge grader on the files of a replayed episode).
 
 The judge model is any `Engine` with a chat tokenizer (`JudgeModel`); `stacx.launch` builds it
 from the recipe's ``[judge]`` (its own checkpoint or server, the teacher, or the student).

@@ -1,8 +1,10 @@
-"""`stacx regrade RUN [--tasks DIR] [--episodes SQL|IDS] [--limit N]`: new grades for a run's
+"""`stacx regrade RUN [--tasks DIR] [--rubric FILE] [--set judge.KEY=V] [--episodes SQL|IDS]
+[--limit N]`: new grades for a run's
 recorded episodes (stacx.regrade.driver): each episode's recorded tool calls are replayed in a
 fresh sandbox of its task (or of the task of the same id in --tasks DIR, e.g. a copy whose
-tests/ changed), the verifier grades the state they leave, and the grade is recorded in RUN's
-log as RewardAssigned with its grader. A replay whose observations differ from the recorded
+tests/ changed), the verifier grades the state they leave (joined by a judge model's score where
+a rubric applies: --rubric, the task's, the recipe's; stacx.regrade.judging), and the grade is
+recorded in RUN's log as RewardAssigned with its grader. A replay whose observations differ from the recorded
 ones is reported (EpisodeNotRegraded, issue diverged), never graded."""
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from stacx.cli._common import friendly_errors, render, run_interruptible
 @click.option("--tasks", type=click.Path(path_type=Path), default=None,
               help="A task set (dir, task dir, .jsonl or bundled name) whose task of the same id "
                    "replaces each episode's recorded task: its environment and its verifier.")
+@click.option("--rubric", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="A rubric (RewardKit judge TOML, stacx.rubric) that grades every selected "
+                   "episode: its judge's score joined to the verifier's reward by its [combine].")
+@click.option("--set", "judge_sets", multiple=True, metavar="judge.KEY=VALUE",
+              help="The judge engine (the recipe's [judge] keys), over the run's recorded [judge]; "
+                   "none recorded: the default model. E.g. --set judge.path=/ckpt, judge.url=...")
 @click.option("--episodes", default=None,
               help='Episode ids (comma-separated) or a SQL predicate over the episodes view, '
                    'e.g. "task_id = \'sum-numbers\'". Default: every episode whose agent loop ended.')
@@ -27,13 +35,15 @@ from stacx.cli._common import friendly_errors, render, run_interruptible
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
 @friendly_errors
-def cli(run_dir: Path, tasks: Path | None, episodes: str | None, limit: int | None, fmt: str) -> None:
-    """Regrade RUN's episodes by replaying their recorded actions under a new verifier."""
+def cli(run_dir: Path, tasks: Path | None, rubric: Path | None, judge_sets: tuple[str, ...],
+        episodes: str | None, limit: int | None, fmt: str) -> None:  # fmt: skip
+    """Regrade RUN's episodes by replaying their recorded actions under a new verifier or judge."""
     from stacx.regrade.driver import regrade
 
     try:
         outcomes = run_interruptible(regrade(
-            run_dir, tasks=tasks, episodes=episodes, limit=limit,
+            run_dir, tasks=tasks, episodes=episodes, limit=limit, rubric=rubric,
+            judge_sets=list(judge_sets),
             echo=lambda s: click.echo(s, err=True),
         ))  # fmt: skip
     except KeyboardInterrupt:

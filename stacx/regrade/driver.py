@@ -27,7 +27,9 @@ by SQL over ``episodes`` or by ids), at most ``sandbox.concurrency`` at once:
    oracle's ``bash /solution/solve.sh`` runs the recorded task's solution as the oracle did.
    The first observation that differs from the recorded one: ``diverged``, reported and not
    graded;
-5. the grader's verdict (`stacx.regrade.graders`), recorded as RewardAssigned(grader=...).
+5. the grader's verdict (`stacx.regrade.graders`), recorded as RewardAssigned(grader=...):
+   the task's verifier, joined by a judge where a rubric applies (`stacx.regrade.judging`:
+   ``--rubric``, the task's, the recipe's; its calls are JudgeScored events of the episode).
 
 Idempotency: event ids derive from (episode, grader), and an episode that already has a grade
 or a divergence from the same grader is skipped, so rerunning a regrade changes nothing; an
@@ -61,7 +63,8 @@ from stacx.launch.resume import read_previous
 from stacx.launch.roles import agent_config, docker_environments
 from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
-from stacx.regrade.graders import Grader, Replayed, VerifierGrader
+from stacx.regrade.graders import Grader, Replayed
+from stacx.regrade.judging import judge_plan, open_grader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
@@ -282,39 +285,40 @@ class Regrader:
         return msgspec.structs.replace(base, issue=str(issue), message=message)
 
 
-MakeGrader = Callable[[Environments], Grader]
-"""The grader of one regrade, given the run's environments (the judge's hook: the CLI passes
-its rubric grader here; see stacx.regrade.graders)."""
-
-
 async def regrade(
     run_dir: Path,
     *,
     tasks: Path | None = None,
     episodes: str | None = None,
     limit: int | None = None,
-    make_grader: MakeGrader = VerifierGrader,
+    rubric: Path | None = None,
+    judge_sets: list[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[Outcome]:
-    """Regrade RUN's selected episodes with `make_grader`'s grader, by default the tasks' own
-    verifiers (see the module docstring)."""
+    """Regrade RUN's selected episodes: the tasks' own verifiers, joined by a judge where a
+    rubric applies (`rubric`, a task's, the recipe's; the judge: the recorded [judge] with
+    `judge_sets`; see stacx.regrade.judging and the module docstring)."""
     where = selection(episodes)
     recorded, recipe, records, paths = await asyncio.to_thread(read_run, run_dir, where, limit)
     if not records:
         raise StacxError(f"{run_dir}: no episode matches {where}")
     chosen = await asyncio.to_thread(targets, records, paths, tasks)
     done = await asyncio.to_thread(done_before, run_dir)
+    judged: ConfigDict = {"name": "import"} if "import" in recorded else recorded  # its [judge]
+    plan = await asyncio.to_thread(judge_plan, judged, [t.task for t in chosen if t.task is not None],
+                                   rubric, list(judge_sets or []))  # fmt: skip
     # this attempt's RunStarted: the run's recipe, and what this regrade did
     config = {**recorded, "regrade": {"tasks": str(tasks or ""), "episodes": where,
-                                      "limit": limit,
-                                      "grader": getattr(make_grader, "__name__", str(make_grader))}}  # fmt: skip
+                                      "limit": limit, "rubric": str(rubric or ""),
+                                      "judge_sets": list(judge_sets or [])}}  # fmt: skip
     echo(f"regrading {len(chosen)} episode(s) of {run_dir} on the {recipe.sandbox.backend} backend")
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
         env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
         async with contextlib.AsyncExitStack() as stack:
             envs = await stack.enter_async_context(docker_environments(recipe, env))
+            grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
             regrader = Regrader(run_id=run.run_id, attempt=run.attempt, envs=envs,
-                                grader=make_grader(envs), recipe=recipe, emit=run.emit,
+                                grader=grader, recipe=recipe, emit=run.emit,
                                 artifacts_dir=run.run_dir / "artifacts")  # fmt: skip
 
             async def one(t: Target) -> Outcome:

@@ -21,13 +21,8 @@ A `Grader` is a structural Protocol with two parts:
 Raises: `InfraFailure` (the sandbox or the grader's engine failed): recorded as
 ``EpisodeNotRegraded(issue = "infra")``, never a reward of 0.
 
-Extension point (the judge): an LLM-judge rubric grader is one more class with these three
-members, e.g. ``name = f"judge:{rubric path}@{digest}:{engine name}"``, ``replays = False``,
-and ``grade`` calling ``score(rubric, transcript, engine)`` on ``replayed.record``'s turns
-(or ``replays = True`` when its rubric reads files of the final state); a grader that
-combines a verifier and a judge calls both and combines the two verdicts by the task's rule.
-`stacx.regrade.driver.regrade(..., make_grader=...)` takes it (the CLI would pick it from a
-``--rubric`` option).
+The judge: `stacx.regrade.judging.JudgeGrader` wraps a `VerifierGrader` and joins a rubric's
+judge score to its verdict (``--rubric``, a task's rubric, the recipe's ``judge.rubric``).
 """
 
 from __future__ import annotations

@@ -257,7 +257,15 @@ async def _judged(
             "judge model (set [judge] path, url or use)",
         )
     result = await score(rubric, spec.task.instruction, answers, judge, seed=spec.episode_id)
-    await _judge_events(spec, emit, rubric, result)
+    for event in judge_events(spec.run_id, spec.episode_id, rubric, result):
+        await emit(event)
+    return with_judge(rubric, verdict, result)
+
+
+def with_judge(rubric: Rubric, verdict: Verdict, result: JudgeResult) -> Verdict:
+    """`verdict` with the judge's score joined in by the rubric's [combine] (the verifier's
+    reward and the judge's parts in its metrics); InfraFailure(judge) when the judge gave no
+    score (never a 0). Shared with `stacx regrade`'s judge grader."""
     if result.score is None:
         raise InfraFailure(FailureKind.JUDGE, result.error)
     reward = combine(rubric.combine, verdict.reward, result.score)
@@ -266,30 +274,37 @@ async def _judged(
     return msgspec.structs.replace(verdict, reward=reward, metrics={**verdict.metrics, **parts})
 
 
-async def _judge_events(
-    spec: EpisodeSpec, emit: Emit, rubric: Rubric, result: JudgeResult
-) -> None:
+def judge_events(
+    run_id: str,
+    episode_id: str,
+    rubric: Rubric,
+    result: JudgeResult,
+    *,
+    key: tuple[object, ...] = (),
+) -> list[JudgeScored]:
+    """One JudgeScored per judge call; `score` on the last one. `key` makes the event ids of
+    another judgement of the same episode distinct (a regrade: its grader and attempt)."""
     last = len(result.calls) - 1
-    for i, call in enumerate(result.calls):
-        await emit(
-            JudgeScored(
-                run_id=spec.run_id,
-                event_id=derive_id(spec.episode_id, "JudgeScored", call.call, call.attempt),
-                episode_id=spec.episode_id,
-                call=call.call,
-                attempt=call.attempt,
-                judge=result.judge,
-                rubric=rubric.path,
-                criteria=call.criteria,
-                prompt_ids=call.prompt_ids,
-                output_ids=call.output_ids,
-                reply=call.reply,
-                scores_json=msgspec.json.encode(call.scores).decode(),
-                score=result.score if i == last else None,
-                error=call.error,
-                gen_ms=call.gen_ms,
-            )
+    return [
+        JudgeScored(
+            run_id=run_id,
+            event_id=derive_id(episode_id, "JudgeScored", call.call, call.attempt, *key),
+            episode_id=episode_id,
+            call=call.call,
+            attempt=call.attempt,
+            judge=result.judge,
+            rubric=rubric.path,
+            criteria=call.criteria,
+            prompt_ids=call.prompt_ids,
+            output_ids=call.output_ids,
+            reply=call.reply,
+            scores_json=msgspec.json.encode(call.scores).decode(),
+            score=result.score if i == last else None,
+            error=call.error,
+            gen_ms=call.gen_ms,
         )
+        for i, call in enumerate(result.calls)
+    ]
 
 
 def _infra(exc: Exception, phase: FailureKind) -> InfraFailure:

@@ -241,3 +241,54 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
         "select scaffold, stderr_tail from scaffold_exited"
     ).fetchall()
     assert scaffold == "terminus-2" and "LiteLLM" in tail
+
+
+@pytest.mark.slow  # ~2 min once the SDK's layer is built (8 min on a loaded 2-core VM)
+def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Path) -> None:
+    """A real scaffold that rewrites its history: the shipped OpenHands SDK spec with its
+    summarizing condenser set to trigger early (a user's spec file extending it through [env]:
+    more than 6 events; the user says "Go on." after each answer in words). The condenser's own
+    call and the agent's call on the condensed history each open a new segment, and what the
+    episode trains on is one sequence per segment, with the episode's outcome on every turn."""
+    from stacx.train.batches import episode_sequences, samples_from_table
+
+    bootstrap_base_image(suite="trixie")
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASK, tasks / TASK.name)
+    dockerfile = tasks / TASK.name / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
+    shipped = (ROOT / "stacx/agents/scaffolds/openhands-sdk.toml").read_text()
+    spec = tmp_path / "openhands-condensing.toml"
+    spec.write_text(shipped.replace(
+        "[env]\n", '[env]\nSTACX_CONDENSER_MAX_SIZE = "6"\nSTACX_FOLLOW_UP = "Go on."\n'))  # fmt: skip
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{spec}",
+         "--tasks", str(tasks), "--max-turns", "4", "--max-new-tokens", "16",
+         "--episode-timeout", "900", "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    con = db.connect_run(run_dir)
+    turns = con.execute(
+        "select turn, segment, request_json from turn_generated order by turn").fetchall()  # fmt: skip
+    messages = [json.loads(r)["messages"] for _, _, r in turns]
+    segments = [s for _, s, _ in turns]
+    # three calls on one growing history (instruction, then "Go on." twice): one segment
+    assert segments[:3] == [0, 0, 0] and [len(m) for m in messages[:3]] == [2, 4, 6]
+    # then the condenser's summary call (the events to forget, as its prompt) ...
+    assert segments[3] == 1
+    assert messages[3][-1]["content"][0]["text"].startswith("<EVENT>")
+    # ... and the agent's call on the condensed history (the summary, then the next "Go on.")
+    assert segments[4] == 2 and [m["role"] for m in messages[4]] == ["system", "user"]
+    assert messages[4][-1]["content"][-1]["text"] == "Go on."
+    # trained on: every turn, the episode's reward and one advantage on all; a sequence each
+    grpo = con.execute("select turn, reward, advantage from grpo_batch order by turn").fetchall()
+    ((reward,),) = con.execute("select reward from episodes").fetchall()
+    assert [g[0] for g in grpo] == [t[0] for t in turns]
+    assert {g[1] for g in grpo} == {reward} and len({g[2] for g in grpo}) == 1
+    sft = con.sql("select episode_id, turn, prompt_ids, completion_ids from sft_examples "
+                  "order by turn").to_arrow_table()  # fmt: skip
+    samples = samples_from_table(sft)
+    sequences = episode_sequences(samples, sft.column("episode_id").to_pylist())
+    assert len(sequences) == len(set(segments))

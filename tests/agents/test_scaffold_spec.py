@@ -204,7 +204,7 @@ def test_a_scaffold_named_twice_fails_at_load() -> None:
         "scaffold_spec": {"name": "x", "run": "go"},
     }
     with pytest.raises(
-        ConfigError, match="agent.scaffold = 'mini-swe-agent' and agent.scaffold_spec"
+        ConfigError, match=r"agent\.scaffold = 'mini-swe-agent' and agent\.scaffold_spec"
     ):
         convert({"name": "x", "agent": raw})
 

@@ -36,7 +36,7 @@ def test_grpo_through_a_shipped_scaffold_with_held_out_eval(tmp_path: Path, scaf
     bootstrap_base_image()
     if scaffold == "openhands-sdk":
         bootstrap_base_image(suite="trixie")  # the tasks' python:3.11-slim is aliased onto it
-    sets = TINY + (["agent.episode_timeout_s=30"] if scaffold == "terminus-2" else [])
+    sets = TINY
     run_dir = tmp_path / "r"
     proc = subprocess.run(
         [sys.executable, "-m", "stacx", "run", str(ROOT / f"recipes/scaffold/grpo_{scaffold}.toml"),

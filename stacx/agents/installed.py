@@ -15,29 +15,39 @@ mounted at `SOCKET_DIR`; `FORWARDER` (stdlib Python, started next to the scaffol
 the scaffold's base URL is an ordinary http://127.0.0.1 one. Nothing else leaves the container
 (tests/agents/test_installed.py checks that the host's ports and the registries are unreachable).
 
+Beside: a spec with `beside` (Terminus-2) runs in a container of its own next to the task's, as
+Harbor runs it: network none too, the gateway's socket mounted the same way, and STACX's exec
+relay (stacx.agents.exec_relay) the only way it acts in the task's sandbox (its credential is
+registered with the relay for the episode). Its logs and trajectory are in its own container.
+
 Shipped (stacx/agents/scaffolds/*.toml): `mini-swe-agent` (2.4.6, its `mini` CLI; any task
-image with Python 3) and `openhands-sdk` (OpenHands' Software Agent SDK 1.58.2 with its terminal
+image with Python 3), `openhands-sdk` (OpenHands' Software Agent SDK 1.58.2 with its terminal
 and file-editor tools, started by a small driver since the SDK has no CLI; needs Python >= 3.12
 in the task image, e.g. a task on stacx/base:trixie: on bookworm's 3.11 the layer build fails
-with the spec's version message, an IMAGE_BUILD failure).
+with the spec's version message, an IMAGE_BUILD failure) and `terminus-2` (harbor 0.25.0,
+beside: any Debian task image, which gets tmux).
 
 Not here: building the layer and mounting the socket (stacx.sandbox.layers, wired by
 stacx.launch), the gateway (stacx.inference.gateway). A scaffold that crashes ends its episode
-with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`, when the process
-ends by itself: an episode cut by its timeout is the TIMEOUT stop reason instead; the gateway's
-error answers to its calls are `GatewayRefused`), its stdout/stderr stay in /logs/agent, and the
-verifier scores what it left behind.
+with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`; an episode cut
+by its timeout records one too, exit code None and timed_out, and stops with TIMEOUT; the
+gateway's error answers to its calls are `GatewayRefused`), its stdout/stderr stay in
+/logs/agent, and the verifier scores what it left behind.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shlex
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import msgspec
 
+from stacx.agents.exec_relay import ExecRelay
 from stacx.agents.scaffold_spec import LOGS_DIR, ScaffoldSpec, resolve
 from stacx.events import Emit, ScaffoldExited, StopReason, derive_id
 from stacx.ports import Agent, AgentResult, MakeAgent, Sandbox, Task
@@ -120,6 +130,16 @@ class ModelGateway(Protocol):
     ) -> AbstractAsyncContextManager[GatewayRoute]: ...
 
 
+class BesideContainers(Protocol):
+    """Where a `beside` scaffold runs (stacx.launch.scaffolds): a container of its own per
+    episode (its image built from the spec's `beside`, network none, the gateway's and the
+    relay's sockets mounted), and the exec relay into the task's sandbox."""
+
+    relay: ExecRelay
+
+    def sandbox(self, episode_id: str) -> AbstractAsyncContextManager[Sandbox]: ...
+
+
 class InstalledAgent:
     """The `Agent` port over one installed scaffold (see the module docstring)."""
 
@@ -130,8 +150,10 @@ class InstalledAgent:
         gateway: ModelGateway,
         config: InstalledConfig,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        beside: BesideContainers | None = None,
     ) -> None:
         self.spec, self.gateway, self.config, self.timeout_s = spec, gateway, config, timeout_s
+        self.beside = beside
 
     def command(self, route: GatewayRoute, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
         """The shell command of one episode: the forwarder, then the scaffold."""
@@ -162,24 +184,50 @@ class InstalledAgent:
     async def run(
         self, *, run_id: str, episode_id: str, instruction: str, sandbox: Sandbox, emit: Emit
     ) -> AgentResult:
-        async with self.gateway.episode(run_id=run_id, episode_id=episode_id, emit=emit) as route:
-            await sandbox.write_file(f"{WORK_DIR}/instruction.md", instruction)
-            await sandbox.write_file(f"{WORK_DIR}/forward.py", FORWARDER)
+        async with (
+            self.gateway.episode(run_id=run_id, episode_id=episode_id, emit=emit) as route,
+            self._where(episode_id, route, sandbox) as where,
+        ):
+            await where.write_file(f"{WORK_DIR}/instruction.md", instruction)
+            await where.write_file(f"{WORK_DIR}/forward.py", FORWARDER)
             for path, text in self.spec.run_files().items():
-                await sandbox.write_file(path, text)
-            done = await sandbox.exec(self.command(route, self.timeout_s), env=self.spec.run_env())
-            await emit(ScaffoldExited(
-                run_id=run_id, event_id=derive_id(episode_id, "scaffold_exited"),
-                episode_id=episode_id, scaffold=self.spec.name, exit_code=done.exit_code,
-                timed_out=done.timed_out, stderr_tail=await _tail(sandbox, f"{LOGS_DIR}/stderr.txt"),
-            ))  # fmt: skip
-            stop = await self._stop_reason(sandbox)
+                await where.write_file(path, text)
+
+            async def exited(exit_code: int | None, timed_out: bool) -> None:
+                await emit(ScaffoldExited(
+                    run_id=run_id, event_id=derive_id(episode_id, "scaffold_exited"),
+                    episode_id=episode_id, scaffold=self.spec.name, exit_code=exit_code,
+                    timed_out=timed_out, stderr_tail=await _tail(where, f"{LOGS_DIR}/stderr.txt"),
+                ))  # fmt: skip
+
+            try:
+                done = await where.exec(
+                    self.command(route, self.timeout_s), env=self.spec.run_env()
+                )
+            except asyncio.CancelledError:  # the episode's timeout: record what it left, then go
+                await asyncio.shield(exited(None, True))
+                raise
+            await exited(done.exit_code, done.timed_out)
+            stop = await self._stop_reason(where)
             return AgentResult(
                 stop_reason=stop,
                 n_turns=route.n_turns,
                 n_tool_calls=0,  # the scaffold's own actions are in its trajectory, not events
                 transcript_ids=list(route.transcript_ids),
             )
+
+    @contextlib.asynccontextmanager
+    async def _where(
+        self, episode_id: str, route: GatewayRoute, sandbox: Sandbox
+    ) -> AsyncIterator[Sandbox]:
+        """Where the scaffold runs: the task's sandbox, or (`beside`) a container of its own
+        whose exec relay acts in the task's sandbox under the episode's credential."""
+        if self.beside is None:
+            yield sandbox
+            return
+        with self.beside.relay.register(route.credential, sandbox):
+            async with self.beside.sandbox(episode_id) as own:
+                yield own
 
     async def _stop_reason(self, sandbox: Sandbox) -> StopReason:
         """From the scaffold's trajectory: its info.exit_status, through `spec.stops`."""
@@ -204,12 +252,16 @@ async def _tail(sandbox: Sandbox, path: str) -> str:
 
 
 def installed_agents(
-    spec: ScaffoldSpec, gateway: ModelGateway, config: InstalledConfig
+    spec: ScaffoldSpec,
+    gateway: ModelGateway,
+    config: InstalledConfig,
+    beside: BesideContainers | None = None,
 ) -> MakeAgent:
-    """The rollout manager's agent factory for one scaffold."""
+    """The rollout manager's agent factory for one scaffold (`beside`: for a spec that has one)."""
 
     def make(task: Task, sample_index: int) -> Agent:
         timeout = task.config.agent.timeout_sec or DEFAULT_TIMEOUT_S
-        return InstalledAgent(spec=spec, gateway=gateway, config=config, timeout_s=timeout)
+        return InstalledAgent(spec=spec, gateway=gateway, config=config, timeout_s=timeout,
+                              beside=beside)  # fmt: skip
 
     return make

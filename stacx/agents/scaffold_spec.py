@@ -16,7 +16,13 @@ it is given is the gateway's ``/v1`` for OpenAI, the root for Anthropic, whose c
 ``env`` values and ``files`` paths.
 
 `agent.scaffold` (and ``stacx eval --agent installed:X``) names a shipped spec or a path to a
-spec file (``.toml``). A spec that is not valid fails at load with its key path and the accepted
+spec file (``.toml``); or the recipe declares one inline, as its ``[agent.scaffold_spec]`` table
+(the same keys, checked the same way, errors naming ``agent.scaffold_spec.<key>``).
+
+``[beside]`` (optional): the scaffold runs in a container of its own beside the task's, built
+from ``beside.base_image`` with ``beside.apt`` / ``beside.pip`` / ``beside.install``, and acts in
+the task's sandbox through STACX's exec relay (stacx.agents.exec_relay), as Harbor runs
+Terminus-2; the top-level packages still make the task's layer. A spec that is not valid fails at load with its key path and the accepted
 values (unknown keys too).
 """
 
@@ -35,6 +41,17 @@ from stacx.events import StopReason
 LOGS_DIR = "/logs/agent"
 SHIPPED_DIR = Path(__file__).resolve().parent / "scaffolds"
 Api = Literal["openai-chat", "openai-completions", "anthropic-messages"]
+
+
+class Beside(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A scaffold that runs in a container of its own beside the task's (Harbor's way for
+    Terminus-2): that container's image is `base_image` plus these packages and commands; the
+    scaffold acts in the task's sandbox through the exec relay (stacx.agents.exec_relay)."""
+
+    base_image: str  # e.g. "stacx/base:trixie" (Python 3.13), whatever the task's Python
+    apt: list[str] = []
+    pip: list[str] = []  # into the venv at {venv}
+    install: list[str] = []
 
 
 class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,29 +74,46 @@ class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     files: dict[str, str] = {}  # path -> text, written into the sandbox before each run
     # the trajectory's info.exit_status -> the episode's stop reason (else AGENT_DONE)
     stops: dict[str, StopReason] = {}
+    # set: the scaffold runs beside the task's container, in an image of its own (`Beside`);
+    # `run`, `python`, `env`, `files` and the trajectory are that container's, while the
+    # top-level packages and commands still make the task's layer (e.g. the tmux it drives)
+    beside: Beside | None = None
 
     @property
     def venv(self) -> str:
         return f"/opt/stacx-{self.name}"
 
     def interpreter(self) -> str:
+        pip = self.beside.pip if self.beside is not None else self.pip
         return self.python.replace("{venv}", self.venv) or (
-            f"{self.venv}/bin/python" if self.pip else "python3"
+            f"{self.venv}/bin/python" if pip else "python3"
         )
 
     def layer_commands(self) -> list[str]:
-        """The image layer's shell commands (one RUN each): version checks, then packages."""
+        """The task layer's shell commands (one RUN each): version checks, then packages."""
         out = [_version_check(self, tool, want) for tool, want in
                (("python3", self.min_python), ("node", self.min_node)) if want]  # fmt: skip
-        if self.apt:
-            out.append("apt-get update && apt-get install -y --no-install-recommends "
-                       f"{' '.join(map(shlex.quote, self.apt))} && rm -rf /var/lib/apt/lists/*")  # fmt: skip
-        if self.pip:
-            out.append(f"python3 -m venv {self.venv} && {self.venv}/bin/pip install --no-cache-dir "
-                       f"--disable-pip-version-check {' '.join(map(shlex.quote, self.pip))}")  # fmt: skip
+        out += self._packages(self.apt, self.pip)
         if self.npm:
             out.append(f"npm install -g {' '.join(map(shlex.quote, self.npm))}")
         return out + [c.replace("{venv}", self.venv) for c in self.install]
+
+    def beside_commands(self) -> list[str]:
+        """The beside image's shell commands over `beside.base_image` (none without `beside`)."""
+        b = self.beside
+        if b is None:
+            return []
+        return self._packages(b.apt, b.pip) + [c.replace("{venv}", self.venv) for c in b.install]
+
+    def _packages(self, apt: list[str], pip: list[str]) -> list[str]:
+        out = []
+        if apt:
+            out.append("apt-get update && apt-get install -y --no-install-recommends "
+                       f"{' '.join(map(shlex.quote, apt))} && rm -rf /var/lib/apt/lists/*")  # fmt: skip
+        if pip:
+            out.append(f"python3 -m venv {self.venv} && {self.venv}/bin/pip install --no-cache-dir "
+                       f"--disable-pip-version-check {' '.join(map(shlex.quote, pip))}")  # fmt: skip
+        return out
 
     def run_env(self) -> dict[str, str]:
         return {k: v.replace("{venv}", self.venv) for k, v in self.env.items()}
@@ -114,13 +148,23 @@ def load_spec(path: Path) -> ScaffoldSpec:
         spec = msgspec.convert(data, ScaffoldSpec)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"scaffold spec {path}: {_explain(str(exc))}") from exc
-    for want, key in ((spec.min_python, "min_python"), (spec.min_node, "min_node")):
+    return checked(spec, f"scaffold spec {path}")
+
+
+def checked(spec: ScaffoldSpec, where: str) -> ScaffoldSpec:
+    """`spec`, once its versions and `run` placeholders are valid; ConfigError naming the key
+    otherwise, after `where`: "scaffold spec PATH" (a file) or a recipe's key path (inline)."""
+
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where.startswith("agent.") else f"{where}: {name}"
+
+    for want, name in ((spec.min_python, "min_python"), (spec.min_node, "min_node")):
         if want and not all(p.isdigit() for p in want.split(".")):
-            raise ConfigError(f"scaffold spec {path}: {key} = {want!r}: a version like '3.12'")
+            raise ConfigError(f"{key(name)} = {want!r}: a version like '3.12'")
     try:
         _render_check(spec)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"scaffold spec {path}: run: unknown placeholder {exc}; accepted: "
+        raise ConfigError(f"{key('run')}: unknown placeholder {exc}; accepted: "
                           f"{', '.join(sorted(PLACEHOLDERS))}") from exc  # fmt: skip
     return spec
 

@@ -32,6 +32,7 @@ from typing import Literal
 
 import msgspec
 
+from stacx.agents.scaffold_spec import ScaffoldSpec
 from stacx.errors import ConfigError
 from stacx.imitation.config import ImitationConfig, TeacherConfig
 from stacx.train.config import TrainerConfig
@@ -110,6 +111,8 @@ class AgentSection(_Section, frozen=True):
     name: Literal["swe", "oracle", "null", "retool", "installed"] = "swe"
     # agent.name = "installed": a shipped scaffold (stacx/agents/scaffolds/) or a spec file (.toml)
     scaffold: str = ""
+    # ... or the spec itself, inline: [agent.scaffold_spec] (stacx.agents.scaffold_spec's keys)
+    scaffold_spec: ScaffoldSpec | None = None
     max_turns: int = 4
     max_new_tokens: int = 256
     temperature: float = 1.0
@@ -276,15 +279,14 @@ def _eval_problems(r: Recipe) -> list[str]:
 def _installed_problems(r: Recipe) -> list[str]:
     """What an installed scaffold honours: its name, the docker backend, and of the [agent]
     settings max_turns, max_new_tokens, temperature, top_p, context_budget, episode_timeout_s."""
-    from stacx.agents.installed import scaffold
-
     a, out = r.agent, []
     if a.name != "installed":
-        if a.scaffold:
-            out.append(f"agent.scaffold = {a.scaffold!r}: used by agent.name = 'installed' only")
+        if a.scaffold or a.scaffold_spec is not None:
+            key = "agent.scaffold" + ("" if a.scaffold else "_spec")
+            out.append(f"{key}: used by agent.name = 'installed' only")
         return out
     try:
-        scaffold(a.scaffold)  # a shipped name or a spec file, read and checked
+        scaffold_of(a)  # a shipped name, a spec file or an inline spec, read and checked
     except ConfigError as exc:
         out.append(str(exc))
     if r.sandbox.backend != "docker":
@@ -335,6 +337,19 @@ def _judge_problems(r: Recipe) -> list[str]:
     except ConfigError as exc:
         out.append(str(exc))
     return out
+
+
+def scaffold_of(agent: AgentSection) -> ScaffoldSpec:
+    """The installed scaffold's spec: inline (`agent.scaffold_spec`), or shipped / a file
+    (`agent.scaffold`); ConfigError naming the key otherwise."""
+    from stacx.agents.scaffold_spec import checked, resolve
+
+    if agent.scaffold_spec is None:
+        return resolve(agent.scaffold)
+    if agent.scaffold:
+        raise ConfigError(f"agent.scaffold = {agent.scaffold!r} and agent.scaffold_spec: one "
+                          "or the other; remove one")  # fmt: skip
+    return checked(agent.scaffold_spec, "agent.scaffold_spec")
 
 
 def cross_check(recipe: Recipe) -> None:

@@ -2,12 +2,18 @@
 served on a unix socket; Docker environments that layer the scaffold over each task image, with
 network none and that socket's directory mounted; the scaffold's agent factory.
 
-The socket lives in a short private directory under the system temp dir (a unix socket path is
+A spec with `beside` (Terminus-2) also gets `DockerBeside`: per episode a container of its own
+(the spec's beside image, built once over its base image; network none, the same socket
+directory mounted), and the exec relay (stacx.agents.exec_relay) served on a second socket in
+that directory, through which it acts in the task's sandbox.
+
+The sockets live in a short private directory under the system temp dir (a unix socket path is
 limited to 107 bytes, run directories can be longer), removed when the rollout worker exits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -16,12 +22,15 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from stacx.agents.chat import ChatTokenizer
-from stacx.agents.installed import SOCKET, SOCKET_DIR, InstalledConfig, installed_agents, scaffold
+from stacx.agents.exec_relay import ExecRelay
+from stacx.agents.installed import SOCKET, SOCKET_DIR, InstalledConfig, installed_agents
+from stacx.agents.scaffold_spec import ScaffoldSpec
 from stacx.inference.gateway import Gateway, TemplateTokenizer, serve_unix
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe
-from stacx.ports import Engine, Environments, MakeAgent
+from stacx.launch.recipe import Recipe, scaffold_of
+from stacx.ports import Engine, Environments, InfraFailure, Limits, MakeAgent, Sandbox
 
+RELAY_SOCKET = "exec.sock"  # beside the gateway's socket, in the same mounted directory
 MODEL_NAME = "student"  # what the scaffold asks for (`openai/student`); the gateway serves one
 
 
@@ -45,7 +54,7 @@ async def installed_rollout(
     from stacx.sandbox.environments import DockerEnvironments
     from stacx.sandbox.layers import ImageLayer
 
-    spec = scaffold(recipe.agent.scaffold)
+    spec = scaffold_of(recipe.agent)
     gateway = Gateway(
         engine,
         cast(TemplateTokenizer, tokenizer),  # an HF tokenizer is both
@@ -62,15 +71,87 @@ async def installed_rollout(
     ro = {host_dir: f"{SOCKET_DIR}:ro"}
     layer = ImageLayer(name=spec.name, run=spec.layer_commands(), mounts=ro)
     try:
-        async with serve_unix(gateway, os.path.join(host_dir, os.path.basename(SOCKET))):
-            async with DockerEnvironments(
+        async with (
+            serve_unix(gateway, os.path.join(host_dir, os.path.basename(SOCKET))),
+            DockerEnvironments(
                 run_id=env.run_id,
                 emit=env.emit,
                 warm=recipe.sandbox.warm,
                 aliases=AliasMap.from_env(recipe.sandbox.aliases or None),
                 layer=layer,
-            ) as envs:
-                yield envs, installed_agents(spec, gateway, installed_config(recipe))
+            ) as envs,
+            DockerBeside(spec, env, ro) as beside,
+        ):
+            await beside.serve(os.path.join(host_dir, RELAY_SOCKET))
+            config = installed_config(recipe)
+            yield envs, installed_agents(spec, gateway, config, beside if spec.beside else None)
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
 
+
+class DockerBeside:
+    """The containers a `beside` scaffold runs in, one per episode, and the exec relay into the
+    task sandboxes (stacx.agents.installed.BesideContainers). The image is built on first use
+    (once per spec and base image: stacx.sandbox.layers); a missing stacx/base image is
+    bootstrapped first. Does nothing for a spec without `beside`."""
+
+    def __init__(self, spec: ScaffoldSpec, env: ActorEnv, mounts: dict[str, str]) -> None:
+        self.spec, self.env, self.mounts = spec, env, mounts
+        self.relay = ExecRelay()
+        self._stack = contextlib.AsyncExitStack()
+        self._image: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> DockerBeside:
+        if self.spec.beside is not None:
+            import aiodocker
+
+            from stacx.sandbox.pool import SandboxPool
+
+            self._docker = await self._stack.enter_async_context(aiodocker.Docker())
+            self._pool = SandboxPool(size=0, run_id=self.env.run_id, emit=self.env.emit,
+                                     docker=self._docker)  # fmt: skip
+            self._stack.push_async_callback(self._pool.close)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def serve(self, path: str) -> None:
+        if self.spec.beside is not None:
+            await self._stack.enter_async_context(self.relay.serve(path))
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, episode_id: str) -> AsyncIterator[Sandbox]:
+        from stacx.errors import SandboxError, TaskError
+        from stacx.events import FailureKind
+
+        try:
+            image = await self._built()
+        except TaskError as exc:
+            raise InfraFailure(FailureKind.IMAGE_BUILD, str(exc)) from exc
+        limits = Limits(allow_internet=False, mounts=self.mounts)
+        try:
+            own = await self._pool.acquire(image, limits, episode_id=episode_id)
+        except SandboxError as exc:
+            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        try:
+            yield own
+        finally:
+            await self._pool.release(own, reason="scaffold done")
+
+    async def _built(self) -> str:
+        from stacx.sandbox.images import SUITES, bootstrap_base_image
+        from stacx.sandbox.layers import ImageLayer, layered_image
+
+        assert self.spec.beside is not None
+        base = self.spec.beside.base_image
+        async with self._lock:
+            if self._image is None:
+                suite = base.removeprefix("stacx/base:")
+                if suite in SUITES:  # STACX's own offline base: built here when missing
+                    await asyncio.to_thread(bootstrap_base_image, tag=base, suite=suite)
+                layer = ImageLayer(name=f"{self.spec.name}-beside",
+                                   run=self.spec.beside_commands())  # fmt: skip
+                self._image = await layered_image(self._docker, base, layer)
+        return self._image

@@ -176,7 +176,11 @@ def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("agent", "extra", "message"),
     [
-        ({"scaffold": "nope"}, {}, "accepted: mini-swe-agent, openhands-sdk, terminus-2, or a path"),
+        (
+            {"scaffold": "nope"},
+            {},
+            "accepted: mini-swe-agent, openhands-sdk, terminus-2, or a path",
+        ),
         ({"scaffold": "/nonexistent/x.toml"}, {}, "no such spec file"),
         ({}, {"sandbox": {"backend": "process"}}, "use 'docker'"),
         (
@@ -206,30 +210,84 @@ def test_a_scaffold_named_for_another_agent_fails_at_load() -> None:
         convert({"name": "x", "agent": {"name": "swe", "scaffold": "mini-swe-agent"}}, source="t")
 
 
-@pytest.mark.slow  # a first run builds harbor's layer (~8 min here); later runs reuse it
-def test_a_terminus_2_episode_on_a_python_313_task(tmp_path: Path) -> None:
-    """Terminus-2 from the `harbor` package, run inside the task container (its tmux session
-    there, its litellm calls to the gateway), through `stacx eval --agent installed:terminus-2`;
-    harbor needs Python >= 3.12, so a task on python:3.13-slim (stacx/base:trixie)."""
+@pytest.mark.slow  # a first run builds harbor's image (~3-8 min here); later runs reuse it
+def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
+    """Terminus-2 from the `harbor` package, run beside the task's container as Harbor runs it
+    (its own Python 3.13 container; its tmux session in the task's bookworm container through
+    STACX's exec relay; its litellm calls to the gateway), through
+    `stacx eval --agent installed:terminus-2` on a bundled task as it is (Python 3.11)."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
+         "--tasks", str(TASK.parent), "--include", TASK.name, "--max-turns", "2",
+         "--max-new-tokens", "64", "--episode-timeout", "60", "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    con = db.connect_run(run_dir)
+    assert con.execute("select count(*) from turns where n_output_tokens > 0").fetchone()[0] > 0
+    turns = con.execute("select len(output_ids), request_json from turn_generated").fetchall()
+    assert turns and all(n > 0 for n, _ in turns)
+    prompt = json.loads(turns[0][1])["messages"][0]["content"]
+    # Terminus-2's own prompt, with the screen of its tmux session: in the task's container
+    # (the task's WORKDIR /app), not in the scaffold's
+    assert "Current Terminal Screen:" in prompt and ":/app#" in prompt
+    # the 135M model never writes Terminus-2's JSON: it re-asks until the episode's timeout
+    # cuts it off, and the scaffold's end is recorded all the same (killed: no exit code)
+    ((status, agent, stop),) = con.execute(
+        "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
+    assert (status, agent, stop) == ("scored", "installed", "timeout")
+    ((scaffold, code, timed_out, tail),) = con.execute(
+        "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited").fetchall()  # fmt: skip
+    assert (scaffold, code, timed_out) == ("terminus-2", None, True) and "LiteLLM" in tail
+
+
+@pytest.mark.slow  # ~2 min once the SDK's layer is built (8 min on a loaded 2-core VM)
+def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Path) -> None:
+    """A real scaffold that rewrites its history: the shipped OpenHands SDK spec with its
+    summarizing condenser set to trigger early (a user's spec file extending it through [env]:
+    more than 6 events; the user says "Go on." after each answer in words). The condenser's own
+    call and the agent's call on the condensed history each open a new segment, and what the
+    episode trains on is one sequence per segment, with the episode's outcome on every turn."""
+    from stacx.train.batches import episode_sequences, samples_from_table
+
     bootstrap_base_image(suite="trixie")
     tasks = tmp_path / "tasks"
     shutil.copytree(TASK, tasks / TASK.name)
     dockerfile = tasks / TASK.name / "environment" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
+    shipped = (ROOT / "stacx/agents/scaffolds/openhands-sdk.toml").read_text()
+    spec = tmp_path / "openhands-condensing.toml"
+    spec.write_text(shipped.replace(
+        "[env]\n", '[env]\nSTACX_CONDENSER_MAX_SIZE = "6"\nSTACX_FOLLOW_UP = "Go on."\n'))  # fmt: skip
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
-         "--tasks", str(tasks), "--max-turns", "2", "--max-new-tokens", "64",
-         "--episode-timeout", "120", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{spec}",
+         "--tasks", str(tasks), "--max-turns", "4", "--max-new-tokens", "16",
+         "--episode-timeout", "900", "--run-dir", str(run_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
-    turns = con.execute("select len(output_ids), request_json from turn_generated").fetchall()
-    assert turns and all(n > 0 for n, _ in turns)
-    request = json.loads(turns[0][1])  # Terminus-2's own prompt: a JSON-answer terminal agent
-    assert "terminal" in json.dumps(request["messages"]).lower()
-    # the 135M model never writes Terminus-2's JSON: it re-asks until the episode's timeout
-    (status, agent, stop), *_ = con.execute(
-        "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
-    assert status == "scored" and agent == "installed" and stop in ("timeout", "agent_done")
+    turns = con.execute(
+        "select turn, segment, request_json from turn_generated order by turn").fetchall()  # fmt: skip
+    messages = [json.loads(r)["messages"] for _, _, r in turns]
+    segments = [s for _, s, _ in turns]
+    # three calls on one growing history (instruction, then "Go on." twice): one segment
+    assert segments[:3] == [0, 0, 0] and [len(m) for m in messages[:3]] == [2, 4, 6]
+    # then the condenser's summary call (the events to forget, as its prompt) ...
+    assert segments[3] == 1
+    assert messages[3][-1]["content"][0]["text"].startswith("<EVENT>")
+    # ... and the agent's call on the condensed history (the summary, then the next "Go on.")
+    assert segments[4] == 2 and [m["role"] for m in messages[4]] == ["system", "user"]
+    assert messages[4][-1]["content"][-1]["text"] == "Go on."
+    # trained on: every turn, the episode's reward and one advantage on all; a sequence each
+    grpo = con.execute("select turn, reward, advantage from grpo_batch order by turn").fetchall()
+    ((reward,),) = con.execute("select reward from episodes").fetchall()
+    assert [g[0] for g in grpo] == [t[0] for t in turns]
+    assert {g[1] for g in grpo} == {reward} and len({g[2] for g in grpo}) == 1
+    sft = con.sql("select episode_id, turn, prompt_ids, completion_ids from sft_examples "
+                  "order by turn").to_arrow_table()  # fmt: skip
+    samples = samples_from_table(sft)
+    sequences = episode_sequences(samples, sft.column("episode_id").to_pylist())
+    assert len(sequences) == len(set(segments))

@@ -68,7 +68,7 @@ def test_layer_commands_from_packages() -> None:
 # A scaffold of the user's own: the official openai client (installed by the spec's pip), a
 # call with a model name the gateway does not serve (a 404, recorded), two calls of which the
 # second rewrites the history (a summary: a new segment), a trajectory, stderr and exit code 3.
-MY_AGENT = '''
+MY_AGENT = """
 import argparse, json, pathlib, sys
 import openai
 p = argparse.ArgumentParser()
@@ -89,7 +89,7 @@ client.chat.completions.create(model=a.model, messages=history, max_tokens=int(a
 pathlib.Path(a.out).write_text(json.dumps({"info": {"exit_status": "done"}}))
 print("my-agent: two calls made", file=sys.stderr)
 sys.exit(3)
-'''
+"""
 
 
 def my_spec(tmp_path: Path) -> Path:
@@ -156,3 +156,66 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     # the rewritten history does not extend the first call: two sequences, never merged
     assert [list(s.prompt_ids) for s in sequences] == [list(s.prompt_ids) for s in samples]
     assert len(sequences) == 2
+
+
+def test_an_inline_spec_in_the_recipe_is_the_same_spec(tmp_path: Path) -> None:
+    """[agent.scaffold_spec]: the spec's keys inline in the recipe, read as the file is."""
+    import tomllib
+
+    from stacx.launch.loader import convert
+    from stacx.launch.recipe import scaffold_of
+
+    path = my_spec(tmp_path)
+    inline = tomllib.loads(path.read_text())
+    recipe = convert({"name": "x", "agent": {"name": "installed", "scaffold_spec": inline}})
+    assert scaffold_of(recipe.agent) == load_spec(path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"name": "x", "run": "go", "instal": []},
+         "unknown key agent.scaffold_spec.instal; accepted: name, run"),
+        ({"name": "x", "run": "go", "api": "grpc"},
+         "agent.scaffold_spec.api: Invalid enum value 'grpc'; accepted: 'openai-chat'"),
+        ({"name": "x", "run": "go {modle}"},
+         "agent.scaffold_spec.run: unknown placeholder 'modle'; accepted: api_key"),
+        ({"name": "x", "run": "go", "beside": {"base_image": "b", "pipp": []}},
+         "unknown key agent.scaffold_spec.beside.pipp; accepted: base_image, apt, pip, install"),
+        ({"run": "go"}, "missing required key agent.scaffold_spec.name"),
+    ],
+)  # fmt: skip
+def test_a_bad_inline_spec_fails_at_load_naming_the_key_path(
+    spec: dict[str, object], message: str
+) -> None:
+    from stacx.launch.loader import convert
+
+    with pytest.raises(ConfigError) as info:
+        convert({"name": "x", "agent": {"name": "installed", "scaffold_spec": spec}})
+    assert message in str(info.value)
+
+
+def test_a_scaffold_named_twice_fails_at_load() -> None:
+    from stacx.launch.loader import convert
+
+    raw = {
+        "name": "installed",
+        "scaffold": "mini-swe-agent",
+        "scaffold_spec": {"name": "x", "run": "go"},
+    }
+    with pytest.raises(
+        ConfigError, match=r"agent\.scaffold = 'mini-swe-agent' and agent\.scaffold_spec"
+    ):
+        convert({"name": "x", "agent": raw})
+
+
+def test_a_beside_spec_splits_its_commands() -> None:
+    """Terminus-2's shipped spec: tmux in the task's layer, harbor in its own image."""
+    t2 = resolve("terminus-2")
+    assert t2.beside is not None and t2.beside.base_image == "stacx/base:trixie"
+    assert t2.layer_commands() == [
+        "apt-get update && apt-get install -y --no-install-recommends tmux "
+        "&& rm -rf /var/lib/apt/lists/*"
+    ]
+    (venv,) = t2.beside_commands()
+    assert "harbor==0.25.0" in venv and t2.interpreter() == "/opt/stacx-terminus-2/bin/python"

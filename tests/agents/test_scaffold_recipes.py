@@ -1,0 +1,65 @@
+"""Training through each shipped scaffold: recipes/scaffold/grpo_<scaffold>.toml runs through
+`stacx run` (the gateway records the scaffold's calls, the trainer steps on them) with its
+periodic held-out eval, in a tiny form: one step, one group of two samples of one task."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stacx.sandbox.images import bootstrap_base_image
+from stacx.store import db
+
+pytestmark = [pytest.mark.docker, pytest.mark.model]
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "tasks.include=['create-hello-file']", "tasks.per_iteration=1", "trainer.batch_groups=1",
+    "trainer.steps=1", "agent.max_turns=1", "agent.max_new_tokens=16",
+    r"trainer.trainable='^model\.norm\.weight$'", "logging.progress='plain'",
+    "logging.plot=false",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "scaffold",
+    [
+        "mini-swe-agent",
+        pytest.param("terminus-2", marks=pytest.mark.slow),  # its own image: ~3 min once
+        pytest.param("openhands-sdk", marks=pytest.mark.slow),  # 6.4k-token prompts on CPU
+    ],
+)
+def test_grpo_through_a_shipped_scaffold_with_held_out_eval(tmp_path: Path, scaffold: str) -> None:
+    bootstrap_base_image()
+    if scaffold == "openhands-sdk":
+        bootstrap_base_image(suite="trixie")  # the tasks' python:3.11-slim is aliased onto it
+    sets = TINY
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "run", str(ROOT / f"recipes/scaffold/grpo_{scaffold}.toml"),
+         "--run-dir", str(run_dir), "--quiet", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    con = db.connect_run(run_dir)
+    # trained on the scaffold's recorded calls: one step over the training group's episodes
+    ((n, ids),) = con.execute(
+        "select n_samples, episode_ids from train_step_finished where step = 1").fetchall()  # fmt: skip
+    train = con.execute("select episode_id, task_id from episodes where role = 'train'").fetchall()
+    assert n >= 1 and sorted(ids) == sorted(e for e, _ in train)
+    assert {t for _, t in train} == {"create-hello-file"}
+    assert (
+        con.execute(
+            "select count(*) from turns t join episodes e using (episode_id) "
+            "where e.role = 'train' and t.engine = 'gateway:torch' and t.n_output_tokens > 0"
+        ).fetchone()[0]
+        > 0
+    )
+    # the held-out task, evaluated at v0 and at the last version, never trained on
+    evals = con.execute("select distinct task_id from episodes where role = 'eval'").fetchall()
+    assert evals == [("create-empty-flag-file",)]
+    curve = con.execute("select weight_version, n_samples from eval_curve order by 1").fetchall()
+    assert curve == [(0, 1), (1, 1)]

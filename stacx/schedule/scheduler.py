@@ -227,7 +227,10 @@ def iterations_due(plan: Plan, state: LogState) -> list[int]:
     ahead = 0 if plan.mode == "sync" else max(0, plan.max_staleness)
     last = min(plan.iterations - 1, state.version // plan.steps_per_iteration + ahead)
     due = list(range(0, last + 1))
-    if starved(plan, state) and state.iterations > last and state.iterations < plan.iteration_cap:
+    # no refill once the last version is out: its eval may still run, but the trainer is done
+    training = state.version < plan.steps
+    refill = training and starved(plan, state) and state.iterations < plan.iteration_cap
+    if refill and state.iterations > last:
         due = list(range(0, state.iterations + 1))
     return due
 

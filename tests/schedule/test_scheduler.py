@@ -79,6 +79,9 @@ def test_starved_trainer_gets_a_refill_until_the_cap() -> None:
     assert iterations_due(p, _state(version=0, iterations=2, done=8, scheduled=12, ready=4)) == [0]
     # enough ready units: the trainer will step; no refill
     assert iterations_due(p, _state(version=0, iterations=1, done=6, scheduled=6, ready=6)) == [0]
+    # the last version is out (its periodic eval still running): the trainer is done, no refill
+    done = _state(version=2, iterations=2, done=12, scheduled=12, ready=0)
+    assert iterations_due(p, done) == [0, 1]
     # at the cap (4 x steps) and still starved: the run ends, saying why
     capped = _state(version=1, iterations=8, done=48, scheduled=48, ready=0)
     assert iterations_due(p, capped) == [0, 1]

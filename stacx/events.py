@@ -447,10 +447,15 @@ class TrainStepFinished(_Kind, frozen=True, kw_only=True, tag=True):
 
 class WeightsPublished(_Kind, frozen=True, kw_only=True, tag=True):
     version: int
-    path: str
-    sha256: str
+    path: str  # where its checkpoint is (durable) or will be (not durable yet: see CheckpointSaved)
+    sha256: str  # the checkpoint's digest; "" while the version is not durable
     step: int = 0
-    # size of the weights file at `path` (with [trainer.lora]: the adapter); 0 in old logs
+    # whether the checkpoint at `path` was complete when this was published; False: the weights
+    # were handed over from memory and the file comes later (CheckpointSaved) or never
+    # (trainer.checkpoint_every); old logs: always durable
+    durable: bool = True
+    # size of the weights file at `path` (with [trainer.lora]: the adapter); not durable: the
+    # tensor bytes held for it; 0 in old logs
     bytes: int = 0
 
 
@@ -469,6 +474,26 @@ class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
     # the version was a LoRA adapter ([trainer.lora]): merged at load into the torch engine's
     # weights, or loaded through SGLang's LoRA endpoint
     adapter: bool = False
+
+
+class CheckpointSaved(_Kind, frozen=True, kw_only=True, tag=True):
+    """A version's checkpoint became durable after its WeightsPublished (written in the
+    background): a rerun after a crash may resume from it."""
+
+    version: int
+    path: str
+    sha256: str
+    duration_ms: float = 0.0  # the write, from the snapshot to the atomic rename
+    nbytes: int = 0  # the files written
+
+
+class TrainerResumed(_Kind, frozen=True, kw_only=True, tag=True):
+    """The trainer (re)started: at ``version`` by the log, from the newest durable checkpoint
+    ``durable_version``, redoing ``redo_steps`` on their recorded episode ids."""
+
+    version: int
+    durable_version: int
+    redo_steps: list[int] = msgspec.field(default_factory=list)
 
 
 # ---- replay ----------------------------------------------------------------------------------
@@ -551,6 +576,8 @@ AnyEvent: TypeAlias = (
     | TrainStepFinished
     | WeightsPublished
     | WeightsLoaded
+    | CheckpointSaved
+    | TrainerResumed
     | EventImported
     | ScaffoldExited
     | GatewayRefused

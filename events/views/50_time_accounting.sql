@@ -3,8 +3,10 @@
 --
 -- busy_intervals: one row per unit of work, [t0, t1] in unix seconds (the event's ts is its end):
 --   engine      a generated turn: [ts - gen_ms, ts] (rows of one batch overlap; tokens = its output ids)
---   trainer     a step, from reading its batch to its durable checkpoint: [ts - batch - step - checkpoint, ts]
---   checkpoint  the checkpoint alone (its part of the trainer's interval): [ts - checkpoint_ms, ts]
+--   trainer     a step, from reading its batch to its publish: [ts - batch - step - hold, ts] (hold:
+--               snapshot, handoff and a checkpoint written before publishing; older logs: checkpoint_ms)
+--   checkpoint  a checkpoint write (CheckpointSaved: [ts - duration_ms, ts], in the background or
+--               not; older logs: TrainStepFinished's checkpoint_ms, a part of the trainer's interval)
 --   sandbox     a tool run (ToolReturned.duration_ms) or a verifier run (RewardAssigned.verifier_ms)
 -- version_windows: weight version v "is current" from its publish (v0: the run's start) to the
 --   next publish (the last: the log's last event, or the run's finish or last unit of work).
@@ -21,12 +23,17 @@ SELECT 'engine' AS role, ts - gen_ms / 1000.0 AS t0, ts AS t1, len(output_ids) A
 FROM turn_generated WHERE gen_ms > 0
 UNION ALL
 SELECT 'trainer', ts - (duration_ms + coalesce(try_cast(json_extract(metrics_json, '$.batch_ms') AS DOUBLE), 0)
-                        + coalesce(try_cast(json_extract(metrics_json, '$.checkpoint_ms') AS DOUBLE), 0)) / 1000.0,
+                        + coalesce(try_cast(json_extract(metrics_json, '$.hold_ms') AS DOUBLE),
+                                   try_cast(json_extract(metrics_json, '$.checkpoint_ms') AS DOUBLE), 0)) / 1000.0,
        ts, 0
 FROM train_step_finished WHERE duration_ms > 0
 UNION ALL
+SELECT 'checkpoint', ts - duration_ms / 1000.0, ts, 0 FROM checkpoint_saved WHERE duration_ms > 0
+UNION ALL
 SELECT 'checkpoint', ts - try_cast(json_extract(metrics_json, '$.checkpoint_ms') AS DOUBLE) / 1000.0, ts, 0
-FROM train_step_finished WHERE try_cast(json_extract(metrics_json, '$.checkpoint_ms') AS DOUBLE) > 0
+FROM train_step_finished
+WHERE try_cast(json_extract(metrics_json, '$.checkpoint_ms') AS DOUBLE) > 0
+  AND json_extract(metrics_json, '$.hold_ms') IS NULL  -- older logs (no CheckpointSaved)
 UNION ALL
 SELECT 'sandbox', ts - duration_ms / 1000.0, ts, 0 FROM tool_returned WHERE duration_ms > 0
 UNION ALL

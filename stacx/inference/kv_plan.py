@@ -394,7 +394,13 @@ KV_CACHE_MODES = ("slots", "paged")
 
 
 def new_plan(
-    decoder: Decoder, mode: str, rows: int, *, kv_tokens: int | None = None, block: int = 64
+    decoder: Decoder,
+    mode: str,
+    rows: int,
+    *,
+    kv_tokens: int | None = None,
+    block: int = 64,
+    cache_bytes: int | None = None,
 ) -> KVPlan:
     """The engine's KV cache and its policy: the ONE place where the cache's size is decided.
 
@@ -402,23 +408,36 @@ def new_plan(
     grown on demand on CPU). ``paged``: a pool of ``kv_tokens`` positions (default: as many as
     the slots would hold, capped on CUDA at 80% of the free device memory) in blocks of
     ``block``, shared by ``rows`` decode rows. On CUDA an explicit size over 80% of the free
-    memory (or a slot cache over it) is an :class:`EngineError` naming the numbers."""
+    memory (or a slot cache over it) is an :class:`EngineError` naming the numbers.
+
+    ``cache_bytes`` (CUDA only; ``placement.engine_cache_gib`` when engine and trainer share the
+    GPU, stacx.launch.memory): the cache's declared budget, which replaces the 80% rule: slots
+    are lowered to the full-length rows that fit it (the plan's ``max_rows``), a paged pool
+    defaults to the positions that fit it; a budget that holds no row (slots) or less than
+    ``kv_tokens`` (paged), or more than the free memory, is an :class:`EngineError`."""
     if mode not in KV_CACHE_MODES:
         raise EngineError(f"kv_cache must be one of {', '.join(KV_CACHE_MODES)}, got {mode!r}")
     cuda = decoder.device.type == "cuda"
     per_token = 2 * len(decoder.layers) * decoder.n_kv * decoder.head_dim
     per_token *= torch.finfo(decoder.dtype).bits // 8
     free = torch.cuda.mem_get_info(decoder.device)[0] if cuda else 0
+    budget = cache_bytes if cuda else None
+    if budget is not None:
+        rows = _budget_rows(decoder, mode, rows, per_token, budget, kv_tokens)
     full = rows * (decoder.max_len + 1)
+    cap = (budget if budget is not None else int(0.8 * free)) // per_token
     if mode == "paged" and kv_tokens is None:
-        tokens = min(full, int(0.8 * free) // per_token) if cuda else full
+        if budget is not None:  # whole blocks, and the pool allocates one block more
+            cap = (cap // max(block, 1) - 1) * block
+        tokens = min(full, cap) if cuda else full
     else:
         tokens = kv_tokens if mode == "paged" and kv_tokens is not None else full
-    if cuda and tokens * per_token > 0.8 * free:
+    if cuda and tokens * per_token > (free if budget is not None else 0.8 * free):
         what = f"kv_tokens={tokens}" if mode == "paged" else f"max_batch={rows} x max_len={decoder.max_len}"
+        share = "the" if budget is not None else "80% of the"
         raise EngineError(
-            f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than 80% of "
-            f"the {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
+            f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than "
+            f"{share} {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
         )
     if mode == "slots":
         cache = decoder.new_cache()
@@ -429,3 +448,26 @@ def new_plan(
         raise EngineError(f"a paged KV cache needs kv_block >= 1 and kv_tokens >= kv_block, "
                           f"got {block} and {tokens}")  # fmt: skip
     return PagedKV(decoder.new_paged_cache(rows, -(-tokens // block) + 1, block), rows)
+
+
+def _budget_rows(
+    decoder: Decoder, mode: str, rows: int, per_token: int, budget: int, kv_tokens: int | None
+) -> int:
+    """`new_plan`'s rows under a byte budget: slots keep the full-length rows that fit it (an
+    error when none does); a paged pool keeps its rows, and an explicit ``kv_tokens`` must fit."""
+    gib = 2**30
+    if mode == "paged":
+        if kv_tokens is not None and kv_tokens * per_token > budget:
+            raise EngineError(
+                f"kv_tokens={kv_tokens} needs {kv_tokens * per_token / gib:.2f} GiB, more than the "
+                f"KV cache budget of {budget / gib:.2f} GiB (placement.engine_cache_gib)"
+            )
+        return rows
+    per_row = per_token * (decoder.max_len + 1)
+    if budget < per_row:
+        raise EngineError(
+            f"a KV cache budget of {budget / gib:.2f} GiB holds no sequence of "
+            f"max_len={decoder.max_len} ({per_row / gib:.2f} GiB each); raise the budget "
+            "(placement.engine_cache_gib) or lower max_len"
+        )
+    return min(rows, budget // per_row)

@@ -112,8 +112,14 @@ class TorchEngine(MultiStepReplays):
         kv_cache: str = "slots",
         kv_tokens: int | None = None,
         kv_block: int = 64,
+        cache_bytes: int | None = None,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
+
+        ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
+        trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
+        ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
+        default size). None: refused above 80% of the free memory. Ignored on CPU.
 
         ``kernels`` (CUDA graphs only; default: on where the model allows it, see
         ``Decoder.kernels_unsupported``): decode steps and prefills run as the hand-written
@@ -175,7 +181,8 @@ class TorchEngine(MultiStepReplays):
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
         self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
-                                    block=kv_block)  # fmt: skip
+                                    block=kv_block, cache_bytes=cache_bytes)  # fmt: skip
+        self.max_batch = self._kv.max_rows  # a cache budget can lower it
         self.kv_cache = kv_cache
         self._cache = self._kv.cache
         self._graphed = None

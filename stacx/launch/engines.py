@@ -16,8 +16,6 @@ from stacx.errors import EngineError
 from stacx.ports import Engine
 from stacx.train.config import LoraConfig
 
-LATEST_SQL = "SELECT version, path FROM weights ORDER BY version DESC LIMIT 1"
-
 
 async def open_engine(
     stack: AsyncExitStack,
@@ -34,11 +32,16 @@ async def open_engine(
     log_dir: Path | None = None,
     lora: LoraConfig | None = None,
     kv_cache: str = "slots",
+    cache_bytes: int | None = None,
 ) -> tuple[Engine, ChatTokenizer]:
     """Start (or connect to) an engine; it is closed when `stack` closes. ``lora``: the
-    trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters)."""
+    trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters).
+    ``kv_cache``, ``cache_bytes``: the torch engine's KV cache and its budget on CUDA
+    (``placement.engine_cache_gib``), both sized by stacx.inference.kv_plan's ``new_plan``."""
     if backend == "torch":
-        return await _open_torch(stack, model, device, dtype, max_batch, max_len, kv_cache)
+        return await _open_torch(
+            stack, model, device, dtype, max_batch, max_len, kv_cache, cache_bytes
+        )
     path, tokenizer = await open_tokenizer(model)
     if backend == "sglang":
         from stacx.inference.sglang_client import SGLangEngine
@@ -83,6 +86,7 @@ async def _open_torch(
     max_batch: int,
     max_len: int,
     kv_cache: str,
+    cache_bytes: int | None,
 ) -> tuple[Engine, ChatTokenizer]:
     """STACX's own engine in this process (torch is imported only here)."""
     import torch
@@ -98,6 +102,7 @@ async def _open_torch(
         max_batch=max_batch,
         max_len=max_len,
         kv_cache=kv_cache,
+        cache_bytes=cache_bytes,
     )
     stack.push_async_callback(engine.close)
     assert engine.tokenizer is not None

@@ -7,8 +7,8 @@ Order on start: the resume check (a different recipe on an existing run dir is r
 diff), RunContext (NATS, the recorder, RunStarted with the resolved recipe), the roles (their
 actors start consuming; rollout workers load the latest published weights), then the
 scheduler, which emits what the log says is due. Order on stop (done, error or Ctrl-C): the
-scheduler and every role's actors stop (a step in progress is lost: the trainer checkpoints
-every version as it publishes it; engines, SGLang servers and sandbox containers are released
+scheduler and every role's actors stop (a step in progress is lost, a background checkpoint
+write is finished first; a rerun redoes the steps after the newest durable checkpoint; engines, SGLang servers and sandbox containers are released
 by the role builders' exit), metrics are flushed, RunFinished is published and the recorder
 drains.
 

@@ -198,6 +198,11 @@ class PlacementSection(_Section, frozen=True):
     rollout: Resources = Resources(cpus=1.0)
     trainer: Resources = Resources(cpus=1.0)
     teacher: Resources = Resources(cpus=1.0)
+    # The memory split of one GPU shared by the torch engine and the trainer (stacx.launch.memory):
+    # the engine's KV cache in GiB (it sizes its cache to it) and the trainer's share in GiB
+    # (checked, not enforced: one process, one caching allocator); 0: no declared split
+    engine_cache_gib: float = 0.0
+    trainer_gib: float = 0.0
     # role -> "module:function" replacing a role's builder (see stacx.launch.plan): the hook for
     # custom rollout workers, trainers or teachers, and for tests' stand-in actors.
     builders: dict[str, str] = {}
@@ -372,6 +377,16 @@ def _problems(r: Recipe) -> list[str]:
             f"runs one rank per GPU (stacx.train.distributed); set both to the same number "
             "(gpus = 0: ranks on CPU or on the launcher's GPUs)"
         )
+    if r.trainer.background_checkpoint and (
+        r.placement.mode != "local" or r.engine.backend != "torch"
+    ):
+        out.append(
+            "trainer.background_checkpoint = true: needs placement.mode = 'local' and "
+            "engine.backend = 'torch' (the engine must take each version from the trainer's "
+            f"memory before its file exists; here placement.mode = {r.placement.mode!r}, "
+            f"engine.backend = {r.engine.backend!r})"
+        )
+    out.extend(_split_problems(r))
     if _sglang_partial_sync(r):
         out.append(
             f"trainer.trainable = {r.trainer.trainable!r} with engine.backend = 'sglang': "
@@ -455,6 +470,25 @@ def _sandbox_problems(r: Recipe) -> list[str]:
         out.append(
             "sandbox.aliases: not used with backend 'remote' (each `stacx sandbox serve` "
             "builds with its own --aliases); remove it"
+        )
+    return out
+
+
+def _split_problems(r: Recipe) -> list[str]:
+    p, out = r.placement, []
+    for key in ("engine_cache_gib", "trainer_gib"):
+        if getattr(p, key) < 0:
+            out.append(f"placement.{key} = {getattr(p, key)!r}: accepted values are GiB >= 0")
+    if p.engine_cache_gib > 0 and (r.engine.backend != "torch" or r.engine.device == "cpu"):
+        out.append(
+            f"placement.engine_cache_gib = {p.engine_cache_gib!r}: the torch engine's KV cache "
+            f"on a GPU (here engine.backend = {r.engine.backend!r}, engine.device = "
+            f"{r.engine.device!r}; SGLang takes engine.mem_fraction)"
+        )
+    if p.trainer_gib > 0 and (r.is_eval or r.trainer.device == "cpu"):
+        out.append(
+            f"placement.trainer_gib = {p.trainer_gib!r}: the trainer's share of a GPU (here "
+            + ("an eval recipe: no trainer)" if r.is_eval else "trainer.device = 'cpu')")
         )
     return out
 

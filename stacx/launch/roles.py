@@ -22,14 +22,15 @@ from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
 from stacx.events import RollIn, TurnActor
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
-from stacx.launch.engines import LATEST_SQL, open_engine, open_tokenizer
+from stacx.launch import memory
+from stacx.launch.engines import open_engine, open_tokenizer
 from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
 from stacx.ports import Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
-from stacx.weights.sync import WeightSync, load_published
+from stacx.weights.sync import NEWEST_DURABLE_SQL, WeightSync, load_published
 
 
 class RolloutWorker(RolloutManager):
@@ -118,10 +119,13 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             log_dir=Path(env.run_dir),
             lora=None if recipe.is_eval else recipe.trainer.lora,
             kv_cache=e.kv_cache,
+            cache_bytes=memory.cache_bytes(recipe),
         )
+        memory.check_recipe_split(recipe, engine)  # before any episode or step
         weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
-        # Before any episode: a resumed run continues on its latest published weights.
-        latest = (await env.query(LATEST_SQL)).to_pylist()
+        # Before any episode: a resumed run continues on its newest durable weights (WeightSync
+        # then takes it to the newest published one, once in memory or on disk)
+        latest = (await env.query(NEWEST_DURABLE_SQL)).to_pylist()
         if latest:
             await load_published(engine, str(latest[0]["path"]), int(latest[0]["version"]))
         chat = ChatFormat(tokenizer)

@@ -13,22 +13,33 @@ Guarantees: a checkpoint appears atomically (written to a temporary sibling dire
 renamed), so a crash never leaves a half-written ``v<n>`` that a resume would trust; saving a
 version that exists replaces it (a redo after a crash). Limits: the weights are one file (a
 sharded trainer gathers them to rank 0's host memory to write it); the optimizer state is a ``torch.save`` pickle, so load only checkpoints you wrote.
+
+What a checkpoint holds is a list of *parts* (:data:`Part`: a function that writes its files into
+the staging directory): the weights, ``config.json``, the optimizer state; a new kind of state
+(an adapter, a scheduler) is one more part. :func:`snapshot` copies what the parts write while the
+trainer holds still (clones on the model's device: tens of ms even at 4B, where the write takes
+tens of seconds), so :func:`write` can run later in another thread while the next step changes
+the model (``trainer.background_checkpoint``). Files are fsync'ed before the rename: a version
+directory, once there, survives a crash of the process or the machine.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from stacx.errors import StacxError
 
@@ -37,6 +48,12 @@ OPTIMIZER_FILE = "optimizer.pt"
 SHARDED_OPTIMIZER_DIR = "optimizer"  # a sharded trainer's (torch.distributed.checkpoint)
 META_FILE = "trainer.json"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+_STAGING_DIR = re.compile(r"^\.v\d+-")
+
+Part = Callable[[Path], None]
+"""One piece of a checkpoint: writes its files into the staging directory it is given. Runs
+in the writer (maybe another thread, after the next step began), so it may only read tensors
+the snapshot owns."""
 
 
 class CheckpointError(StacxError):
@@ -79,16 +96,149 @@ def write_weights(tmp: Path, state: Mapping[str, torch.Tensor], *, partial: bool
 def commit(
     tmp: Path, run_dir: Path | str, version: int, meta: dict[str, object]
 ) -> tuple[Path, str]:
-    """Write ``trainer.json`` into the staged ``tmp``, then rename it to ``v<version>``
-    (replacing one that exists); returns (path of model.safetensors, its sha256)."""
+    """Write ``trainer.json`` into the staged ``tmp``, fsync it all, then rename it to
+    ``v<version>`` (replacing one that exists); returns (path of model.safetensors, sha256)."""
     target = version_dir(run_dir, version)
     (tmp / META_FILE).write_text(json.dumps({"version": version, **meta}, indent=2) + "\n")
     sha = sha256_file(tmp / WEIGHTS_FILE)
+    _fsync_tree(tmp)
     tmp.chmod(0o755)
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
+    _fsync_dir(target.parent)
     return target / WEIGHTS_FILE, sha
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), key=lambda p: -len(p.parts)):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        else:
+            _fsync_dir(path)
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tied_aliases(lm: nn.Module) -> set[str]:
+    """State-dict names that alias another parameter (a tied lm_head): stored once."""
+    every = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
+    return every - {n for n, _ in lm.named_parameters()}
+
+
+def owned(tree: object) -> object:
+    """``tree`` (a state dict, nested) with every tensor cloned (DTensors stay DTensors): the
+    snapshot owns them, the next optimizer step cannot change them."""
+    return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), tree)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One version as the trainer held it after its step: ``weights`` are what engines load
+    (by name, owned copies), ``parts`` write the checkpoint from owned copies, ``meta`` is
+    ``trainer.json``. ``tmp``: a staging directory made at snapshot time, when other processes
+    (trainer ranks) write into it too; otherwise :func:`write` makes one."""
+
+    version: int
+    weights: Mapping[str, torch.Tensor]
+    parts: tuple[Part, ...]
+    meta: dict[str, object]
+    tmp: Path | None = None
+
+
+def weights_part(state: Mapping[str, torch.Tensor], *, partial: bool) -> Part:
+    return lambda tmp: write_weights(tmp, state, partial=partial)
+
+
+def config_part(model: nn.Module) -> Part:
+    return lambda tmp: write_config(tmp, model)
+
+
+def snapshot(
+    version: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict[str, object],
+    *,
+    only_trainable: bool = False,
+) -> Snapshot:
+    """A one-device trainer's version ``version`` (see :class:`Snapshot`). ``optimizer`` None:
+    the weights only, for engines (a version that will not be written). The clones are on the
+    model's device and complete when this returns (the writer may use another CUDA stream)."""
+    params = {
+        n: p.detach().clone()
+        for n, p in model.named_parameters()
+        if p.requires_grad or not only_trainable
+    }
+    parts: list[Part] = []
+    if optimizer is not None:
+        state = dict(params)
+        if not only_trainable:  # persistent buffers too, as a full state dict holds them
+            aliases = tied_aliases(model)
+            for n, t in model.state_dict().items():
+                if n not in state and n not in aliases:
+                    state[n] = t.detach().clone()
+        opt_state = owned(optimizer.state_dict())
+        parts.append(weights_part(state, partial=only_trainable))
+        if not only_trainable:
+            parts.append(config_part(model))
+        parts.append(lambda tmp: torch.save(opt_state, tmp / OPTIMIZER_FILE))
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    return Snapshot(version=version, weights=params, parts=tuple(parts), meta=meta)
+
+
+def write(run_dir: Path | str, snap: Snapshot) -> tuple[Path, str]:
+    """Write ``snap`` as ``v<version>/`` atomically; returns (model.safetensors, its sha256). On CUDA its copies to host run on a stream of their own, so a CUDA graph
+    capture of an engine thread of this process is not disturbed by them."""
+    tmp = snap.tmp or staging(run_dir, snap.version)
+    try:
+        with _own_stream(snap.weights):
+            for part in snap.parts:
+                part(tmp)
+        return commit(tmp, run_dir, snap.version, snap.meta)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class _own_stream:
+    """On CUDA: the writer's copies go on a side stream (the default stream is shared with the
+    engine and the trainer, and a copy on it would wait for their work)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        first = next(iter(tensors.values()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.ctx: object = None
+
+    def __enter__(self) -> None:
+        if self.device.type == "cuda":
+            self.ctx = torch.cuda.stream(torch.cuda.Stream(self.device))
+            self.ctx.__enter__()  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)  # type: ignore[attr-defined]
+
+
+def clear_staging(run_dir: Path | str) -> list[str]:
+    """Remove staging directories (``.v<n>-*``) a killed writer left; returns their names."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    gone = [d.name for d in root.iterdir() if d.is_dir() and _STAGING_DIR.match(d.name)]
+    for name in gone:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return gone
 
 
 def save(
@@ -100,24 +250,10 @@ def save(
     *,
     only_trainable: bool = False,
 ) -> tuple[Path, str]:
-    """Write version ``version``; returns (path of model.safetensors, its sha256).
+    """Write version ``version`` now; returns (path of model.safetensors, its sha256).
 
     ``only_trainable`` writes the parameters with ``requires_grad`` only."""
-    tmp = staging(run_dir, version)
-    try:
-        if only_trainable:
-            # named_parameters() lists a tied tensor once, so there are no aliases to refuse
-            state = {n: p for n, p in model.named_parameters() if p.requires_grad}
-            write_weights(tmp, state, partial=True)
-        else:
-            # save_model de-duplicates tied tensors (embedding = lm_head) that save_file refuses
-            save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        write_config(tmp, model)
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        return commit(tmp, run_dir, version, meta)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return write(run_dir, snapshot(version, model, optimizer, meta, only_trainable=only_trainable))
 
 
 def write_config(tmp: Path, model: nn.Module) -> None:
@@ -185,14 +321,27 @@ def _sharded(weights: Path | str) -> bool:
     return (Path(weights).parent / SHARDED_OPTIMIZER_DIR).is_dir()
 
 
-def save_sharded_optimizer(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Every rank's shard of the optimizer state into ``tmp/optimizer/`` (torch.distributed
-    .checkpoint: one file per rank plus metadata; nothing is gathered). Collective."""
+def sharded_optimizer_part(
+    model: nn.Module, optimizer: torch.optim.Optimizer, group: object = None
+) -> Part:
+    """This rank's shard of the optimizer state (owned clones, taken now), written into
+    ``tmp/optimizer/`` by torch.distributed.checkpoint (one file per rank plus metadata;
+    nothing is gathered). The write is collective over ``group`` (every rank runs its part, in
+    the same order): a gloo group of its own, so that it can run in a writer thread beside the
+    training step's NCCL collectives."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(model, optimizer)
-    dcp.save({"optimizer": state}, checkpoint_id=str(tmp / SHARDED_OPTIMIZER_DIR))
+    state = owned(get_optimizer_state_dict(model, optimizer))
+
+    def part(tmp: Path) -> None:
+        dcp.save(
+            {"optimizer": state},
+            checkpoint_id=str(tmp / SHARDED_OPTIMIZER_DIR),
+            process_group=group,  # type: ignore[arg-type]
+        )
+
+    return part
 
 
 def load_sharded_optimizer(

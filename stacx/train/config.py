@@ -135,6 +135,14 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # checkpoints
     save_every: int = 0  # keep every n-th version's checkpoint for good (0: none beyond keep_last)
     keep_last: int = 3  # newest checkpoints kept (the latest is always kept; 0 keeps all)
+    # write a durable checkpoint of every n-th version only (and of the last); the others reach
+    # the engines from memory, and a rerun after a crash redoes them from the log
+    checkpoint_every: int = 1
+    # write checkpoints in a writer thread while the next steps run (engines get each version
+    # from the in-memory snapshot at once); a version whose write would find the previous one
+    # still under way is not written (the next due one is); the last version is always written
+    # before it is published. Needs inprocess_handoff and local placement
+    background_checkpoint: bool = False
     # placement
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
@@ -204,6 +212,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
             raise _fail(key, value, " | ".join(accepted))
     positive = (
         "steps",
+        "checkpoint_every",
         "batch_groups",
         "batch_episodes",
         "grad_accumulation",
@@ -218,6 +227,12 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise _fail("world_size", cfg.world_size, "an integer >= 1")
     if not cfg.dist_timeout_s > 0:
         raise _fail("dist_timeout_s", cfg.dist_timeout_s, "a float > 0")
+    if cfg.background_checkpoint and not cfg.inprocess_handoff:
+        raise _fail(
+            "background_checkpoint",
+            True,
+            "false unless trainer.inprocess_handoff (engines get a version before its file)",
+        )
     if cfg.mixed_precision and not cfg.sharded:
         raise _fail(
             "mixed_precision", True, "false unless the trainer shards (world_size > 1 or fsdp)"

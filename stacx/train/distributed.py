@@ -10,14 +10,17 @@ GPUs uses exactly those) and then drives them by broadcasting one command at a t
 - ``step``: rank 0 splits the batch by tokens (:func:`shard_by_tokens`) and scatters the shards;
   every rank runs :func:`stacx.train.step.train_step` on its own with ``distributed=True``
   (FSDP2 reduces the gradients; figures are summed over ranks);
-- ``save``: rank 0 stages the checkpoint directory; the full weights are gathered to rank 0's
-  host memory and written as one HF-loadable ``model.safetensors`` (+ ``config.json``; with
-  ``[trainer.lora]`` the gathered adapter only, as a PEFT directory: stacx.train.lora), the
-  optimizer state is saved sharded (``optimizer/``, torch.distributed.checkpoint: each rank
-  writes its own shard, nothing is gathered); rank 0 commits the directory atomically;
-- ``load``: every rank rebuilds its model and optimizer from a checkpoint (a supervisor restart
-  or a redo after a crash);
-- ``stop``: the ranks leave the group and exit.
+- ``snapshot``: the full weights are gathered to rank 0 (host memory; on the device at world
+  size 1), for the engines and for ``model.safetensors``; with ``[trainer.lora]`` the adapter
+  only (never the base), written as a PEFT directory (stacx.train.lora); when the version is to
+  be written, rank 0 has staged its directory and every rank clones its shard of the optimizer
+  state and hands its write (``optimizer/``, torch.distributed.checkpoint, nothing gathered) to its own
+  writer thread, which runs the writes one after another over a gloo group of their own, so a
+  write overlaps the next steps; rank 0's write (:func:`stacx.train.checkpoint.write`) waits for
+  every shard (the collective) and commits the directory atomically;
+- ``load``: every rank finishes its writes, then rebuilds its model and optimizer from a
+  checkpoint (a supervisor restart or a redo after a crash);
+- ``stop``: the ranks finish their writes, leave the group and exit.
 
 Guarantees: every rank sees the same commands in the same order (they come from rank 0's one
 trainer thread); the step's figures and updated weights equal the one-device step's on the same
@@ -33,6 +36,7 @@ from __future__ import annotations
 import datetime
 import logging
 import socket
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +48,10 @@ from torch import nn
 
 from stacx.errors import StacxError
 from stacx.train import checkpoint, lora
+from stacx.train.checkpoint import tied_aliases
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import language_model
-from stacx.train.model import build, pick_device, tied_aliases
+from stacx.train.model import build, pick_device
 from stacx.train.packing import Sample
 from stacx.train.step import StepResult, train_step
 
@@ -76,7 +81,8 @@ def _free_port() -> int:
         return port
 
 
-def _join(cfg: TrainerConfig, rank: int, port: int) -> None:
+def _join(cfg: TrainerConfig, rank: int, port: int) -> object:
+    """Join the default group; returns the gloo group that checkpoint writes use."""
     device, _ = pick_device(cfg, rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -89,6 +95,10 @@ def _join(cfg: TrainerConfig, rank: int, port: int) -> None:
         timeout=datetime.timedelta(seconds=cfg.dist_timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
+    # checkpoint writes run in a writer thread while the trainer thread steps: their
+    # collectives get a group of their own (gloo: host objects), never interleaved with the step's
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def _broadcast(command: dict[str, Any] | None) -> dict[str, Any]:
@@ -137,18 +147,43 @@ def full_weights(cfg: TrainerConfig, model: nn.Module) -> dict[str, torch.Tensor
     return out
 
 
-def _save_shards(
-    cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimizer, tmp: Path
-) -> dict[str, torch.Tensor]:
+def _snapshot(
+    cfg: TrainerConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: object,
+    write: bool,
+) -> tuple[dict[str, torch.Tensor], checkpoint.Part | None]:
+    """This rank's part of a snapshot: the full weights (rank 0) and, when the version is to be
+    written, the write of its optimizer shard. Collective."""
     state = full_weights(cfg, model)
-    checkpoint.save_sharded_optimizer(tmp, model, optimizer)
-    return state
+    part = checkpoint.sharded_optimizer_part(model, optimizer, group) if write else None
+    return state, part
+
+
+class _Writer:
+    """One thread that runs a rank's checkpoint writes in order (their collectives pair up
+    across ranks because every rank submits them in the same order)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stacx-ckpt")
+        self._last: Future[None] | None = None
+
+    def submit(self, part: checkpoint.Part, tmp: Path) -> None:
+        self._last = self._pool.submit(part, tmp)
+
+    def drain(self) -> None:
+        """Wait for every write submitted (a failed one raises here)."""
+        if self._last is not None:
+            last, self._last = self._last, None
+            last.result()
 
 
 def _serve(rank: int, cfg_json: bytes, port: int, weights: str | None, version: int) -> None:
     """Body of ranks 1..N-1: join, build, then run rank 0's commands until ``stop``."""
     cfg = msgspec.json.decode(cfg_json, type=TrainerConfig)
-    _join(cfg, rank, port)
+    group = _join(cfg, rank, port)
+    writer = _Writer()
     try:
         model, optimizer = build(cfg, weights, rank=rank, version=version)
         dist.barrier()
@@ -157,13 +192,18 @@ def _serve(rank: int, cfg_json: bytes, port: int, weights: str | None, version: 
             op = command["op"]
             if op == "step":
                 train_step(cfg, model, optimizer, _scatter(None), command["step"], distributed=True)
-            elif op == "save":
-                _save_shards(cfg, model, optimizer, Path(command["tmp"]))
+            elif op == "snapshot":
+                tmp = command["tmp"]
+                _, part = _snapshot(cfg, model, optimizer, group, tmp is not None)
+                if part is not None:
+                    writer.submit(part, Path(tmp))
             elif op == "load":
+                writer.drain()
                 model, optimizer = build(
                     cfg, command["weights"], rank=rank, version=command["version"]
                 )
             elif op == "stop":
+                writer.drain()
                 return
     finally:
         dist.destroy_process_group()
@@ -178,6 +218,7 @@ class RankGroup:
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._procs: list[Any] = []
+        self._group: object = None  # the checkpoint writes' gloo group
 
     @property
     def started(self) -> bool:
@@ -207,7 +248,7 @@ class RankGroup:
             proc.start()
             self._procs.append(proc)
         try:
-            _join(cfg, 0, port)
+            self._group = _join(cfg, 0, port)
             self.model, self.optimizer = build(cfg, weights, rank=0, base=base, version=version)
             dist.barrier()
         except BaseException:
@@ -228,29 +269,42 @@ class RankGroup:
         shard = _scatter(shard_by_tokens(samples, self.cfg.world_size))
         return train_step(self.cfg, self.model, self.optimizer, shard, step, distributed=True)
 
+    def snapshot(
+        self, run_dir: Path | str, version: int, meta: dict[str, object], *, write: bool
+    ) -> checkpoint.Snapshot:
+        """Version ``version`` held still (see the module docstring); with ``write`` its
+        directory is staged and every other rank's shard write is under way in its writer
+        thread: rank 0 must then :func:`stacx.train.checkpoint.write` it (the collective that
+        completes them)."""
+        assert self.model is not None and self.optimizer is not None
+        tmp = checkpoint.staging(run_dir, version) if write else None
+        _broadcast({"op": "snapshot", "tmp": str(tmp) if tmp is not None else None})
+        state, part = _snapshot(self.cfg, self.model, self.optimizer, self._group, write)
+        parts: list[checkpoint.Part] = []
+        if self.cfg.lora is not None:  # the version is the adapter (stacx.train.lora)
+            state = lora.adapter_state(state)
+            meta = {**meta, "lora": True}
+        if part is not None:
+            parts = [part]
+            if self.cfg.lora is not None:
+                config = lora.peft_config_of(language_model(self.model))
+                parts.append(lora.adapter_part(state, config))
+            else:
+                parts.append(checkpoint.weights_part(state, partial=bool(self.cfg.trainable)))
+            if not (self.cfg.trainable or self.cfg.lora):
+                parts.append(checkpoint.config_part(language_model(self.model)))
+        if state and next(iter(state.values())).is_cuda:
+            torch.cuda.current_stream().synchronize()  # the clones are complete for the writer
+        return checkpoint.Snapshot(version=version, weights=state, parts=tuple(parts),
+                                   meta=meta, tmp=tmp)  # fmt: skip
+
     def save(
         self, run_dir: Path | str, version: int, meta: dict[str, object]
     ) -> tuple[Path, str, dict[str, torch.Tensor]]:
-        """Checkpoint ``v<version>``; returns (model.safetensors, sha256, the full weights)."""
-        assert self.model is not None and self.optimizer is not None
-        tmp = checkpoint.staging(run_dir, version)
-        try:
-            _broadcast({"op": "save", "tmp": str(tmp)})
-            state = _save_shards(self.cfg, self.model, self.optimizer, tmp)
-            if self.cfg.lora is not None:  # the version is the adapter (stacx.train.lora)
-                state = lora.adapter_state(state)
-                lora.write(tmp, state, lora.peft_config_of(language_model(self.model)))
-            else:
-                checkpoint.write_weights(tmp, state, partial=bool(self.cfg.trainable))
-            if not (self.cfg.trainable or self.cfg.lora):
-                checkpoint.write_config(tmp, language_model(self.model))
-            path, sha = checkpoint.commit(tmp, run_dir, version, meta)
-        except BaseException:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return path, sha, state
+        """Checkpoint ``v<version>`` now; returns (model.safetensors, sha256, the full weights)."""
+        snap = self.snapshot(run_dir, version, meta, write=True)
+        path, sha = checkpoint.write(run_dir, snap)
+        return path, sha, dict(snap.weights)
 
     def close(self) -> None:
         """Stop the ranks and leave the group (idempotent)."""

@@ -126,6 +126,34 @@ def write(tmp: Path, state: Mapping[str, torch.Tensor], config: PeftLoraConfig) 
     config.save_pretrained(str(tmp))
 
 
+def adapter_part(state: Mapping[str, torch.Tensor], config: PeftLoraConfig) -> checkpoint.Part:
+    """The checkpoint part that writes ``state`` as the adapter files (:func:`write`)."""
+    return lambda tmp: write(tmp, state, config)
+
+
+def snapshot(
+    version: int,
+    lm: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict[str, object],
+) -> checkpoint.Snapshot:
+    """A one-device LoRA trainer's version ``version`` held still (stacx.train.checkpoint's
+    pipeline): ``weights`` are the adapter (owned copies, PEFT names); with ``optimizer`` the
+    parts write the adapter directory and the optimizer state. Never the base weights."""
+    state = {k: t.clone() for k, t in adapter_state(dict(lm.named_parameters())).items()}
+    parts: list[checkpoint.Part] = []
+    if optimizer is not None:
+        opt_state = checkpoint.owned(optimizer.state_dict())
+        parts.append(adapter_part(state, peft_config_of(lm)))
+        parts.append(lambda tmp: torch.save(opt_state, tmp / checkpoint.OPTIMIZER_FILE))
+    first = next(iter(state.values()), None)
+    if first is not None and first.is_cuda:
+        torch.cuda.current_stream(first.device).synchronize()  # the clones are complete
+    return checkpoint.Snapshot(
+        version=version, weights=state, parts=tuple(parts), meta={**meta, "lora": True}
+    )
+
+
 def save(
     run_dir: Path | str,
     version: int,
@@ -134,20 +162,11 @@ def save(
     meta: dict[str, object],
     cfg: TrainerConfig,
 ) -> tuple[Path, str, dict[str, torch.Tensor]]:
-    """Checkpoint ``v<version>`` of a one-device LoRA trainer: the adapter and the optimizer
-    state; returns (model.safetensors, sha256, the adapter tensors as written)."""
-    import shutil
-
-    tmp = checkpoint.staging(run_dir, version)
-    try:
-        state = adapter_state(dict(lm.named_parameters()))
-        write(tmp, state, peft_config_of(lm))
-        torch.save(optimizer.state_dict(), tmp / checkpoint.OPTIMIZER_FILE)
-        path, sha = checkpoint.commit(tmp, run_dir, version, {**meta, "lora": True})
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path, sha, state
+    """Checkpoint ``v<version>`` of a one-device LoRA trainer now: the adapter and the
+    optimizer state; returns (model.safetensors, sha256, the adapter tensors as written)."""
+    snap = snapshot(version, lm, optimizer, meta)
+    path, sha = checkpoint.write(run_dir, snap)
+    return path, sha, dict(snap.weights)
 
 
 def peft_config_of(lm: nn.Module) -> PeftLoraConfig:

@@ -79,12 +79,6 @@ def fast_path(cfg: TrainerConfig, device: torch.device) -> bool:
     return cfg.fast and device.type == "cuda"
 
 
-def tied_aliases(lm: nn.Module) -> set[str]:
-    """State-dict names that alias another parameter (a tied lm_head): stored once."""
-    every = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
-    return every - {n for n, _ in lm.named_parameters()}
-
-
 def build(
     cfg: TrainerConfig,
     weights: str | None,

@@ -9,19 +9,30 @@ complete units exist, each with every label, score or branch it waits for), and 
    ``pack_episodes`` the turns of an episode that extend each other are one sequence, rebuilt
    from the stored deltas: `step_batch`),
 2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
-3. writes ``checkpoints/v<version>/`` (weights, or with ``[trainer.lora]`` the adapter:
-   stacx.train.lora; optimizer state) atomically,
+3. snapshots the version (owned copies of the weights, or with ``[trainer.lora]`` of the
+   adapter: stacx.train.lora; and, when it is to be written, of the optimizer state;
+   :mod:`stacx.train.checkpoint`) and hands them to the engines of this process
+   (``trainer.inprocess_handoff``),
 4. publishes ``TrainStepFinished{step, episode_ids, ...}`` (the lineage: what this version was
-   trained on) and then ``WeightsPublished{version, path, sha256}`` (the commit point).
+   trained on) and then ``WeightsPublished{version, path, sha256, durable}`` (the commit point),
+5. writes ``checkpoints/v<version>/`` atomically: before publishing (``durable``), or in the
+   background (``trainer.background_checkpoint``: ``CheckpointSaved`` follows when it is on
+   disk), and only every ``trainer.checkpoint_every`` versions (and the last). A LoRA version
+   is always written before it is published: it is small, and an engine merges it with the
+   ``adapter_config.json`` of its directory (a version not on disk could not be loaded).
 
 Step n produces version n; after ``steps`` steps it publishes nothing more.
 
 Resume (:meth:`Trainer.on_start`, also after a supervisor restart): everything comes from the
-log. The newest ``WeightsPublished`` gives the version and the checkpoint to load (weights and
-optimizer state); the episodes already trained on are those of the committed steps' episode
-ids. A ``TrainStepFinished`` for the next version without its ``WeightsPublished`` (a crash
-between the two) is redone on exactly its episode ids. Event ids derive from (run, step) and
-(run, version), so a redo that re-publishes is de-duplicated by JetStream.
+log and the checkpoint directories. The trainer loads the newest *durable* checkpoint at or
+below the newest published version (a half-written one is a ``.v<n>-*`` staging directory,
+never picked up, and removed), then redoes every recorded step after it on exactly its
+recorded episode ids (a step's batch is a function of the log), so that it holds the published
+version again, bit for bit on CPU; a step recorded without its ``WeightsPublished`` (a crash
+between the two) is redone and published. It says so: ``TrainerResumed{version,
+durable_version, redo_steps}`` and a log line. The redo of the newest published version is
+written at once (``CheckpointSaved``), which is what a restarted engine waits for when that
+version was never durable. Event ids derive from (run, step) and (run, version).
 
 Sync vs async: in ``sync`` mode only samples of the current weights are used (staleness 0);
 the scheduler starts the next iteration after this version is published and loaded. In
@@ -44,6 +55,7 @@ from torch import nn
 from stacx.actors.base import Actor
 from stacx.device_lock import exclusive
 from stacx.events import (
+    CheckpointSaved,
     CostToGoEstimated,
     EpisodeFinished,
     Event,
@@ -52,6 +64,7 @@ from stacx.events import (
     RunStarted,
     TeacherLabeled,
     TeacherScored,
+    TrainerResumed,
     TrainStepFinished,
     WeightsPublished,
     derive_id,
@@ -65,8 +78,8 @@ from stacx.train.model import build, load_model, pick_device
 from stacx.train.step import StepResult, train_step
 from stacx.train.units import (
     gate_sql,
-    pending_step_sql,
     ready_units_sql,
+    redo_steps_sql,
     trainer_state_sql,
 )
 
@@ -118,7 +131,9 @@ class Trainer(Actor):
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.version = 0
-        self._pending: list[str] | None = None  # episode ids of a step to redo
+        self._redo: dict[int, list[str]] = {}  # version -> episode ids of a recorded step to redo
+        self._published = 0  # the newest version in the log (a redo up to it publishes nothing)
+        self._writer: asyncio.Task[None] | None = None  # the background checkpoint write
         self.steps_done = 0  # steps taken by this instance (not recovered ones)
         self._loaded = -1  # the version the model in memory holds
         self._dirty = False  # a step began and did not publish: the model in memory is suspect
@@ -131,19 +146,46 @@ class Trainer(Actor):
     # ---- recovery --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        rows = scalar_rows(await self.query(trainer_state_sql()))
-        latest = rows[0] if rows else None
-        self.version = int(latest["version"]) if latest else 0
-        sql = pending_step_sql()
-        pending = scalar_rows(await self.query(sql, units.params(self.config, sql, self.version)))
-        self._pending = [str(e) for e in pending[0]["episode_ids"]] if pending else None
-        path = str(latest["path"]) if latest else None
-        await asyncio.to_thread(exclusive, self._build, path)
-        log.info(
-            "trainer: at version %d%s",
-            self.version,
-            f", redoing step {self.version + 1}" if self._pending else "",
+        await self._drain()
+        rows = scalar_rows(await self.query(trainer_state_sql(), barrier=True))
+        self._published = int(rows[0]["version"]) if rows else 0
+        if self.model is not None and not self._dirty and self._loaded == self._published:
+            self.version, self._redo = self._published, {}  # a restart: what we hold is current
+            return
+        gone = await asyncio.to_thread(checkpoint.clear_staging, self.ctx.run_dir)
+        durable = _newest_durable(self.ctx.run_dir, self._published)
+        sql = redo_steps_sql()
+        redo = scalar_rows(
+            await self.query(sql, {"durable": durable, "published": self._published})
         )
+        self._redo = {int(r["version"]): [str(e) for e in r["episode_ids"]] for r in redo}
+        expected = list(range(durable + 1, durable + 1 + len(self._redo)))
+        if sorted(self._redo) != expected or len(self._redo) < self._published - durable:
+            raise checkpoint.CheckpointError(
+                f"cannot resume: newest durable checkpoint v{durable}, published "
+                f"v{self._published}, recorded steps {sorted(self._redo)} (a gap)"
+            )
+        self.version = durable
+        path = str(checkpoint.version_dir(self.ctx.run_dir, durable) / checkpoint.WEIGHTS_FILE)
+        await asyncio.to_thread(exclusive, self._build, path if durable else None)
+        if self._published or self._redo:  # a warning: a recovery is worth seeing by default
+            log.warning(
+                "trainer: at version %d; resuming from durable checkpoint v%d%s%s",
+                self._published,
+                durable,
+                f", redoing steps {sorted(self._redo)} from their recorded episode ids"
+                if self._redo
+                else "",
+                f" (removed half-written {', '.join(gone)})" if gone else "",
+            )
+            await self.publish(
+                TrainerResumed(
+                    run_id=self.run_id,
+                    version=self._published,
+                    durable_version=durable,
+                    redo_steps=sorted(self._redo),
+                )
+            )
 
     def _build(self, weights: str | None) -> None:
         cfg = self.config
@@ -180,8 +222,8 @@ class Trainer(Actor):
             await self._step(episode_ids)
 
     async def _next_batch(self) -> list[str] | None:
-        if self._pending is not None:
-            return self._pending
+        if self.version + 1 in self._redo:
+            return self._redo[self.version + 1]
         cfg = self.config
         gate = gate_sql(cfg)
         if gate is not None:
@@ -211,40 +253,120 @@ class Trainer(Actor):
             result = await asyncio.to_thread(
                 exclusive, train_step, cfg, model, optimizer, samples, step
             )
-        saved = time.perf_counter()
-        path, sha = await asyncio.to_thread(exclusive, self._save, step, result)
-        save_ms = (time.perf_counter() - saved) * 1e3
+        held = time.perf_counter()
+        write = self._write_kind(step)
+        snap, path, sha, save_ms = await self._hold(step, result, write)
+        hold_ms = (time.perf_counter() - held) * 1e3
         log.info(
-            "trainer: step %d on %d samples: loss %.4f, %.0f ms; checkpoint %.0f ms",
+            "trainer: step %d on %d samples: loss %.4f, %.0f ms; then %.0f ms to publish "
+            "(checkpoint %s)",
             step,
             result.n_samples,
             result.loss,
             result.duration_ms,
-            save_ms,
+            hold_ms,
+            _WRITES[write].format(save_ms),
         )
-        await self.publish(self._finished(step, batch, result, episode_ids, save_ms, batch_ms))
-        await self.publish(
-            WeightsPublished(
-                run_id=self.run_id,
-                event_id=derive_id(self.run_id, "weights", step),
-                version=step,
-                path=str(path),
-                sha256=sha,
-                step=step,
-                bytes=path.stat().st_size,
+        if step not in self._redo:
+            await self.publish(
+                self._finished(step, batch, result, episode_ids, save_ms, batch_ms, hold_ms)
             )
-        )
+        if step > self._published:
+            await self.publish(
+                WeightsPublished(
+                    run_id=self.run_id,
+                    event_id=derive_id(self.run_id, "weights", step),
+                    version=step,
+                    path=str(path),
+                    sha256=sha,
+                    step=step,
+                    durable=write == "now",
+                    bytes=path.stat().st_size if write == "now" else _tensor_bytes(snap),
+                )
+            )
+            self._published = step
+        if write == "now":
+            await self._saved(step, path, sha, save_ms)
+        elif write == "background":
+            await self._drain()  # done already (see _write_kind): raises if it failed
+            self._writer = asyncio.create_task(self._write_in_background(snap))
         self.version = self._loaded = step
-        self._pending = None
+        self._redo.pop(step, None)
         self._dirty = False
         self.steps_done += 1
+
+    async def _hold(
+        self, step: int, result: StepResult, write: str | None
+    ) -> tuple[checkpoint.Snapshot, Path, str, float]:
+        """Snapshot version ``step``, write it if ``write == "now"``, hand its weights to the
+        engines of this process; returns (snapshot, weights path, sha256 or "", write ms)."""
+        snap = await asyncio.to_thread(exclusive, self._snapshot, step, result, write is not None)
+        path = checkpoint.version_dir(self.ctx.run_dir, step) / checkpoint.WEIGHTS_FILE
+        sha, save_ms = "", 0.0
+        if write == "now":
+            await self._drain()
+            saved = time.perf_counter()
+            path, sha = await asyncio.to_thread(exclusive, checkpoint.write, self.ctx.run_dir, snap)
+            save_ms = (time.perf_counter() - saved) * 1e3
+        if self.config.inprocess_handoff and self.handoff is not None:
+            self.handoff.offer(str(path), sha, snap.weights)
+        return snap, path, sha, save_ms
+
+    def _write_kind(self, step: int) -> str | None:
+        """Whether version ``step``'s checkpoint is written "now" (before it is published),
+        in the "background", or not at all (None)."""
+        cfg = self.config
+        if step in self._redo and step < self._published:
+            return None  # on the way back to the published version: it is in the log already
+        if step == cfg.steps or step == self._published:
+            return "now"  # the run's result; or the version a restarted engine waits for
+        if cfg.lora is not None:
+            return "now"  # an adapter is merged with its directory's config: see the docstring
+        if step % cfg.checkpoint_every:
+            return None
+        if not cfg.background_checkpoint:
+            return "now"
+        if self._writer is not None and not self._writer.done():
+            log.info("trainer: v%d not written: the write of an earlier version is under way", step)
+            return None
+        return "background"
+
+    async def _write_in_background(self, snap: checkpoint.Snapshot) -> None:
+        start = time.perf_counter()
+        path, sha = await asyncio.to_thread(checkpoint.write, self.ctx.run_dir, snap)
+        await self._saved(snap.version, path, sha, (time.perf_counter() - start) * 1e3)
+
+    async def _saved(self, version: int, path: Path, sha: str, ms: float) -> None:
+        """Version ``version`` is durable: say so, then prune older checkpoints."""
+        await self.publish(
+            CheckpointSaved(
+                run_id=self.run_id,
+                event_id=derive_id(self.run_id, "checkpoint", version, sha),
+                version=version,
+                path=str(path),
+                sha256=sha,
+                duration_ms=ms,
+                nbytes=await asyncio.to_thread(_nbytes, path.parent),
+            )
+        )
+        cfg = self.config
         await asyncio.to_thread(
             checkpoint.prune,
             self.ctx.run_dir,
-            step,
+            version,
             keep_last=cfg.keep_last,
             save_every=cfg.save_every,
         )
+
+    async def _drain(self) -> None:
+        """Wait for the background write (its failure is raised here: the trainer crashes and
+        its supervisor restarts it from the log)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer
+
+    async def on_stop(self) -> None:
+        await self._drain()
 
     def _finished(
         self,
@@ -254,6 +376,7 @@ class Trainer(Actor):
         episode_ids: list[str],
         save_ms: float,
         batch_ms: float,
+        hold_ms: float,
     ) -> TrainStepFinished:
         """The step's record: what it trained on (lineage), its loss, timings and staleness."""
         cfg = self.config
@@ -279,7 +402,8 @@ class Trainer(Actor):
                     "grad_norm": result.grad_norm,
                     "n_loss_tokens": result.n_loss_tokens,
                     "n_sequences": result.n_samples,  # packed: one per episode segment
-                    "checkpoint_ms": save_ms,
+                    "checkpoint_ms": save_ms,  # a write before publishing (0: background, none)
+                    "hold_ms": hold_ms,  # step end to publish: snapshot, handoff, that write
                     "batch_ms": batch_ms,  # the batch's queries and samples
                     "batch_prompt_ids": batch.prompt_ids_read,
                     "max_staleness": _max_staleness(rows, self.version),
@@ -288,42 +412,47 @@ class Trainer(Actor):
             episode_ids=sorted(set(episode_ids)),
         )
 
-    def _save(self, step: int, result: StepResult) -> tuple[Path, str]:
+    def _snapshot(self, step: int, result: StepResult, write: bool) -> checkpoint.Snapshot:
+        """Version ``step`` held still: the weights for the engines of this process (when they
+        take it from memory) and, with ``write``, all that its checkpoint holds."""
         assert self.model is not None and self.optimizer is not None
+        cfg = self.config
         meta: dict[str, object] = {
             "step": step,
-            "algorithm": self.config.algorithm,
+            "algorithm": cfg.algorithm,
             "loss": result.loss,
-            "world_size": self.config.world_size,
+            "world_size": cfg.world_size,
         }
+        if not write and not (cfg.inprocess_handoff and self.handoff is not None):
+            return checkpoint.Snapshot(version=step, weights={}, parts=(), meta=meta)
         if self._group is not None:
-            path, sha, state = self._group.save(self.ctx.run_dir, step, meta)
-        elif self.config.lora is not None:  # the version is the adapter (stacx.train.lora)
-            path, sha, state = lora.save(
-                self.ctx.run_dir, step, self.model, self.optimizer, meta, self.config
-            )
-            if self.config.inprocess_handoff and self.handoff is not None:
-                state = {k: v.clone() for k, v in state.items()}  # a snapshot (see below)
-        else:
-            path, sha = checkpoint.save(
-                self.ctx.run_dir,
-                step,
-                self.model,
-                self.optimizer,
-                meta,
-                only_trainable=bool(self.config.trainable),
-            )
-            state = {}
-            if self.config.inprocess_handoff and self.handoff is not None:
-                # a snapshot: the next step must not change what an engine is copying
-                state = {
-                    k: v.detach().clone()
-                    for k, v in self.model.named_parameters()
-                    if v.requires_grad or not self.config.trainable
-                }
-        if self.config.inprocess_handoff and self.handoff is not None:
-            self.handoff.offer(str(path), sha, state)
-        return path, sha
+            return self._group.snapshot(self.ctx.run_dir, step, meta, write=write)
+        optimizer = self.optimizer if write else None
+        if cfg.lora is not None:  # the version is the adapter (stacx.train.lora)
+            return lora.snapshot(step, self.model, optimizer, meta)
+        trainable = bool(cfg.trainable)
+        return checkpoint.snapshot(step, self.model, optimizer, meta, only_trainable=trainable)
+
+
+_WRITES = {
+    "now": "written, {:.0f} ms",
+    "background": "writing in the background",
+    None: "not written",
+}
+
+
+def _tensor_bytes(snap: checkpoint.Snapshot) -> int:
+    """A version not written yet: the bytes of the tensors held for it (0: none held)."""
+    return sum(t.numel() * t.element_size() for t in snap.weights.values())
+
+
+def _nbytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def _newest_durable(run_dir: Path | str, published: int) -> int:
+    """The newest complete checkpoint at or below ``published`` (0: none, the base model)."""
+    return max((v for v in checkpoint.versions(run_dir) if v <= published), default=0)
 
 
 def _episode_rewards(rows: list[dict[str, object]]) -> list[float]:

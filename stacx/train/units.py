@@ -315,10 +315,12 @@ def trainer_state_sql() -> str:
     )
 
 
-def pending_step_sql() -> str:
-    """A train step recorded for version ``$next`` whose weights were never published: a crash
-    between the two events. Its episode_ids are the batch to redo."""
+def redo_steps_sql() -> str:
+    """Rows (version, episode_ids) of the recorded steps after the durable version ``$durable``
+    up to the published ``$published`` and the one after it (recorded, never published): what a
+    resumed trainer redoes, in order (the first record of a step wins: a redo re-records it)."""
     return (
-        "SELECT episode_ids FROM train_step_finished WHERE weight_version = $next "
-        "AND $next NOT IN (SELECT version FROM weights_published) ORDER BY ts DESC LIMIT 1"
+        "SELECT weight_version AS version, arg_min(episode_ids, ts) AS episode_ids "
+        "FROM train_step_finished WHERE weight_version > $durable "
+        "AND weight_version <= $published + 1 GROUP BY 1 ORDER BY 1"
     )

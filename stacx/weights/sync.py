@@ -26,6 +26,12 @@ Three transports, tried in this order (``WeightsLoaded.transport`` records which
   comes back later, and after ``max_deliver`` attempts an ``InfraFailed`` is recorded), never a
   silent load.
 
+A version published before its checkpoint is on disk (``WeightsPublished.durable`` false:
+``trainer.background_checkpoint``, ``trainer.checkpoint_every``) can only come from memory; an
+engine that cannot take it so (after a restart, before the trainer has redone it) loads the
+newest durable version instead and moves on at the next ``WeightsPublished`` or
+``CheckpointSaved`` (which it also consumes).
+
 A LoRA version (a checkpoint directory holding ``adapter_config.json``: ``[trainer.lora]``)
 moves the adapter only, by the same three transports, into an engine with the ``LoadsAdapter``
 capability (the torch engine merges it into its weights; SGLang loads it through its LoRA
@@ -50,7 +56,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from stacx.actors.base import Actor
 from stacx.errors import EngineError, StacxError
-from stacx.events import Event, WeightsLoaded, WeightsPublished, derive_id
+from stacx.events import CheckpointSaved, Event, WeightsLoaded, WeightsPublished, derive_id
 from stacx.inference import adapters
 from stacx.inference.sglang_client import StateNotAccepted
 from stacx.ports import Engine, LoadsAdapter, LoadsState
@@ -90,7 +96,7 @@ class WeightSync(Actor):
     `InProcessWeights`, if the trainer shares this process), then spawn."""
 
     name: ClassVar[str] = "weight-sync"
-    kinds: ClassVar[tuple[type[Event], ...]] = (WeightsPublished,)
+    kinds: ClassVar[tuple[type[Event], ...]] = (WeightsPublished, CheckpointSaved)
     max_inflight: ClassVar[int] = 1
 
     def __init__(
@@ -110,44 +116,44 @@ class WeightSync(Actor):
         self.last_load_ms = 0.0
 
     async def on_start(self) -> None:
-        latest = await self._latest()
-        if latest is not None and latest.version > self.engine.weight_version:
-            try:
-                await self._load(latest)
-            except StacxError as e:
-                # not fatal here: its WeightsPublished is redelivered to handle(), whose retries
-                # end in an InfraFailed; crashing would only restart this actor in a loop
-                log.warning("%s: catching up to v%d failed: %s", self.name, latest.version, e)
+        try:
+            await self._catch_up(None)
+        except StacxError as e:
+            # not fatal here: its WeightsPublished is redelivered to handle(), whose retries
+            # end in an InfraFailed; crashing would only restart this actor in a loop
+            log.warning("%s: catching up failed: %s", self.name, e)
 
     async def handle(self, event: Event) -> None:
-        if not isinstance(event, WeightsPublished):
-            return
-        latest = await self._latest()
-        if latest is not None and latest.version > event.version:
-            event = latest  # we lag: go straight to the newest
-        if event.version > self.engine.weight_version:
-            await self._load(event)
+        if isinstance(event, WeightsPublished | CheckpointSaved):
+            await self._catch_up(event.version)
 
-    async def _latest(self) -> WeightsPublished | None:
-        rows = (
-            await self.query(
-                "SELECT version, path, sha256, step, ts FROM weights_published "
-                "ORDER BY version DESC, ts DESC LIMIT 1"
+    async def _catch_up(self, seen: int | None) -> None:
+        """Load the newest version this engine can reach: the newest published (memory, or its
+        file once durable), else the newest durable one. ``seen``: the version of the event
+        being handled (the log holds it)."""
+        for sql in (_NEWEST_PUBLISHED, NEWEST_DURABLE_SQL):
+            rows = (await self.query(sql)).to_pylist()
+            if not rows:
+                continue
+            r = rows[0]
+            if int(r["version"]) <= self.engine.weight_version:
+                return  # nothing newer to reach
+            target = WeightsPublished(
+                run_id=self.run_id,
+                version=int(r["version"]),
+                path=str(r["path"]),
+                sha256=str(r["sha256"]),
+                step=int(r["version"]),
+                ts=float(r["ts"]),
+                durable=bool(r["durable"]),
             )
-        ).to_pylist()
-        if not rows:
-            return None
-        r = rows[0]
-        return WeightsPublished(
-            run_id=self.run_id,
-            version=int(r["version"]),
-            path=str(r["path"]),
-            sha256=str(r["sha256"]),
-            step=int(r["step"]),
-            ts=float(r["ts"]),
-        )
+            if await self._load(target):
+                return
+        log.info("%s: v%s is not durable and not in memory here; staying at v%d",
+                 self.name, seen, self.engine.weight_version)  # fmt: skip
 
-    async def _load(self, event: WeightsPublished) -> None:
+    async def _load(self, event: WeightsPublished) -> bool:
+        """Load ``event``'s version; False when it is not durable and not in memory here."""
         start = time.perf_counter()
         transport = "file"
         lora = adapters.adapter_dir(event.path)  # a LoRA version: the adapter only moves
@@ -165,6 +171,8 @@ class WeightSync(Actor):
                     log.info("%s: v%d as tensors refused (%s); loading the file", self.name,
                              event.version, e)  # fmt: skip
             del state  # a mapped buffer is released as soon as the copy is done
+        if transport == "file" and not event.durable:
+            return False
         if transport == "file":
             if self.verify:
                 digest = await asyncio.to_thread(sha256_file, event.path)
@@ -189,7 +197,23 @@ class WeightSync(Actor):
                 adapter=lora is not None,
             )
         )
+        return True
 
+
+# The newest version whose checkpoint is on disk: published durable, or made durable later by
+# CheckpointSaved (old logs: every published version is durable). A newer version published
+# before its file (trainer.background_checkpoint, trainer.checkpoint_every) reaches engines
+# from memory only. Also where a resumed run's engines start (stacx.launch.roles).
+NEWEST_DURABLE_SQL = """
+SELECT version, path, sha256, ts, true AS durable FROM (
+    SELECT version, path, sha256, ts FROM weights_published WHERE coalesce(durable, true)
+    UNION ALL SELECT version, path, sha256, ts FROM checkpoint_saved)
+ORDER BY version DESC, ts DESC LIMIT 1"""
+
+# the newest published version (durable or not); then NEWEST_DURABLE_SQL
+_NEWEST_PUBLISHED = """
+SELECT version, path, sha256, ts, coalesce(durable, true) AS durable FROM weights_published
+ORDER BY version DESC, ts DESC LIMIT 1"""
 
 
 async def load_published(

@@ -232,14 +232,20 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
     # Terminus-2's own prompt, with the screen of its tmux session: in the task's container
     # (the task's WORKDIR /app), not in the scaffold's
     assert "Current Terminal Screen:" in prompt and ":/app#" in prompt
-    # the 135M model never writes Terminus-2's JSON: it re-asks until the episode's timeout
-    # cuts it off, and the scaffold's end is recorded all the same (killed: no exit code)
+    # the 135M model rarely writes Terminus-2's JSON: mostly it re-asks until the episode's
+    # timeout cuts it off (killed: no exit code); now and then Terminus-2 ends on its own (a
+    # parse it accepts, or its own give-up). Either way the scaffold's end is recorded, and the
+    # episode's stop reason agrees with the scaffold's exit.
     ((status, agent, stop),) = con.execute(
         "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
-    assert (status, agent, stop) == ("scored", "installed", "timeout")
+    assert (status, agent) == ("scored", "installed") and stop in ("timeout", "agent_done")
     ((scaffold, code, timed_out, tail),) = con.execute(
         "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited").fetchall()  # fmt: skip
-    assert (scaffold, code, timed_out) == ("terminus-2", None, True) and "LiteLLM" in tail
+    assert scaffold == "terminus-2"
+    if stop == "timeout":
+        assert (code, timed_out) == (None, True) and "LiteLLM" in tail
+    else:  # it exited by itself, or its own command timeout ended it
+        assert code is not None or timed_out
 
 
 @pytest.mark.slow  # ~2 min once the SDK's layer is built (8 min on a loaded 2-core VM)

@@ -240,3 +240,38 @@ async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
     finally:
         await engine.close()
     assert [g.output_ids for g in group] == [a.output_ids for a in alone]
+
+
+async def test_a_cache_budget_sizes_the_kv_cache_in_new_plan() -> None:
+    """``cache_bytes`` (placement.engine_cache_gib) decides the cache's size in kv_plan's
+    new_plan: slots keep the full-length rows that fit (and still serve more requests than
+    rows), a paged pool stays within the budget, a budget below one row is refused."""
+    from stacx.errors import EngineError
+
+    model = small_qwen3()
+    per_token = 2 * 4 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x fp32
+    per_row = per_token * 129  # max_len + 1 positions
+    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
+                         cuda_graphs=False, cache_bytes=3 * per_row + 100)  # fmt: skip
+    try:
+        assert engine.max_batch == 3
+        assert engine.kv_usage()["bytes"] <= 3 * per_row + 100
+        gens = await engine.generate(
+            [[5, 6, 7]] * 5, SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        )
+        assert [len(g.output_ids) for g in gens] == [4] * 5
+    finally:
+        await engine.close()
+    budget = 1000 * per_token
+    paged = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
+                        cuda_graphs=False, kv_cache="paged", kv_block=16,
+                        cache_bytes=budget)  # fmt: skip
+    try:
+        usage = paged.kv_usage()
+        assert usage["bytes"] <= budget
+        assert usage["pool_tokens"] >= 1000 - 2 * 16
+    finally:
+        await paged.close()
+    with pytest.raises(EngineError, match="engine_cache_gib"):
+        TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=4, max_len=128,
+                    cuda_graphs=False, cache_bytes=per_row - 1)  # fmt: skip

@@ -18,9 +18,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from stacx.train.checkpoint import tied_aliases
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup, shard_by_tokens
-from stacx.train.model import build, tied_aliases
+from stacx.train.model import build
 from stacx.train.packing import Sample
 from stacx.train.step import StepResult, train_step
 

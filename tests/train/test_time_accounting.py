@@ -52,3 +52,39 @@ def test_busy_and_idle_time_per_version_and_role(log: Log) -> None:
     run = {r["role"]: r for r in log.rows("SELECT * FROM time_accounting_run")}
     assert run["engine"]["busy_s"] == pytest.approx(13.0)
     assert run["engine"]["busy_frac"] == pytest.approx(13.0 / 30.0)
+
+
+def step(
+    n: int, end: float, *, step_s: float, batch_s: float, hold_s: float
+) -> ev.TrainStepFinished:
+    metrics = {"batch_ms": batch_s * 1000, "hold_ms": hold_s * 1000, "checkpoint_ms": 0.0}
+    return ev.TrainStepFinished(run_id="r", step=n, algorithm="grpo", loss=0.0, weight_version=n,
+                                duration_ms=step_s * 1000, ts=end, metrics_json=json.dumps(metrics))  # fmt: skip
+
+
+def test_background_checkpoint_time_and_the_trainer_cadence(log: Log) -> None:
+    """A background write is the checkpoint role's (CheckpointSaved), not the trainer's; the
+    trainer_cadence view compares the trainer's time per step with the step itself."""
+    log.write(
+        ev.RunStarted(run_id="r", recipe="x", config_json="{}", ts=100.0),
+        step(1, 110.0, step_s=4.0, batch_s=0.5, hold_s=0.5),  # trainer 105-110
+        ev.WeightsPublished(run_id="r", version=1, path="/p1", sha256="", durable=False, ts=110.0),
+        step(2, 116.0, step_s=4.0, batch_s=1.0, hold_s=1.0),  # trainer 110-116
+        ev.WeightsPublished(run_id="r", version=2, path="/p2", sha256="s", ts=116.0),
+        ev.CheckpointSaved(run_id="r", version=1, path="/p1", sha256="s1", duration_ms=8000.0,
+                           ts=118.0),  # 110-118, beside step 2
+        ev.RunFinished(run_id="r", status="completed", ts=120.0),
+    )  # fmt: skip
+    rows = {(r["weight_version"], r["role"]): r for r in log.rows("SELECT * FROM time_accounting")}
+    assert rows[(0, "trainer")]["busy_s"] == pytest.approx(5.0)
+    assert rows[(1, "trainer")]["busy_s"] == pytest.approx(6.0)  # not the write
+    assert rows[(1, "checkpoint")]["busy_s"] == pytest.approx(6.0)  # 110-116 of 110-118
+    assert rows[(2, "checkpoint")]["busy_s"] == pytest.approx(2.0)
+    cadence = log.rows("SELECT * FROM trainer_cadence ORDER BY step")
+    assert [r["cycle_s"] for r in cadence] == pytest.approx([5.0, 6.0])
+    assert [r["cycle_over_step"] for r in cadence] == pytest.approx([1.25, 1.5])
+    assert cadence[1]["gap_s"] == pytest.approx(6.0)
+    assert [r["durable"] for r in cadence] == [False, True]
+    assert cadence[0]["write_s"] == pytest.approx(8.0) and cadence[1]["write_s"] is None
+    (run,) = log.rows("SELECT * FROM trainer_cadence_run")
+    assert run["cycle_over_step"] == pytest.approx(11.0 / 8.0) and run["durable_versions"] == 1

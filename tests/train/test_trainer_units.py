@@ -13,8 +13,8 @@ from stacx.train.units import (
     batch_rows_sql,
     gate_sql,
     pending_sql,
-    pending_step_sql,
     ready_units_sql,
+    redo_steps_sql,
     trainer_state_sql,
     waiting_sql,
 )
@@ -38,10 +38,11 @@ def _one(log: Log, cfg: TrainerConfig, sql: str, version: int = 0) -> object:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_queries_bind_for_every_algorithm(log: Log, algorithm: str, mode: str) -> None:
     cfg = TrainerConfig(algorithm=algorithm, mode=mode, max_staleness=2 if mode == "async" else 0)
-    sqls = [ready_units_sql(cfg), trainer_state_sql(), pending_step_sql(), pending_sql(cfg)]
+    sqls = [ready_units_sql(cfg), trainer_state_sql(), pending_sql(cfg)]
     sqls += [waiting_sql(cfg), *([g] if (g := gate_sql(cfg)) else [])]
     for sql in sqls:
         log.rows(sql, units.params(cfg, sql, 3))  # raises on a binder error
+    log.rows(redo_steps_sql(), {"durable": 1, "published": 3})
     log.rows(batch_rows_sql(cfg), {"episode_ids": ["e'1"]})
 
 

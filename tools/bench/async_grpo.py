@@ -19,6 +19,9 @@ events/views/50_time_accounting.sql):
   its checkpoint / at least one tool or verifier ran (``busy_islands`` clipped to the span);
 - ``reward_by_version``: {version: [mean reward, episodes]} (``reward_by_weight_version``);
 - ``mean_staleness``: the trainer's batches' mean ``max_staleness`` (versions behind);
+- ``trainer_cycle_over_step`` (``trainer_cadence_run``): the trainer's time per step (batch read +
+  step + snapshot/publish; checkpoints are written in the background,
+  ``trainer.background_checkpoint``) over the step itself;
 - ``time_accounting_run``: the ``time_accounting_run`` view (the whole log, model load included):
   role -> [busy_s, idle_s, busy_frac, work_s, tokens_per_s].
 
@@ -56,12 +59,14 @@ RECIPE = ROOT / "recipes" / "longtail" / "grpo.toml"
 # CPU: one short turn per episode and a light step, so the sandbox tail is not lost in the
 # 2 cores' generation and training time
 TINY_SETS = ["agent.max_turns=1", "agent.max_new_tokens=16",
-             "trainer.trainable='^model\\.(norm|layers\\.29)\\.'"]  # fmt: skip
+             "trainer.trainable='^model\\.(norm|layers\\.29)\\.'",
+             "trainer.background_checkpoint=true"]  # fmt: skip
 CUDA_SETS = [
     "engine.device=cuda", "trainer.device=cuda", "engine.max_batch=64",
     "sandbox.concurrency=128", "tasks.per_iteration=4", "tasks.group_size=8",
     "agent.max_turns=3", "agent.max_new_tokens=96", "agent.temperature=0.7",
     "trainer.lr=1e-4", "trainer.trainable=''", "trainer.compile=false",
+    "trainer.background_checkpoint=true",
 ]  # fmt: skip
 
 SPAN = """
@@ -80,6 +85,7 @@ WHERE split = 'train' ORDER BY weight_version
 """
 ACCOUNTING = "SELECT role, busy_s, idle_s, busy_frac, work_s, tokens_per_s FROM time_accounting_run"
 STALENESS = "SELECT avg(try_cast(json_extract(metrics_json, '$.max_staleness') AS DOUBLE)) FROM train_steps"
+CADENCE = "SELECT cycle_over_step, hold_s / nullif(steps, 0) FROM trainer_cadence_run"
 
 
 def stacx_run(run_dir: Path, sets: list[str], timeout_s: float) -> tuple[float, bool]:
@@ -126,6 +132,7 @@ def measure(run_dir: Path) -> dict[str, object]:
             for v, r, n in con.execute(REWARDS).fetchall()
         }
         (staleness,) = con.execute(STALENESS).fetchone() or (None,)
+        cycle, hold = con.execute(CADENCE).fetchone() or (None, None)
         accounting = {
             role: [round(float(x or 0), 3) for x in rest]
             for role, *rest in con.execute(ACCOUNTING).fetchall()
@@ -142,6 +149,9 @@ def measure(run_dir: Path) -> dict[str, object]:
         "trainer_busy": round(float(busy.get("trainer", 0.0)), 3),
         "sandbox_busy": round(float(busy.get("sandbox", 0.0)), 3),
         "mean_staleness": round(float(staleness), 3) if staleness is not None else None,
+        # the trainer's time per step (batch read + step + until published) over the step
+        "trainer_cycle_over_step": round(float(cycle), 3) if cycle is not None else None,
+        "trainer_hold_s_per_step": round(float(hold), 3) if hold is not None else None,
         "reward_by_version": rewards,
         # the whole log (model load included): role -> [busy_s, idle_s, busy_frac, work_s, tokens/s]
         "time_accounting_run": accounting,

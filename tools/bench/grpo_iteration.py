@@ -12,9 +12,15 @@ memory (nvidia-smi), then reads the run's log to report per phase:
 - rollout: generated tokens / wall time of each iteration (first episode start to last finish);
 - train: tokens / step time, MFU = (6 * non-embedding params * tokens + 6 * V * H * loss
   tokens) / time / 989 TF/s (the train bench's count without its attention term);
-- checkpoint ms (trainer.json write of the full weights + sharded optimizer state) and sync ms
-  (``WeightsLoaded.latency_ms``: WeightsPublished to the engine serving the version), with its
-  bytes and the engine's own load ms (``WeightsLoaded.bytes``, ``load_ms``: with LoRA, the merge);
+- checkpoint: ``hold_ms`` (the step's end to its publish: snapshot, handoff and, unless
+  ``--background``, the write of the full weights + sharded optimizer state), ``write_ms`` (the
+  write, wherever it ran: ``CheckpointSaved``), ``durable``; sync ms (``WeightsLoaded.latency_ms``:
+  WeightsPublished to the engine serving the version), with its bytes and the engine's own load
+  ms (``WeightsLoaded.bytes``, ``load_ms``: with LoRA, the merge);
+- the trainer's cadence (the ``trainer_cadence`` view): per step ``cycle_over_step`` = (batch read
+  + step + hold) / step, i.e. the trainer's time between two steps' starts when batches are
+  ready over the step itself; ``trainer_cycle_over_step`` is its median over every step but the
+  last (the last version is always written before it is published, so it holds for the write);
 - peak GPU memory in use (nvidia-smi, whole device) within each phase's window.
 
 The run's output is streamed line by line (flushed) and, with ``--out DIR``, copied to
@@ -25,16 +31,22 @@ and the memory samples to ``DIR/gpu_memory.csv``. Prints one JSON object as its 
 Usage (the H200 figures of the README; model on /dev/shm to spare the disk for checkpoints):
 ``python tools/bench/grpo_iteration.py --tokenizer DIR --work /tmp/it --model-dir /dev/shm/m4b
 --out $OUT --deadline-s 380 --steps 2 --problems 1 --group 8 --new-tokens 48 --no-compile``;
-``--tiny`` runs on CPU for a check of the script.
+``--tiny`` runs on CPU for a check of the script. The checkpoint off the trainer's path (issue
+28; goal: ``trainer_cycle_over_step`` <= 1.2 at the 4B shape): ``--background --steps 6`` (every
+version written in a writer thread while the next steps run; a version whose write would find the
+previous one under way is not written), ``--checkpoint-every N`` to write every N-th only.
 
 LoRA vs full fine-tuning (``--lora RANK``): the same model and workload run twice, first with
 ``[trainer.lora] rank = RANK`` (alpha = 2 * RANK, every linear module), then with full weights
 (``--lora-only`` skips it; a full run that does not fit is reported by its exit code and what
 its log holds). The last line then holds both reports and a ``summary`` per variant (peak GPU
-memory, mean train tok/s, mean sync ms and bytes, checkpoint ms) with the LoRA / full ratios:
+memory, mean train tok/s, mean sync ms and bytes, hold and write ms, the cadence) with the LoRA
+/ full ratios:
 ``python tools/bench/grpo_iteration.py --shape 8b --lora 16 --tokenizer DIR --work /tmp/it
 --model-dir /dev/shm/m8b --out $OUT --deadline-s 280 --steps 2 --problems 1 --group 8
---new-tokens 48 --no-compile``.
+--new-tokens 48 --no-compile``. A LoRA version is always written before it is published (see
+stacx.train.trainer): ``--background`` and ``--checkpoint-every`` do not change a LoRA run's
+writes.
 """
 
 from __future__ import annotations
@@ -94,6 +106,8 @@ compile = {compile}
 optimizer = "{optimizer}"
 max_tokens = 16384
 keep_last = 1
+checkpoint_every = {checkpoint_every}
+background_checkpoint = {background}
 {lora}[placement]
 mode = "local"
 """
@@ -199,6 +213,13 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
             "select version, ts, latency_ms, bytes, load_ms from weights_loaded"
         )
     }
+    cadence = {
+        r[0]: r[1:]
+        for r in rows(
+            "select step, hold_s, cycle_s, cycle_over_step, gap_s, durable, write_s "
+            "from trainer_cadence"
+        )
+    }
     out["train"] = []
     for step, ts, ms, tokens, metrics_json, world in steps:
         metrics = json.loads(str(metrics_json))
@@ -207,6 +228,7 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
         end = float(ts)  # type: ignore[arg-type]
         pub = float(published.get(step, end))  # type: ignore[arg-type]
         load_ts, latency, nbytes, load_ms = loaded.get(step, (None, None, None, None))
+        hold, cycle, ratio, gap, durable, write = cadence.get(step, (None,) * 6)
         out["train"].append(  # type: ignore[attr-defined]
             {
                 "step": step,
@@ -215,7 +237,12 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
                 "step_ms": round(float(ms), 1),  # type: ignore[arg-type]
                 "tok_s": round(int(tokens) / seconds, 1),  # type: ignore[call-overload]
                 "mfu": round(flops / seconds / PEAK, 4),
-                "checkpoint_ms": round(float(metrics["checkpoint_ms"]), 1),
+                "hold_ms": _ms(hold),
+                "cycle_ms": _ms(cycle),
+                "cycle_over_step": round(float(ratio), 3) if ratio is not None else None,  # type: ignore[arg-type]
+                "gap_ms": _ms(gap),
+                "durable": durable,
+                "write_ms": _ms(write),
                 "sync_ms": round(float(latency), 1) if latency is not None else None,  # type: ignore[arg-type]
                 "sync_bytes": nbytes,
                 "load_ms": round(float(load_ms), 1) if load_ms is not None else None,  # type: ignore[arg-type]
@@ -224,7 +251,13 @@ def report(run: Path, config: Qwen3Config, n_params: int, mem: GpuMemory) -> dic
                 "sync_peak_gib": mem.peak(pub, float(load_ts)) if load_ts is not None else None,  # type: ignore[arg-type]
             }
         )
+    ratios = sorted(t["cycle_over_step"] for t in out["train"][:-1] if t["cycle_over_step"])  # type: ignore[index]
+    out["trainer_cycle_over_step"] = ratios[len(ratios) // 2] if ratios else None
     return out
+
+
+def _ms(seconds: object) -> float | None:
+    return round(float(seconds) * 1e3, 1) if seconds is not None else None  # type: ignore[arg-type]
 
 
 def run_stacx(cmd: list[str], log_path: Path | None, deadline_s: float) -> int:
@@ -284,7 +317,9 @@ def summary(result: dict[str, object]) -> dict[str, object]:
         "sync_ms": _mean([s["sync_ms"] for s in steps]),
         "sync_bytes": _mean([s["sync_bytes"] for s in steps]),
         "load_ms": _mean([s["load_ms"] for s in steps]),  # the engine's part of sync_ms
-        "checkpoint_ms": _mean([s["checkpoint_ms"] for s in steps]),
+        "hold_ms": _mean([s["hold_ms"] for s in steps]),  # the step's end to its publish
+        "write_ms": _mean([s["write_ms"] for s in steps]),
+        "cycle_over_step": result.get("trainer_cycle_over_step"),
     }
 
 
@@ -313,6 +348,8 @@ def run_variant(
             steps=args.steps,
             compile="false" if args.no_compile else "true",
             optimizer=args.optimizer,
+            checkpoint_every=args.checkpoint_every,
+            background="true" if args.background else "false",
             lora=f"[trainer.lora]\nrank = {lora}\nalpha = {2 * lora}\n" if lora else "",
         )
     )
@@ -372,6 +409,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--optimizer", default="adamw", help="adamw | sgd (sgd: no optimizer state)")
+    ap.add_argument(
+        "--background",
+        action="store_true",
+        help="trainer.background_checkpoint: write checkpoints in a writer thread",
+    )
+    ap.add_argument("--checkpoint-every", type=int, default=1, help="trainer.checkpoint_every")
     args = ap.parse_args()
     device = "cpu" if args.tiny else "cuda"
     config = qwen3(args.tiny, args.shape)

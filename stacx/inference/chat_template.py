@@ -1,4 +1,5 @@
-"""The model's chat template, as the gateway uses it for `tool_choice`.
+"""The model's chat template, as the gateway uses it: for `tool_choice`, for a request's
+messages (`template_messages`) and for the ids that end a reply (`turn_stop_ids`).
 
 `ToolChoice.prefill` gives what a reply is forced to start with for "required" or a named
 function: the template's own tool-call opening, read off a call the template renders (so it
@@ -144,3 +145,21 @@ def template_messages(
         else:
             out.insert(0, {"role": "system", "content": head})
     return out
+
+
+def turn_stop_ids(tok: TemplateTokenizer) -> list[int]:
+    """EOS and the token that ends an assistant message in this template (ChatML: <|im_end|>)."""
+    stops = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    marker = "\x00STACX\x00"
+    try:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}],
+            tokenize=False, add_generation_prompt=False,
+        )  # fmt: skip
+    except Exception:  # a template that cannot render this pair: EOS alone ends a reply
+        return sorted(stops)
+    close = text[text.index(marker) + len(marker) :] if marker in text else ""
+    ids = tok.encode(close.strip() or close, add_special_tokens=False) if close.strip() else []
+    if ids:
+        stops.add(ids[0])
+    return sorted(stops)

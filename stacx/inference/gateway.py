@@ -72,7 +72,6 @@ Message content that spells a special token (``<|im_end|>``) is tokenized as tha
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -85,7 +84,12 @@ from stacx.errors import EngineError
 from stacx.events import Emit, new_id
 from stacx.inference import anthropic_api
 from stacx.inference.anthropic_api import anthropic_errors
-from stacx.inference.chat_template import TemplateTokenizer, ToolChoice, template_messages
+from stacx.inference.chat_template import (
+    TemplateTokenizer,
+    ToolChoice,
+    template_messages,
+    turn_stop_ids,
+)
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -101,8 +105,14 @@ from stacx.inference.openai_api import (
     request_tools,
     stop_strings,
 )
-from stacx.inference.streaming import ChoiceStreams, StreamClosed, TextStream, stream_generations
-from stacx.ports import Engine, Generation, SamplingParams, turn_generated
+from stacx.inference.streaming import (
+    ChoiceStreams,
+    StreamClosed,
+    TextStream,
+    cut_at_stop,
+    run_choices,
+)
+from stacx.ports import Engine, Generation, SamplingParams
 from stacx.toolcalls import parse_tool_calls
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -128,7 +138,7 @@ class Gateway:
         self.max_len, self.default_max_tokens = max_len, default_max_tokens
         self.require_episode = require_episode  # unknown credentials get 401 (launcher mode)
         self.native_tools = "tools" in (tokenizer.chat_template or "")
-        self.stop_ids = _turn_stop_ids(tokenizer)
+        self.stop_ids = turn_stop_ids(tokenizer)
         self._episodes: dict[str, GatewayEpisode] = {}
         self.tool_choice = ToolChoice(tokenizer, self.native_tools)
 
@@ -373,38 +383,17 @@ class Gateway:
         of the gateway's own (a forced tool call's closing tag), kept in the reply's text."""
         n = opt(body, "n", int, 1, MAX_N, 1)
         stops = stop_strings(body.get("stop")) + ([close] if close else [])
-        longest = max(len(p) for p in prompts)
-        if longest >= self.max_len:
-            raise ApiError(f"the prompt is {longest} tokens; this model's context is "
-                           f"{self.max_len}", param="messages" if "messages" in body else "prompt",
-                           code="context_length_exceeded")  # fmt: skip
-        room = self.max_len - longest
-        max_new = opt(body, max_key, int, 1, None, None)
-        extra_stops = opt(body, "stop_token_ids", list, None, None, [])
-        if not all(isinstance(t, int) for t in extra_stops):
-            raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
-        for key in ("frequency_penalty", "presence_penalty"):
-            if opt(body, key, float, -2.0, 2.0, 0.0):
-                raise ApiError(f"{key} != 0 is not supported", param=key)
-        if body.get("logit_bias"):
-            raise ApiError("logit_bias is not supported", param="logit_bias")
-        seed = opt(body, "seed", int, None, None, None)
-        params = SamplingParams(
-            max_new_tokens=min(max_new or self.default_max_tokens, room),
-            temperature=opt(body, "temperature", float, 0.0, 2.0, 1.0),
-            top_p=opt(body, "top_p", float, 0.0, 1.0, 1.0) or 1.0,
-            top_k=opt(body, "top_k", int, -1, None, -1),
-            stop_token_ids=sorted(set(self.stop_ids) | set(extra_stops)),
-            seed=seed,
-            ignore_eos=bool(opt(body, "ignore_eos", bool, None, None, False)),
-        )
+        params = self._sampling(body, prompts, max_key)
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
         call = _Call(
             prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}", created=int(time.time())
         )
-        texts = [TextStream(lambda ids: self.tok.decode(ids, skip_special_tokens=skip_special),
-                            stops, parse_tools, held=held) for _ in expanded]  # fmt: skip
+
+        def decode(ids: list[int]) -> str:
+            return self.tok.decode(ids, skip_special_tokens=skip_special)
+
+        texts = [TextStream(decode, stops, parse_tools, held=held) for _ in expanded]
         if body.get("stream"):
             call.streams = ChoiceStreams(
                 request,
@@ -414,9 +403,9 @@ class Gateway:
                 texts, chat="messages" in body, usage=include_usage(body),
                 heads=[self.tok.decode(p) for p in expanded] if echo else None,
             )  # fmt: skip
-        t0 = time.perf_counter()
         try:
-            gens = await self._run(expanded, params, call.streams, texts if stops else None)
+            gens = await run_choices(self.engine, expanded, params, call.streams,
+                                    texts if stops else None)  # fmt: skip
         except EngineError as exc:
             err = ApiError(f"the engine refused the request: {exc}")
             if call.streams is not None and call.streams.resp is not None:  # 200 already sent
@@ -425,105 +414,41 @@ class Gateway:
         if call.streams is not None and not call.streams.connected:
             raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
         for gen in gens:
-            gen, text, stopped = self._cut_at_stop(gen, stops, skip_special, keep=close)
+            gen, text, stopped = cut_at_stop(decode, gen, stops, keep=close)
             call.outputs.append((gen, text))
             call.stopped.append(stopped)
-        call.latency_ms = (time.perf_counter() - t0) * 1000
         if ep is not None:
-            await self._record(ep, call, request_json)
+            await ep.record([g for g, _ in call.outputs], call.prompts,
+                            engine=f"gateway:{self.engine.name}", request_id=call.request_id,
+                            request_json=request_json)  # fmt: skip
         return call
 
-    async def _run(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        streams: ChoiceStreams | None,
-        texts: list[TextStream] | None,
-    ) -> list[Generation]:
-        """The engine's generations; streamed to `streams`, and, given `texts` (there are stop
-        strings), ended early once every choice is done or has written a stop string: the rest
-        would be cut. Such a choice's Generation is built here ("stop", the engine's version
-        now, the call's wall time), from the ids the engine handed over."""
-        if streams is None and texts is None:
-            return await self.engine.generate(prompts, params)
-        gens: list[Generation | None] = [None] * len(prompts)
-        parts: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
-        t0 = time.monotonic()
-        async with contextlib.aclosing(stream_generations(self.engine, prompts, params)) as deltas:
-            async for d in deltas:
-                if d.generation is not None:
-                    gens[d.index] = d.generation
-                else:
-                    parts[d.index][0].extend(d.output_ids)
-                    parts[d.index][1].extend(d.logprobs or [])
-                if streams is not None:
-                    await streams.delta(d)  # StreamClosed leaves the stream: the engine aborts
-                elif texts is not None:
-                    texts[d.index].push(d.output_ids)
-                pending = [t for g, t in zip(gens, texts or [], strict=False) if g is None]
-                if texts and all(t.stopped for t in pending):
-                    break  # leaving the stream aborts the engine's unfinished requests
-        ms = (time.monotonic() - t0) * 1e3
-        return [g or Generation(output_ids=ids, logprobs=lps, finish_reason="stop",
-                                weight_version=self.engine.weight_version, gen_ms=ms)
-                for g, (ids, lps) in zip(gens, parts, strict=True)]  # fmt: skip
-
-    def _cut_at_stop(
-        self, gen: Generation, stops: list[str], skip_special: bool = True, keep: str = ""
-    ) -> tuple[Generation, str, bool]:
-        """The generation cut after the first token that completes a stop string, its text
-        without the stop string (with it, when it is `keep`), and whether a stop string ended it
-        (vLLM's semantics; the text leaves special tokens out unless `skip_special_tokens` is
-        false)."""
-        text = self.tok.decode(gen.output_ids, skip_special_tokens=skip_special)
-        hits = [(text.find(s), s) for s in stops if s in text]
-        if not hits:
-            return gen, text, False
-        at, stop = min(hits)
-        lo, hi = 1, len(gen.output_ids)  # the shortest prefix whose text holds the stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if stop in self.tok.decode(gen.output_ids[:mid], skip_special_tokens=skip_special):
-                hi = mid
-            else:
-                lo = mid + 1
-        cut = Generation(
-            output_ids=gen.output_ids[:lo],
-            logprobs=None if gen.logprobs is None else gen.logprobs[:lo],
-            finish_reason="stop",
-            weight_version=gen.weight_version,
-            gen_ms=gen.gen_ms,
-            queue_ms=gen.queue_ms,
+    def _sampling(self, body: Json, prompts: list[list[int]], max_key: str) -> SamplingParams:
+        """The engine's sampling parameters for a request body (its limits checked: the prompt
+        within the context, unsupported penalties refused)."""
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_len:
+            raise ApiError(f"the prompt is {longest} tokens; this model's context is "
+                           f"{self.max_len}", param="messages" if "messages" in body else "prompt",
+                           code="context_length_exceeded")  # fmt: skip
+        max_new = opt(body, max_key, int, 1, None, None)
+        extra_stops = opt(body, "stop_token_ids", list, None, None, [])
+        if not all(isinstance(t, int) for t in extra_stops):
+            raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
+        for key in ("frequency_penalty", "presence_penalty"):
+            if opt(body, key, float, -2.0, 2.0, 0.0):
+                raise ApiError(f"{key} != 0 is not supported", param=key)
+        if body.get("logit_bias"):
+            raise ApiError("logit_bias is not supported", param="logit_bias")
+        return SamplingParams(
+            max_new_tokens=min(max_new or self.default_max_tokens, self.max_len - longest),
+            temperature=opt(body, "temperature", float, 0.0, 2.0, 1.0),
+            top_p=opt(body, "top_p", float, 0.0, 1.0, 1.0) or 1.0,
+            top_k=opt(body, "top_k", int, -1, None, -1),
+            stop_token_ids=sorted(set(self.stop_ids) | set(extra_stops)),
+            seed=opt(body, "seed", int, None, None, None),
+            ignore_eos=bool(opt(body, "ignore_eos", bool, None, None, False)),
         )
-        return cut, text[: at + len(stop) if stop == keep else at], True
-
-    async def _record(self, ep: GatewayEpisode, call: _Call, request_json: str) -> None:
-        async with ep.lock:
-            events = []
-            ends = []
-            # stored linearly: a prompt that extends the previous turn's (the last choice of the
-            # last call) prompt + output keeps only its new ids, with prefix_len
-            previous = ep.last_turn_end
-            for i, ((gen, _), prompt) in enumerate(zip(call.outputs, call.prompts, strict=True)):
-                turn = ep.n_turns
-                ep.n_turns += 1
-                events.append(turn_generated(
-                    gen,
-                    run_id=ep.run_id,
-                    episode_id=ep.episode_id,
-                    turn=turn,
-                    prompt=prompt,
-                    previous_end=previous,
-                    engine=f"gateway:{self.engine.name}",
-                    segment=ep.segment_of(prompt) if i == 0 else ep.segment,
-                    request_id=call.request_id,
-                    choice_index=i,
-                    request_json=request_json if i == 0 else "",
-                ))  # fmt: skip
-                previous = prompt + gen.output_ids
-                ends.append(previous)
-            ep.ends_from(ends)
-            await asyncio.gather(*(ep.emit(e) for e in events))
 
 
 class _Call:
@@ -533,7 +458,6 @@ class _Call:
         self.prompts, self.n, self.request_id, self.created = prompts, n, request_id, created
         self.outputs: list[tuple[Generation, str]] = []
         self.stopped: list[bool] = []
-        self.latency_ms = 0.0
         self.streams: ChoiceStreams | None = None
 
 
@@ -562,24 +486,6 @@ def _credential(request: web.Request) -> str:
 
 def _debug_json(body: Json) -> str:
     return json.dumps({k: body[k] for k in ("messages", "tools", "prompt") if k in body})
-
-
-def _turn_stop_ids(tok: TemplateTokenizer) -> list[int]:
-    """EOS and the token that ends an assistant message in this template (ChatML: <|im_end|>)."""
-    stops = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    marker = "\x00STACX\x00"
-    try:
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}],
-            tokenize=False, add_generation_prompt=False,
-        )  # fmt: skip
-    except Exception:  # a template that cannot render this pair: EOS alone ends a reply
-        return sorted(stops)
-    close = text[text.index(marker) + len(marker) :] if marker in text else ""
-    ids = tok.encode(close.strip() or close, add_special_tokens=False) if close.strip() else []
-    if ids:
-        stops.add(ids[0])
-    return sorted(stops)
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 from stacx.events import Emit, GatewayRefused, derive_id, new_id
+from stacx.ports import Generation, turn_generated
 
 
 class GatewayEpisode:
@@ -42,18 +43,33 @@ class GatewayEpisode:
     def raw_text(self, call_ids: tuple[str, ...]) -> str | None:
         return self._raw.get(call_ids)
 
-    def ends_from(self, ends: list[list[int]]) -> None:
-        """After a call: the prompt + output of each of its choices, for the next check."""
-        self._ends = ends
-        self.transcript_ids = ends[0]
-
-    @property
-    def last_turn_end(self) -> list[int]:
-        """The previous turn's prompt + output: the last choice of the last call."""
-        return self._ends[-1] if self._ends else []
-
-    def segment_of(self, prompt: list[int]) -> int:
-        """The segment `prompt` belongs to: the current one if it extends the last call."""
-        if self._ends and not any(prompt[: len(e)] == e for e in self._ends):
-            self.segment += 1
-        return self.segment
+    async def record(
+        self,
+        gens: list[Generation],
+        prompts: list[list[int]],
+        *,
+        engine: str,
+        request_id: str,
+        request_json: str,
+    ) -> None:
+        """Emit one call's choices as `TurnGenerated` events, in order. Stored linearly: a
+        prompt that extends the previous turn's (the last choice of the last call) prompt +
+        output keeps only its new ids, with prefix_len; a first choice whose prompt extends no
+        choice of the last call opens a new segment."""
+        async with self.lock:
+            if self._ends and not any(prompts[0][: len(e)] == e for e in self._ends):
+                self.segment += 1
+            previous = self._ends[-1] if self._ends else []
+            events, ends = [], []
+            for i, (gen, prompt) in enumerate(zip(gens, prompts, strict=True)):
+                events.append(turn_generated(
+                    gen, run_id=self.run_id, episode_id=self.episode_id, turn=self.n_turns,
+                    prompt=prompt, previous_end=previous, engine=engine, segment=self.segment,
+                    request_id=request_id, choice_index=i,
+                    request_json=request_json if i == 0 else "",
+                ))  # fmt: skip
+                self.n_turns += 1
+                previous = prompt + gen.output_ids
+                ends.append(previous)
+            self._ends, self.transcript_ids = ends, ends[0]
+            await asyncio.gather(*(self.emit(e) for e in events))

@@ -4,6 +4,8 @@ text as its ids arrive, released only where it can no longer change.
 `stream_generations` uses an engine's `StreamsGenerations` capability (the torch engine hands
 over each step's ids) and falls back to one delta per prompt at the end for an engine without
 it, so every engine streams (the SGLang and OpenAI clients: one chunk per choice at the end).
+`run_choices` runs a call's generations (streamed, and ended early once every choice has
+written a stop string); `cut_at_stop` cuts a finished generation at its first stop string.
 
 `TextStream` decodes a choice's ids as they arrive and holds back what may still change or be
 cut: an incomplete UTF-8 character (the decode ends in U+FFFD), text that could be the start of
@@ -24,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from aiohttp import web
 
-from stacx.ports import Engine, GenerationDelta, SamplingParams, StreamsGenerations
+from stacx.ports import Engine, Generation, GenerationDelta, SamplingParams, StreamsGenerations
 from stacx.toolcalls import OPEN_TAG
 
 Json = dict[str, Any]
@@ -230,3 +233,68 @@ class ChoiceStreams:
             await self.resp.write(data)
         except ConnectionError as exc:  # aiohttp's ClientConnectionResetError is one
             raise StreamClosed(self.resp) from exc
+
+
+async def run_choices(
+    engine: Engine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    streams: ChoiceStreams | None,
+    texts: list[TextStream] | None,
+) -> list[Generation]:
+    """The engine's generations; streamed to `streams`, and, given `texts` (there are stop
+    strings), ended early once every choice is done or has written a stop string: the rest
+    would be cut. Such a choice's Generation is built here ("stop", the engine's version
+    now, the call's wall time), from the ids the engine handed over."""
+    if streams is None and texts is None:
+        return await engine.generate(prompts, params)
+    gens: list[Generation | None] = [None] * len(prompts)
+    parts: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+    t0 = time.monotonic()
+    async with contextlib.aclosing(stream_generations(engine, prompts, params)) as deltas:
+        async for d in deltas:
+            if d.generation is not None:
+                gens[d.index] = d.generation
+            else:
+                parts[d.index][0].extend(d.output_ids)
+                parts[d.index][1].extend(d.logprobs or [])
+            if streams is not None:
+                await streams.delta(d)  # StreamClosed leaves the stream: the engine aborts
+            elif texts is not None:
+                texts[d.index].push(d.output_ids)
+            pending = [t for g, t in zip(gens, texts or [], strict=False) if g is None]
+            if texts and all(t.stopped for t in pending):
+                break  # leaving the stream aborts the engine's unfinished requests
+    ms = (time.monotonic() - t0) * 1e3
+    return [g or Generation(output_ids=ids, logprobs=lps, finish_reason="stop",
+                            weight_version=engine.weight_version, gen_ms=ms)
+            for g, (ids, lps) in zip(gens, parts, strict=True)]  # fmt: skip
+
+
+def cut_at_stop(
+    decode: Callable[[list[int]], str], gen: Generation, stops: list[str], keep: str = ""
+) -> tuple[Generation, str, bool]:
+    """The generation cut after the first token that completes a stop string, its text (by
+    `decode`) without the stop string (with it, when it is `keep`), and whether a stop string
+    ended it (vLLM's semantics)."""
+    text = decode(gen.output_ids)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        return gen, text, False
+    at, stop = min(hits)
+    lo, hi = 1, len(gen.output_ids)  # the shortest prefix whose text holds the stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stop in decode(gen.output_ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    cut = Generation(
+        output_ids=gen.output_ids[:lo],
+        logprobs=None if gen.logprobs is None else gen.logprobs[:lo],
+        finish_reason="stop",
+        weight_version=gen.weight_version,
+        gen_ms=gen.gen_ms,
+        queue_ms=gen.queue_ms,
+    )
+    return cut, text[: at + len(stop) if stop == keep else at], True

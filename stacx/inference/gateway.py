@@ -270,18 +270,19 @@ class Gateway:
                 finish = "tool_calls"
                 if ep is not None:
                     ep.remember(tuple(c["id"] for c in message["tool_calls"]), out_text)
-            lp = None
-            if body.get("logprobs"):
-                lp = {"content": [
-                    {"token": (s := self.tok.decode([t], skip_special_tokens=False)),
-                     "logprob": v, "bytes": list(s.encode()), "top_logprobs": []}
-                    for t, v in zip(gen.output_ids, gen.logprobs or [], strict=True)
-                ]}  # fmt: skip
+            lp = self._chat_logprobs(gen) if body.get("logprobs") else None
             choices.append({"index": i, "message": message, "logprobs": lp,
                             "finish_reason": finish, "token_ids": gen.output_ids,
                             "prompt_token_ids": prompt,
                             "weight_version": gen.weight_version})  # fmt: skip
         return _envelope("chat.completion", call, choices, model), call, finals
+
+    def _chat_logprobs(self, gen: Generation) -> Json:
+        return {"content": [
+            {"token": (s := self.tok.decode([t], skip_special_tokens=False)),
+             "logprob": v, "bytes": list(s.encode()), "top_logprobs": []}
+            for t, v in zip(gen.output_ids, gen.logprobs or [], strict=True)
+        ]}  # fmt: skip
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages``, translated to the chat path (and back) by
@@ -386,9 +387,8 @@ class Gateway:
         params = self._sampling(body, prompts, max_key)
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
-        call = _Call(
-            prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}", created=int(time.time())
-        )
+        call = _Call(prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}",
+                     created=int(time.time()))  # fmt: skip
 
         def decode(ids: list[int]) -> str:
             return self.tok.decode(ids, skip_special_tokens=skip_special)

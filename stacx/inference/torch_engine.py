@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from stacx.errors import EngineError
-from stacx.hf import load_hf_model, read_safetensors
+from stacx.hf import read_safetensors
 from stacx.inference import adapters
 from stacx.inference.decoder import Decoder
 from stacx.inference.engine_replays import MultiStepReplays
@@ -74,6 +74,7 @@ from stacx.inference.engine_requests import (
     put_done,
     put_tokens,
 )
+from stacx.inference.engine_setup import decode_path, place_model, set_threads
 from stacx.inference.kv_plan import KVPlan, Place, new_plan
 from stacx.inference.sampling import sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
@@ -120,59 +121,25 @@ class TorchEngine(MultiStepReplays):
         trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
         ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
         default size). None: refused above 80% of the free memory. Ignored on CPU.
-
-        ``kernels`` (CUDA graphs only; default: on where the model allows it, see
-        ``Decoder.kernels_unsupported``): decode steps and prefills run as the hand-written
-        Triton step (triton_kernels.py, triton_pick.py); True where the model does not allow it is an error.
-        H200, Qwen3-0.6B shape, prompt 256 + 256 new tokens, 2026-12-02: 1,057 tok/s at batch
-        1 and 33,929 at batch 64 against 744 and 20,315 with the torch.compile'd step.
-        ``compile`` (without the kernels; default: on with CUDA graphs) fuses the decode step
-        with torch.compile; the first step of each new shape then compiles (tens of seconds).
-        ``threads`` sets torch's intra-op CPU threads for the whole process (None:
-        $STACX_TORCH_THREADS, else 1 on machines with <= 2 cores, else torch's default).
-        On a small, busy machine fewer threads can be much faster: OpenMP barriers stall when
-        a core is taken by another process (measured here: 2 threads 14x slower than 1 under
-        load).
         ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
         Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
         many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
         once per replay (1: one step per replay, sampled on the host side as for other rows);
         the next replay is launched before the last one's tokens are read, while the batch
-        goes on unchanged. Same machine and bench, compiled step: 16 steps per replay gave
+        goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
         18,656 tok/s at batch 64 against 10,077 with 1.
-        ``compile_mode``: torch.compile's mode for the decode step (None: its default).
-        ``gemv_rows`` (CUDA): steps of at most this many rows run their projections as GEMV
-        kernels instead of cuBLAS GEMMs (0: off): with the kernels, Triton GEMVs with the norm,
-        residual add and SiLU gate folded in (batch 1: 0.91 ms per step against 1.37 with
-        cuBLAS); compiled, inductor reduction kernels. Greedy outputs equal HF ``generate`` on
-        CUDA in fp32 (tested).
-        ``fuse``: one GEMM for each layer's q/k/v and one for gate/up (see decoder.py); False
-        only to measure the difference (the kernels need it).
         ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
         ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
         prefixes; admission control and preemption when full), see kv_plan.py, which also
         decides the cache's size (`new_plan`).
+        ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
+        engine_setup.py.
         """
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
         self.decode_steps = decode_steps
-        threads = threads or int(os.environ.get("STACX_TORCH_THREADS", "0")) or None
-        if threads is None and (os.cpu_count() or 1) <= 2:
-            threads = 1  # see the note on `threads` above: a 2-core box is always shared
-        if threads is not None:
-            torch.set_num_threads(threads)
-        dev = torch.device(
-            "cuda"
-            if device == "auto" and torch.cuda.is_available()
-            else ("cpu" if device == "auto" else device)
-        )
-        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-        self.tokenizer = None
-        if isinstance(model, nn.Module):
-            self.model = model.to(device=dev, dtype=dtype).eval()
-            self.model_path = ""
-        else:
-            self.model, self.tokenizer, self.model_path = load_hf_model(model, dev, dtype)
+        set_threads(threads)
+        self.model, self.tokenizer, self.model_path, dev = place_model(model, device, dtype)
         self.decoder = Decoder(self.model, max_len, fuse=fuse)
         self._lora = adapters.LoraMerge(self.model)  # LoRA versions: merged at load
         self.device = dev
@@ -185,23 +152,10 @@ class TorchEngine(MultiStepReplays):
         self.max_batch = self._kv.max_rows  # a cache budget can lower it
         self.kv_cache = kv_cache
         self._cache = self._kv.cache
-        self._graphed = None
+        self._graphed = decode_path(self.decoder, self._cache, dev, cuda_graphs=cuda_graphs,
+                                    kernels=kernels, compile=compile, compile_mode=compile_mode,
+                                    gemv_rows=gemv_rows)  # fmt: skip
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
-        if kernels and not (dev.type == "cuda" and cuda_graphs):
-            raise EngineError(
-                "kernels=True needs a CUDA device with cuda_graphs=True (the Triton decode step "
-                f"is captured in CUDA graphs); this engine runs on {dev.type}"
-                + ("" if cuda_graphs else " without CUDA graphs")
-            )
-        if dev.type == "cuda":
-            if cuda_graphs:
-                from stacx.inference.cuda_graphs import GraphedDecode
-
-                if kernels or (kernels is None and self.decoder.kernels_unsupported() is None):
-                    self.decoder.enable_kernels(gemv_rows)
-                elif compile is None or compile:
-                    self.decoder.enable_compile(compile_mode, gemv_rows)
-                self._graphed = GraphedDecode(self.decoder, self._cache)
         self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
         self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()

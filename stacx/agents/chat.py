@@ -76,7 +76,6 @@ class ChatFormat:
         self.close_ids = self._framing(close)  # e.g. "<|im_end|>\n"
         self.obs_open_ids = self._framing(after_a[len(close) :])  # "<|im_start|>user\n"
         self.obs_close_ids = self._framing(after_o)  # "<|im_end|>\n<|im_start|>assistant\n"
-        self.header_ids = self._framing(header)
         if not self.close_ids:
             raise ConfigError("chat template: assistant messages have no end marker; unsupported")
         # The model ends its message by sampling the first close token (ChatML: <|im_end|>).

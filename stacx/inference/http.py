@@ -19,8 +19,6 @@ import aiohttp
 
 from stacx.errors import EngineError
 
-JsonValue = dict[str, object] | list[object]
-
 
 class HttpClient:
     def __init__(

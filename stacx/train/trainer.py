@@ -134,7 +134,6 @@ class Trainer(Actor):
         self._redo: dict[int, list[str]] = {}  # version -> episode ids of a recorded step to redo
         self._published = 0  # the newest version in the log (a redo up to it publishes nothing)
         self._writer: asyncio.Task[None] | None = None  # the background checkpoint write
-        self.steps_done = 0  # steps taken by this instance (not recovered ones)
         self._loaded = -1  # the version the model in memory holds
         self._dirty = False  # a step began and did not publish: the model in memory is suspect
         self._group: RankGroup | None = None  # the ranks, when sharded (stacx.train.distributed)
@@ -293,7 +292,6 @@ class Trainer(Actor):
         self.version = self._loaded = step
         self._redo.pop(step, None)
         self._dirty = False
-        self.steps_done += 1
 
     async def _hold(
         self, step: int, result: StepResult, write: str | None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -10,21 +9,12 @@ import duckdb
 
 from stacx.cli._common import friendly_errors, render
 from stacx.errors import StacxError
+from stacx.launch.resume import pid_alive
 from stacx.store import db
 
 COUNTS = """select (select count(*) from episodes), (select count(*) from episodes where status = 'scored'),
   (select avg(reward) from episodes), (select count(*) from infra_failed),
   (select max(version) from weights_published), (select count(*) from _events)"""
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -45,7 +35,7 @@ def cli(root: Path, fmt: str) -> None:
     for run in find_runs(root):
         meta = db.read_run_file(run)
         status = str(meta.get("status", "?"))
-        if status == "running" and not _alive(meta.get("pid")):
+        if status == "running" and not pid_alive(meta.get("pid")):
             status = "dead"  # the launcher died without a clean stop; rerun to resume
         try:
             con = db.connect_run(run)

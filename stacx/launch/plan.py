@@ -117,44 +117,22 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
         )
     if recipe.algorithm.name == "aggrevate":
         rollout_detail += "; AggreVaTe branches (replay, explore, teacher finishes, verify)"
-    roles = [
-        RoleSpec(
-            name="rollout",
-            builder="stacx.launch.roles:rollout",
-            count=p.rollout_workers,
-            resources=p.rollout,
-            detail=rollout_detail,
-        ),
-    ]
-    if not recipe.is_eval:
-        roles.append(
-            RoleSpec(
-                name="trainer",
-                builder="stacx.launch.roles:trainer",
-                count=1,
-                resources=p.trainer,
-                detail=_trainer_detail(recipe),
-            )
-        )
-    if recipe.algorithm.name in (
-        "dagger",
-        "opd",
-    ):  # AggreVaTe's teacher works inside the rollout role
-        roles.append(
-            RoleSpec(
-                name="teacher",
-                builder="stacx.launch.roles:teacher",
-                count=1,
-                resources=p.teacher,
-                detail=_teacher_detail(recipe),
-            )
-        )
     unknown = sorted(set(p.builders) - set(ROLES))
     if unknown:
         raise ConfigError(
             f"placement.builders: unknown role {unknown[0]!r}; accepted: " + ", ".join(ROLES)
         )
-    return [msgspec.structs.replace(r, builder=p.builders.get(r.name, r.builder)) for r in roles]
+
+    def role(name: str, count: int, resources: Resources, detail: str) -> RoleSpec:
+        builder = p.builders.get(name, f"stacx.launch.roles:{name}")
+        return RoleSpec(name=name, builder=builder, count=count, resources=resources, detail=detail)
+
+    roles = [role("rollout", p.rollout_workers, p.rollout, rollout_detail)]
+    if not recipe.is_eval:
+        roles.append(role("trainer", 1, p.trainer, _trainer_detail(recipe)))
+    if recipe.algorithm.name in ("dagger", "opd"):  # AggreVaTe's teacher works in the rollout role
+        roles.append(role("teacher", 1, p.teacher, _teacher_detail(recipe)))
+    return roles
 
 
 def totals(roles: list[RoleSpec]) -> Resources:

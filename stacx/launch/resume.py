@@ -42,7 +42,8 @@ def identity(config: ConfigDict) -> ConfigDict:
     return {k: v for k, v in config.items() if k not in IGNORED_SECTIONS}
 
 
-def _alive(pid: object) -> bool:
+def pid_alive(pid: object) -> bool:
+    """Whether `pid` (a run file's) is a live process on this host other than this one."""
     if not isinstance(pid, int) or pid == os.getpid():
         return False
     try:
@@ -57,7 +58,7 @@ def read_previous(run_dir: Path) -> Previous | None:
     if not db.db_path(run_dir).is_file():
         return None
     meta = db.read_run_file(run_dir)
-    if meta.get("status") == "running" and _alive(meta.get("pid")):
+    if meta.get("status") == "running" and pid_alive(meta.get("pid")):
         raise ConfigError(
             f"{run_dir}: in use by a live launcher (pid {meta['pid']}); "
             "wait for it or stop it first"

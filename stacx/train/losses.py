@@ -240,47 +240,29 @@ def policy_gradient_loss(
         advantages=advantages_B_T,
         loss_mask=loss_mask_B_T,
     )
-    if clip_eps_low < 0 or clip_eps_high < 0 or clip_eps_low >= 1:
-        raise LossInputError(
-            f"clip eps must satisfy 0 <= eps_low < 1 and eps_high >= 0, got "
-            f"eps_low={clip_eps_low}, eps_high={clip_eps_high}"
-        )
-    if mask_band is not None and old_logprobs_B_T is None:
-        raise LossInputError("mask_band needs old_logprobs_B_T (the trainer's pre-update logprobs)")
-    if mask_band is not None and not 0 < mask_band[0] < 1 < mask_band[1]:
-        raise LossInputError(f"mask_band must satisfy 0 < low < 1 < high, got {mask_band}")
-    if tis_cap is not None and old_logprobs_B_T is None:
-        raise LossInputError("tis_cap needs old_logprobs_B_T (the trainer's pre-update logprobs)")
+    _check_pg_options(clip_eps_low, clip_eps_high, old_logprobs_B_T is not None, tis_cap, mask_band)
     proximal_B_T = behavior_logprobs_B_T if old_logprobs_B_T is None else old_logprobs_B_T
     proximal_B_T = proximal_B_T.detach().to(logprobs_B_T.dtype)
     advantages_B_T = advantages_B_T.detach().to(logprobs_B_T.dtype)
     mask = loss_mask_B_T.bool()
+    zeros_B_T = torch.zeros_like(logprobs_B_T)
     # Padding positions may hold garbage logprobs; zero the log-ratio there so exp cannot overflow.
-    log_ratio_B_T = torch.where(mask, logprobs_B_T - proximal_B_T, torch.zeros_like(logprobs_B_T))
+    log_ratio_B_T = torch.where(mask, logprobs_B_T - proximal_B_T, zeros_B_T)
     ratio_B_T = torch.exp(log_ratio_B_T)
     unclipped_B_T = ratio_B_T * advantages_B_T
     clipped_B_T = ratio_B_T.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_T
     per_token_B_T = -torch.minimum(unclipped_B_T, clipped_B_T)
-    weight_B_T = torch.ones_like(per_token_B_T)
-    if tis_cap is not None and old_logprobs_B_T is not None:
-        tis_log = torch.where(
-            mask,
-            old_logprobs_B_T.detach().to(logprobs_B_T.dtype) - behavior_logprobs_B_T.detach(),
-            torch.zeros_like(logprobs_B_T),
-        )
-        weight_B_T = torch.exp(tis_log).clamp(max=tis_cap)
-        per_token_B_T = per_token_B_T * weight_B_T
-    kept_B_T = torch.ones_like(per_token_B_T)
-    if mask_band is not None and old_logprobs_B_T is not None:
-        is_ratio = torch.exp(
-            torch.where(
-                mask,
-                old_logprobs_B_T.detach().to(logprobs_B_T.dtype) - behavior_logprobs_B_T.detach(),
-                torch.zeros_like(logprobs_B_T),
-            )
-        )
-        kept_B_T = ((is_ratio >= mask_band[0]) & (is_ratio <= mask_band[1])).to(per_token_B_T.dtype)
-        per_token_B_T = per_token_B_T * kept_B_T
+    weight_B_T = kept_B_T = torch.ones_like(per_token_B_T)
+    if old_logprobs_B_T is not None and (tis_cap is not None or mask_band is not None):
+        # the trainer's over the engine's probability of each token
+        old_B_T = old_logprobs_B_T.detach().to(logprobs_B_T.dtype)
+        is_ratio_B_T = torch.exp(torch.where(mask, old_B_T - behavior_logprobs_B_T.detach(), zeros_B_T))
+        if tis_cap is not None:
+            weight_B_T = is_ratio_B_T.clamp(max=tis_cap)
+            per_token_B_T = per_token_B_T * weight_B_T
+        if mask_band is not None:
+            kept_B_T = ((is_ratio_B_T >= mask_band[0]) & (is_ratio_B_T <= mask_band[1])).to(per_token_B_T.dtype)
+            per_token_B_T = per_token_B_T * kept_B_T
     loss = masked_mean(per_token_B_T, loss_mask_B_T, normalizer)
     with torch.no_grad():
         clipped_taken = (clipped_B_T < unclipped_B_T).to(logprobs_B_T.dtype)
@@ -293,6 +275,23 @@ def policy_gradient_loss(
             "n_tokens": mask.sum(),
         }
     return LossOutput(loss, metrics)
+
+
+def _check_pg_options(
+    eps_low: float, eps_high: float, has_old: bool, tis_cap: float | None,
+    mask_band: tuple[float, float] | None,
+) -> None:  # fmt: skip
+    if eps_low < 0 or eps_high < 0 or eps_low >= 1:
+        raise LossInputError(
+            f"clip eps must satisfy 0 <= eps_low < 1 and eps_high >= 0, got "
+            f"eps_low={eps_low}, eps_high={eps_high}"
+        )
+    if mask_band is not None and not has_old:
+        raise LossInputError("mask_band needs old_logprobs_B_T (the trainer's pre-update logprobs)")
+    if mask_band is not None and not 0 < mask_band[0] < 1 < mask_band[1]:
+        raise LossInputError(f"mask_band must satisfy 0 < low < 1 < high, got {mask_band}")
+    if tis_cap is not None and not has_old:
+        raise LossInputError("tis_cap needs old_logprobs_B_T (the trainer's pre-update logprobs)")
 
 
 def advantage_weighted_loss(

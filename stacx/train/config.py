@@ -205,28 +205,7 @@ def _fail(key: str, value: object, accepted: str) -> ConfigError:
 
 def validate(cfg: TrainerConfig) -> TrainerConfig:
     """Check values msgspec's types cannot express; returns ``cfg`` unchanged."""
-    choices = {"algorithm": ALGORITHMS, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
-    for key, accepted in choices.items():
-        value = getattr(cfg, key)
-        if value not in accepted:
-            raise _fail(key, value, " | ".join(accepted))
-    positive = (
-        "steps",
-        "checkpoint_every",
-        "batch_groups",
-        "batch_episodes",
-        "grad_accumulation",
-        "max_tokens",
-        "steps_per_iteration",
-        "branches",
-    )
-    for key in positive:
-        if getattr(cfg, key) < 1:
-            raise _fail(key, getattr(cfg, key), "an integer >= 1")
-    if cfg.world_size < 1:
-        raise _fail("world_size", cfg.world_size, "an integer >= 1")
-    if not cfg.dist_timeout_s > 0:
-        raise _fail("dist_timeout_s", cfg.dist_timeout_s, "a float > 0")
+    _check_ranges(cfg)
     if cfg.background_checkpoint and not cfg.inprocess_handoff:
         raise _fail(
             "background_checkpoint",
@@ -237,9 +216,6 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise _fail(
             "mixed_precision", True, "false unless the trainer shards (world_size > 1 or fsdp)"
         )
-    for key in ("warmup_steps", "max_staleness", "save_every", "keep_last"):
-        if getattr(cfg, key) < 0:
-            raise _fail(key, getattr(cfg, key), "an integer >= 0")
     if cfg.steps_per_iteration > 1 and cfg.algorithm not in ("sft", "dagger"):
         raise _fail(
             "steps_per_iteration",
@@ -249,8 +225,6 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         )
     if cfg.min_ready is not None and not 1 <= cfg.min_ready <= cfg.batch_units:
         raise _fail("min_ready", cfg.min_ready, f"an integer in [1, batch size {cfg.batch_units}]")
-    if not cfg.lr > 0:
-        raise _fail("lr", cfg.lr, "a float > 0")
     if cfg.weight_decay < 0:
         raise _fail("weight_decay", cfg.weight_decay, "a float >= 0")
     if not all(0 <= b < 1 for b in cfg.betas):
@@ -279,6 +253,26 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if cfg.device != "auto" and not re.match(r"^(cpu|cuda|cuda:\d+|mps)$", cfg.device):
         raise _fail("device", cfg.device, "auto | cpu | cuda | cuda:N")
     return cfg
+
+
+def _check_ranges(cfg: TrainerConfig) -> None:
+    """The named choices, and the integers and floats that must be positive."""
+    choices = {"algorithm": ALGORITHMS, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
+    for key, accepted in choices.items():
+        value = getattr(cfg, key)
+        if value not in accepted:
+            raise _fail(key, value, " | ".join(accepted))
+    positive = ("steps", "checkpoint_every", "batch_groups", "batch_episodes",
+                "grad_accumulation", "max_tokens", "steps_per_iteration", "branches", "world_size")  # fmt: skip
+    for key in positive:
+        if getattr(cfg, key) < 1:
+            raise _fail(key, getattr(cfg, key), "an integer >= 1")
+    for key in ("warmup_steps", "max_staleness", "save_every", "keep_last"):
+        if getattr(cfg, key) < 0:
+            raise _fail(key, getattr(cfg, key), "an integer >= 0")
+    for key in ("lr", "dist_timeout_s"):
+        if not getattr(cfg, key) > 0:
+            raise _fail(key, getattr(cfg, key), "a float > 0")
 
 
 def _validate_lora(lora: LoraConfig) -> None:

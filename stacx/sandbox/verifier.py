@@ -117,6 +117,31 @@ def _tail(text: str, n: int = 2000) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
+async def _stage_tests(sandbox: Sandbox, task: Task) -> str:
+    """Put the task's tests in /tests and an empty /logs/verifier; what failed ("": nothing).
+
+    As root whatever the image's USER; /logs/verifier writable by whoever runs test.sh. From /,
+    and re-making the image's WORKDIR: an agent that deleted its working directory (rm -r /app)
+    gets its tests run and scored, not an infrastructure failure."""
+    workdir = getattr(sandbox, "workdir", "")
+    remake = f"mkdir -p {shlex.quote(workdir)} && " if workdir else ""
+    wiped = await sandbox.exec(
+        f"{remake}rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"
+        " && chmod 777 /logs/verifier",
+        user="0",
+        cwd="/",
+    )
+    if wiped.exit_code != 0:
+        return (f"cannot prepare /tests (exit {wiped.exit_code}): "
+                f"{(wiped.stderr or wiped.stdout).strip()[:500]}")  # fmt: skip
+    # A step's tests go over the task's shared tests/ (helpers next to its test.sh)
+    shared = task.dir / "tests"
+    if task.step and task.tests_dir != shared and shared.is_dir():
+        await sandbox.upload_dir(str(shared), "/tests")
+    await sandbox.upload_dir(str(task.tests_dir), "/tests")
+    return ""
+
+
 async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     """Run the task's tests in the sandbox and read the reward (no events)."""
     cfg = task.config.verifier
@@ -130,29 +155,9 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     except TaskError as exc:
         return VerifierFailure(kind=FailureKind.VERIFIER_ERROR, reason=str(exc))
     try:
-        # As root whatever the image's USER; /logs/verifier writable by whoever runs test.sh.
-        # From /, and re-making the image's WORKDIR: an agent that deleted its working
-        # directory (rm -r /app) gets its tests run and scored, not an infrastructure failure.
-        workdir = getattr(sandbox, "workdir", "")
-        remake = f"mkdir -p {shlex.quote(workdir)} && " if workdir else ""
-        wiped = await sandbox.exec(
-            f"{remake}rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"
-            " && chmod 777 /logs/verifier",
-            user="0",
-            cwd="/",
-        )
-        if wiped.exit_code != 0:
-            return VerifierFailure(
-                kind=FailureKind.VERIFIER_ERROR,
-                reason=f"cannot prepare /tests (exit {wiped.exit_code}): "
-                f"{(wiped.stderr or wiped.stdout).strip()[:500]}",
-                duration_ms=ms(),
-            )
-        # A step's tests go over the task's shared tests/ (helpers next to its test.sh)
-        shared = task.dir / "tests"
-        if task.step and task.tests_dir != shared and shared.is_dir():
-            await sandbox.upload_dir(str(shared), "/tests")
-        await sandbox.upload_dir(str(task.tests_dir), "/tests")
+        staged = await _stage_tests(sandbox, task)
+        if staged:
+            return VerifierFailure(kind=FailureKind.VERIFIER_ERROR, reason=staged, duration_ms=ms())
         result = await sandbox.exec(
             ["bash", "/tests/test.sh"],
             timeout=cfg.timeout_sec,

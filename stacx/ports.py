@@ -337,7 +337,6 @@ class Environments(Protocol):
 class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: StopReason
     n_turns: int
-    n_tool_calls: int
     transcript_ids: list[int]  # the last prompt (or prompt + output when the episode ended)
 
 

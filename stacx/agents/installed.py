@@ -212,7 +212,6 @@ class InstalledAgent:
             return AgentResult(
                 stop_reason=stop,
                 n_turns=route.n_turns,
-                n_tool_calls=0,  # the scaffold's own actions are in its trajectory, not events
                 transcript_ids=list(route.transcript_ids),
             )
 

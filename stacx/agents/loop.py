@@ -139,11 +139,9 @@ async def run_agent(
         observation = await tools.step(gen, chat.decode(gen.output_ids), sandbox, log)
         if observation is None:
             return AgentResult(stop_reason=StopReason.SUBMITTED, n_turns=turn + 1,
-                               n_tool_calls=log.n_calls, transcript_ids=previous)  # fmt: skip
+                               transcript_ids=previous)  # fmt: skip
         prompt = previous + chat.close(gen.output_ids) + chat.observation(observation) + prefill
-    return AgentResult(
-        stop_reason=stop, n_turns=n_turns, n_tool_calls=log.n_calls, transcript_ids=prompt
-    )
+    return AgentResult(stop_reason=stop, n_turns=n_turns, transcript_ids=prompt)
 
 
 class LoopAgent:

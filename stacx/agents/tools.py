@@ -72,16 +72,13 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
 
 class ToolLog:
     """Emits one episode's tool events: per turn (set `turn`) at most one ToolCalled/ToolReturned
-    pair, with ids derived from (episode_id, turn), so a redo publishes the same events.
-    `n_calls` counts the ToolCalled events."""
+    pair, with ids derived from (episode_id, turn), so a redo publishes the same events."""
 
     def __init__(self, run_id: str, episode_id: str, emit: Emit) -> None:
         self.run_id, self.episode_id, self.emit = run_id, episode_id, emit
         self.turn = 0
-        self.n_calls = 0
 
     async def called(self, tool: str, arguments: Mapping[str, object]) -> None:
-        self.n_calls += 1
         await self.emit(
             ToolCalled(
                 run_id=self.run_id,

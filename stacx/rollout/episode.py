@@ -41,7 +41,6 @@ from stacx.events import (
     RewardAssigned,
     RollIn,
     StopReason,
-    ToolCalled,
     TurnGenerated,
     derive_id,
 )
@@ -90,7 +89,6 @@ class _Steps:
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
         self.turns: set[int] = set()
-        self.calls: set[int] = set()
         self.offset = 0
         self.step = ""
 
@@ -108,8 +106,6 @@ class _Steps:
             )
         if isinstance(event, TurnGenerated):
             self.turns.add(event.turn)
-        elif isinstance(event, ToolCalled):
-            self.calls.add(event.turn)
         await self._emit(event)
 
 
@@ -183,8 +179,7 @@ async def run_episode(
     phase = FailureKind.START
     verdicts: list[tuple[str, Verdict]] = []
     failed: StepFailed | None = None
-    result = AgentResult(stop_reason=StopReason.STEP_FAILED, n_turns=0, n_tool_calls=0,
-                         transcript_ids=[])  # fmt: skip
+    result = AgentResult(stop_reason=StopReason.STEP_FAILED, n_turns=0, transcript_ids=[])
     n_turns = 0
     rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
     rubric = rubric if spec.judged else None
@@ -383,7 +378,7 @@ async def _act(
 ) -> AgentResult:
     """One agent run on `step` under its timeout (an agent timeout is a StopReason)."""
     timeout = spec.timeout_s or step.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
-    before_turns, before_calls = len(ran.turns), len(ran.calls)
+    before_turns = len(ran.turns)
     loop = agent.run(
         run_id=spec.run_id,
         episode_id=spec.episode_id,
@@ -398,7 +393,6 @@ async def _act(
         return AgentResult(
             stop_reason=StopReason.TIMEOUT,
             n_turns=len(ran.turns) - before_turns,
-            n_tool_calls=len(ran.calls) - before_calls,
             transcript_ids=[],
         )
 

@@ -37,7 +37,7 @@ class ShellAgent:
         if self.command:
             await sandbox.exec(self.command)
         return AgentResult(
-            stop_reason=StopReason.SUBMITTED, n_turns=0, n_tool_calls=0, transcript_ids=[]
+            stop_reason=StopReason.SUBMITTED, n_turns=0, transcript_ids=[]
         )
 
 

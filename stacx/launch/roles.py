@@ -91,7 +91,6 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
     """A student engine (kept on the latest weights), Docker environments, a rollout manager;
     for a scripted agent (oracle, null) no engine, only the model's tokenizer."""
     async with contextlib.AsyncExitStack() as stack:
-        e = recipe.engine
         if recipe.scripted_agent:  # oracle / null: no model generates, only its tokenizer frames
             _, tokenizer = await open_tokenizer(recipe.model.path)
             chat = ChatFormat(tokenizer)
@@ -105,29 +104,8 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent,
                                  judge=judge)]  # fmt: skip
             return
-        engine, tokenizer = await open_engine(
-            stack,
-            backend=e.backend,
-            model=recipe.model.path,
-            device=e.device,
-            dtype=recipe.model.dtype,
-            url=e.url,
-            max_batch=e.max_batch,
-            max_len=e.max_len,
-            tp=e.tp,
-            mem_fraction=e.mem_fraction,
-            log_dir=Path(env.run_dir),
-            lora=None if recipe.is_eval else recipe.trainer.lora,
-            kv_cache=e.kv_cache,
-            cache_bytes=memory.cache_bytes(recipe),
-        )
-        memory.check_recipe_split(recipe, engine)  # before any episode or step
+        engine, tokenizer = await student_engine(stack, recipe, env)
         weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
-        # Before any episode: a resumed run continues on its newest durable weights (WeightSync
-        # then takes it to the newest published one, once in memory or on disk)
-        latest = (await env.query(NEWEST_DURABLE_SQL)).to_pylist()
-        if latest:
-            await load_published(engine, str(latest[0]["path"]), int(latest[0]["version"]))
         chat = ChatFormat(tokenizer)
         make_installed: MakeAgent | None = None
         if recipe.agent.name == "installed":  # a black-box scaffold behind the model gateway
@@ -155,6 +133,36 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
                                      serves=serves, judge=judge)]  # fmt: skip
         yield [weights, *workers]
+
+
+async def student_engine(
+    stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
+) -> tuple[Engine, ChatTokenizer]:
+    """The recipe's student engine (closed with `stack`), its memory split checked before any
+    episode or step; a resumed run's engine starts on the newest durable weights (WeightSync
+    then takes it to the newest published one, once in memory or on disk)."""
+    e = recipe.engine
+    engine, tokenizer = await open_engine(
+        stack,
+        backend=e.backend,
+        model=recipe.model.path,
+        device=e.device,
+        dtype=recipe.model.dtype,
+        url=e.url,
+        max_batch=e.max_batch,
+        max_len=e.max_len,
+        tp=e.tp,
+        mem_fraction=e.mem_fraction,
+        log_dir=Path(env.run_dir),
+        lora=None if recipe.is_eval else recipe.trainer.lora,
+        kv_cache=e.kv_cache,
+        cache_bytes=memory.cache_bytes(recipe),
+    )
+    memory.check_recipe_split(recipe, engine)
+    latest = (await env.query(NEWEST_DURABLE_SQL)).to_pylist()
+    if latest:
+        await load_published(engine, str(latest[0]["path"]), int(latest[0]["version"]))
+    return engine, tokenizer
 
 
 def imitation_workers(

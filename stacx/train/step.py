@@ -175,6 +175,38 @@ def _total_norm(params: list[nn.Parameter]) -> torch.Tensor:
     return full() if callable(full) else norm
 
 
+def _loss_tokens(s: Sample) -> int:
+    return int(np.count_nonzero(s.loss_mask)) if s.loss_mask is not None else len(s.completion_ids)
+
+
+def _micro_plan(
+    cfg: TrainerConfig, samples: list[Sample], share: bool, distributed: bool
+) -> tuple[list[list[Sample]], list[float]]:
+    """The step's micro-batches and the weight of each one's loss: distributed, every rank
+    runs as many forwards/backwards as the busiest one (its extra ones weighted 0)."""
+    micros = micro_batches(samples, cfg.max_tokens, cfg.grad_accumulation, share=share)
+    weights = [1.0] * len(micros)
+    if distributed:
+        pad = _all_max(len(micros)) - len(micros)
+        micros += [micros[-1] if micros else [_filler(cfg)]] * pad
+        weights += [0.0] * pad
+    return micros, weights
+
+
+def _apply_gradients(cfg: TrainerConfig, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
+    """Clip (max_grad_norm) and take the optimizer step, unless the gradient norm is not
+    finite (the step is then skipped); the norm before clipping."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    norm = _total_norm(params)
+    grad_norm = float(norm)
+    if cfg.max_grad_norm is not None and params:
+        torch.nn.utils.clip_grads_with_norm_(params, cfg.max_grad_norm, norm.to(device))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def train_step(
     cfg: TrainerConfig,
     model: nn.Module,
@@ -192,12 +224,7 @@ def train_step(
     lr = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
     for group in optimizer.param_groups:
         group["lr"] = lr
-    normalizer = float(
-        sum(
-            int(np.count_nonzero(s.loss_mask)) if s.loss_mask is not None else len(s.completion_ids)
-            for s in samples
-        )
-    )
+    normalizer = float(sum(map(_loss_tokens, samples)))
     n_samples = len(samples)
     if distributed:
         normalizer, n_all = _all_sum([normalizer, float(n_samples)])
@@ -208,12 +235,7 @@ def train_step(
     sums: dict[str, float] = {}
     impl = getattr(getattr(language_model(model), "config", None), "_attn_implementation", None)
     share = cfg.share_prompts and impl != VARLEN_ATTENTION  # varlen kernels take no mask
-    micros = micro_batches(samples, cfg.max_tokens, cfg.grad_accumulation, share=share)
-    weights = [1.0] * len(micros)
-    if distributed:  # every rank runs as many forwards/backwards as the busiest one
-        pad = _all_max(len(micros)) - len(micros)
-        micros += [micros[-1] if micros else [_filler(cfg)]] * pad
-        weights += [0.0] * pad
+    micros, weights = _micro_plan(cfg, samples, share, distributed)
     for micro, weight in zip(micros, weights, strict=True):
         row = max(cfg.max_tokens, max(s.n_positions for s in micro))
         batch = (pack_shared(micro, row) if share else pack(micro, row)).to(device)
@@ -231,14 +253,7 @@ def train_step(
         totals = _all_sum([total_loss, float(n_tokens), *(sums.get(k, 0.0) for k in keys)])
         total_loss, n_tokens = totals[0], int(totals[1])
         sums = dict(zip(keys, totals[2:], strict=True))
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    norm = _total_norm(params)
-    grad_norm = float(norm)
-    if cfg.max_grad_norm is not None and params:
-        torch.nn.utils.clip_grads_with_norm_(params, cfg.max_grad_norm, norm.to(device))
-    if math.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm = _apply_gradients(cfg, optimizer, device)
     metrics = {k: v / max(normalizer, 1.0) for k, v in sums.items()}
     metrics["lr"] = lr
     metrics["skipped_nonfinite"] = 0.0 if math.isfinite(grad_norm) else 1.0

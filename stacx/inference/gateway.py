@@ -29,20 +29,17 @@ weight_version, finish reason, timing, and the request's messages and tools. Cal
 episode are checked to extend each other: a prompt that does not start with an earlier call's
 prompt + output (a summarized or rewritten history, a sub-agent) opens a new ``segment``.
 
-Streaming (`stacx.inference.streaming`): with ``stream: true`` each choice's text goes out as
-the engine produces its ids (the torch engine hands them over after every decode step; an
-engine without the `StreamsGenerations` capability, such as the SGLang and OpenAI clients,
-gives each choice's text in one chunk at the end). A piece of text is sent only once it can no
-longer change: never half a UTF-8 character, never text that could be the start of a stop
-string, and, when tools are parsed, nothing from a ``<tool_call>`` opening on; so the pieces
-joined are exactly the non-streamed reply (same seed, same ids). At the end of the call the
-turns are recorded exactly as for a non-streamed call, and then each choice gets the rest of its
-text, its ``tool_calls`` in one delta (each call whole: id, name, arguments), a last chunk with
-its ``finish_reason`` (``tool_calls`` for a call), ``logprobs`` (all of the choice's, here) and
-``token_ids``; then usage, then ``[DONE]``. Choices of ``n > 1`` interleave, each chunk naming
-its ``index``. A client that disconnects before the generation is done aborts it (the engine
-frees the slot at its next step) and nothing is recorded: no one saw that reply, and no later
-call can extend it. An engine error after the first chunk is sent as an error event.
+Streaming: with ``stream: true`` each choice's text goes out as the engine produces its ids,
+in pieces sent once they can no longer change (`stacx.inference.streaming` says what is held
+back, and which engines stream), so the pieces joined are exactly the non-streamed reply (same
+seed, same ids). At the end of the call the turns are recorded exactly as for a non-streamed
+call, and then each choice gets the rest of its text, its ``tool_calls`` in one delta (each call
+whole: id, name, arguments), a last chunk with its ``finish_reason`` (``tool_calls`` for a
+call), ``logprobs`` (all of the choice's, here) and ``token_ids``; then usage, then
+``[DONE]``. Choices of ``n > 1`` interleave, each chunk naming its ``index``. A client that
+disconnects before the generation is done aborts it (the engine frees the slot at its next
+step) and nothing is recorded: no one saw that reply, and no later call can extend it. An
+engine error after the first chunk is sent as an error event.
 
 Errors: a bad request gets an OpenAI-shaped 4xx naming the field (``error.param``; the request
 contract lives in `stacx.inference.openai_api`); an engine refusal (a prompt longer than the

@@ -21,13 +21,12 @@ truncation beyond ``max_answer_chars``).
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 import msgspec
 
 from stacx.errors import EngineError
 from stacx.events import derive_id
-from stacx.ports import Engine, SamplingParams
+from stacx.ports import ChatTokenizer, Engine, SamplingParams
 from stacx.rubric import (
     Criterion,
     Rubric,
@@ -39,18 +38,6 @@ from stacx.rubric import (
 )
 
 
-class ChatTemplate(Protocol):
-    """What the judge needs of a (Hugging Face) tokenizer: the chat template, encode, decode."""
-
-    def apply_chat_template(
-        self, conversation: list[dict[str, str]], *, tokenize: bool, add_generation_prompt: bool
-    ) -> str: ...
-
-    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
-
-
 class JudgeModel:
     """A judge: an engine, its tokenizer, the ids that end its reply, its context length, and
     the rubric of the tasks that declare none (a recipe's rubric for a whole task set)."""
@@ -58,7 +45,7 @@ class JudgeModel:
     def __init__(
         self,
         engine: Engine,
-        tokenizer: ChatTemplate,
+        tokenizer: ChatTokenizer,
         *,
         name: str = "judge",
         stop_token_ids: list[int] | None = None,

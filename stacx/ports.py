@@ -23,7 +23,7 @@ port is implemented, and any type only one engine uses.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -170,6 +170,28 @@ class LoadsAdapter(Protocol):
     async def load_adapter(
         self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
     ) -> None: ...
+
+
+class ChatTokenizer(Protocol):
+    """What STACX needs of a (Hugging Face) tokenizer: its chat template (rendered to text:
+    ``tokenize=False``), its end-of-sequence id, encode, decode, and a call that can split
+    special-token text. The agents' chat format, the model gateway, the judge and the OpenAI
+    client all take one."""
+
+    chat_template: str | None
+    eos_token_id: int | None
+
+    def apply_chat_template(
+        self, conversation: Sequence[Mapping[str, object]], **kwargs: object
+    ) -> str: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+    def __call__(
+        self, text: str, *, add_special_tokens: bool = ..., split_special_tokens: bool = ...
+    ) -> dict[str, list[int]]: ...
 
 
 class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):

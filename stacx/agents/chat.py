@@ -22,30 +22,11 @@ models (SmolLM2 included) were never trained on a ``tool`` role.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from stacx.errors import ConfigError
+from stacx.ports import ChatTokenizer
 
 _A = "\x00STACX-ASSISTANT\x00"
 _O = "\x00STACX-OBSERVATION\x00"
-
-
-class ChatTokenizer(Protocol):
-    """What `ChatFormat` needs of a (Hugging Face) tokenizer."""
-
-    eos_token_id: int | None
-
-    def apply_chat_template(
-        self, conversation: list[dict[str, str]], *, tokenize: bool, add_generation_prompt: bool
-    ) -> str: ...
-
-    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
-
-    def __call__(
-        self, text: str, *, add_special_tokens: bool = ..., split_special_tokens: bool = ...
-    ) -> dict[str, list[int]]: ...
 
 
 class ChatFormat:

@@ -11,30 +11,17 @@ force the name to be one of them, and a reply that is not a well-formed call sta
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
 
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import ApiError, Json, assistant_calls, content_text
+from stacx.ports import ChatTokenizer
 from stacx.toolcalls import render_tool_call, tools_system_prompt
-
-
-class TemplateTokenizer(Protocol):
-    """What the gateway needs of a (Hugging Face) tokenizer."""
-
-    chat_template: str | None
-    eos_token_id: int | None
-
-    def apply_chat_template(self, conversation: list[Json], **kwargs: Any) -> str: ...
-
-    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
 
 
 class ToolChoice:
     """`tool_choice` -> (prefill, closing tag), per function name, cached."""
 
-    def __init__(self, tok: TemplateTokenizer, native_tools: bool) -> None:
+    def __init__(self, tok: ChatTokenizer, native_tools: bool) -> None:
         self.tok, self.native_tools = tok, native_tools
         self._openings: dict[str | None, tuple[str, str]] = {}
 
@@ -147,7 +134,7 @@ def template_messages(
     return out
 
 
-def turn_stop_ids(tok: TemplateTokenizer) -> list[int]:
+def turn_stop_ids(tok: ChatTokenizer) -> list[int]:
     """EOS and the token that ends an assistant message in this template (ChatML: <|im_end|>)."""
     stops = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     marker = "\x00STACX\x00"

@@ -81,12 +81,7 @@ from stacx.errors import EngineError
 from stacx.events import Emit, new_id
 from stacx.inference import anthropic_api
 from stacx.inference.anthropic_api import anthropic_errors
-from stacx.inference.chat_template import (
-    TemplateTokenizer,
-    ToolChoice,
-    template_messages,
-    turn_stop_ids,
-)
+from stacx.inference.chat_template import ToolChoice, template_messages, turn_stop_ids
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -109,7 +104,7 @@ from stacx.inference.streaming import (
     cut_at_stop,
     run_choices,
 )
-from stacx.ports import Engine, Generation, SamplingParams
+from stacx.ports import ChatTokenizer, Engine, Generation, SamplingParams
 from stacx.toolcalls import parse_tool_calls
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -121,7 +116,7 @@ class Gateway:
     def __init__(
         self,
         engine: Engine,
-        tokenizer: TemplateTokenizer,
+        tokenizer: ChatTokenizer,
         *,
         model_name: str,
         aliases: Sequence[str] = (),

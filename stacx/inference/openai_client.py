@@ -21,16 +21,10 @@ What it cannot do:
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 from stacx.errors import EngineError
 from stacx.inference.http import HttpClient
-from stacx.ports import Generation, SamplingParams
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+from stacx.ports import ChatTokenizer, Generation, SamplingParams
 
 
 class OpenAIEngine:
@@ -42,7 +36,7 @@ class OpenAIEngine:
         model: str,
         *,
         api_key: str | None = None,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: ChatTokenizer | None = None,
         extensions: bool = True,
         prompt_as_text: bool = False,
         timeout_s: float | None = None,

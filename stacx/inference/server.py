@@ -35,10 +35,10 @@ from typing import Any, cast
 from aiohttp import web
 
 from stacx.errors import EngineError
-from stacx.inference.gateway import Gateway, TemplateTokenizer
+from stacx.inference.gateway import Gateway
 from stacx.inference.openai_api import json_object, openai_errors
 from stacx.inference.torch_engine import TorchEngine
-from stacx.ports import Generation, SamplingParams
+from stacx.ports import ChatTokenizer, Generation, SamplingParams
 
 Json = dict[str, Any]
 # sampling_params keys accepted without effect when they hold their neutral value
@@ -123,7 +123,7 @@ class Server:
         if engine.tokenizer is not None:  # the OpenAI routes need the chat template
             self.gateway = Gateway(
                 engine,
-                cast(TemplateTokenizer, engine.tokenizer),
+                cast(ChatTokenizer, engine.tokenizer),
                 model_name=model_name,
                 aliases=served_aliases(engine.model_path, aliases),
                 max_len=engine.max_len,

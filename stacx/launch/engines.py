@@ -11,9 +11,8 @@ import asyncio
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from stacx.agents.chat import ChatTokenizer
 from stacx.errors import EngineError
-from stacx.ports import Engine
+from stacx.ports import ChatTokenizer, Engine
 from stacx.train.config import LoraConfig
 
 
@@ -72,7 +71,7 @@ async def open_engine(
 
         if not url:
             raise EngineError("engine backend 'openai' needs a url (an OpenAI-compatible server)")
-        oa = OpenAIEngine(url, model, tokenizer=tokenizer)  # type: ignore[arg-type]
+        oa = OpenAIEngine(url, model, tokenizer=tokenizer)
         stack.push_async_callback(oa.close)
         return oa, tokenizer
     raise EngineError(f"engine backend {backend!r}: accepted: torch, sglang, openai")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from stacx.agents.chat import ChatFormat, ChatTokenizer
+from stacx.agents.chat import ChatFormat
 from stacx.errors import ConfigError, TaskError
 from stacx.judge import JudgeModel
 from stacx.launch.engines import open_engine
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
-from stacx.ports import Engine
+from stacx.ports import ChatTokenizer, Engine
 from stacx.rubric import Rubric, load_rubric
 
 

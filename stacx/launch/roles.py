@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from stacx.actors.base import Actor
-from stacx.agents.chat import ChatFormat, ChatTokenizer
+from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig, loop_agents
 from stacx.agents.policies import EnginePolicy, always
@@ -28,7 +28,7 @@ from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
-from stacx.ports import Engine, Environments, MakeAgent
+from stacx.ports import ChatTokenizer, Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
 from stacx.weights.sync import NEWEST_DURABLE_SQL, WeightSync, load_published
 

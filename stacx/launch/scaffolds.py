@@ -19,16 +19,22 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
-from typing import cast
 
-from stacx.agents.chat import ChatTokenizer
 from stacx.agents.exec_relay import ExecRelay
 from stacx.agents.installed import SOCKET, SOCKET_DIR, InstalledConfig, installed_agents
 from stacx.agents.scaffold_spec import ScaffoldSpec
-from stacx.inference.gateway import Gateway, TemplateTokenizer, serve_unix
+from stacx.inference.gateway import Gateway, serve_unix
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe, scaffold_of
-from stacx.ports import Engine, Environments, InfraFailure, Limits, MakeAgent, Sandbox
+from stacx.ports import (
+    ChatTokenizer,
+    Engine,
+    Environments,
+    InfraFailure,
+    Limits,
+    MakeAgent,
+    Sandbox,
+)
 
 RELAY_SOCKET = "exec.sock"  # beside the gateway's socket, in the same mounted directory
 MODEL_NAME = "student"  # what the scaffold asks for (`openai/student`); the gateway serves one
@@ -57,7 +63,7 @@ async def installed_rollout(
     spec = scaffold_of(recipe.agent)
     gateway = Gateway(
         engine,
-        cast(TemplateTokenizer, tokenizer),  # an HF tokenizer is both
+        tokenizer,
         model_name=MODEL_NAME,
         aliases=(recipe.model.path,),  # a scaffold may also name the recipe's model
         max_len=min(recipe.engine.max_len, recipe.agent.context_budget),

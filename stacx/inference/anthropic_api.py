@@ -32,12 +32,12 @@ refused; ``n`` is 1.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from stacx.inference.openai_api import ApiError, Json
+from stacx.inference.openai_api import ApiError, Handler, Json
 
 KEYS = {
     "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
@@ -239,8 +239,6 @@ async def send_stream(request: web.Request, msg: Json) -> web.StreamResponse:
     await resp.write_eof()
     return resp
 
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def anthropic_errors(handler: Handler) -> Handler:

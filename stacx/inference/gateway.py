@@ -73,7 +73,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
@@ -88,6 +88,7 @@ from stacx.inference.openai_api import (
     COMPLETION_KEYS,
     MAX_N,
     ApiError,
+    Handler,
     Json,
     include_usage,
     json_object,
@@ -106,8 +107,6 @@ from stacx.inference.streaming import (
 )
 from stacx.ports import ChatTokenizer, Engine, Generation, SamplingParams
 from stacx.toolcalls import parse_tool_calls
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Gateway:

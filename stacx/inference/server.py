@@ -29,14 +29,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from aiohttp import web
 
 from stacx.errors import EngineError
 from stacx.inference.gateway import Gateway
-from stacx.inference.openai_api import json_object, openai_errors
+from stacx.inference.openai_api import Handler, json_object, openai_errors
 from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import ChatTokenizer, Generation, SamplingParams
 
@@ -296,8 +296,6 @@ class Server:
     async def weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.weight_version)})
 
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware

@@ -79,6 +79,26 @@ def fast_path(cfg: TrainerConfig, device: torch.device) -> bool:
     return cfg.fast and device.type == "cuda"
 
 
+def _shard(lm: nn.Module, cfg: TrainerConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """`lm` as FSDP2 units (each decoder layer, then the whole as a :class:`PackedLM`), computing
+    in `dtype` under ``mixed_precision``, reducing gradients in fp32 as plain sums."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=dtype if cfg.mixed_precision else None, reduce_dtype=torch.float32
+    )
+    for layer in decoder_layers(lm):
+        fully_shard(layer, mp_policy=policy)
+    model = PackedLM(lm)
+    fully_shard(model, mp_policy=policy)
+    for unit in model.modules():  # each FSDP unit reduces its own gradients
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            if device.type != "cuda":  # gloo has no PREMUL_SUM: a plain sum (then / 1)
+                unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
 def build(
     cfg: TrainerConfig,
     weights: str | None,
@@ -120,22 +140,7 @@ def build(
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora is None:  # with LoRA, trainer.trainable chose the adapted modules
         trainable_parameters(lm, cfg.trainable)
-    model: nn.Module = lm
-    if cfg.sharded:
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(
-            param_dtype=dtype if cfg.mixed_precision else None, reduce_dtype=torch.float32
-        )
-        for layer in decoder_layers(lm):
-            fully_shard(layer, mp_policy=policy)
-        model = PackedLM(lm)
-        fully_shard(model, mp_policy=policy)
-        for unit in model.modules():  # each FSDP unit reduces its own gradients
-            if isinstance(unit, FSDPModule):
-                unit.set_gradient_divide_factor(1.0)
-                if device.type != "cuda":  # gloo has no PREMUL_SUM: a plain sum (then / 1)
-                    unit.set_force_sum_reduction_for_comms(True)
+    model: nn.Module = _shard(lm, cfg, device, dtype) if cfg.sharded else lm
     # fully_shard keeps requires_grad: the sharded parameters are the trainable ones
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)

@@ -238,7 +238,8 @@ class Gateway:
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
             raise ApiError(f"the chat template rejected the messages: {exc}",
                            param="messages") from exc  # fmt: skip
-        prompt = list(self.tok.encode(text + prefill, add_special_tokens=False))
+        prompt = (ep.prompt_ids(text + prefill, self.tok) if ep is not None
+                  else list(self.tok.encode(text + prefill, add_special_tokens=False)))
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         parse = bool(tools) and choice_mode != "none"
         call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),

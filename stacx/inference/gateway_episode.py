@@ -1,7 +1,9 @@
 """What the model gateway remembers of one episode's calls: its credential, the segment its
 calls are in (a prompt that does not extend an earlier call's prompt + output opens a new one),
 the previous turn's ids (so a turn is stored as the ids after them), and the exact text the
-model wrote for the tool calls it returned (so an echoed history re-renders token for token)."""
+model wrote for the tool calls it returned (so an echoed history re-renders token for token);
+a history that echoes a reply the tokenizer would split otherwise continues from the model's
+own ids (`prompt_ids`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import asyncio
 from typing import Any
 
 from stacx.events import Emit, GatewayRefused, derive_id, new_id
-from stacx.ports import Generation, turn_generated
+from stacx.ports import ChatTokenizer, Generation, turn_generated
 
 
 class GatewayEpisode:
@@ -42,6 +44,22 @@ class GatewayEpisode:
 
     def raw_text(self, call_ids: tuple[str, ...]) -> str | None:
         return self._raw.get(call_ids)
+
+    def prompt_ids(self, text: str, tok: ChatTokenizer) -> list[int]:
+        """`text` (the rendered conversation) as prompt ids that keep the model's own tokens:
+        where the text extends the text of an earlier choice's prompt + output but its
+        tokenization does not extend those ids (the model sampled a non-canonical split, such
+        as two newlines as two tokens, or a reply cut mid-word at max_tokens), the ids are that
+        choice's ids + the rest of the text encoded: what the engine continues from, and one
+        segment to train on, is what the model saw and wrote. Otherwise, the text encoded."""
+        ids = list(tok.encode(text, add_special_tokens=False))
+        if not self._ends or any(ids[: len(e)] == e for e in self._ends):
+            return ids
+        for end in reversed(self._ends):
+            seen = tok.decode(end, skip_special_tokens=False)
+            if seen and text.startswith(seen):
+                return end + list(tok.encode(text[len(seen) :], add_special_tokens=False))
+        return ids
 
     async def record(
         self,

@@ -145,6 +145,38 @@ async def test_recorded_ids_are_the_template_and_what_the_engine_produced(
     assert json.loads(turn.request_json)["messages"] == messages
 
 
+async def test_a_reply_the_tokenizer_would_split_otherwise_stays_the_models_tokens(
+    served, torch_engine
+) -> None:
+    """A sampled reply can be a split the tokenizer never makes (e.g. "ier" + "re" where it
+    encodes "ierre"): when the client sends it back, the next prompt continues from the model's
+    own ids (one segment, stored linearly), not from a re-encoding that would differ."""
+    gateway, url = served
+    tok = torch_engine.tokenizer
+    convo = [{"role": "user", "content": "Write two short paragraphs about the sea."}]
+    for seed in range(24):  # find a sampled reply whose ids are not the text's encoding
+        rec = Recorded()
+        async with gateway.episode(run_id="r", episode_id=f"ep{seed}", emit=rec.emit) as ep:
+            client = openai.AsyncOpenAI(base_url=url, api_key=ep.credential, max_retries=0)
+            r = await client.chat.completions.create(
+                model="student", messages=convo, temperature=1.0, seed=seed, max_tokens=48)  # fmt: skip
+            (first,) = rec.turns
+            text = tok.decode(first.output_ids, skip_special_tokens=True)
+            if tok.encode(text, add_special_tokens=False) == list(first.output_ids):
+                await client.close()
+                continue
+            history = [*convo, {"role": "assistant", "content": r.choices[0].message.content},
+                       {"role": "user", "content": "Go on."}]  # fmt: skip
+            await client.chat.completions.create(model="student", messages=history,
+                                                 temperature=0, max_tokens=4)  # fmt: skip
+            await client.close()
+            _, second = rec.turns
+            assert second.segment == first.segment == 0
+            assert second.prefix_len == len(first.prompt_ids) + len(first.output_ids)
+            return
+    pytest.fail("no seed in 0..23 sampled a reply outside the tokenizer's own split")
+
+
 async def test_a_rewritten_history_starts_a_new_segment(episode) -> None:
     client, _, rec = episode
     convo = [{"role": "user", "content": "Name a fruit."}]

@@ -45,6 +45,11 @@ class GatewayEpisode:
     def raw_text(self, call_ids: tuple[str, ...]) -> str | None:
         return self._raw.get(call_ids)
 
+    def extends(self, ids: list[int]) -> bool:
+        """Whether `ids` continue the episode's current segment: there is no call yet, or they
+        extend a choice of the last call (its prompt + output)."""
+        return not self._ends or any(ids[: len(e)] == e for e in self._ends)
+
     def prompt_ids(self, text: str, tok: ChatTokenizer) -> list[int]:
         """`text` (the rendered conversation) as prompt ids that keep the model's own tokens:
         where the text extends the text of an earlier choice's prompt + output but its
@@ -53,7 +58,7 @@ class GatewayEpisode:
         choice's ids + the rest of the text encoded: what the engine continues from, and one
         segment to train on, is what the model saw and wrote. Otherwise, the text encoded."""
         ids = list(tok.encode(text, add_special_tokens=False))
-        if not self._ends or any(ids[: len(e)] == e for e in self._ends):
+        if self.extends(ids):
             return ids
         for end in reversed(self._ends):
             seen = tok.decode(end, skip_special_tokens=False)
@@ -75,7 +80,7 @@ class GatewayEpisode:
         output keeps only its new ids, with prefix_len; a first choice whose prompt extends no
         choice of the last call opens a new segment."""
         async with self.lock:
-            if self._ends and not any(prompts[0][: len(e)] == e for e in self._ends):
+            if not self.extends(prompts[0]):
                 self.segment += 1
             previous = self._ends[-1] if self._ends else []
             events, ends = [], []

@@ -1,17 +1,15 @@
 """A tool-calling scaffold from PyPI that always sends `tool_choice: "required"`: smolagents'
 `ToolCallingAgent` through its `OpenAIModel` (`ApiModel._prepare_completion_kwargs` defaults to
-"required" whenever there are tools, and the agent always has its `final_answer` tool), unmodified,
-against the gateway in front of the real SmolLM2 model. Every call it makes must be answered
-with a tool call (the gateway prefills the model's tool-call opening, `ToolChoice.prefill`) and
-recorded with that prefill in the prompt the engine saw.
+"required" whenever there are tools), unmodified, with one tool of its own beside its
+`final_answer`, against the gateway in front of the real SmolLM2 model. Every call it makes must
+be answered with a call of one of its tools: the gateway picks the function the model scores
+likeliest and prefills the call's opening up to the arguments' brace (`ToolChoice.prefills`,
+`pick_function`), recorded in the prompt the engine saw. Left to itself after
+`<tool_call>{"name": "`, the 135M model names the function "2 + 3" here.
 
-The agent gets no tool of its own, so "required" is of one tool, `final_answer`, and the prefill
-runs up to the arguments' opening brace. Not covered: "required" of several tools prefills only
-up to the name's opening quote (a prefill, not a grammar: see `stacx.inference.chat_template`),
-and the 135M model, given an `add` tool and "What is 2 + 3? Use the add tool.", names the
-function "2 + 3". The model's arguments copy the tool's schema, which smolagents rejects after
-the call reached it as `tool_calls` (its own argument check), so the run ends at `max_steps`;
-this test is about the gateway's answers, not the model's skill.
+The model's arguments copy the tool's schema, which smolagents rejects after the call reached it
+as `tool_calls` (its own argument check), so the run ends at `max_steps`: this test is about the
+gateway's answers, not the model's skill.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import json
 
 import httpx2
 import pytest
-from smolagents import LogLevel, OpenAIModel, ToolCallingAgent
+from smolagents import LogLevel, OpenAIModel, ToolCallingAgent, tool
 
 from stacx.events import Event, GatewayRefused, TurnGenerated, full_prompts
 from stacx.inference.gateway import Gateway, serve_tcp
@@ -30,6 +28,17 @@ from stacx.inference.torch_engine import TorchEngine
 pytestmark = pytest.mark.model
 
 STEPS = 2
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
 
 
 async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchEngine) -> None:
@@ -49,10 +58,10 @@ async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchE
                             client_kwargs={"max_retries": 0, "http_client": wire},
                             temperature=0, max_tokens=64)  # fmt: skip
         agent = ToolCallingAgent(
-            tools=[], model=model, max_steps=STEPS, verbosity_level=LogLevel.OFF
+            tools=[add], model=model, max_steps=STEPS, verbosity_level=LogLevel.OFF
         )
         # smolagents is synchronous: off the loop that serves the gateway and runs the engine
-        await asyncio.to_thread(agent.run, "What is 2 + 3?")
+        await asyncio.to_thread(agent.run, "What is 2 + 3? Use the add tool.")
         wire.close()
 
     assert not [e for e in events if isinstance(e, GatewayRefused)]  # no call was refused
@@ -62,17 +71,19 @@ async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchE
     # for an answer in words, has neither)
     steps = [(t, body) for t, body in zip(turns, sent, strict=True) if "tools" in body]
     assert len(steps) == STEPS and all(body["tool_choice"] == "required" for _, body in steps)
+    names = [[t["function"]["name"] for t in body["tools"]] for _, body in steps]
+    assert names == [["add", "final_answer"]] * STEPS  # "required" of several tools
     prompts = full_prompts([(t.turn, t.prefix_len, t.prompt_ids, t.output_ids) for t in turns])
     action_steps = [s for s in agent.memory.steps if getattr(s, "model_output_message", None)]
     for (turn, _), step in zip(steps, action_steps[:STEPS], strict=True):
-        # the engine saw the prefill: the one tool's name and the arguments' opening brace
-        prompt = torch_engine.tokenizer.decode(prompts[turn.turn])  # type: ignore[union-attr]
-        assert prompt.endswith('<tool_call>{"name": "final_answer", "arguments": {')
         # smolagents got a tool call, not text it had to parse itself, and the reply's ids are
         # the ones recorded
         reply = step.model_output_message.raw.choices[0]
         assert reply.finish_reason == "tool_calls" and reply.token_ids == turn.output_ids
         (call,) = reply.message.tool_calls
-        assert call.function.name == "final_answer"
+        assert call.function.name in ("add", "final_answer")
         assert isinstance(json.loads(call.function.arguments), dict)
         assert "parsing tool call" not in str(step.error)  # smolagents' text fallback: unused
+        # the engine saw the prefill: the chosen function's name and the arguments' brace
+        prompt = torch_engine.tokenizer.decode(prompts[turn.turn])  # type: ignore[union-attr]
+        assert prompt.endswith(f'<tool_call>{{"name": "{call.function.name}", "arguments": {{')

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx2
+import openai
 import pytest
 from smolagents import LogLevel, OpenAIModel, ToolCallingAgent, tool
 
@@ -51,7 +51,7 @@ async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchE
 
     async with serve_tcp(gateway) as url, gateway.episode(
             run_id="r", episode_id="ep", emit=emit) as ep:  # fmt: skip
-        wire = httpx2.Client(
+        wire = openai.DefaultHttpxClient(  # the client's own HTTP client, watched
             event_hooks={"request": [lambda r: sent.append(json.loads(r.content))]}
         )
         model = OpenAIModel(model_id="student", api_base=url, api_key=ep.credential,

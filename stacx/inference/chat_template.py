@@ -1,16 +1,20 @@
 """The model's chat template, as the gateway uses it: for `tool_choice`, for a request's
 messages (`template_messages`) and for the ids that end a reply (`turn_stop_ids`).
 
-`ToolChoice.prefill` gives what a reply is forced to start with for "required" or a named
-function: the template's own tool-call opening, read off a call the template renders (so it
-works for any template that renders assistant tool calls, and for STACX's text format where the
-template has none). Limits: a prefill, not a grammar: with several tools "required" does not
-force the name to be one of them, and a reply that is not a well-formed call stays text.
+`ToolChoice.prefills` gives what a reply is forced to start with for "required" or a named
+function: the template's own tool-call opening up to the arguments' brace, read off a call the
+template renders (so it works for any template that renders assistant tool calls, and for
+STACX's text format where the template has none); for "required" of several tools, one per
+tool, and the gateway picks among them by the model's scores (`pick_function`). Limits: a
+prefill, not a grammar: the arguments are the model's, and a reply that is not a well-formed
+call stays text.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import ApiError, Json, assistant_calls, content_text
@@ -19,30 +23,31 @@ from stacx.toolcalls import render_tool_call, tools_system_prompt
 
 
 class ToolChoice:
-    """`tool_choice` -> (prefill, closing tag), per function name, cached."""
+    """`tool_choice` -> the (prefill, closing tag) a reply may start with, per function name,
+    cached."""
 
     def __init__(self, tok: ChatTokenizer, native_tools: bool) -> None:
         self.tok, self.native_tools = tok, native_tools
-        self._openings: dict[str | None, tuple[str, str]] = {}
+        self._openings: dict[str, tuple[str, str]] = {}
 
-    def prefill(self, choice: object, tools: list[Json]) -> tuple[str, str]:
-        """What the reply is forced to start with for `tool_choice`, and the tag that ends it:
-        nothing for "auto" and "none"; the model's tool-call opening up to the function name
-        for "required" (of several tools; of one, as for that one named); up to the arguments'
-        opening brace for a named function ({"type":
-        "function", "function": {"name": ...}}). The gateway owns the template, so this prefill
-        is what a constrained decoder would force first; the reply ends at the call's closing
-        tag (a stop string), as a constrained decoder ends at the call's end. The rest is the
-        model's: a reply that is not a well-formed call stays text."""
+    def prefills(self, choice: object, tools: list[Json]) -> list[tuple[str, str]]:
+        """What the reply may be forced to start with for `tool_choice`, and the tag that ends
+        it: nothing for "auto" and "none"; the model's tool-call opening up to the arguments'
+        opening brace for a named function ({"type": "function", "function": {"name": ...}})
+        and for "required" of one tool; for "required" of several tools, that opening for each
+        of them (the caller picks one: `pick_function`). The gateway owns the template, so this
+        prefill is what a constrained decoder would force first; the reply ends at the call's
+        closing tag (a stop string), as a constrained decoder ends at the call's end. The rest
+        is the model's: a reply that is not a well-formed call stays text."""
         if choice in ("auto", "none"):
-            return "", ""
-        names = [t["function"]["name"] for t in tools]
+            return [("", "")]
+        names = list(dict.fromkeys(t["function"]["name"] for t in tools))
         named = choice.get("function") if isinstance(choice, dict) else None
-        if choice == "required":  # of one tool, the only call a constrained decoder allows
-            name = names[0] if len(names) == 1 else None
+        if choice == "required":  # the calls a constrained decoder allows: one of each tool
+            chosen = names
         elif isinstance(choice, dict) and isinstance(named, dict) \
                 and choice.get("type") == "function" and named.get("name") in names:  # fmt: skip
-            name = named["name"]
+            chosen = [named["name"]]
         else:
             raise ApiError("tool_choice must be 'auto', 'none', 'required' or {'type': "
                            "'function', 'function': {'name': N}} with N one of the tools "
@@ -50,36 +55,48 @@ class ToolChoice:
                            param="tool_choice")  # fmt: skip
         if not tools:
             raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
-        if name not in self._openings:
-            self._openings[name] = self._opening(name)
-        return self._openings[name]
+        for name in chosen:
+            if name not in self._openings:
+                self._openings[name] = self._opening(name)
+        return [self._openings[name] for name in chosen]
 
-    def _opening(self, name: str | None) -> tuple[str, str]:
-        """How this template's assistant turn starts a call of `name` (None: of any function),
-        cut inside the name's quotes (None) or inside the arguments' braces, and the tag that
-        closes a call: read off a rendered call."""
+    def _opening(self, name: str) -> tuple[str, str]:
+        """How this template's assistant turn starts a call of `name`, cut inside the
+        arguments' braces, and the tag that closes a call: read off a rendered call."""
         mark = "STACXMARK"
-        call_name, args = name or mark, {mark: 0}
+        args = {mark: 0}
         if not self.native_tools:
-            text = render_tool_call(call_name, dict(args))
+            text = render_tool_call(name, dict(args))
         else:
             user = [{"role": "user", "content": "u"}]
             head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
             full = self.tok.apply_chat_template([*user, {"role": "assistant", "content": "",
                 "tool_calls": [{"type": "function", "id": "call_0", "function": {
-                    "name": call_name, "arguments": args}}]}], tokenize=False)  # fmt: skip
+                    "name": name, "arguments": args}}]}], tokenize=False)  # fmt: skip
             if not full.startswith(head):
                 raise ApiError("tool_choice: this model's chat template does not render an "
                                "assistant tool call after its generation prompt",
                                param="tool_choice")  # fmt: skip
             text = full[len(head) :]
-        args_at = text.find(json.dumps(mark))
-        at = text.find(mark) if name is None else args_at
-        close = text[args_at:].partition("}")[2].strip().lstrip("}").strip()
-        if args_at < 0 or not close:
+        at = text.find(json.dumps(mark))
+        close = text[at:].partition("}")[2].strip().lstrip("}").strip()
+        if at < 0 or not close:
             raise ApiError("tool_choice: cannot find where this model's tool call opens and "
                            "closes", param="tool_choice")  # fmt: skip
         return text[:at], close
+
+
+def pick_function(scores: list[float], temperature: float, seed: int | None) -> int:
+    """Which of several forced openings (one per tool, `ToolChoice.prefills`) a reply takes,
+    given the model's log-probability of each after the prompt: the likeliest at temperature 0,
+    else one drawn from the model's distribution restricted to the tools (softmax of
+    scores / temperature, seeded by the request's seed). What a constrained decoder does at the
+    function's name, done for the whole name at once."""
+    if temperature == 0:
+        return max(range(len(scores)), key=scores.__getitem__)
+    top = max(scores)
+    weights = [math.exp((s - top) / temperature) for s in scores]
+    return random.Random(seed).choices(range(len(scores)), weights=weights)[0]
 
 
 def template_messages(

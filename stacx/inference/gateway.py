@@ -7,7 +7,7 @@ Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them
 `stacx.inference.anthropic_api`), the same under ``/e/<credential>/v1/...``. A request's ``model`` must
 be the served name or one of its aliases (absent: the served name); any other is a 404
 ``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
-"none" | "required" | a named function: see `chat_template.ToolChoice.prefill`),
+"none" | "required" | a named function: see `chat_template.ToolChoice.prefills`),
 ``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
 usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
@@ -47,11 +47,15 @@ context) is a 400; anything else is our bug, a 500. An error answer to an episod
 recorded (`GatewayRefused`: route, status, type, code, param, message).
 
 Forced tool calls: ``tool_choice`` "required" or a named function is honoured by prefilling the
-assistant turn with the template's tool-call opening (read off a rendered call: Hermes
-``<tool_call>{"name": "`` for "required" of several tools; up to ``"arguments": {`` for a named
-function, or "required" of one tool) and ending the reply at the call's closing tag. The prefill
-ids are part of the recorded prompt; the output ids are the model's own. A reply that still is
-not a well-formed call (the model may write anything after the prefill) stays text.
+assistant turn with the template's tool-call opening up to the arguments' brace (read off a
+rendered call: Hermes ``<tool_call>{"name": "bash", "arguments": {``) and ending the reply at the
+call's closing tag. For "required" of several tools the function is the one whose opening the
+model scores likeliest after the prompt (one `Engine.score` pass per tool; drawn from those
+scores at temperature > 0, with the request's seed), as a constrained decoder picks the name;
+the ``n`` choices of a call share it, and ``top_p`` / ``top_k`` do not apply to that pick.
+The prefill ids, the function's name among them, are part of the recorded prompt; the output
+ids are the model's own. A reply that still is not a well-formed call (the model may write
+anything after the prefill) stays text.
 
 Stop strings, streamed or not: once every choice of a call has finished or written a stop string,
 the engine's requests are aborted (the rest would be cut), on an engine that streams; the ids
@@ -81,7 +85,12 @@ from stacx.errors import EngineError
 from stacx.events import Emit, new_id
 from stacx.inference import anthropic_api
 from stacx.inference.anthropic_api import anthropic_errors
-from stacx.inference.chat_template import ToolChoice, template_messages, turn_stop_ids
+from stacx.inference.chat_template import (
+    ToolChoice,
+    pick_function,
+    template_messages,
+    turn_stop_ids,
+)
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import (
     CHAT_KEYS,
@@ -221,7 +230,7 @@ class Gateway:
         model = self.served_model(body.get("model"))
         tools = request_tools(body)
         choice_mode = body.get("tool_choice") or "auto"
-        prefill, close = self.tool_choice.prefill(choice_mode, tools)
+        options = self.tool_choice.prefills(choice_mode, tools)
         if opt(body, "top_logprobs", int, 0, 20, 0):
             raise ApiError("top_logprobs > 0 is not supported: the engine returns the sampled "
                            "token's logprob only", param="top_logprobs")  # fmt: skip
@@ -238,8 +247,7 @@ class Gateway:
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
             raise ApiError(f"the chat template rejected the messages: {exc}",
                            param="messages") from exc  # fmt: skip
-        prompt = (ep.prompt_ids(text + prefill, self.tok) if ep is not None
-                  else list(self.tok.encode(text + prefill, add_special_tokens=False)))
+        prompt, prefill, close = await self._prefilled(text, options, body, ep)
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         parse = bool(tools) and choice_mode != "none"
         call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
@@ -268,6 +276,27 @@ class Gateway:
                             "prompt_token_ids": prompt,
                             "weight_version": gen.weight_version})  # fmt: skip
         return _envelope("chat.completion", call, choices, model), call, finals
+
+    async def _prefilled(
+        self, text: str, options: list[tuple[str, str]], body: Json, ep: GatewayEpisode | None
+    ) -> tuple[list[int], str, str]:
+        """The prompt ids of the rendered `text` + a forced prefill, that prefill and its
+        closing tag: the only option, or for "required" of several tools the one whose call
+        the model scores likeliest (`pick_function`; one extra scoring pass per tool)."""
+        prompts = [ep.prompt_ids(text + p, self.tok) if ep is not None
+                   else list(self.tok.encode(text + p, add_special_tokens=False))
+                   for p, _ in options]  # fmt: skip
+        k = 0
+        if len(options) > 1 and max(map(len, prompts)) < self.max_len:  # else: _sampling's 400
+            # where the names part: the openings differ before the shorter one ends
+            at = next(i for i, t in enumerate(zip(*prompts, strict=False)) if len(set(t)) > 1)
+            try:  # each call's opening from where the names part, given the prompt before
+                scores = [sum(await self.engine.score(p[:at], p[at:])) for p in prompts]
+            except EngineError as exc:
+                raise ApiError(f"the engine refused the request: {exc}") from exc
+            temperature = opt(body, "temperature", float, 0.0, 2.0, 1.0)
+            k = pick_function(scores, temperature, opt(body, "seed", int, None, None, None))
+        return prompts[k], *options[k]
 
     def _chat_logprobs(self, gen: Generation) -> Json:
         return {"content": [

@@ -1,7 +1,7 @@
 """The gateway's OpenAI edges with the official `openai` client and the real SmolLM2 model:
-unknown model names (404 model_not_found), `models.retrieve`, `tool_choice` "required" and a
-named function (honoured by prefilling the tool-call opening), and the error answers to an
-episode's calls recorded as `GatewayRefused`."""
+unknown model names (404 model_not_found), `models.retrieve`, `tool_choice` "required" (of one
+tool or of several) and a named function (honoured by prefilling the tool-call opening), and the
+error answers to an episode's calls recorded as `GatewayRefused`."""
 
 from __future__ import annotations
 
@@ -75,6 +75,23 @@ async def test_tool_choice_required_gives_a_tool_call(client: openai.AsyncOpenAI
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "bash"
     assert isinstance(json.loads(call.function.arguments), dict)
+
+
+async def test_required_of_several_tools_calls_the_likeliest(
+    client: openai.AsyncOpenAI, torch_engine: TorchEngine
+) -> None:
+    # left to itself after `<tool_call>{"name": "`, the model names the function "ls" here; the
+    # gateway prefills the call of the tool the model scores likeliest (bash, listed second)
+    r = await client.chat.completions.create(
+        model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[READ, BASH],
+        tool_choice="required", temperature=0, max_tokens=64,
+    )  # fmt: skip
+    choice = r.choices[0]
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "bash" and choice.finish_reason == "tool_calls"
+    assert isinstance(json.loads(call.function.arguments), dict)
+    prompt = torch_engine.tokenizer.decode(choice.prompt_token_ids)  # type: ignore[attr-defined]
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
 
 
 async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI) -> None:

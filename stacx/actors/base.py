@@ -117,10 +117,18 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.error
 (asyncio's included) and connection errors."""
 
 
+CONTROL_FLOW: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit,
+)
+"""What unwinds a task or the process: passed on, never handled as a failure."""
+
+
 def is_bug(exc: BaseException) -> bool:
     """A programming error (TypeError, KeyError, AssertionError, ...), not an infrastructure
-    failure: anything that is not one of ``INFRA_ERRORS``."""
-    return isinstance(exc, Exception) and not isinstance(exc, INFRA_ERRORS)
+    failure: anything that is not one of ``INFRA_ERRORS`` (nor ``CONTROL_FLOW``). A
+    ``BaseException`` that is no ``Exception`` (torch's ``CheckpointException`` is one) counts
+    too: what a library raises that way must still reach the run, never vanish with a task."""
+    return not isinstance(exc, INFRA_ERRORS + CONTROL_FLOW)
 
 
 class Actor:
@@ -136,7 +144,7 @@ class Actor:
 
     ctx: ActorContext
     instance: int = 0  # this instance's number among same-named instances (set by ``bind``)
-    _bugs: list[Exception]  # strict mode: programming errors of handlers, raised by ``run``
+    _bugs: list[BaseException]  # strict mode: programming errors of handlers, raised by ``run``
 
     def bind(self, ctx: ActorContext, *, instance: int = 0) -> None:
         self.ctx = ctx
@@ -196,7 +204,7 @@ class Actor:
         sub = await js.pull_subscribe_bind(durable, stream=stream)
         slots = asyncio.Semaphore(self.max_inflight)
         inflight: set[asyncio.Task[None]] = set()
-        self._bugs: list[Exception] = []
+        self._bugs: list[BaseException] = []
         try:
             while not stop.is_set():
                 if self._bugs:
@@ -236,9 +244,9 @@ class Actor:
             for event in events:
                 try:
                     await self.handle(event)
-                except asyncio.CancelledError:
+                except CONTROL_FLOW:
                     raise
-                except Exception as exc:
+                except BaseException as exc:  # an Exception, or what a library raises as less
                     delivered = msg.metadata.num_delivered
                     log.exception("%s: handling %s failed (delivery %d)", self.name, event.kind, delivered)
                     if strict() and is_bug(exc):
@@ -290,9 +298,9 @@ async def keep_running(name: str, body: Callable[[], Awaitable[None]], *,
         try:
             await body()
             return
-        except asyncio.CancelledError:
+        except CONTROL_FLOW:
             raise
-        except Exception as exc:
+        except BaseException as exc:
             if strict() and is_bug(exc):
                 log.critical("%s: programming error; STACX_STRICT is set, so it is not "
                              "restarted", name, exc_info=exc)

@@ -25,13 +25,14 @@ directory, once there, survives a crash of the process or the machine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,11 +336,12 @@ def sharded_optimizer_part(
     state = owned(get_optimizer_state_dict(model, optimizer))
 
     def part(tmp: Path) -> None:
-        dcp.save(
-            {"optimizer": state},
-            checkpoint_id=str(tmp / SHARDED_OPTIMIZER_DIR),
-            process_group=group,  # type: ignore[arg-type]
-        )
+        with _dcp_errors("writing", tmp / SHARDED_OPTIMIZER_DIR):
+            dcp.save(
+                {"optimizer": state},
+                checkpoint_id=str(tmp / SHARDED_OPTIMIZER_DIR),
+                process_group=group,  # type: ignore[arg-type]
+            )
 
     return part
 
@@ -361,8 +363,29 @@ def load_sharded_optimizer(
             "written by a one-device trainer (resume it with world_size = 1 and fsdp = false)"
         )
     state = get_optimizer_state_dict(model, optimizer)  # allocates the state to load into
-    dcp.load({"optimizer": state}, checkpoint_id=str(Path(weights).parent / SHARDED_OPTIMIZER_DIR))
+    where = Path(weights).parent / SHARDED_OPTIMIZER_DIR
+    with _dcp_errors("reading", where):
+        dcp.load({"optimizer": state}, checkpoint_id=str(where))
     set_optimizer_state_dict(model, optimizer, state)
+
+
+@contextlib.contextmanager
+def _dcp_errors(doing: str, where: Path) -> Iterator[None]:
+    """torch.distributed.checkpoint's failures as a `CheckpointError` naming the directory, each
+    rank's error and the space left there. DCP raises ``CheckpointException``, a
+    ``BaseException``: left as it is, it passes every ``except Exception`` and ends the actor's
+    task unseen (an 8B full fine-tune filling the disk showed it: the run hung)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        ranks = "; ".join(f"rank {r}: {e[0]!r}" if isinstance(e, tuple) else f"rank {r}: {e!r}"
+                          for r, e in exc.failures.items())  # fmt: skip
+        probe = next((p for p in (where, *where.parents) if p.exists()), None)
+        free = f", {shutil.disk_usage(probe).free / 2**30:.1f} GiB free there" if probe else ""
+        raise CheckpointError(f"{doing} the sharded optimizer state at {where} failed "
+                              f"({ranks}{free})") from exc  # fmt: skip
 
 
 def versions(run_dir: Path | str) -> list[int]:

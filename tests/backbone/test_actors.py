@@ -188,6 +188,54 @@ async def test_without_strict_mode_a_programming_error_is_retried(tmp_path: Path
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "completed"
 
 
+class NotAnException(BaseException):
+    """What some libraries raise (torch's CheckpointException derives from BaseException)."""
+
+
+async def test_a_base_exception_from_a_handler_is_retried_then_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an Exception, still a failure: retried like one, then an InfraFailed; it must not
+    end the dispatch task unseen, its message unacked (the run would wait for it forever)."""
+    monkeypatch.setenv("STACX_STRICT", "0")
+
+    class Odd(Buggy):
+        retry_delay = 0.01
+        max_deliver = 3
+
+        async def handle(self, event: ev.Event) -> None:
+            self.calls += 1
+            raise NotAnException("raised as less than an Exception")
+
+    a = Odd()
+    async with RunContext(tmp_path / "run") as run:
+        run.spawn(a)
+        task = _task(run.run_id, 0)
+        await run.emit(task)
+        await _until(lambda: a.calls == 3)
+        rows = await run.query("select message from infra_failed where failure_kind = ?",
+                               ["internal"], barrier=True)  # fmt: skip
+        assert [m.as_py() for m in rows.column(0)] == [
+            f"actor buggy gave up on TaskScheduled {task.event_id}: "
+            "NotAnException('raised as less than an Exception')"
+        ]
+
+
+async def test_strict_mode_crashes_on_a_base_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACX_STRICT", "1")
+
+    class Odd(Buggy):
+        async def handle(self, event: ev.Event) -> None:
+            self.calls += 1
+            raise NotAnException("raised as less than an Exception")
+
+    with pytest.raises(NotAnException):
+        async with RunContext(tmp_path / "run") as run:
+            run.spawn(Odd())
+            await run.emit(_task(run.run_id, 0))
+            await _until(lambda: bool(run.crashes))
+
+
 class Reader(Actor):
     """Publishes one EpisodeStarted per task, then reads it back with its own query."""
 

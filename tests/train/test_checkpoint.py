@@ -99,6 +99,22 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         checkpoint.load(path, bigger)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_failed_sharded_optimizer_write_is_a_checkpoint_error(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint raises CheckpointException, a BaseException that no
+    `except Exception` catches; the trainer's actor would lose it with its task (seen on an H200
+    when an 8B full fine-tune filled the disk: the run hung). It must come out as the infra
+    error `CheckpointError`, naming where and why."""
+    model, opt = trained(0)
+    (tmp_path / "file").write_text("not a directory")
+    part = checkpoint.sharded_optimizer_part(model, opt)
+    with pytest.raises(CheckpointError, match=r"writing .*file/optimizer failed \(rank 0: "
+                       r"NotADirectoryError.*GiB free there\)"):  # fmt: skip
+        part(tmp_path / "file")
+    part(tmp_path / "dir")  # the same state writes where it can
+    assert (tmp_path / "dir" / "optimizer" / ".metadata").is_file()
+
+
 def test_prune_keeps_the_newest_and_the_milestones(tmp_path: Path) -> None:
     model, opt = trained(0)
     for v in range(1, 8):

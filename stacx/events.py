@@ -224,7 +224,7 @@ class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
     # `segment` counts rewrites of the episode's history (a prompt that does not start with an
     # earlier call's prompt + output starts segment + 1); `request_id` is the OpenAI call (its n
     # choices share it, `choice_index` tells them apart); `request_json` holds the request's
-    # messages and tools, for debugging (training reads the ids, never this text).
+    # messages, tools and tool_choice, for reading (training reads the ids, never this text).
     segment: int = 0
     request_id: str = ""
     choice_index: int = 0

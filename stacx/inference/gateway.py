@@ -506,7 +506,11 @@ def _credential(request: web.Request) -> str:
 
 
 def _debug_json(body: Json) -> str:
-    return json.dumps({k: body[k] for k in ("messages", "tools", "prompt") if k in body})
+    """What a turn records of its request for a reader (`TurnGenerated.request_json`): the
+    input and what shaped the reply's start (`tool_choice`: a forced prefill is in the prompt
+    ids). Training reads the ids, never this."""
+    keys = ("messages", "tools", "tool_choice", "prompt")
+    return json.dumps({k: body[k] for k in keys if k in body})
 
 
 @contextlib.asynccontextmanager

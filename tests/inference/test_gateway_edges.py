@@ -153,5 +153,7 @@ async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine
     assert isinstance(turn, TurnGenerated)
     prompt = torch_engine.tokenizer.decode(turn.prompt_ids)  # type: ignore[union-attr]
     assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert json.loads(turn.request_json)["tool_choice"] == {  # why the prompt ends so
+        "type": "function", "function": {"name": "bash"}}
     assert r.choices[0].token_ids == turn.output_ids  # type: ignore[attr-defined]
     assert r.choices[0].message.tool_calls

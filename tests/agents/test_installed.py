@@ -112,7 +112,7 @@ def test_a_mini_swe_agent_episode_is_recorded_and_trained_on(tmp_path: Path) -> 
         "tasks.include=['create-hello-file']", "tasks.per_iteration=1", "tasks.group_size=1",
         "agent.max_turns=1", "agent.max_new_tokens=16", "trainer.batch_episodes=1",
         "trainer.steps=1", r"trainer.trainable='^model\.norm\.weight$'",
-        "logging.progress='plain'", "logging.plot=false",
+        "logging.progress='plain'", "logging.plot=false", "eval={}",
     ]  # fmt: skip
     run_dir = tmp_path / "r"
     proc = subprocess.run(

@@ -247,8 +247,8 @@ class Gateway:
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
             raise ApiError(f"the chat template rejected the messages: {exc}",
                            param="messages") from exc  # fmt: skip
-        prompt, prefill, close = await self._prefilled(text, options, body, ep)
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        prompt, prefill, close = await self._prefilled(text, options, body, max_key, ep)
         parse = bool(tools) and choice_mode != "none"
         call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
                                     request=request, parse_tools=parse, held=bool(prefill),
@@ -278,24 +278,30 @@ class Gateway:
         return _envelope("chat.completion", call, choices, model), call, finals
 
     async def _prefilled(
-        self, text: str, options: list[tuple[str, str]], body: Json, ep: GatewayEpisode | None
+        self,
+        text: str,
+        options: list[tuple[str, str]],
+        body: Json,
+        max_key: str,
+        ep: GatewayEpisode | None,
     ) -> tuple[list[int], str, str]:
         """The prompt ids of the rendered `text` + a forced prefill, that prefill and its
         closing tag: the only option, or for "required" of several tools the one whose call
-        the model scores likeliest (`pick_function`; one extra scoring pass per tool)."""
+        the model scores likeliest (`pick_function`; one extra scoring pass per tool), sampled
+        with the request's own temperature and seed."""
         prompts = [ep.prompt_ids(text + p, self.tok) if ep is not None
                    else list(self.tok.encode(text + p, add_special_tokens=False))
                    for p, _ in options]  # fmt: skip
-        k = 0
-        if len(options) > 1 and max(map(len, prompts)) < self.max_len:  # else: _sampling's 400
-            # where the names part: the openings differ before the shorter one ends
-            at = next(i for i, t in enumerate(zip(*prompts, strict=False)) if len(set(t)) > 1)
-            try:  # each call's opening from where the names part, given the prompt before
-                scores = [sum(await self.engine.score(p[:at], p[at:])) for p in prompts]
-            except EngineError as exc:
-                raise ApiError(f"the engine refused the request: {exc}") from exc
-            temperature = opt(body, "temperature", float, 0.0, 2.0, 1.0)
-            k = pick_function(scores, temperature, opt(body, "seed", int, None, None, None))
+        if len(options) == 1:
+            return prompts[0], *options[0]
+        params = self._sampling(body, prompts, max_key)  # the request's limits, checked once
+        # where the names part: the openings differ before the shorter one ends
+        at = next(i for i, t in enumerate(zip(*prompts, strict=False)) if len(set(t)) > 1)
+        try:  # each call's opening from where the names part, given the prompt before
+            scores = [sum(await self.engine.score(p[:at], p[at:])) for p in prompts]
+        except EngineError as exc:
+            raise ApiError(f"the engine refused the request: {exc}") from exc
+        k = pick_function(scores, params.temperature, params.seed)
         return prompts[k], *options[k]
 
     def _chat_logprobs(self, gen: Generation) -> Json:

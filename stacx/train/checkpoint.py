@@ -380,8 +380,7 @@ def _dcp_errors(doing: str, where: Path) -> Iterator[None]:
     try:
         yield
     except CheckpointException as exc:
-        ranks = "; ".join(f"rank {r}: {e[0]!r}" if isinstance(e, tuple) else f"rank {r}: {e!r}"
-                          for r, e in exc.failures.items())  # fmt: skip
+        ranks = "; ".join(f"rank {r}: {error!r}" for r, (error, _) in exc.failures.items())
         probe = next((p for p in (where, *where.parents) if p.exists()), None)
         free = f", {shutil.disk_usage(probe).free / 2**30:.1f} GiB free there" if probe else ""
         raise CheckpointError(f"{doing} the sharded optimizer state at {where} failed "

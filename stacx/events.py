@@ -533,6 +533,26 @@ class GatewayRefused(_Kind, frozen=True, kw_only=True, tag=True):
     message: str = ""
 
 
+# ---- processes ------------------------------------------------------------------------------
+
+
+class ProcessLoad(_Kind, frozen=True, kw_only=True, tag=True):
+    """One process's load over a window (``stacx.actors.load``): how late its event loop ran
+    callbacks (lag: a 50 ms tick's overshoot, p50/p99/max in ms) and the CPU it used (user + system
+    seconds over the window's wall seconds: 1.0 is one core busy). A lag of tens of ms means the
+    process's agents, requests and actors wait for the loop: the process is saturated."""
+
+    process: str  # "launcher", "engine-0", "rollout-1", "trainer-0"
+    pid: int
+    window_s: float
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lag_max_ms: float
+    cpu_share: float
+    rss_mb: float = 0.0
+    forks: int = 0  # os.fork / subprocess with preexec_fn in the window (each copies the process)
+
+
 # ---- regrading ------------------------------------------------------------------------------
 
 
@@ -582,6 +602,7 @@ AnyEvent: TypeAlias = (
     | ScaffoldExited
     | GatewayRefused
     | EpisodeNotRegraded
+    | ProcessLoad
 )
 
 KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

@@ -136,7 +136,7 @@ def _dry_run(recipe: object, run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"placement: {recipe.placement.mode}", show_lines=True)
+    table = Table(title=f"placement: {recipe.placement_mode}", show_lines=True)
     for col in ("role", "count", "cpus each", "gpus each"):
         table.add_column(col, no_wrap=True)
     table.add_column("where / what", overflow="fold")

@@ -237,9 +237,16 @@ class SGLangEngine:
     name = "sglang"
 
     def __init__(
-        self, base_url: str, *, timeout_s: float | None = None, weight_version: int = 0
+        self,
+        base_url: str,
+        *,
+        timeout_s: float | None = None,
+        weight_version: int = 0,
+        retries: int = 3,
     ) -> None:
-        self.http = HttpClient(base_url, timeout_s=timeout_s)
+        """``retries``: attempts after a refused connection (nothing was sent), with backoff
+        from 0.5 s doubling to 4 s."""
+        self.http = HttpClient(base_url, timeout_s=timeout_s, retries=retries)
         self._version = weight_version
         self._lora: str | None = None  # the adapter generations use (load_adapter)
 

@@ -9,10 +9,13 @@ it refuses, naming the keys and the figures, a split that does not fit the devic
 allocator's slack) and a trainer share below what the trainer's weights, gradients and AdamW
 state alone take.
 
-Limits: the trainer's share is checked, not enforced: engine and trainer are threads of one
-process with one caching allocator, so a step that needs more than declared still gets it (or
-fails with CUDA's out-of-memory error); activations are not estimated (declare room for them).
-Ray placement puts the trainer in a process of its own: there the engine's part is checked alone.
+Enforcement: with ``placement.mode = "processes"`` (the GPU default) the trainer is a process of
+its own, and :func:`enforce_trainer_share` caps its caching allocator at ``trainer_gib``
+(``torch.cuda.set_per_process_memory_fraction``): a step that needs more fails with CUDA's
+out-of-memory error in the trainer instead of taking the engine's cache. With ``local`` the
+share is checked, not enforced (engine and trainer are threads of one process with one caching
+allocator). Activations are not estimated (declare room for them). Ray placement may put the
+trainer on another GPU: there the engine's part is checked alone.
 """
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ def check_recipe_split(recipe: Recipe, engine: object) -> None:
     params = list(model.parameters())
     t = recipe.trainer
     colocated = (
-        p.mode == "local" and not recipe.is_eval and t.device in ("auto", "cuda", str(device))
+        recipe.placement_mode != "ray"
+        and not recipe.is_eval
+        and t.device in ("auto", "cuda", str(device))
     )
     dtype_bytes = {"float32": 4}.get(t.dtype, 2)  # auto: bfloat16 on CUDA
     check_split(
@@ -99,3 +104,16 @@ def check_recipe_split(recipe: Recipe, engine: object) -> None:
             sum(x.numel() for x in params), dtype_bytes, fp32_master=t.mixed_precision
         ),
     )
+
+
+def enforce_trainer_share(recipe: Recipe) -> None:
+    """Cap this process's CUDA allocations at ``placement.trainer_gib`` (the trainer's process
+    under ``placement.mode = "processes"``); nothing without a declared share or a GPU."""
+    gib = recipe.placement.trainer_gib
+    if not gib or recipe.placement_mode != "processes" or not torch.cuda.is_available():
+        return
+    if recipe.trainer.device == "cpu":
+        return
+    device = torch.device(recipe.trainer.device if recipe.trainer.device != "auto" else "cuda")
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total), device)

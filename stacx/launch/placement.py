@@ -1,9 +1,12 @@
-"""Placement: where a role's actors run, one ``Placement`` protocol with two runners.
-``local``: asyncio tasks in the launcher's process. ``ray``: one Ray actor per role instance,
-with the role's CPU/GPU request, running the SAME role builder and actor code. Both build an
-instance and spawn its actors with ``host_instance`` over a ``stacx.actors.run.Spawner`` (the
-launcher's ``RunContext.actors``, or a Ray host's own from ``remote_run``), so numbering,
-supervision, stopping and strict-mode crashes are one routine.
+"""Placement: where a role's actors run, one ``Placement`` protocol with three runners.
+``local``: asyncio tasks in the launcher's process (the CPU default). ``processes``: each role
+instance in a spawned process of this node (``stacx.launch.processes``; the GPU default, with
+the engine as a role of its own serving the rollout workers). ``ray``: one Ray actor per role
+instance, with the role's CPU/GPU request. All run the SAME role builders and actor code: they
+build an instance and spawn its actors with ``host_instance`` over a
+``stacx.actors.run.Spawner`` (the launcher's ``RunContext.actors``, or a host's own from
+``remote_run``; processes and Ray hosts share ``serve_role``), so numbering, supervision,
+stopping and strict-mode crashes are one routine.
 
 NATS stays the data plane either way: a Ray actor connects to the run's NATS URL, publishes
 with its own Publisher and consumes through its own durable consumers; only SQL goes through
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from stacx.actors.base import Actor, ActorContext, Query, causal_context
+from stacx.actors.load import ProcessLoadWatch
 from stacx.actors.run import RunContext, Spawner
 from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
@@ -55,6 +59,9 @@ class ActorEnv(msgspec.Struct, frozen=True, kw_only=True):
     emit: Emit
     query: Query
     handoff: InProcessWeights | SharedWeights | None = None
+    # placement.mode = "processes": the URL of the run's engine process (the torch engine behind
+    # its HTTP server), which rollout workers generate with instead of an engine of their own
+    engine_url: str = ""
 
 
 RoleBuilder = Callable[[Recipe, ActorEnv, int], AbstractAsyncContextManager[list[Actor]]]
@@ -125,8 +132,10 @@ class LocalPlacement:
         from stacx.weights.sync import InProcessWeights  # torch: only once actors are placed
 
         self._handoff = InProcessWeights()  # one per process: the trainer's and engines' roles
+        self._watch = ProcessLoadWatch(run.emit, run.run_id, "launcher")
 
     async def start(self, role: RoleSpec) -> None:
+        self._watch.start()
         builder = resolve_builder(role.builder)
         env = ActorEnv(
             run_id=self.run.run_id,
@@ -145,6 +154,7 @@ class LocalPlacement:
     async def stop(self) -> None:
         await self.run.stop_actors()
         await self._stack.aclose()
+        await self._watch.stop()
 
 
 @contextlib.asynccontextmanager
@@ -186,6 +196,63 @@ async def remote_run(
             await nc.drain()
 
 
+class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a process other than the launcher's needs to host one role instance (a Ray actor's
+    ``RoleHost.serve`` or a ``processes`` child, ``stacx.launch.processes``)."""
+
+    recipe_json: bytes
+    builder: str
+    index: int
+    nats_url: str
+    run_id: str
+    run_dir: str
+    sys_path: list[str]
+    role: str = ""
+    engine_url: str = ""  # the run's served engine, for rollout workers (ActorEnv.engine_url)
+
+
+async def serve_role(spec: HostSpec, ready: Callable[[], None], stop: asyncio.Event) -> None:
+    """The body of every role host outside the launcher: build one role instance with its own
+    NATS connection and the node's cross-process weight handoff, run its actors (and publish
+    this process's load) until ``stop`` is set, then stop them; raise an actor's programming
+    error (strict mode) after the clean stop."""
+    for p in reversed(spec.sys_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    recipe = msgspec.json.decode(spec.recipe_json, type=Recipe)
+    name = f"stacx-host-{spec.run_id}-{spec.role or spec.builder}-{spec.index}"
+    async with AsyncExitStack() as stack:
+        spawner, own = await stack.enter_async_context(
+            remote_run(spec.nats_url, spec.run_id, spec.run_dir, name)
+        )
+
+        async def emit(event: Event) -> None:
+            await own.publish(event)
+
+        from stacx.weights.share import SharedWeights  # torch: in the host only
+
+        handoff = SharedWeights()  # the trainer's versions to engines in other hosts
+        stack.callback(handoff.close)
+        env = ActorEnv(
+            run_id=spec.run_id,
+            run_dir=spec.run_dir,
+            emit=emit,
+            query=own.query,
+            handoff=handoff,
+            engine_url=spec.engine_url,
+        )
+        builder = resolve_builder(spec.builder)
+        await host_instance(stack, spawner, builder, recipe, env, spec.index)
+        watch = ProcessLoadWatch(emit, spec.run_id, f"{spec.role or 'role'}-{spec.index}")
+        stack.push_async_callback(watch.stop)
+        watch.start()
+        ready()
+        await stop.wait()
+        await spawner.stop()
+        if spawner.crashes:  # strict mode: an actor died of a programming error
+            raise spawner.crashes[0]
+
+
 class RoleHost:
     """The body of a Ray actor: builds one role instance and runs its actors until stopped."""
 
@@ -193,44 +260,10 @@ class RoleHost:
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
 
-    async def serve(
-        self,
-        recipe_json: bytes,
-        builder_path: str,
-        index: int,
-        nats_url: str,
-        run_id: str,
-        run_dir: str,
-        sys_path: list[str],
-    ) -> str:
-        for p in reversed(sys_path):
-            if p not in sys.path:
-                sys.path.insert(0, p)
-        recipe = msgspec.json.decode(recipe_json, type=Recipe)
-        name = f"stacx-ray-{run_id}-{builder_path}-{index}"
-        async with AsyncExitStack() as stack:
-            spawner, own = await stack.enter_async_context(
-                remote_run(nats_url, run_id, run_dir, name)
-            )
-
-            async def emit(event: Event) -> None:
-                await own.publish(event)
-
-            from stacx.weights.share import SharedWeights  # torch: in the host only
-
-            handoff = SharedWeights()  # the trainer's versions to engines in other hosts
-            stack.callback(handoff.close)
-            env = ActorEnv(
-                run_id=run_id, run_dir=run_dir, emit=emit, query=own.query, handoff=handoff
-            )
-            builder = resolve_builder(builder_path)
-            await host_instance(stack, spawner, builder, recipe, env, index)
-            self._ready.set()
-            await self._stop.wait()
-            await spawner.stop()
-            if spawner.crashes:  # strict mode: an actor died of a programming error
-                raise spawner.crashes[0]
-        return f"{builder_path}[{index}] stopped"
+    async def serve(self, spec_json: bytes) -> str:
+        spec = msgspec.json.decode(spec_json, type=HostSpec)
+        await serve_role(spec, self._ready.set, self._stop)
+        return f"{spec.builder}[{spec.index}] stopped"
 
     async def ready(self) -> bool:
         await self._ready.wait()
@@ -282,15 +315,17 @@ class RayPlacement:
                 num_gpus=role.resources.gpus,
                 name=f"stacx-{self.run.run_id}-{role.name}-{index}",
             ).remote()
-            ref = host.serve.remote(
-                recipe_json,
-                role.builder,
-                index,
-                self.run.nats_url,
-                self.run.run_id,
-                str(self.run.run_dir),
-                list(sys.path),
+            spec = HostSpec(
+                recipe_json=recipe_json,
+                builder=role.builder,
+                index=index,
+                nats_url=self.run.nats_url,
+                run_id=self.run.run_id,
+                run_dir=str(self.run.run_dir),
+                sys_path=list(sys.path),
+                role=role.name,
             )
+            ref = host.serve.remote(msgspec.json.encode(spec))
             self._hosts.append((host, ref))
             ready = host.ready.remote()
             done, _ = await asyncio.to_thread(ray.wait, [ready, ref], num_returns=1)
@@ -332,6 +367,11 @@ class RayPlacement:
 
 
 def make_placement(run: RunContext, recipe: Recipe) -> Placement:
-    return (
-        RayPlacement(run, recipe) if recipe.placement.mode == "ray" else LocalPlacement(run, recipe)
-    )
+    mode = recipe.placement_mode
+    if mode == "ray":
+        return RayPlacement(run, recipe)
+    if mode == "processes":
+        from stacx.launch.processes import ProcessPlacement
+
+        return ProcessPlacement(run, recipe)
+    return LocalPlacement(run, recipe)

@@ -7,9 +7,13 @@ Roles (each built by a function ``module:function`` with the signature of
 ``stacx.launch.roles.RoleBuilder``; the same function runs in the launcher's process for
 ``local`` placement and inside a Ray actor for ``ray``):
 
+- ``engine``   ``placement.mode = "processes"`` with the torch engine: one process holding the
+  student engine behind its HTTP server (SGLang's native API), loading each published weight
+  version; every rollout worker generates through it (more workers: more agents per engine,
+  not more copies of the model);
 - ``rollout``  ``placement.rollout_workers`` workers; each owns a student engine (loading each
-  published weight version), the Docker environments, and a rollout manager sharing the
-  TaskScheduled work queue; DAgger/AggreVaTe roll-ins also hold a teacher engine, and
+  published weight version; or the engine role's client), the Docker environments, and a
+  rollout manager sharing the TaskScheduled work queue; DAgger/AggreVaTe roll-ins also hold a teacher engine, and
   AggreVaTe's branch actor (replay, explore, teacher finishes) runs there too.
 - ``trainer``  one (absent in eval recipes): reads batches from the log by SQL, steps,
   checkpoints, publishes WeightsPublished.
@@ -26,7 +30,7 @@ import msgspec
 from stacx.errors import ConfigError
 from stacx.launch.recipe import EngineSection, Recipe, Resources
 
-ROLES = ("rollout", "trainer", "teacher")
+ROLES = ("engine", "rollout", "trainer", "teacher")
 
 
 class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,7 +94,7 @@ def _trainer_detail(recipe: Recipe) -> str:
     where = "1 GPU each (nccl)" if on_gpu else "CPU (gloo)"
     rank0 = "the trainer actor" + (
         f" in its Ray actor ({gpus:g} GPU{'s' if gpus != 1 else ''}, the ranks' node)"
-        if recipe.placement.mode == "ray"
+        if recipe.placement_mode == "ray"
         else ""
     )
     layout = ", ".join(
@@ -127,12 +131,26 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
         builder = p.builders.get(name, f"stacx.launch.roles:{name}")
         return RoleSpec(name=name, builder=builder, count=count, resources=resources, detail=detail)
 
-    roles = [role("rollout", p.rollout_workers, p.rollout, rollout_detail)]
+    roles = []
+    if served_engine(recipe):
+        roles.append(role("engine", 1, p.engine, f"{engine}; HTTP (SGLang's /generate)"))
+        rollout_detail = rollout_detail.replace(engine, "a client of the engine role")
+    roles.append(role("rollout", p.rollout_workers, p.rollout, rollout_detail))
     if not recipe.is_eval:
         roles.append(role("trainer", 1, p.trainer, _trainer_detail(recipe)))
     if recipe.algorithm.name in ("dagger", "opd"):  # AggreVaTe's teacher works in the rollout role
         roles.append(role("teacher", 1, p.teacher, _teacher_detail(recipe)))
     return roles
+
+
+def served_engine(recipe: Recipe) -> bool:
+    """Whether the student engine is a role of its own (``placement.mode = "processes"``, the
+    torch engine, a model that generates), served to the rollout workers over HTTP."""
+    return (
+        recipe.placement_mode == "processes"
+        and recipe.engine.backend == "torch"
+        and not recipe.scripted_agent
+    )
 
 
 def totals(roles: list[RoleSpec]) -> Resources:
@@ -145,11 +163,11 @@ def totals(roles: list[RoleSpec]) -> Resources:
 def describe(recipe: Recipe, roles: list[RoleSpec]) -> list[tuple[str, str, str, str, str]]:
     """Rows (role, count, cpus each, gpus each, what runs) of the printed plan, control plane first."""
     p = recipe.placement
-    where = (
-        "launcher process"
-        if p.mode == "local"
-        else f"Ray actor ({p.ray_address or 'local cluster'})"
-    )
+    where = {
+        "local": "launcher process",
+        "processes": "a process of its own",
+        "ray": f"Ray actor ({p.ray_address or 'local cluster'})",
+    }[recipe.placement_mode]
     rows = [
         (
             "scheduler+recorder",
@@ -157,7 +175,8 @@ def describe(recipe: Recipe, roles: list[RoleSpec]) -> list[tuple[str, str, str,
             "-",
             "-",
             "launcher process: NATS, DuckDB recorder, scheduler, "
-            "progress, metrics" + (", SQL query service for Ray actors" if p.mode == "ray" else ""),
+            "progress, metrics"
+            + (", SQL query service for the roles' processes" if recipe.placement_mode != "local" else ""),
         )
     ]
     for r in roles:

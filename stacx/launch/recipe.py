@@ -28,6 +28,8 @@ Sections and who reads them:
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import Literal
 
 import msgspec
@@ -191,11 +193,15 @@ class Resources(_Section, frozen=True):
 
 
 class PlacementSection(_Section, frozen=True):
-    mode: Literal["local", "ray"] = "local"
+    # auto: "processes" when the engine or the trainer is on a GPU (nothing forks a CUDA
+    # process; the engine serves every rollout worker), else "local" (one process: the CPU
+    # quickstart's fastest); see stacx.launch.placement
+    mode: Literal["auto", "local", "processes", "ray"] = "auto"
     ray_address: str = ""  # empty: start a local Ray cluster; "auto" or an address: join one
     ray_num_cpus: int | None = None  # a local cluster's size (None: Ray's default)
     rollout_workers: int = 1
     rollout: Resources = Resources(cpus=1.0)
+    engine: Resources = Resources(cpus=1.0)  # the engine role (mode "processes")
     trainer: Resources = Resources(cpus=1.0)
     teacher: Resources = Resources(cpus=1.0)
     # The memory split of one GPU shared by the torch engine and the trainer (stacx.launch.memory):
@@ -238,6 +244,19 @@ class Recipe(_Section, frozen=True):
     @property
     def is_eval(self) -> bool:
         return self.algorithm.name == "eval"
+
+    @property
+    def placement_mode(self) -> Literal["local", "processes", "ray"]:
+        """``placement.mode`` with "auto" resolved: "processes" when the engine or the trainer
+        runs on a GPU (named, or "auto" on a machine with an NVIDIA device), else "local"."""
+        mode = self.placement.mode
+        if mode != "auto":
+            return mode
+        devices = [self.engine.device] + ([] if self.is_eval else [self.trainer.device])
+        named = any(d.startswith("cuda") for d in devices)
+        auto = any(d == "auto" for d in devices) and _nvidia_device()
+        gpus = self.placement.trainer.gpus > 0 and not self.is_eval
+        return "processes" if named or auto or gpus else "local"
 
     @property
     def needs_teacher(self) -> bool:
@@ -378,13 +397,13 @@ def _problems(r: Recipe) -> list[str]:
             "(gpus = 0: ranks on CPU or on the launcher's GPUs)"
         )
     if r.trainer.background_checkpoint and (
-        r.placement.mode != "local" or r.engine.backend != "torch"
+        r.placement_mode == "ray" or r.engine.backend != "torch"
     ):
         out.append(
-            "trainer.background_checkpoint = true: needs placement.mode = 'local' and "
-            "engine.backend = 'torch' (the engine must take each version from the trainer's "
-            f"memory before its file exists; here placement.mode = {r.placement.mode!r}, "
-            f"engine.backend = {r.engine.backend!r})"
+            "trainer.background_checkpoint = true: needs placement.mode 'local' or 'processes' "
+            "and engine.backend = 'torch' (the engine must take each version from the "
+            "trainer's memory, or the node's shared memory, before its file exists; here "
+            f"placement.mode = {r.placement_mode!r}, engine.backend = {r.engine.backend!r})"
         )
     out.extend(_split_problems(r))
     if _sglang_partial_sync(r):
@@ -499,3 +518,8 @@ def _sglang_partial_sync(r: Recipe) -> bool:
 
 
 _SERVER_KEYS = ("device", "max_batch", "max_len", "tp", "mem_fraction")
+
+
+def _nvidia_device() -> bool:
+    """Whether this machine has an NVIDIA GPU (its device nodes: no CUDA context is made)."""
+    return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))

@@ -20,7 +20,7 @@ from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
-from stacx.events import RollIn, TurnActor
+from stacx.events import Event, RollIn, TurnActor, WeightsLoaded
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch import memory
 from stacx.launch.engines import open_engine, open_tokenizer
@@ -104,8 +104,13 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent,
                                  judge=judge)]  # fmt: skip
             return
-        engine, tokenizer = await student_engine(stack, recipe, env)
-        weights = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
+        sync: Actor
+        if env.engine_url:  # the engine role serves every rollout worker (mode "processes")
+            engine, tokenizer = await served_engine_client(stack, recipe, env)
+            sync = ServedVersion(ENGINE_LABEL)
+        else:
+            engine, tokenizer = await student_engine(stack, recipe, env)
+            sync = WeightSync(engine, label=f"rollout-{index}", handoff=env.handoff)
         chat = ChatFormat(tokenizer)
         make_installed: MakeAgent | None = None
         if recipe.agent.name == "installed":  # a black-box scaffold behind the model gateway
@@ -120,7 +125,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
         config = rollout_config(recipe)
 
         def serves() -> int:
-            return engine.weight_version
+            return sync.version if isinstance(sync, ServedVersion) else engine.weight_version
 
         if recipe.algorithm.name in ("dagger", "aggrevate"):
             teacher_engine, _ = await open_teacher_engine(stack, recipe, env)
@@ -132,7 +137,73 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
             judge = await open_judge(stack, recipe, env, (engine, tokenizer))
             workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
                                      serves=serves, judge=judge)]  # fmt: skip
-        yield [weights, *workers]
+        yield [sync, *workers]
+
+
+ENGINE_LABEL = "engine-0"  # the engine role's WeightSync (one engine per node)
+
+
+class ServedVersion(Actor):
+    """The weight version the engine role serves, from its ``WeightsLoaded`` events: what a
+    rollout worker of ``placement.mode = "processes"`` waits on for a sync iteration."""
+
+    name: ClassVar[str] = "served-version"
+    kinds: ClassVar[tuple[type[Event], ...]] = (WeightsLoaded,)
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.version = 0
+
+    async def on_start(self) -> None:
+        rows = await self.query(
+            "SELECT max(version) AS v FROM weights_loaded WHERE engine = $1", [self.label]
+        )
+        self.version = max(self.version, int(rows.column("v")[0].as_py() or 0))
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, WeightsLoaded) and event.engine == self.label:
+            self.version = max(self.version, event.version)
+
+
+async def served_engine_client(
+    stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
+) -> tuple[Engine, ChatTokenizer]:
+    """A client of the engine role's server (SGLang's native API), closed with ``stack``. It
+    retries a refused connection for about half a minute: an engine process killed and started
+    again by the placement comes back on the same port."""
+    from stacx.inference.sglang_client import SGLangEngine
+
+    _, tokenizer = await open_tokenizer(recipe.model.path)
+    client = SGLangEngine(env.engine_url, retries=8)
+    stack.push_async_callback(client.close)
+    return client, tokenizer
+
+
+@contextlib.asynccontextmanager
+async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    """The student engine as a role (``placement.mode = "processes"``): the torch engine behind
+    its HTTP server at ``env.engine_url``, kept on the newest published weights (from the
+    trainer's process over CUDA IPC or /dev/shm, else the file) by its WeightSync. It runs no
+    agent and no sandbox: nothing is ever forked from this CUDA process."""
+    from urllib.parse import urlsplit
+
+    from aiohttp import web
+
+    from stacx.inference.server import Server
+    from stacx.inference.torch_engine import TorchEngine
+
+    if not env.engine_url:
+        raise ConfigError("the engine role needs its URL (placement.mode = 'processes')")
+    async with contextlib.AsyncExitStack() as stack:
+        student, _ = await student_engine(stack, recipe, env)
+        assert isinstance(student, TorchEngine)
+        server = Server(student, model_name=recipe.model.path)
+        runner = web.AppRunner(server.app, access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        url = urlsplit(env.engine_url)
+        await web.TCPSite(runner, url.hostname, url.port).start()
+        yield [WeightSync(student, label=f"engine-{index}", handoff=env.handoff)]
 
 
 async def student_engine(
@@ -288,6 +359,7 @@ async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
     other ranks it spawns on this node (stacx.train.distributed); they stop with the role."""
     from stacx.train.trainer import Trainer
 
+    memory.enforce_trainer_share(recipe)
     actor = Trainer(recipe.trainer, handoff=env.handoff)
     try:
         yield [actor]

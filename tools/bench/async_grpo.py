@@ -83,6 +83,19 @@ REWARDS = """
 SELECT weight_version, reward_mean, n_episodes FROM reward_by_weight_version
 WHERE split = 'train' ORDER BY weight_version
 """
+# the reward each version's episodes reached, against the wall time (from the span's start) at
+# which that version was published: what a user compares ("where is each mode after an hour")
+REWARD_VS_TIME = """
+SELECT r.weight_version, round(coalesce(p.t, $a) - $a, 2) AS t_s, r.reward_mean, r.n_episodes
+FROM reward_by_weight_version r
+LEFT JOIN (SELECT version, min(ts) AS t FROM weights_published GROUP BY version) p
+       ON p.version = r.weight_version
+WHERE r.split = 'train' ORDER BY r.weight_version
+"""
+LOAD = """
+SELECT process, lag_p50_ms, lag_p99_ms, cpu_share, rss_mb, forks, saturated_windows
+FROM process_load_run ORDER BY process
+"""
 ACCOUNTING = "SELECT role, busy_s, idle_s, busy_frac, work_s, tokens_per_s FROM time_accounting_run"
 STALENESS = "SELECT avg(try_cast(json_extract(metrics_json, '$.max_staleness') AS DOUBLE)) FROM train_steps"
 CADENCE = "SELECT cycle_over_step, hold_s / nullif(steps, 0) FROM trainer_cadence_run"
@@ -131,6 +144,15 @@ def measure(run_dir: Path) -> dict[str, object]:
             str(v): [round(float(r), 4) if r is not None else None, int(n)]
             for v, r, n in con.execute(REWARDS).fetchall()
         }
+        reward_vs_time = [
+            [int(v), float(t), round(float(r), 4) if r is not None else None, int(n)]
+            for v, t, r, n in con.execute(REWARD_VS_TIME, {"a": a}).fetchall()
+        ]
+        load = {
+            str(proc): {"lag_p50_ms": p50, "lag_p99_ms": p99, "cpu_share": cpu, "rss_mb": rss,
+                        "forks": int(forks or 0), "saturated_windows": int(sat or 0)}
+            for proc, p50, p99, cpu, rss, forks, sat in con.execute(LOAD).fetchall()
+        }  # fmt: skip
         (staleness,) = con.execute(STALENESS).fetchone() or (None,)
         cycle, hold = con.execute(CADENCE).fetchone() or (None, None)
         accounting = {
@@ -153,8 +175,29 @@ def measure(run_dir: Path) -> dict[str, object]:
         "trainer_cycle_over_step": round(float(cycle), 3) if cycle is not None else None,
         "trainer_hold_s_per_step": round(float(hold), 3) if hold is not None else None,
         "reward_by_version": rewards,
+        # [version, seconds from the span's start to its publish (v0: 0), mean reward, episodes]
+        "reward_vs_time": reward_vs_time,
+        # per process (launcher, engine-0, rollout-N, trainer-0): event-loop lag, CPU, forks
+        "process_load": load,
         # the whole log (model load included): role -> [busy_s, idle_s, busy_frac, work_s, tokens/s]
         "time_accounting_run": accounting,
+    }
+
+
+def time_to_reward(sync: list[list[float]], asyn: list[list[float]]) -> dict[str, object]:
+    """When async first reached the reward sync ended with (the mean of sync's last two
+    versions, to damp one version's noise), against sync's time to its last version."""
+    scored = [row for row in sync if row[2] is not None]
+    if len(scored) < 2:
+        return {"sync_final_reward": None, "async_time_to_sync_final_over_sync": None}
+    target = sum(row[2] for row in scored[-2:]) / 2
+    sync_t = scored[-1][1]
+    hit = next((row[1] for row in asyn if row[2] is not None and row[2] >= target), None)
+    return {
+        "sync_final_reward": round(target, 4),
+        "sync_time_to_final_s": sync_t,
+        "async_time_to_sync_final_s": hit,
+        "async_time_to_sync_final_over_sync": round(hit / sync_t, 3) if hit and sync_t else None,
     }
 
 
@@ -194,6 +237,7 @@ def main() -> None:
     assert isinstance(sync, dict) and isinstance(asyn, dict)
     out["speedup"] = round(asyn["steps_per_hour"] / sync["steps_per_hour"], 3)
     out["tokens_per_s_ratio"] = round(asyn["gen_tokens_per_s"] / max(sync["gen_tokens_per_s"], 1e-9), 3)
+    out.update(time_to_reward(sync["reward_vs_time"], asyn["reward_vs_time"]))
     print(json.dumps(out), flush=True)
 
 

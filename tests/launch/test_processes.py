@@ -1,0 +1,139 @@
+"""``placement.mode = "processes"`` for real: the tiny ReTool GRPO recipe (the bundled model on
+CPU, process sandboxes) with the engine, a rollout worker and the trainer each in a process of
+its own, the launcher holding only NATS, the recorder and the scheduler.
+
+Each role process is killed with SIGKILL once while the run is live (the engine mid-generation,
+the rollout worker mid-episode, the trainer after a step); the placement starts each again and
+the run must end as an uninterrupted one does: every version and step once, every group with
+its scored samples, no event recorded twice. Every process publishes its load (event-loop lag,
+CPU, forks), and the engine's process never forks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stacx.store import db
+from tests.launch.test_crash import duplicates
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 3
+RECIPE = f"""
+name = "processes-tiny"
+[model]
+path = "default"
+[engine]
+device = "cpu"
+max_batch = 4
+[sandbox]
+backend = "process"
+concurrency = 2
+[tasks]
+path = "math"
+include = ["train-*"]
+difficulty = ["trivial"]
+per_iteration = 1
+group_size = 2
+[agent]
+name = "retool"
+format = "python"
+max_turns = 1
+max_new_tokens = 16
+[algorithm]
+name = "grpo"
+mode = "sync"
+[trainer]
+trainable = '^model\\.norm\\.'
+steps = {STEPS}
+[placement]
+mode = "processes"
+[logging]
+interval_s = 0.5
+plot = false
+tensorboard = false
+"""
+
+
+def _pid(run_dir: Path, role: str) -> int:
+    return int((run_dir / "logs" / f"{role}.pid").read_text())
+
+
+def _sql(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
+    con = db.connect_run(run_dir)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_each_role_process_killed_once_and_the_run_ends_as_uninterrupted(
+    tmp_path: Path,
+) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "STACX_STRICT": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    # (what must have happened in the log, the role to kill then)
+    plan = [("episodes scored=1 ", "engine-0"), ("step=1/", "rollout-0"), ("step=2/", "trainer-0")]
+    out: list[str] = []
+    killed: list[tuple[str, int]] = []
+    for line in proc.stdout:
+        out.append(line)
+        if plan and plan[0][0] in line:
+            role = plan.pop(0)[1]
+            pid = _pid(run_dir, role)
+            os.kill(pid, signal.SIGKILL)
+            killed.append((role, pid))
+    rc = proc.wait(timeout=900)
+    text = "".join(out)
+    assert rc == 0, text[-5000:]
+    assert [r for r, _ in killed] == ["engine-0", "rollout-0", "trainer-0"], text[-3000:]
+    for role, pid in killed:
+        assert f"role {role} was killed by signal 9; starting it again" in text
+        assert _pid(run_dir, role) != pid  # a new process took its place
+    assert _sql(run_dir, "select list(version order by version) from weights_published") == [
+        (list(range(1, STEPS + 1)),)
+    ]
+    assert _sql(run_dir, "select list(step order by step) from train_step_finished") == [
+        (list(range(1, STEPS + 1)),)
+    ]
+    # every training group ended with both of its samples scored, once each
+    groups = _sql(
+        run_dir,
+        "select g.group_id, count(distinct e.sample_index) from task_scheduled g "
+        "left join episodes e on e.group_id = g.group_id and e.status = 'scored' group by 1",
+    )
+    assert groups and all(k == 2 for _g, k in groups), groups
+    assert duplicates(run_dir) == {}
+    load = dict(_sql(run_dir, "select process, forks from process_load_run"))
+    assert {"launcher", "engine-0", "rollout-0", "trainer-0"} <= set(load), load
+    assert load["engine-0"] == 0, "the engine's process forked"
+    assert db.read_run_file(run_dir)["status"] == "completed"
+
+
+def test_processes_is_the_gpu_default_and_local_the_cpu_one() -> None:
+    from stacx.launch.loader import convert
+    from stacx.launch.plan import roles_for
+
+    gpu = convert({"name": "x", "engine": {"device": "cuda"}, "trainer": {"device": "cuda"}})
+    cpu = convert({"name": "x", "engine": {"device": "cpu"}, "trainer": {"device": "cpu"}})
+    assert gpu.placement_mode == "processes" and cpu.placement_mode == "local"
+    assert [r.name for r in roles_for(gpu)] == ["engine", "rollout", "trainer"]
+    assert [r.name for r in roles_for(cpu)] == ["rollout", "trainer"]
+    # a scripted agent has no engine to serve
+    oracle = convert({"name": "x", "agent": {"name": "oracle"}, "algorithm": {"name": "eval"},
+                      "engine": {"device": "cuda"}})  # fmt: skip
+    assert [r.name for r in roles_for(oracle)] == ["rollout"]

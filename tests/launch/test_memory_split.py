@@ -48,7 +48,7 @@ def test_a_trainer_share_below_its_static_state_is_refused() -> None:
         (["placement.engine_cache_gib=4"], "engine.device = 'cpu'"),
         (["placement.trainer_gib=4", "trainer.device='cpu'"], "trainer.device = 'cpu'"),
         (["trainer.background_checkpoint=true", "placement.mode='ray'"],
-         "trainer.background_checkpoint = true: needs placement.mode = 'local'"),
+         "trainer.background_checkpoint = true: needs placement.mode 'local' or 'processes'"),
         (["trainer.background_checkpoint=true", "trainer.inprocess_handoff=false"],
          "trainer.background_checkpoint = True: accepted values are false unless"),
         (["trainer.checkpoint_every=0"], "trainer.checkpoint_every = 0"),

@@ -146,7 +146,7 @@ def test_diff_lists_changed_leaves() -> None:
 def test_unknown_role_in_builders() -> None:
     r = convert({"name": "x", "placement": {"builders": {"trainr": "m:f"}}})
     with pytest.raises(
-        ConfigError, match="unknown role 'trainr'; accepted: rollout, trainer, teacher"
+        ConfigError, match="unknown role 'trainr'; accepted: engine, rollout, trainer, teacher"
     ):
         roles_for(r)
     # a builder for a role this recipe does not start is fine (one table serves eval and train)

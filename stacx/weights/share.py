@@ -2,7 +2,9 @@
 
 The trainer's side (:meth:`SharedWeights.offer`, the ``WeightOffer`` port) packs the snapshot of
 a version into ONE buffer and writes a small manifest beside the checkpoint
-(``v<n>/share.json``: host, boot id, the checkpoint's sha256, each tensor's name, dtype, shape
+(``<checkpoints>/shared/v<n>.json``, beside the version directories rather than in one, so that
+a version published before its checkpoint is written (``trainer.background_checkpoint``) can be
+shared too: host, boot id, the checkpoint's sha256, each tensor's name, dtype, shape
 and byte offset, and the buffer's handle):
 
 - CUDA: the buffer is device memory exported by a CUDA IPC handle
@@ -42,7 +44,13 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SHARE_FILE = "share.json"
+SHARE_DIR = "shared"  # <checkpoints>/shared/v<n>.json: the manifest of version v<n>
+
+
+def manifest_path(path: str | Path) -> Path:
+    """Where the manifest of the weights at ``path`` (``<checkpoints>/v<n>/<file>``) lives."""
+    version_dir = Path(path).parent
+    return version_dir.parent / SHARE_DIR / f"{version_dir.name}.json"
 ALIGN = 256  # byte alignment of every tensor in the buffer (any dtype view is aligned)
 SHM_DIR = Path("/dev/shm")
 
@@ -203,7 +211,7 @@ class SharedWeights:
 
     def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
         """Pack ``state`` (the weights written to ``path``, digest ``sha256``) and write the
-        manifest ``share.json`` beside ``path`` (atomically)."""
+        manifest (:func:`manifest_path`, atomically)."""
         try:
             shared = _Shared(state, tag=f"{os.getpid()}")
         except (RuntimeError, OSError) as e:  # e.g. no IPC from expandable segments, shm full
@@ -212,7 +220,8 @@ class SharedWeights:
             )
             return
         manifest = {**shared.manifest, "path": path, "sha256": sha256}
-        target = Path(path).parent / SHARE_FILE
+        target = manifest_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(manifest))
         tmp.replace(target)
@@ -229,7 +238,7 @@ class SharedWeights:
                 if (p, s) == (path, sha256):
                     return views(shared.buffer, shared.manifest["tensors"])  # type: ignore[arg-type]
         try:
-            manifest = json.loads((Path(path).parent / SHARE_FILE).read_text())
+            manifest = json.loads(manifest_path(path).read_text())
         except (OSError, ValueError):
             return None
         if (manifest.get("path"), manifest.get("sha256")) != (path, sha256):

@@ -18,7 +18,7 @@ import torch
 
 from stacx.inference.torch_engine import TorchEngine
 from stacx.train import checkpoint
-from stacx.weights.share import SHARE_FILE, SHM_DIR, SharedWeights
+from stacx.weights.share import SHM_DIR, SharedWeights, manifest_path
 from tests.train.test_checkpoint import tiny_model
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")
@@ -57,7 +57,7 @@ def test_engine_loads_another_process_weights_without_the_file(tmp_path: Path) -
         Path(path).write_bytes(b"not weights")  # the file is never read on this path
         state = SharedWeights().take(path, sha)
         assert state is not None
-        assert json.loads((Path(path).parent / SHARE_FILE).read_text())["kind"] == "shm"
+        assert json.loads(manifest_path(path).read_text())["kind"] == "shm"
         engine = TorchEngine(tiny_model(2), device="cpu", cuda_graphs=False)
         try:
             asyncio.run(engine.load_state(state, 1))
@@ -83,7 +83,7 @@ def test_what_cannot_be_reached_is_none(tmp_path: Path) -> None:
         assert share.take(p1, sha1) is None  # keep=1: v1's buffer was dropped when v2 came
         assert share.take(p2, "0" * 64) is None  # not the published digest
         assert share.take(p2, sha2) is not None
-        manifest = Path(p2).parent / SHARE_FILE
+        manifest = manifest_path(p2)
         other = {**json.loads(manifest.read_text()), "boot_id": "another-boot"}
         manifest.write_text(json.dumps(other))
         assert share.take(p2, sha2) is None  # another node (or a reboot): the file, not a map

@@ -197,7 +197,9 @@ def time_to_reward(sync: list[list[float]], asyn: list[list[float]]) -> dict[str
         "sync_final_reward": round(target, 4),
         "sync_time_to_final_s": sync_t,
         "async_time_to_sync_final_s": hit,
-        "async_time_to_sync_final_over_sync": round(hit / sync_t, 3) if hit and sync_t else None,
+        "async_time_to_sync_final_over_sync": (
+            round(hit / sync_t, 3) if hit is not None and sync_t else None
+        ),
     }
 
 

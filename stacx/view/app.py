@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from stacx.errors import StacxError
-from stacx.view import cost, episode, pages
+from stacx.view import cost, episode, load, pages
 from stacx.view.html import esc, page
 from stacx.view.source import Source
 
@@ -31,6 +31,7 @@ ROUTES: dict[str, tuple[str, Page]] = {
     "/episode": ("episode", episode.episode_page),
     "/lineage": ("lineage", pages.lineage_page),
     "/cost": ("drift & cost", cost.cost_page),
+    "/load": ("time & load", load.load_page),
     "/sql": ("SQL", pages.sql_page),
     "/compare": ("compare", pages.compare_page),
 }

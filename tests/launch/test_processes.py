@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from stacx.store import db
+from stacx.view.load import load_page
+from stacx.view.source import Source
 from tests.launch.test_crash import duplicates
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -122,6 +124,10 @@ def test_each_role_process_killed_once_and_the_run_ends_as_uninterrupted(
     assert {"launcher", "engine-0", "rollout-0", "trainer-0"} <= set(load), load
     assert load["engine-0"] == 0, "the engine's process forked"
     assert db.read_run_file(run_dir)["status"] == "completed"
+    # the viewer's time & load page lists every process beside the time accounting
+    page = load_page(Source(run_dirs=[run_dir]), {})
+    assert "where the time went" in page
+    assert all(name in page for name in ("launcher", "engine-0", "rollout-0", "trainer-0"))
 
 
 def test_processes_is_the_gpu_default_and_local_the_cpu_one() -> None:

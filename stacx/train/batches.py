@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from stacx.errors import StacxError
 from stacx.train.config import TrainerConfig
 from stacx.train.packing import PackedBatch, Sample, pack
-from stacx.train.units import EPISODE_COLUMN, batch_rows_sql
+from stacx.train.units import batch_rows_sql
 
 
 class BatchError(StacxError):
@@ -168,39 +168,7 @@ def samples_from_table(
 def samples_for(cfg: TrainerConfig, table: pa.Table, *, prompt: str | None = "prompt_ids"
                 ) -> list[Sample]:  # fmt: skip
     """Training samples from the source view's rows, per the algorithm's column layout."""
-    algo = cfg.algorithm
-    if algo == "grpo":
-        adv = "advantage_std" if cfg.normalize_std else "advantage"
-        return samples_from_table(
-            table,
-            prompt=prompt,
-            completion="output_ids",
-            token_columns={"behavior_logprobs": "behavior_logprobs"},
-            scalar_columns={"advantages": adv},
-        )
-    if algo == "opd":
-        table = opd_advantage_lists(
-            table,
-            discount=cfg.opd_discount,
-            grpo_weight=cfg.opd_grpo_weight,
-            center=cfg.opd_center,
-        )
-        return samples_from_table(
-            table,
-            prompt=prompt,
-            completion="output_ids",
-            token_columns={"behavior_logprobs": "student_logprobs", "advantages": "advantages"},
-        )
-    if algo == "aggrevate":
-        return samples_from_table(
-            table,
-            prompt=prompt,
-            completion="action_ids",
-            scalar_columns={"advantages": "advantage"},
-        )
-    return samples_from_table(
-        table, prompt=prompt, completion="completion_ids", loss_mask="loss_mask"
-    )
+    return cfg.algo.samples(cfg, table, prompt=prompt)
 
 
 Prompt = tuple[np.ndarray, int, object]
@@ -374,13 +342,13 @@ async def step_batch(
         linear = False  # the view does not say where its prompts are: read them whole
         table = await query(batch_rows_sql(cfg, "*"), chosen)
     samples = samples_for(cfg, table, prompt=None if linear else "prompt_ids")
-    if cfg.algorithm in ("grpo", "opd") and "turn" in table.column_names:
+    if cfg.algo.token_versions and "turn" in table.column_names:
         versions = await query(TOKEN_VERSIONS_SQL, chosen)
         samples = with_token_versions(cfg, table, samples, versions, version)
     n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
     read = _n_ids(table, "prompt_ids")
     if cfg.pack_episodes:
-        episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_numpy(zero_copy_only=False)
+        episodes = table.column(cfg.algo.episode_column).to_numpy(zero_copy_only=False)
         if not linear:
             samples = episode_sequences(samples, episodes.tolist())
         else:
@@ -414,7 +382,7 @@ def with_token_versions(
     keys = zip(versions.column("episode_id").to_numpy(zero_copy_only=False),
                versions.column("turn").to_numpy(zero_copy_only=False), strict=True)  # fmt: skip
     by_turn = {(e, int(t)): flat[offsets[i] : offsets[i + 1]] for i, (e, t) in enumerate(keys)}
-    episodes = table.column(EPISODE_COLUMN[cfg.algorithm]).to_numpy(zero_copy_only=False)
+    episodes = table.column(cfg.algo.episode_column).to_numpy(zero_copy_only=False)
     turns = table.column("turn").to_numpy(zero_copy_only=False)
     has_row_v = "weight_version" in table.column_names
     row_v = table.column("weight_version").to_numpy(zero_copy_only=False) if has_row_v else None
@@ -484,54 +452,3 @@ def read_batch(
         loss_mask=loss_mask,
     )
     return pack(samples, row_tokens, one_per_row=one_per_row, pad_to=pad_to)
-
-
-def opd_advantage_lists(
-    table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
-) -> pa.Table:
-    """``opd_batch`` rows with ``advantages`` recomputed by
-    :func:`stacx.train.advantages.opd_advantages` (``discount``, ``center`` over the table's
-    tokens, ``grpo_weight * grpo_advantage``) from the rows' ``teacher_logprobs`` and
-    ``student_logprobs``. Rows that are not ``aligned`` keep NULL. This is the one OPD
-    advantage the trainer uses; the view's own ``advantages`` column (the plain per-token log
-    ratio) is a reading aid for users and the test oracle for every knob off."""
-    import torch
-
-    from stacx.train.advantages import opd_advantages
-
-    aligned = np.asarray(table.column("aligned").fill_null(False).to_numpy(zero_copy_only=False),
-                         dtype=np.bool_)  # fmt: skip
-    s_off, student, _ = list_buffers(table, "student_logprobs")
-    t_off, teacher, _ = list_buffers(table, "teacher_logprobs")
-    grpo_col = table.column("grpo_advantage").fill_null(0.0)
-    rows = np.flatnonzero(aligned)
-    n = np.diff(s_off)[rows]  # aligned: teacher and student lists have the same lengths
-    width = int(n.max()) if rows.size else 0
-    # the [rows, width] position of each aligned row's tokens, and where it sits in each list
-    r = np.repeat(np.arange(rows.size), n)
-    c = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-    dense = []
-    for flat, off in ((teacher, t_off), (student, s_off)):
-        m = np.zeros((rows.size, width), np.float64)
-        m[r, c] = flat[np.repeat(off[rows], n) + c]
-        dense.append(torch.from_numpy(m))
-    mask = torch.zeros(rows.size, width, dtype=torch.float64)
-    mask[torch.from_numpy(r), torch.from_numpy(c)] = 1.0
-    grpo = np.asarray(pc.cast(grpo_col, pa.float64()).to_numpy(), np.float64)[rows]
-    adv = opd_advantages(
-        dense[0],
-        dense[1],
-        mask,
-        grpo_advantages_B_T=torch.from_numpy(np.repeat(grpo[:, None], width, axis=1)),
-        grpo_coef=grpo_weight,
-        discount=discount,
-        center=center,
-    ).numpy()
-    lengths = np.zeros(table.num_rows, np.int64)
-    lengths[rows] = n
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    values = pa.array(adv[r, c], pa.float64())
-    valid = pa.array(aligned)
-    out = pa.ListArray.from_arrays(offsets, values, mask=pc.invert(valid))
-    index = table.column_names.index("advantages")
-    return table.set_column(index, "advantages", out)

@@ -4,21 +4,9 @@ Every field has a default, so ``TrainerConfig()`` is a valid (tiny) GRPO run. Ba
 at load with a :class:`~stacx.errors.ConfigError` naming the key (``trainer.<field>``) and the
 accepted values; unknown keys fail too (``forbid_unknown_fields``).
 
-Per algorithm, the trainer reads one view of ``events/views/`` (``source`` overrides it) and
-trains on *units* that must be complete before they are used:
-
-=========== ===================== ===================================== ========================
-algorithm   default source        unit (readiness, lineage)             loss
-=========== ===================== ===================================== ========================
-grpo        grpo_batch            a group (all samples scored or final) clipped policy gradient
-opd         opd_batch             an episode (scored, teacher-scored)   clipped policy gradient
-sft         sft_examples          an episode (scored, ``filter`` holds) cross-entropy
-dagger      dagger_dataset        an episode, every state labeled       cross-entropy
-aggrevate   aggrevate_dataset     a parent episode, all k branches done advantage-weighted NLL
-=========== ===================== ===================================== ========================
-
-(``stacx.train.units`` has the exact readiness rules; sft and dagger draw each step from the
-aggregate of every complete unit, new units first.)
+``algorithm`` names a module of ``stacx.train.algorithms``: the view the trainer reads
+(``source`` overrides it), its default ``filter``, the units that must be complete before they
+are used (readiness), the batch columns and the loss.
 
 ``filter`` is a SQL boolean expression over the source view's columns (e.g.
 ``reward >= 1 and actor = 'oracle'``), applied before readiness is counted.
@@ -27,32 +15,18 @@ aggregate of every complete unit, new units first.)
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from stacx.errors import ConfigError
 
-ALGORITHMS: Final = ("sft", "grpo", "dagger", "aggrevate", "opd")
+if TYPE_CHECKING:
+    from stacx.train.algorithms.base import Algorithm
+
 MODES: Final = ("sync", "async")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZERS: Final = ("adamw", "sgd")
-
-DEFAULT_SOURCE: Final = {
-    "sft": "sft_examples",
-    "grpo": "grpo_batch",
-    "dagger": "dagger_dataset",
-    "aggrevate": "aggrevate_dataset",
-    "opd": "opd_batch",
-}
-DEFAULT_FILTER: Final = {
-    # rejection-sampling fine-tuning: imitate what solved the task
-    "sft": "reward >= 1",
-    "grpo": "",
-    "dagger": "prompt_matches",
-    "aggrevate": "",
-    "opd": "aligned",
-}
 
 
 LORA_TARGETS: Final = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -170,12 +144,19 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         validate(self)
 
     @property
+    def algo(self) -> Algorithm:
+        """The algorithm's module object (stacx.train.algorithms)."""
+        from stacx.train import algorithms  # the algorithms import this module
+
+        return algorithms.get(self.algorithm, "trainer.algorithm")
+
+    @property
     def source_view(self) -> str:
-        return self.source or DEFAULT_SOURCE[self.algorithm]
+        return self.source or self.algo.source
 
     @property
     def row_filter(self) -> str:
-        return self.filter or DEFAULT_FILTER[self.algorithm]
+        return self.filter or self.algo.filter
 
     @property
     def ready_threshold(self) -> int:
@@ -183,7 +164,7 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     @property
     def batch_units(self) -> int:
-        return self.batch_groups if self.algorithm == "grpo" else self.batch_episodes
+        return self.batch_groups if self.algo.per_group else self.batch_episodes
 
     @property
     def sharded(self) -> bool:
@@ -216,12 +197,12 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise _fail(
             "mixed_precision", True, "false unless the trainer shards (world_size > 1 or fsdp)"
         )
-    if cfg.steps_per_iteration > 1 and cfg.algorithm not in ("sft", "dagger"):
+    if cfg.steps_per_iteration > 1 and not cfg.algo.dataset:
         raise _fail(
             "steps_per_iteration",
             cfg.steps_per_iteration,
-            f"1 for {cfg.algorithm} (it uses each unit once; only sft and dagger train epochs "
-            "over an aggregate dataset)",
+            f"1 for {cfg.algorithm} (it uses each unit once; only the dataset algorithms "
+            "(sft, dagger) train epochs over an aggregate dataset)",
         )
     if cfg.min_ready is not None and not 1 <= cfg.min_ready <= cfg.batch_units:
         raise _fail("min_ready", cfg.min_ready, f"an integer in [1, batch size {cfg.batch_units}]")
@@ -257,7 +238,9 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
 
 def _check_ranges(cfg: TrainerConfig) -> None:
     """The named choices, and the integers and floats that must be positive."""
-    choices = {"algorithm": ALGORITHMS, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
+    from stacx.train.algorithms import TRAINED
+
+    choices = {"algorithm": TRAINED, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
     for key, accepted in choices.items():
         value = getattr(cfg, key)
         if value not in accepted:

@@ -33,12 +33,7 @@ from torch import nn
 from stacx.train.attention import VARLEN_ATTENTION
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import language_model, token_logprobs_of
-from stacx.train.losses import (
-    LossOutput,
-    advantage_weighted_loss,
-    policy_gradient_loss,
-    sft_loss,
-)
+from stacx.train.losses import LossOutput
 from stacx.train.packing import PackedBatch, Sample, pack, pack_shared, prompt_key
 
 
@@ -85,27 +80,7 @@ def micro_batches(
 def _loss(
     cfg: TrainerConfig, model: nn.Module, batch: PackedBatch, normalizer: float
 ) -> LossOutput:
-    logprobs = token_logprobs_of(model, batch)
-    mask = batch.loss_mask_R_T
-    if cfg.algorithm in ("grpo", "opd"):
-        return policy_gradient_loss(
-            logprobs,
-            batch.values_R_T["behavior_logprobs"],
-            batch.values_R_T["advantages"],
-            mask,
-            clip_eps_low=cfg.clip_eps,
-            clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
-            # one optimizer step per batch: the pre-update logprobs are these, detached
-            old_logprobs_B_T=logprobs.detach()
-            if cfg.tis_cap is not None or cfg.is_mask_band is not None
-            else None,
-            tis_cap=cfg.tis_cap,
-            mask_band=cfg.is_mask_band,
-            normalizer=normalizer,
-        )
-    if cfg.algorithm == "aggrevate":
-        return advantage_weighted_loss(logprobs, batch.values_R_T["advantages"], mask, normalizer)
-    return sft_loss(logprobs, mask, normalizer)
+    return cfg.algo.loss(cfg, token_logprobs_of(model, batch), batch, normalizer)
 
 
 def trainable_parameters(model: nn.Module, pattern: str) -> list[nn.Parameter]:
@@ -154,16 +129,9 @@ def _all_max(value: int) -> int:
     return int(t.item())
 
 
-_VALUES: dict[str, tuple[str, ...]] = {
-    "grpo": ("behavior_logprobs", "advantages"),
-    "opd": ("behavior_logprobs", "advantages"),
-    "aggrevate": ("advantages",),
-}
-
-
 def _filler(cfg: TrainerConfig) -> Sample:
     """A one-token stand-in for a rank with no sample of its own (its loss is weighted 0)."""
-    return Sample([0], [0], {k: [0.0] for k in _VALUES.get(cfg.algorithm, ())}, [1])
+    return Sample([0], [0], {k: [0.0] for k in cfg.algo.values}, [1])
 
 
 def _total_norm(params: list[nn.Parameter]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The Trainer actor: readiness from the log, a step, a checkpoint, a new weight version.
 
-Driven by the signals that can complete a unit of its algorithm (``Trainer.wakes``: rewards,
+Driven by the signals that can complete a unit of its algorithm (``algo.wakes``: rewards,
 labels, scores, costs-to-go, failures): each one makes it ask the log, in SQL, whether a step
 is ready (:mod:`stacx.train.units`: in sync mode the step's iteration is settled, and enough
 complete units exist, each with every label, score or branch it waits for), and while one is it
@@ -104,17 +104,6 @@ class Trainer(Actor):
     )
     max_inflight: ClassVar[int] = 1
     ack_wait: ClassVar[float] = 120.0
-    # The kinds that can complete a unit of each algorithm (stacx.train.units): only those make
-    # the trainer ask the log; the others are acknowledged at once. RunStarted: a resumed run
-    # re-checks at once.
-    wakes: ClassVar[dict[str, tuple[type[Event], ...]]] = {
-        "grpo": (RunStarted, RewardAssigned, InfraFailed),
-        "sft": (RunStarted, RewardAssigned, InfraFailed),
-        "dagger": (RunStarted, EpisodeFinished, RewardAssigned, TeacherLabeled, InfraFailed),
-        "opd": (RunStarted, RewardAssigned, TeacherScored, InfraFailed),
-        "aggrevate": (RunStarted, RewardAssigned, CostToGoEstimated, InfraFailed),
-    }
-
     def __init__(
         self,
         config: TrainerConfig,
@@ -212,7 +201,9 @@ class Trainer(Actor):
     # ---- the loop --------------------------------------------------------------------------
 
     async def handle(self, event: Event) -> None:
-        if not isinstance(event, self.wakes[self.config.algorithm]):
+        # only the kinds that can complete one of the algorithm's units make the trainer ask
+        # the log (RunStarted: a resumed run re-checks at once); the others are acked at once
+        if not isinstance(event, self.config.algo.wakes):
             return
         while not self.finished:
             episode_ids = await self._next_batch()

@@ -8,7 +8,8 @@ import pytest
 
 from stacx import events as ev
 from stacx.train import units
-from stacx.train.config import ALGORITHMS, TrainerConfig
+from stacx.train.algorithms import TRAINED as ALGORITHMS
+from stacx.train.config import TrainerConfig
 from stacx.train.units import (
     batch_rows_sql,
     gate_sql,

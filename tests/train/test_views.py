@@ -293,7 +293,7 @@ def test_opd_batch_per_token_advantage_is_teacher_minus_student(log: Log) -> Non
 
 
 def test_opd_discount_and_grpo_weight_recompute_the_views_advantages(log: Log) -> None:
-    from stacx.train.batches import opd_advantage_lists
+    from stacx.train.algorithms.opd import opd_advantage_lists
 
     episode(log, "s", "g", 1.0, turns=2)
     episode(log, "u", "g", 0.0, turns=1)

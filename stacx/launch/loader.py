@@ -24,6 +24,8 @@ import msgspec
 
 from stacx.errors import ConfigError
 from stacx.launch.recipe import Recipe
+from stacx.train import algorithms
+from stacx.train.algorithms import Teacher
 
 ConfigDict = dict[str, object]
 
@@ -128,7 +130,9 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
     derived key only with the same value (so a printed resolved recipe loads back)."""
     algo = _get(data, "algorithm.name", "grpo")
     trainer = data.get("trainer", {})
-    if algo == "eval" or not isinstance(trainer, dict):
+    if not isinstance(algo, str) or not isinstance(trainer, dict):
+        return data
+    if not algorithms.get(algo).trains:
         return data
     data = _derive_imitation(data, algo, trainer.get("steps", 1))
     per_iteration = _get(data, "tasks.per_iteration", 4)
@@ -154,7 +158,7 @@ def _derive_imitation(data: ConfigDict, algo: object, steps: object) -> ConfigDi
     algorithm = data.get("algorithm", {})
     imitation = _get(data, "algorithm.imitation", {})
     if not (
-        algo in ("dagger", "aggrevate", "opd")
+        algorithms.get(str(algo)).teacher != Teacher.NONE
         and isinstance(algorithm, dict)
         and isinstance(imitation, dict)
     ):
@@ -186,22 +190,8 @@ def _trainer_keys(data: ConfigDict, algo: object) -> dict[str, tuple[object, str
             "algorithm.max_staleness (0 in sync mode)",
         ),
     }
-    if algo in ("dagger", "aggrevate"):
-        fixed["label_actors"] = (
-            _get(data, "teacher.label_actors", ["student", "teacher"]),
-            "teacher.label_actors",
-        )
-    if algo == "aggrevate":
-        fixed["branches"] = (
-            _get(data, "algorithm.imitation.branches", 2),
-            "algorithm.imitation.branches",
-        )
-    if algo == "opd":
-        for key, default in (("opd_discount", 0.0), ("opd_grpo_weight", 0.0), ("opd_center", False)):
-            fixed[key] = (
-                _get(data, f"algorithm.imitation.{key}", default),
-                f"algorithm.imitation.{key}",
-            )
+    # the keys the algorithm derives (DAgger's label_actors, OPD's knobs, ...)
+    fixed.update(algorithms.get(str(algo)).trainer_keys(lambda key, default: _get(data, key, default)))
     return fixed
 
 

@@ -29,6 +29,7 @@ import msgspec
 
 from stacx.errors import ConfigError
 from stacx.launch.recipe import EngineSection, Recipe, Resources
+from stacx.train.algorithms import Teacher
 
 ROLES = ("engine", "rollout", "trainer", "teacher")
 
@@ -64,8 +65,8 @@ def _teacher_detail(recipe: Recipe) -> str:
         if t.url
         else (f"{'in-process' if t.backend == 'torch' else 'server'}, device={t.device}")
     )
-    what = {"dagger": "labels visited states", "opd": "scores student tokens"}[
-        recipe.algorithm.name
+    what = {Teacher.LABEL: "labels visited states", Teacher.SCORE: "scores student tokens"}[
+        recipe.algorithm.algo.teacher
     ]
     return f"{t.backend} engine ({where}) serving {t.path or t.url}: {what}"
 
@@ -115,11 +116,12 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
     rollout_detail = (
         f"{engine}; {recipe.sandbox.backend} sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
     )
-    if recipe.algorithm.name in ("dagger", "aggrevate"):
+    algo = recipe.algorithm.algo
+    if algo.roll_in:
         rollout_detail += (
             f"; beta-mixture roll-in with teacher {recipe.teacher.path or recipe.teacher.url}"
         )
-    if recipe.algorithm.name == "aggrevate":
+    if algo.branches:
         rollout_detail += "; AggreVaTe branches (replay, explore, teacher finishes, verify)"
     unknown = sorted(set(p.builders) - set(ROLES))
     if unknown:
@@ -138,7 +140,7 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
     roles.append(role("rollout", p.rollout_workers, p.rollout, rollout_detail))
     if not recipe.is_eval:
         roles.append(role("trainer", 1, p.trainer, _trainer_detail(recipe)))
-    if recipe.algorithm.name in ("dagger", "opd"):  # AggreVaTe's teacher works in the rollout role
+    if algo.teacher_role:  # else (AggreVaTe) the teacher works in the rollout role
         roles.append(role("teacher", 1, p.teacher, _teacher_detail(recipe)))
     return roles
 

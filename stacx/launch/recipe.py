@@ -37,6 +37,8 @@ import msgspec
 from stacx.agents.scaffold_spec import ScaffoldSpec
 from stacx.errors import ConfigError
 from stacx.imitation.config import ImitationConfig, TeacherConfig
+from stacx.train import algorithms
+from stacx.train.algorithms import Algorithm, Teacher
 from stacx.train.config import TrainerConfig
 
 
@@ -179,10 +181,18 @@ class AlgorithmSection(_Section, frozen=True):
     read ``[algorithm.imitation]`` (``stacx.imitation.config.ImitationConfig``: beta schedule,
     branches, ...); its ``name`` and ``iterations`` are derived (algorithm.name, trainer.steps)."""
 
-    name: Literal["grpo", "sft", "dagger", "aggrevate", "opd", "eval"] = "grpo"
+    name: str = "grpo"  # a module of stacx.train.algorithms (grpo, sft, opd, dagger, ...)
     mode: Literal["sync", "async"] = "sync"  # sync: iteration k+1 after version k+1 is published
     max_staleness: int = 1  # async: iterations scheduled at most this many versions ahead
     imitation: ImitationConfig = ImitationConfig()
+
+    def __post_init__(self) -> None:
+        algorithms.get(self.name)  # an unknown name fails here, naming the accepted ones
+
+    @property
+    def algo(self) -> Algorithm:
+        """The algorithm's module object: what it needs of the launcher."""
+        return algorithms.get(self.name)
 
 
 class Resources(_Section, frozen=True):
@@ -243,7 +253,7 @@ class Recipe(_Section, frozen=True):
 
     @property
     def is_eval(self) -> bool:
-        return self.algorithm.name == "eval"
+        return not self.algorithm.algo.trains
 
     @property
     def placement_mode(self) -> Literal["local", "processes", "ray"]:
@@ -260,7 +270,7 @@ class Recipe(_Section, frozen=True):
 
     @property
     def needs_teacher(self) -> bool:
-        return self.algorithm.name in TEACHER_ALGORITHMS
+        return self.algorithm.algo.teacher != Teacher.NONE
 
     @property
     def scripted_agent(self) -> bool:
@@ -268,15 +278,12 @@ class Recipe(_Section, frozen=True):
         return self.agent.name in SCRIPTED_AGENTS
 
 
-TEACHER_ALGORITHMS = ("dagger", "aggrevate", "opd")
 SCRIPTED_AGENTS = ("oracle", "null")
-# What a scripted agent's episodes are good for: demonstrations (sft) and floors/checks (eval).
-# GRPO, OPD, DAgger and AggreVaTe learn from the student's own samples (their views keep
-# policy = 'student' / 'mixture'), so an oracle or null agent would starve the trainer.
-SCRIPTED_ALGORITHMS = ("sft", "eval")
 
 
-INSTALLED_ALGORITHMS = ("sft", "grpo", "eval")
+def _without(flag: str) -> str:
+    """The algorithms whose `flag` is off (what an error suggests instead)."""
+    return ", ".join(n for n, a in algorithms.ALGORITHMS.items() if not getattr(a, flag))
 
 
 def _eval_problems(r: Recipe) -> list[str]:
@@ -292,10 +299,10 @@ def _eval_problems(r: Recipe) -> list[str]:
     if r.is_eval:
         out.append("eval.every: periodic eval is for training runs (algorithm.name = 'eval' "
                    "already evaluates every task)")  # fmt: skip
-    if r.algorithm.name in ("dagger", "aggrevate"):
+    if r.algorithm.algo.roll_in:
         out.append(
             f"eval.every with algorithm.name = {r.algorithm.name!r}: not supported (its roll-in "
-            "workers mix teacher turns into every episode); use grpo, sft or opd"
+            f"workers mix teacher turns into every episode); use {_without('roll_in')}"
         )
     return out
 
@@ -318,10 +325,11 @@ def _installed_problems(r: Recipe) -> list[str]:
             f"sandbox.backend = {r.sandbox.backend!r}: an installed scaffold runs in a local "
             "Docker container (its gateway socket is bind-mounted); use 'docker'"
         )
-    if r.algorithm.name not in INSTALLED_ALGORITHMS:
+    if not r.algorithm.algo.installed_agents:
+        accepted = ", ".join(n for n, a in algorithms.ALGORITHMS.items() if a.installed_agents)
         out.append(
             f"algorithm.name = {r.algorithm.name!r} with agent.name = 'installed': accepted: "
-            f"{', '.join(INSTALLED_ALGORITHMS)}"
+            f"{accepted}"
         )
     if a.format != AgentSection().format or a.seed is not None:
         out.append(
@@ -351,9 +359,9 @@ def _judge_problems(r: Recipe) -> list[str]:
             out.append("judge.url: backend 'torch' runs in the worker's process; set judge.path")
         if j.backend == "sglang" and not j.path:
             out.append("judge.path: backend 'sglang' needs the model (its tokenizer)")
-    if j.enabled and r.algorithm.name in ("dagger", "aggrevate"):
+    if j.enabled and r.algorithm.algo.roll_in:
         out.append(f"[judge] with algorithm.name = {r.algorithm.name!r}: not supported (its "
-                   "roll-in and branch episodes are not judged); use grpo, sft, opd or eval")  # fmt: skip
+                   f"roll-in and branch episodes are not judged); use {_without('roll_in')}")  # fmt: skip
     if j.rubric and not j.enabled:
         out.append("judge.rubric: needs a judge model: set judge.path, judge.url or judge.use")
     try:
@@ -412,7 +420,9 @@ def _problems(r: Recipe) -> list[str]:
             "checkpoints would hold only the trained tensors, and SGLang's "
             "update_weights_from_disk loads full model directories (train every parameter)"
         )
-    if r.scripted_agent and algo not in SCRIPTED_ALGORITHMS:
+    # a scripted agent's episodes serve demonstrations (sft) and floors/checks (eval); the
+    # others learn from the student's own samples, so an oracle or null agent would starve them
+    if r.scripted_agent and not r.algorithm.algo.scripted_agents:
         out.append(
             f"agent.name = {r.agent.name!r}: a scripted agent's episodes serve sft "
             f"(demonstrations) or eval only; {algo} learns from the student's own samples, "
@@ -438,10 +448,10 @@ def _agent_problems(r: Recipe) -> list[str]:
         out.append("agent.format = 'python': the retool agent's format (use tool_call or bash)")
     if a.name == "retool" and a.format == "bash":
         out.append("agent.format = 'bash': the retool agent runs python (use python or tool_call)")
-    if a.name == "retool" and algo in ("dagger", "aggrevate"):
+    if a.name == "retool" and r.algorithm.algo.roll_in:
         out.append(
             f"agent.name = 'retool' with algorithm.name = {algo!r}: the imitation roll-ins "
-            "run the SWE agent only (use sft, grpo, opd or eval)"
+            f"run the SWE agent only (use {_without('roll_in')})"
         )
     return out
 

@@ -30,6 +30,7 @@ from stacx.launch.recipe import Recipe
 from stacx.launch.scripted import scripted_executors
 from stacx.ports import ChatTokenizer, Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
+from stacx.train.algorithms import Teacher
 from stacx.weights.sync import NEWEST_DURABLE_SQL, WeightSync, load_published
 
 
@@ -127,7 +128,7 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
         def serves() -> int:
             return sync.version if isinstance(sync, ServedVersion) else engine.weight_version
 
-        if recipe.algorithm.name in ("dagger", "aggrevate"):
+        if recipe.algorithm.algo.roll_in:
             teacher_engine, _ = await open_teacher_engine(stack, recipe, env)
             workers = imitation_workers(recipe, env, envs, chat, student, teacher_engine, serves)
         else:
@@ -253,7 +254,7 @@ def imitation_workers(
     manager = MixtureWorker(roll_in=roll_in, config=rollout_config(recipe), envs=envs,
                             chat=chat, agent=agent_config(recipe), serves=serves)  # fmt: skip
     workers: list[Actor] = [manager]
-    if recipe.algorithm.name == "aggrevate":
+    if recipe.algorithm.algo.branches:
         from stacx.imitation.aggrevate import BranchActor
 
         workers.append(
@@ -333,7 +334,7 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
     t = recipe.teacher
     async with contextlib.AsyncExitStack() as stack:
         engine, tokenizer = await open_teacher_engine(stack, recipe, env)
-        algo = recipe.algorithm.name
+        algo = recipe.algorithm.algo
         yield [
             TeacherActor(
                 engine,
@@ -344,8 +345,8 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                     if recipe.agent.name == "retool"
                     else get_format(recipe.agent.format).stop_token_ids(ChatFormat(tokenizer))
                 ),
-                label=algo in ("dagger", "aggrevate"),
-                score=algo == "opd",
+                label=algo.teacher == Teacher.LABEL,
+                score=algo.teacher == Teacher.SCORE,
             )
         ]
 

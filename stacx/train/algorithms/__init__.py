@@ -25,5 +25,5 @@ def get(name: str, key: str = "algorithm.name") -> Algorithm:
         return ALGORITHMS[name]
     except KeyError:
         raise ConfigError(
-            f"{key} = {name!r}: accepted values are {' | '.join(ALGORITHMS)}"
+            f"{key} = {name!r}: accepted values are {', '.join(map(repr, ALGORITHMS))}"
         ) from None

@@ -3,11 +3,11 @@
 - GRPO and AggreVaTe: in SQL, the views ``grpo_batch`` (reward minus the group's mean, over the
   group's sample std with ``normalize_std``) and ``aggrevate_dataset`` (``-(Q - mean Q)`` per
   state); torch versions of both exist only as the tests' oracles (tests/train/oracles.py).
-- OPD: :func:`opd_advantages` — per token ``teacher logprob - student logprob`` (the negative of the
-  per-token reverse-KL estimate), optionally summed over the later tokens of the turn with a
-  discount (``discount = 1``: the sequence-level reverse KL's return-to-go, see
-  :func:`discounted_returns`), optionally centred, optionally plus ``coef * GRPO advantage``.
-  The view ``opd_batch``'s own ``advantages`` column is its oracle with every knob off.
+- OPD: the per-token ``teacher logprob - student logprob`` (the negative of the per-token
+  reverse-KL estimate) is the view ``opd_batch``'s ``advantages`` column, its one definition;
+  :func:`opd_advantages` applies the knobs to it: summed over the later tokens of the turn
+  with a discount (``discount = 1``: the sequence-level reverse KL's return-to-go, see
+  :func:`discounted_returns`), centred, plus ``coef * GRPO advantage``.
 
 Guarantees: masked-out tokens get advantage exactly 0.
 """
@@ -25,8 +25,7 @@ class AdvantageInputError(StacxError):
 
 
 def opd_advantages(
-    teacher_logprobs_B_T: Tensor,
-    student_logprobs_B_T: Tensor,
+    log_ratio_B_T: Tensor,
     loss_mask_B_T: Tensor,
     *,
     grpo_advantages_B_T: Tensor | None = None,
@@ -34,8 +33,9 @@ def opd_advantages(
     discount: float = 0.0,
     center: bool = False,
 ) -> Tensor:
-    """On-policy distillation advantages per token: ``teacher - student`` logprob of the sampled
-    token (with ``discount > 0``: its discounted sum over this and the later masked tokens),
+    """On-policy distillation advantages per token from ``log_ratio`` (``opd_batch.advantages``:
+    ``teacher - student`` logprob of the sampled token); with ``discount > 0`` its discounted
+    sum over this and the later masked tokens,
     plus ``grpo_coef * grpo_advantage`` when given (the episode's GRPO advantage broadcast over
     its tokens). Zero where the mask is unset (prompt, tool output, padding), even if the inputs
     hold NaN there.
@@ -45,13 +45,12 @@ def opd_advantages(
     score-function gradient of the whole turn's reverse KL. ``center`` subtracts the mean of
     those values over every masked token of the batch (a baseline: the average log ratio is
     negative, and left in it pushes every sampled token down), before the GRPO term."""
-    shapes = {tuple(teacher_logprobs_B_T.shape), tuple(student_logprobs_B_T.shape)}
-    shapes.add(tuple(loss_mask_B_T.shape))
+    shapes = {tuple(log_ratio_B_T.shape), tuple(loss_mask_B_T.shape)}
     if grpo_advantages_B_T is not None:
         shapes.add(tuple(grpo_advantages_B_T.shape))
     if len(shapes) != 1:
         raise AdvantageInputError(f"OPD inputs must have one shape, got {sorted(shapes)}")
-    advantages = teacher_logprobs_B_T - student_logprobs_B_T
+    advantages = log_ratio_B_T
     mask = loss_mask_B_T.bool()
     if discount != 0.0:
         advantages = discounted_returns(advantages, loss_mask_B_T, discount)

@@ -311,13 +311,13 @@ def test_aggrevate_advantage_is_negative_centered_cost_to_go() -> None:
     assert got.tolist() == pytest.approx([mean0, mean0 - 1, mean0 - 1, 0.0, 0.0, 0.0])
 
 
-def test_opd_advantage_is_teacher_minus_student_masked_with_optional_grpo_term() -> None:
+def test_opd_advantage_is_the_log_ratio_masked_with_optional_grpo_term() -> None:
     teacher = t64([[-0.1, -2.0, float("nan")]])
     student = t64([[-0.5, -1.0, -0.2]])
     mask = torch.tensor([[1, 1, 0]])
-    assert opd_advantages(teacher, student, mask)[0].tolist() == pytest.approx([0.4, -1.0, 0.0])
+    assert opd_advantages(teacher - student, mask)[0].tolist() == pytest.approx([0.4, -1.0, 0.0])
     grpo = t64([[1.0, 1.0, 1.0]])
-    got = opd_advantages(teacher, student, mask, grpo_advantages_B_T=grpo, grpo_coef=0.5)
+    got = opd_advantages(teacher - student, mask, grpo_advantages_B_T=grpo, grpo_coef=0.5)
     assert got[0].tolist() == pytest.approx([0.9, -0.5, 0.0])
 
 
@@ -345,8 +345,8 @@ def test_opd_discount_charges_a_token_for_the_later_tokens_the_teacher_rejects()
     teacher = t64([[-0.1, -3.0, -0.1]])
     student = t64([[-0.1, -0.1, -0.1]])
     mask = torch.ones(1, 3)
-    per_token = opd_advantages(teacher, student, mask)[0].tolist()
-    whole_turn = opd_advantages(teacher, student, mask, discount=1.0)[0].tolist()
+    per_token = opd_advantages(teacher - student, mask)[0].tolist()
+    whole_turn = opd_advantages(teacher - student, mask, discount=1.0)[0].tolist()
     assert per_token == pytest.approx([0.0, -2.9, 0.0])
     assert whole_turn == pytest.approx([-2.9, -2.9, 0.0])
 
@@ -357,17 +357,17 @@ def test_opd_center_subtracts_the_batch_mean_over_masked_tokens_before_the_grpo_
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     ratios = [0.4, -1.0, -0.5]  # the masked tokens' teacher - student
     mean = sum(ratios) / len(ratios)
-    got = opd_advantages(teacher, student, mask, center=True)
+    got = opd_advantages(teacher - student, mask, center=True)
     assert got[0].tolist() == pytest.approx([0.4 - mean, -1.0 - mean, 0.0])
     assert got[1].tolist() == pytest.approx([-0.5 - mean, 0.0, 0.0])
     grpo = t64([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    got = opd_advantages(teacher, student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5)
+    got = opd_advantages(teacher - student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5)
     assert got[1].tolist() == pytest.approx([-0.5 - mean - 0.5, 0.0, 0.0])
 
 
 def test_opd_loss_gradient_raises_tokens_the_teacher_prefers() -> None:
     lp = torch.tensor([[-0.5, -1.0]], dtype=F64, requires_grad=True)
-    adv = opd_advantages(t64([[-0.1, -2.0]]), lp.detach(), torch.ones(1, 2))
+    adv = opd_advantages(t64([[-0.1, -2.0]]) - lp.detach(), torch.ones(1, 2))
     policy_gradient_loss(lp, lp.detach(), adv, torch.ones(1, 2)).loss.backward()
     assert lp.grad is not None
     # gradient descent raises logprob where the teacher is more confident, lowers it elsewhere

@@ -70,38 +70,34 @@ ALGORITHM = Opd()
 def opd_advantage_lists(
     table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
 ) -> pa.Table:
-    """``opd_batch`` rows with ``advantages`` recomputed by
-    :func:`stacx.train.advantages.opd_advantages` (``discount``, ``center`` over the table's
-    tokens, ``grpo_weight * grpo_advantage``) from the rows' ``teacher_logprobs`` and
-    ``student_logprobs``. Rows that are not ``aligned`` keep NULL. This is the one OPD
-    advantage the trainer uses; the view's own ``advantages`` column (the plain per-token log
-    ratio) is a reading aid for users and the test oracle for every knob off."""
+    """``opd_batch`` rows with the knobs applied to the view's ``advantages`` (its per-token
+    ``teacher - student`` log ratio, the one definition) by
+    :func:`stacx.train.advantages.opd_advantages`: ``discount``, ``center`` over the table's
+    tokens, ``grpo_weight * grpo_advantage``. Every knob off: the table as it is (no copy).
+    Rows that are not ``aligned`` keep NULL."""
+    if discount == 0.0 and grpo_weight == 0.0 and not center:
+        return table
     import torch
 
     from stacx.train.advantages import opd_advantages
 
     aligned = np.asarray(table.column("aligned").fill_null(False).to_numpy(zero_copy_only=False),
                          dtype=np.bool_)  # fmt: skip
-    s_off, student, _ = list_buffers(table, "student_logprobs")
-    t_off, teacher, _ = list_buffers(table, "teacher_logprobs")
+    offsets, ratio, _ = list_buffers(table, "advantages")
     grpo_col = table.column("grpo_advantage").fill_null(0.0)
     rows = np.flatnonzero(aligned)
-    n = np.diff(s_off)[rows]  # aligned: teacher and student lists have the same lengths
+    n = np.diff(offsets)[rows]
     width = int(n.max()) if rows.size else 0
-    # the [rows, width] position of each aligned row's tokens, and where it sits in each list
+    # the [rows, width] position of each aligned row's tokens, and where it sits in the list
     r = np.repeat(np.arange(rows.size), n)
     c = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-    dense = []
-    for flat, off in ((teacher, t_off), (student, s_off)):
-        m = np.zeros((rows.size, width), np.float64)
-        m[r, c] = flat[np.repeat(off[rows], n) + c]
-        dense.append(torch.from_numpy(m))
+    dense = np.zeros((rows.size, width), np.float64)
+    dense[r, c] = ratio[np.repeat(offsets[rows], n) + c]
     mask = torch.zeros(rows.size, width, dtype=torch.float64)
     mask[torch.from_numpy(r), torch.from_numpy(c)] = 1.0
     grpo = np.asarray(pc.cast(grpo_col, pa.float64()).to_numpy(), np.float64)[rows]
     adv = opd_advantages(
-        dense[0],
-        dense[1],
+        torch.from_numpy(dense),
         mask,
         grpo_advantages_B_T=torch.from_numpy(np.repeat(grpo[:, None], width, axis=1)),
         grpo_coef=grpo_weight,
@@ -110,9 +106,9 @@ def opd_advantage_lists(
     ).numpy()
     lengths = np.zeros(table.num_rows, np.int64)
     lengths[rows] = n
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    values = pa.array(adv[r, c], pa.float64())
-    valid = pa.array(aligned)
-    out = pa.ListArray.from_arrays(offsets, values, mask=pc.invert(valid))
-    index = table.column_names.index("advantages")
-    return table.set_column(index, "advantages", out)
+    out = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        pa.array(adv[r, c], pa.float64()),
+        mask=pc.invert(pa.array(aligned)),
+    )
+    return table.set_column(table.column_names.index("advantages"), "advantages", out)

@@ -5,6 +5,8 @@
 -- The visited turn's context rides along: student_output_ids is the action that was executed
 -- (the environment always advanced with it, never with the label), actor who executed it,
 -- prompt_matches whether the label was made on the identical prompt ids (it must be).
+-- chain_turn, n_prompt_tokens: the visited turn's prompt in turn_chains (the trainer's read),
+-- NULL unless prompt_matches (a label made on other ids has no place in the chain).
 CREATE OR REPLACE VIEW dagger_dataset AS
 SELECT l.run_id,
        l.episode_id,
@@ -14,6 +16,8 @@ SELECT l.run_id,
        e.task_id,
        e.group_id,
        l.prompt_ids,
+       CASE WHEN t.prompt_ids = l.prompt_ids THEN t.chain_turn END AS chain_turn,
+       CASE WHEN t.prompt_ids = l.prompt_ids THEN t.n_prompt_tokens END AS n_prompt_tokens,
        l.label_ids AS completion_ids,
        [1 for _x in l.label_ids] AS loss_mask,
        l.logprobs AS teacher_logprobs,

@@ -13,10 +13,10 @@ Arrow offsets and values buffers (``ListArray.offsets``, ``.values``) and gives
 Multi-turn episodes train as one sequence per episode (segment). Whole prompts are rebuilt in
 ONE place, the SQL view ``turn_links`` (``events/views/01_turns.sql``): ``turns.prompt_ids``
 slices them from ``turn_chains``, and :func:`step_batch` reads the same ``turn_chains`` rows
-(each stored id once) and slices each row's prompt as ``chain[:n_prompt_tokens]`` when the
-source view carries ``chain_turn`` and ``n_prompt_tokens`` (a view says what it holds; no file
-is read); another view (``dagger_dataset``'s label prompts, a user's view) is read with its
-whole prompts and merged by comparing tokens (:func:`episode_sequences`).
+(each stored id once) and slices each row's prompt as ``chain[:n_prompt_tokens]``: every
+training view carries ``chain_turn`` and ``n_prompt_tokens`` (a view without them is refused,
+naming them). Turns merge into one sequence along their chain only, never by comparing
+prompts (:func:`chain_sequences`).
 
 Guarantees: a NULL where a value is needed, or a per-token list whose length differs from the
 completion's, raises :class:`BatchError` naming the column and the row's episode and turn;
@@ -171,31 +171,9 @@ def samples_for(cfg: TrainerConfig, table: pa.Table, *, prompt: str | None = "pr
     return cfg.algo.samples(cfg, table, prompt=prompt)
 
 
-Prompt = tuple[np.ndarray, int, object]
-"""A whole prompt as ``(ids, n, chain)``: the prompt is ``ids[:n]``; ``chain`` names the chain
-``ids`` holds (rows of one chain share it), None for a prompt of its own."""
-
-
-def episode_sequences(samples: Sequence[Sample], episodes: Sequence[object]) -> list[Sample]:
-    """Consecutive samples of one episode (``episodes[i]`` names sample i's; rows in turn
-    order) merged into one sequence while each prompt extends the sequence so far token-exactly:
-    the merged sample's prompt is the first turn's, its completion is every later id (the
-    model's outputs and, between them, the new prompt ids: observations, chat headers), with
-    the loss mask and per-token values of the outputs where they were and 0 on the new prompt
-    ids. Every loss is a token sum over the mask (``stacx.train.losses``), so the merged
-    samples give the same logprobs, losses and gradients as the per-turn ones while their
-    forward costs the episode's length once instead of once per turn.
-
-    A prompt that does not extend the sequence (a rewritten history: a new gateway segment, a
-    DAgger label instead of the executed action, a turn left out by a filter whose ids are
-    not in the next prompt) starts a new sequence; nothing is ever merged on a guess.
-
-    This takes whole prompts (the views' rows); :func:`chain_sequences` gives the same
-    sequences from the stored chains, without materializing a whole prompt per turn."""
-    if len(samples) != len(episodes):
-        raise BatchError(f"{len(samples)} samples but {len(episodes)} episode ids")
-    prompts = [(np.asarray(s.prompt_ids), len(s.prompt_ids), None) for s in samples]
-    return _merge(samples, episodes, prompts)
+Prompt = tuple[np.ndarray, int, tuple[object, int]]
+"""A whole prompt as ``(ids, n, chain)``: the prompt is ``ids[:n]``, ``ids`` the chain's ids,
+``chain`` its key (episode_id, chain_turn)."""
 
 
 def chains_from_table(table: pa.Table) -> dict[tuple[object, int], np.ndarray]:
@@ -209,18 +187,14 @@ def chains_from_table(table: pa.Table) -> dict[tuple[object, int], np.ndarray]:
     return {key: ids[offsets[i] : offsets[i + 1]] for i, key in enumerate(keys)}
 
 
-def chain_sequences(
+def chain_prompts(
     samples: Sequence[Sample],
     keys: Sequence[tuple[object, int]],
     n_prompt: Sequence[int],
     chains: Mapping[tuple[object, int], np.ndarray],
-) -> list[Sample]:
-    """:func:`episode_sequences` for samples read without their prompts: sample i's whole
-    prompt is ``chains[keys[i]][:n_prompt[i]]`` (``keys[i]`` its (episode, chain_turn)). Within
-    a chain a later turn's prompt extends an earlier turn's prompt + output by construction, so
-    it merges after a check of the sample's completion against the chain's ids (O(output));
-    across chains (a rewritten history, a log that stores every prompt whole) the prompts are
-    compared token by token, as :func:`episode_sequences` does."""
+) -> list[Prompt]:
+    """Each sample's whole prompt in its chain: ``chains[keys[i]][:n_prompt[i]]`` (``keys[i]``
+    its (episode, chain_turn)); BatchError naming the episode when the chain is not there."""
     if not len(samples) == len(keys) == len(n_prompt):
         raise BatchError(f"{len(samples)} samples but {len(keys)} chain keys, {len(n_prompt)} n")
     prompts: list[Prompt] = []
@@ -228,11 +202,34 @@ def chain_sequences(
         if len(sample.prompt_ids):
             raise BatchError(f"episode {key[0]}: a prompt was read with its chain")
         chain = chains.get(key)
-        if chain is None or n > len(chain):
+        if chain is None or n is None or n > len(chain):
             raise BatchError(f"episode {key[0]} chain at turn {key[1]}: not in turn_chains "
                              f"with {n} prompt ids")  # fmt: skip
         prompts.append((chain, int(n), key))
-    return _merge(samples, [k[0] for k in keys], prompts)
+    return prompts
+
+
+def chain_sequences(
+    samples: Sequence[Sample],
+    keys: Sequence[tuple[object, int]],
+    n_prompt: Sequence[int],
+    chains: Mapping[tuple[object, int], np.ndarray],
+) -> list[Sample]:
+    """Consecutive samples of one chain (rows in turn order, read without their prompts; see
+    :func:`chain_prompts`) merged into one sequence: the merged sample's prompt is the first
+    turn's, its completion every later id of the chain (the model's outputs and, between them,
+    the new prompt ids: observations, chat headers, a turn the view left out), with the loss
+    mask and per-token values of the outputs where they were and 0 on the other ids. Every loss
+    is a token sum over the mask (``stacx.train.losses``), so the merged samples give the same
+    logprobs, losses and gradients as the per-turn ones while their forward costs the chain's
+    length once instead of once per turn.
+
+    Within a chain a later turn's prompt extends an earlier turn's prompt + output by
+    construction; a merge only checks that the sample's completion is the chain's next ids
+    (O(output)). A row whose completion is not (a DAgger label in place of the executed action)
+    ends the sequence, and so does a new chain (a rewritten history, or a log that stored every
+    prompt whole): nothing is ever merged by comparing prompts."""
+    return _merge(samples, [k[0] for k in keys], chain_prompts(samples, keys, n_prompt, chains))
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -256,9 +253,6 @@ class _Sequence:
         for name, parts in self.values.items():
             parts.append(values[name] if name in values else np.zeros(len(ids), np.float32))
 
-    def extends(self, ids: np.ndarray, n: int) -> bool:
-        return n >= self.length and np.array_equal(ids[: self.length], _cat(self.ids, np.int64))
-
     def sample(self) -> Sample:
         ids = _cat(self.ids, np.int64)
         values = {k: _cat(v, np.float32) for k, v in self.values.items()}
@@ -269,18 +263,14 @@ class _Sequence:
 def _merge(
     samples: Sequence[Sample], episodes: Sequence[object], prompts: Sequence[Prompt]
 ) -> list[Sample]:
-    """The merge of :func:`episode_sequences`, sample i's whole prompt being ``prompts[i]``
+    """The merge of :func:`chain_sequences`, sample i's whole prompt being ``prompts[i]``
     (its own ``prompt_ids`` are not read)."""
     out: list[Sample] = []
     seq: _Sequence | None = None
     current: object = None
     chain: object = None  # when set, the sequence is chain's ids[:seq.length]
     for sample, episode, (ids, n, key) in zip(samples, episodes, prompts, strict=True):
-        if (
-            seq is not None
-            and episode == current
-            and ((key is not None and key == chain and n >= seq.length) or seq.extends(ids, n))
-        ):
+        if seq is not None and episode == current and key == chain and n >= seq.length:
             gap = ids[seq.length : n]
             seq.extend(gap, np.zeros(len(gap), np.int8), {})
         else:
@@ -295,7 +285,7 @@ def _merge(
             )
         completion = np.asarray(sample.completion_ids)
         # the chain's next ids are this turn's output: later turns of the chain extend seq
-        same = key is not None and np.array_equal(ids[n : n + len(completion)], completion)
+        same = np.array_equal(ids[n : n + len(completion)], completion)
         chain = key if same else None
         mask = sample.loss_mask
         seq.extend(
@@ -322,43 +312,42 @@ class StepBatch:
 async def step_batch(
     cfg: TrainerConfig, query: Query, episode_ids: list[str], *, version: int | None = None
 ) -> StepBatch:
-    """The step's rows of the source view (``units.batch_rows_sql``) and its training samples,
-    read with `query` (the actor's ``query``).
+    """The step's rows of the source view (``units.batch_rows_sql``, read without their whole
+    prompts) and its training samples, read with `query` (the actor's ``query``): each row's
+    prompt is cut from its chain (:data:`CHAINS_SQL`), so Arrow and the merge are linear in
+    the turns' stored ids. With ``pack_episodes`` the turns of one chain are one sequence
+    (:func:`chain_sequences`); without, one sample per row.
 
-    With ``pack_episodes`` each episode's turns that extend each other are one sequence. A
-    source view that carries :data:`CHAIN_COLUMNS` is read without its whole prompts and each
-    episode's sequence is cut from its chains (:data:`CHAINS_SQL`, :func:`chain_sequences`):
-    Arrow and the merge are linear in the turns' stored ids. Another source view is read with
-    its whole prompts and merged by :func:`episode_sequences`.
-
-    GRPO and OPD samples carry each output token's weight version (token value
-    ``weight_version``, from the ``turn_versions`` view: a turn generated across a weight load
-    has tokens of two versions); with `version` (the trainer's), tokens more than
-    ``cfg.staleness_limit`` versions behind it get loss mask 0 (the staleness bound, per token)."""
+    Samples of an algorithm with ``token_versions`` (GRPO, RLOO, OPD) carry each output token's
+    weight version (token value ``weight_version``, from the ``turn_versions`` view: a turn
+    generated across a weight load has tokens of two versions); with `version` (the
+    trainer's), tokens more than ``cfg.staleness_limit`` versions behind it get loss mask 0
+    (the staleness bound, per token)."""
     chosen: dict[str, object] = {"episode_ids": sorted(set(episode_ids))}
-    linear = cfg.pack_episodes
-    table = await query(batch_rows_sql(cfg, "* EXCLUDE (prompt_ids)" if linear else "*"), chosen)
-    if linear and not all(c in table.column_names for c in CHAIN_COLUMNS):
-        linear = False  # the view does not say where its prompts are: read them whole
-        table = await query(batch_rows_sql(cfg, "*"), chosen)
-    samples = samples_for(cfg, table, prompt=None if linear else "prompt_ids")
+    table = await query(batch_rows_sql(cfg, "* EXCLUDE (prompt_ids)"), chosen)
+    missing = [c for c in CHAIN_COLUMNS if c not in table.column_names]
+    if missing:
+        raise BatchError(
+            f"trainer.source = {cfg.source_view!r}: the view has no {missing} (a training view "
+            "says where each row's prompt is in turn_chains; see events/views/20_sft_examples.sql)"
+        )
+    samples = samples_for(cfg, table, prompt=None)
     if cfg.algo.token_versions and "turn" in table.column_names:
         versions = await query(TOKEN_VERSIONS_SQL, chosen)
         samples = with_token_versions(cfg, table, samples, versions, version)
     n_rows = len(samples)  # what the step trains on; packing changes the forward, not that
-    read = _n_ids(table, "prompt_ids")
+    stored = await query(CHAINS_SQL, chosen)
+    episodes = table.column(cfg.algo.episode_column).to_pylist()
+    turns = table.column("chain_turn").to_pylist()
+    n_prompt = table.column("n_prompt_tokens").to_pylist()
+    keys = list(zip(episodes, turns, strict=True))
+    chains = chains_from_table(stored)
     if cfg.pack_episodes:
-        episodes = table.column(cfg.algo.episode_column).to_numpy(zero_copy_only=False)
-        if not linear:
-            samples = episode_sequences(samples, episodes.tolist())
-        else:
-            stored = await query(CHAINS_SQL, chosen)
-            read += _n_ids(stored, "ids")
-            turns = table.column("chain_turn").to_numpy(zero_copy_only=False).tolist()
-            n_prompt = table.column("n_prompt_tokens").to_numpy(zero_copy_only=False)
-            keys = list(zip(episodes.tolist(), turns, strict=True))
-            samples = chain_sequences(samples, keys, n_prompt, chains_from_table(stored))
-    return StepBatch(table, samples, n_rows, read)
+        samples = chain_sequences(samples, keys, n_prompt, chains)
+    else:
+        prompts = chain_prompts(samples, keys, n_prompt, chains)
+        samples = [replace(s, prompt_ids=ids[:n]) for s, (ids, n, _) in zip(samples, prompts, strict=True)]
+    return StepBatch(table, samples, n_rows, _n_ids(stored, "ids"))
 
 
 # each output token's version, for the turns that span a weight load only (the others' tokens

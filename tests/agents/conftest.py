@@ -1,10 +1,16 @@
-"""Fixtures of the agent tests: the default model's real tokenizer (prepared once, cached)."""
+"""Fixtures of the agent tests: the default model's real tokenizer (prepared once, cached),
+and what the trainer would forward of a run's turns."""
 
 from __future__ import annotations
 
+import asyncio
+
+import duckdb
+import pyarrow as pa
 import pytest
 
 from stacx.agents.chat import ChatFormat, ChatTokenizer
+from stacx.train.packing import Sample
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +31,17 @@ def tokenizer() -> ChatTokenizer:
 @pytest.fixture(scope="session")
 def chat(tokenizer: ChatTokenizer) -> ChatFormat:
     return ChatFormat(tokenizer)
+
+
+def trained_sequences(con: duckdb.DuckDBPyConnection) -> list[Sample]:
+    """The sequences an sft trainer forwards for every turn of the run (the trainer's own read,
+    ``stacx.train.batches.step_batch``: one per chain of each episode)."""
+    from stacx.train.batches import step_batch
+    from stacx.train.config import TrainerConfig
+
+    async def query(sql: str, params: dict[str, object]) -> pa.Table:
+        return con.sql(sql, params=params).to_arrow_table()
+
+    eids = [e for (e,) in con.execute("select episode_id from episodes").fetchall()]
+    cfg = TrainerConfig(algorithm="sft", filter="true")
+    return asyncio.run(step_batch(cfg, query, eids)).samples

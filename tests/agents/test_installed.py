@@ -23,6 +23,7 @@ from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.images import bootstrap_base_image
 from stacx.sandbox.layers import ImageLayer
 from stacx.store import db
+from tests.agents.conftest import trained_sequences
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
 
@@ -255,8 +256,6 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     more than 6 events; the user says "Go on." after each answer in words). The condenser's own
     call and the agent's call on the condensed history each open a new segment, and what the
     episode trains on is one sequence per segment, with the episode's outcome on every turn."""
-    from stacx.train.batches import episode_sequences, samples_from_table
-
     bootstrap_base_image(suite="trixie")
     tasks = tmp_path / "tasks"
     shutil.copytree(TASK, tasks / TASK.name)
@@ -292,8 +291,4 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     ((reward,),) = con.execute("select reward from episodes").fetchall()
     assert [g[0] for g in grpo] == [t[0] for t in turns]
     assert {g[1] for g in grpo} == {reward} and len({g[2] for g in grpo}) == 1
-    sft = con.sql("select episode_id, turn, prompt_ids, completion_ids from sft_examples "
-                  "order by turn").to_arrow_table()  # fmt: skip
-    samples = samples_from_table(sft)
-    sequences = episode_sequences(samples, sft.column("episode_id").to_pylist())
-    assert len(sequences) == len(set(segments))
+    assert len(trained_sequences(con)) == len(set(segments))

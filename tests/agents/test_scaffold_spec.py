@@ -17,6 +17,7 @@ from stacx.agents.scaffold_spec import ScaffoldSpec, load_spec, resolve, shipped
 from stacx.errors import ConfigError
 from stacx.sandbox.images import bootstrap_base_image
 from stacx.store import db
+from tests.agents.conftest import trained_sequences
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,18 +144,14 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     assert request["messages"][0]["content"].startswith("Summary: ")
     # What a multi-segment episode trains on (README "Segments"): each segment its own sequence,
     # the episode's outcome on every segment's turns, each row naming its episode and turn.
-    from stacx.train.batches import episode_sequences, samples_from_table
-
     grpo = con.execute("select turn, reward, advantage from grpo_batch order by turn").fetchall()
     ((reward,),) = con.execute("select reward from episodes").fetchall()
     assert [(g[0], g[1]) for g in grpo] == [(0, reward), (1, reward)]
     assert grpo[0][2] == grpo[1][2]  # one advantage per episode, broadcast to both segments
-    sft = con.sql("select episode_id, turn, prompt_ids, completion_ids from sft_examples "
-                  "order by turn").to_arrow_table()  # fmt: skip
-    samples = samples_from_table(sft)
-    sequences = episode_sequences(samples, sft.column("episode_id").to_pylist())
+    prompts = [p for (p,) in con.execute("select prompt_ids from sft_examples order by turn").fetchall()]
+    sequences = trained_sequences(con)
     # the rewritten history does not extend the first call: two sequences, never merged
-    assert [list(s.prompt_ids) for s in sequences] == [list(s.prompt_ids) for s in samples]
+    assert [list(s.prompt_ids) for s in sequences] == prompts
     assert len(sequences) == 2
 
 

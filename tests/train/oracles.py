@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from stacx.train.advantages import AdvantageInputError
+from stacx.train.packing import Sample
 
 
 def group_index(group_ids: Sequence[str]) -> Tensor:
@@ -78,3 +79,34 @@ def aggrevate_advantages(cost_to_go_N: Tensor, state_N: Tensor) -> Tensor:
     ``state_N`` indexes the (parent episode, turn) state each branch explored. A state with a
     single explored action gets advantage 0 (no comparison is possible)."""
     return -group_advantages(cost_to_go_N, state_N, normalize_std=False)
+
+
+def episode_sequences(samples: Sequence[Sample], keys: Sequence[object]) -> list[Sample]:
+    """The oracle of the trainer's chain merge (``stacx.train.batches.chain_sequences``):
+    consecutive samples with one key (an episode, or an (episode, chain_turn)) merged while
+    each whole prompt extends the sequence so far token-exactly; the ids in between are
+    prompt ids (loss mask 0, values 0)."""
+    out: list[Sample] = []
+    ids: list[int] = []
+    n_prompt, mask, values, current = 0, [], {}, None  # type: ignore[var-annotated]
+
+    def flush() -> None:
+        if ids:
+            out.append(Sample(ids[:n_prompt], ids[n_prompt:], dict(values), mask))
+
+    for s, key in zip(samples, keys, strict=True):
+        prompt = [int(x) for x in s.prompt_ids]
+        if ids and key == current and prompt[: len(ids)] == ids:
+            gap = len(prompt) - len(ids)
+            ids, mask = ids + prompt[len(ids) :], mask + [0] * gap
+            values = {k: v + [0.0] * gap for k, v in values.items()}
+        else:
+            flush()
+            ids, n_prompt, mask, current = prompt, len(prompt), [], key
+            values = {k: [] for k in s.token_values}
+        out_ids = [int(x) for x in s.completion_ids]
+        ids = ids + out_ids
+        mask = mask + ([1] * len(out_ids) if s.loss_mask is None else [int(m) for m in s.loss_mask])
+        values = {k: v + [float(x) for x in s.token_values[k]] for k, v in values.items()}
+    flush()
+    return out

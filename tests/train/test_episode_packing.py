@@ -25,10 +25,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.store import db
-from stacx.train.batches import (
-    chain_sequences,
-    episode_sequences,
-)
+from stacx.train import units
+from stacx.train.batches import BatchError, chain_sequences
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
 from stacx.train.losses import policy_gradient_loss, sft_loss
@@ -37,6 +35,7 @@ from stacx.train.step import train_step
 from stacx.train.trainer import Query, Trainer, load_model, step_batch
 
 from .conftest import Log
+from .oracles import episode_sequences
 from .test_trainer_support import prompt_ids, text_ids, until_sql
 
 Turn = tuple[list[int], list[int]]  # (whole prompt, output)
@@ -212,24 +211,11 @@ def assert_same_logprobs_and_gradients(
     assert any(float(g.abs().sum()) > 0 for g in grads_seq)
 
 
-def test_turns_that_do_not_extend_the_sequence_are_never_merged() -> None:
-    a = Sample([1, 2], [3], {"v": [0.5]})
-    label = Sample([1, 2, 3, 4], [9], {"v": [0.1]})  # extends a: merged, 4 is a prompt id
-    dagger = Sample([1, 2, 3, 4, 5, 6], [7], {"v": [0.2]})  # the next prompt has 5, not 9
-    other = Sample([1, 2, 3, 4, 9, 8], [7], {"v": [0.3]})  # another episode
-    out = episode_sequences([a, label, dagger, other], ["e", "e", "e", "f"])
-    assert [(list(s.prompt_ids), list(s.completion_ids)) for s in out] == [
-        ([1, 2], [3, 4, 9]), ([1, 2, 3, 4, 5, 6], [7]), ([1, 2, 3, 4, 9, 8], [7]),
-    ]  # fmt: skip
-    assert list(out[0].loss_mask) == [1, 0, 1]  # type: ignore[arg-type]
-    assert list(out[0].token_values["v"]) == [0.5, 0.0, 0.1]
-
-
 def test_a_completion_other_than_the_stored_output_ends_the_chain() -> None:
     """Within a chain a turn merges without comparing prompts only while the sequence is the
     chain's ids: a row whose completion is not the turn's stored output (a label in place of
-    the executed action) leaves the chain, so the next turn is compared token by token and,
-    as it does not extend the label, starts a new sequence."""
+    the executed action) leaves the chain, so the next turn starts a new sequence (it does not
+    extend the label: the token-comparison oracle agrees)."""
     chains = {("e", 0): np.array([1, 2, 3, 4, 5, 6, 7, 8], np.int32)}  # turn_chains' ids
     keys, n_prompt = [("e", 0)] * 3, [2, 5, 7]  # turns 0, 1, 2 of the chain
     executed = [Sample([], [3]), Sample([], [6]), Sample([], [8])]
@@ -313,8 +299,9 @@ async def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
     packed_batch = await step_batch(cfg, query_of(log), eids)
     rows, episodes = per_turn_batch.samples, packed_batch.samples
     n_rows, n_packed_rows = per_turn_batch.n_rows, packed_batch.n_rows
-    # 12 turns less e0's teacher turn; e0 (across its teacher turn), e1's two chains, e2
-    assert (len(rows), n_rows, n_packed_rows, len(episodes)) == (11, 11, 11, 4)
+    # 12 turns less e0's teacher turn; e0 (across its teacher turn), e1's two chains, and e2's
+    # four (a log that stored every prompt whole: a chain per turn, never merged by its tokens)
+    assert (len(rows), n_rows, n_packed_rows, len(episodes)) == (11, 11, 11, 7)
     for loss in ("sft", "grpo"):
         assert_same_logprobs_and_gradients(tiny, episodes, rows, loss)
     results, params = [], []
@@ -328,7 +315,7 @@ async def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
     assert packed.loss == pytest.approx(per_turn.loss, abs=1e-12)
     assert packed.n_loss_tokens == per_turn.n_loss_tokens
     assert packed.grad_norm == pytest.approx(per_turn.grad_norm, rel=1e-6)  # fp32 RMSNorm
-    assert packed.n_tokens < per_turn.n_tokens / 2  # the forward: each episode once
+    assert packed.n_tokens < per_turn.n_tokens  # the forward: each chain once
     whole = sum(e.n_positions for e in episodes)
     assert packed.n_tokens < whole if share else packed.n_tokens == whole  # and the prompt once
     for a, b in zip(*params, strict=True):
@@ -339,18 +326,24 @@ async def test_trainer_step_on_episode_sequences_equals_the_per_turn_step(
 async def test_the_batch_read_rebuilds_the_sequences_from_the_stored_ids_only(
     log: Log, algorithm: str
 ) -> None:
-    """The linear read gives exactly the sequences merged from the whole-prompt rows (ids, loss
-    mask, behavior logprobs, advantages), while the prompt ids it reads are the stored ones:
-    never a whole prompt per turn (sft: the filter leaves the teacher's turn out)."""
+    """The linear read gives exactly the sequences the token-comparison oracle merges the
+    view's whole-prompt rows into, per chain (ids, loss mask, behavior logprobs, advantages),
+    while the prompt ids it reads are the stored ones: never a whole prompt per turn (sft: the
+    filter leaves the teacher's turn out)."""
     eids = grpo_group(log)
     cfg = TrainerConfig(algorithm=algorithm, filter="actor = 'student'" * (algorithm == "sft"))
-    whole_batch = await step_batch(whole_config(cfg), query_of(log), eids)
-    episodes = whole_batch.table.column("episode_id").to_pylist()
-    expected = episode_sequences(whole_batch.samples, episodes)
+    per_row = await step_batch(whole_config(cfg), query_of(log), eids)
+    rows = log.con.sql(
+        units.batch_rows_sql(cfg, "prompt_ids"), params={"episode_ids": sorted(eids)}
+    ).to_arrow_table()
+    assert [list(s.prompt_ids) for s in per_row.samples] == rows.column("prompt_ids").to_pylist()
+    chains = zip(per_row.table.column("episode_id").to_pylist(),
+                 per_row.table.column("chain_turn").to_pylist(), strict=True)  # fmt: skip
+    expected = episode_sequences(per_row.samples, list(chains))
     read: list[pa.Table] = []
     batch = await step_batch(cfg, query_of(log, read), eids)
     got = batch.samples
-    assert contents(got) == contents(expected) and len(got) == 4
+    assert contents(got) == contents(expected) and len(got) == 7
 
     def n_ids(sql: str) -> int:
         return int(log.rows(sql)[0]["n"])
@@ -363,12 +356,13 @@ async def test_the_batch_read_rebuilds_the_sequences_from_the_stored_ids_only(
         sum(len(p) for p in t.column("ids").to_pylist()) for t in read if "ids" in t.column_names
     )
     assert chain_ids == batch.prompt_ids_read == stored < whole  # (e2: every prompt whole)
-    assert whole_batch.prompt_ids_read == whole
+    assert per_row.prompt_ids_read == stored  # one sample per row: its prompt cut from the chain
 
 
-async def test_the_batch_read_merges_an_old_log_by_its_tokens(tmp_path: Path) -> None:
+async def test_an_old_log_trains_a_sequence_per_turn(tmp_path: Path) -> None:
     """A log older than ``prefix_len`` (the recorder re-adds the column: NULL on every row, each
-    prompt whole): the turns that extend each other token-exactly are still one sequence."""
+    prompt whole): every turn starts a chain, so each trains as its own sequence, the per-turn
+    samples (never merged by comparing tokens: the same gradients, a longer forward)."""
     con = db.open_writer(tmp_path / "run")
     log = Log(con)
     rng = random.Random(6)
@@ -383,8 +377,9 @@ async def test_the_batch_read_merges_an_old_log_by_its_tokens(tmp_path: Path) ->
     cfg = TrainerConfig(algorithm="sft", filter="turn >= 0")
     rows = (await step_batch(whole_config(cfg), query_of(log), ["a", "b"])).samples
     got = (await step_batch(cfg, query_of(log), ["a", "b"])).samples
-    assert contents(got) == contents(episode_sequences(rows, ["a"] * 4 + ["b"] * 4))
-    assert len(got) == 2
+    whole = log.rows("select prompt_ids from turns order by episode_id, turn")
+    assert [list(s.prompt_ids) for s in rows] == [r["prompt_ids"] for r in whole]
+    assert contents(got) == contents(rows) and len(got) == 8
     log.con.close()
 
 
@@ -404,26 +399,17 @@ async def test_the_batch_read_refuses_a_chain_it_cannot_rebuild(log: Log) -> Non
         await step_batch(cfg, query_of(log), ["b"])
 
 
-async def test_a_view_without_chain_columns_is_read_with_whole_prompts(log: Log) -> None:
-    """The view says what it holds: a source view without ``chain_turn``/``n_prompt_tokens``
-    (a user's view, dagger_dataset's label prompts) is read with its whole prompts and merged
-    by its tokens, into the same sequences."""
+async def test_a_view_without_chain_columns_is_refused_naming_them(log: Log) -> None:
+    """Every training view says where its rows' prompts are (``chain_turn``,
+    ``n_prompt_tokens``): a source view without them is an error naming the view and the
+    columns, never a second way to rebuild prompts."""
     eids = grpo_group(log)
     log.con.execute(
         "CREATE VIEW my_sft AS SELECT * EXCLUDE (chain_turn, n_prompt_tokens) FROM sft_examples"
     )
-    cfg = TrainerConfig(algorithm="sft", filter="actor = 'student'")
-    read: list[pa.Table] = []
-    mine = await step_batch(
-        msgspec.structs.replace(cfg, source="my_sft"), query_of(log, read), eids
-    )
-    assert all("ids" not in t.column_names for t in read)  # no chain read
-    whole = int(
-        log.rows("select sum(len(prompt_ids)) AS n from turns where actor = 'student'")[0]["n"]
-    )
-    assert mine.prompt_ids_read == whole
-    assert contents(mine.samples) == contents((await step_batch(cfg, query_of(log), eids)).samples)
-    assert len(mine.samples) == 4
+    cfg = TrainerConfig(algorithm="sft", filter="actor = 'student'", source="my_sft")
+    with pytest.raises(BatchError, match=r"trainer.source = 'my_sft'.*'chain_turn', 'n_prompt_tokens'"):
+        await step_batch(cfg, query_of(log), eids)
 
 
 @pytest.fixture(scope="module")

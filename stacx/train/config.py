@@ -82,9 +82,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # samples with one prompt (a GRPO group) forward it once (packing.pack_shared): ~n times
     # fewer positions for short completions; mask-based attention only (ignored under varlen)
     share_prompts: bool = True
-    # the turns of one episode whose prompts extend the previous turn's prompt + output
-    # token-exactly train as ONE sequence (batches.episode_sequences; loss on the model's
-    # tokens only): cost linear in turns, same logprobs and gradients as a sample per turn
+    # the turns of one chain (each prompt extends the previous turn's prompt + output, as
+    # stored) train as ONE sequence (batches.chain_sequences; loss on the model's tokens
+    # only): cost linear in turns, same logprobs and gradients as a sample per turn
     pack_episodes: bool = True
     # policy gradient
     clip_eps: float = 0.2

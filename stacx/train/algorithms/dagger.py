@@ -5,7 +5,7 @@ complete once it ended and each of its states is labeled or its teacher failed."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from stacx.events import (
     EpisodeFinished,
@@ -15,16 +15,8 @@ from stacx.events import (
     RunStarted,
     TeacherLabeled,
 )
-from stacx.train.algorithms.base import Base, Get, Teacher, TrainerKeys
-from stacx.train.algorithms.sft import completion_samples
-from stacx.train.losses import LossOutput, sft_loss
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    from torch import Tensor
-
-    from stacx.train.config import TrainerConfig
-    from stacx.train.packing import PackedBatch, Sample
+from stacx.train.algorithms.base import Get, Teacher, TrainerKeys
+from stacx.train.algorithms.sft import Sft
 
 
 def label_actors(get: Get) -> TrainerKeys:
@@ -34,31 +26,26 @@ def label_actors(get: Get) -> TrainerKeys:
     }
 
 
-class Dagger(Base):
+class Dagger(Sft):
+    """SFT's samples and loss on the teacher's labels."""
+
     name: ClassVar[str] = "dagger"
     teacher: ClassVar[Teacher] = Teacher.LABEL
     teacher_role: ClassVar[bool] = True
     roll_in: ClassVar[bool] = True
+    scripted_agents: ClassVar[bool] = False
+    installed_agents: ClassVar[bool] = False
     source: ClassVar[str] = "dagger_dataset"
     filter: ClassVar[str] = "prompt_matches"
     complete: ClassVar[str] = "u.done AND NOT list_has_any(u.unlabeled_actors, $label_actors)"
     done: ClassVar[str] = "u.done"
     waits: ClassVar[bool] = True
-    dataset: ClassVar[bool] = True
     wakes: ClassVar[tuple[type[Event], ...]] = (
         RunStarted, EpisodeFinished, RewardAssigned, TeacherLabeled, InfraFailed,
     )  # fmt: skip
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         return label_actors(get)
-
-    def samples(self, cfg: TrainerConfig, table: pa.Table, *, prompt: str | None) -> list[Sample]:
-        return completion_samples(table, prompt)
-
-    def loss(
-        self, cfg: TrainerConfig, logprobs_B_T: Tensor, batch: PackedBatch, normalizer: float
-    ) -> LossOutput:
-        return sft_loss(logprobs_B_T, batch.loss_mask_R_T, normalizer)
 
 
 ALGORITHM = Dagger()

@@ -1,16 +1,17 @@
 """The columnar batch path gives exactly the tensors of the list path it replaced: a recorded
 multi-turn GRPO group (a linear log with a teacher turn left out, a rewritten history, an old
 log with every prompt whole), read by the trainer's `step_batch` and packed by `pack`, against
-the path of STACX 6e3d883 kept here as the oracle: rows to Python lists (``to_pylist``), turns
-merged by comparing whole prompts as lists, one ``torch.tensor`` per sample."""
+the path of STACX 6e3d883 kept here as the oracle: the view's rows with their whole prompts to
+Python lists (``to_pylist``), the turns of one chain merged by comparing whole prompts as
+lists, one ``torch.tensor`` per sample."""
 
 from __future__ import annotations
 
-import msgspec
 import pyarrow as pa
 import pytest
 import torch
 
+from stacx.train import units
 from stacx.train.config import TrainerConfig
 from stacx.train.packing import PackedBatch, assign_rows, pack
 from stacx.train.trainer import step_batch
@@ -35,11 +36,12 @@ def list_rows(cfg: TrainerConfig, table: pa.Table) -> tuple[list[Row], list[obje
         else:
             out = cols["completion_ids"][i]
             rows.append((cols["prompt_ids"][i], out, {}, cols["loss_mask"][i]))
-    return rows, cols["episode_id"]
+    return rows, list(zip(cols["episode_id"], cols["chain_turn"], strict=True))
 
 
 def list_merge(rows: list[Row], episodes: list[object]) -> list[Row]:
-    """The list path's episode merge: a row whose whole prompt extends the sequence joins it."""
+    """The list path's merge: a row of the sequence's chain whose whole prompt extends it joins
+    it (`episodes`: each row's (episode, chain_turn))."""
     out: list[Row] = []
     seq: list[int] = []
     n_prompt, current = 0, None
@@ -102,13 +104,14 @@ async def test_the_columnar_path_gives_the_list_paths_tensors(
 ) -> None:
     eids = grpo_group(log, n_turns=5) + grpo_group(log, "h", n_turns=3, seed=9)
     cfg = TrainerConfig(algorithm=algorithm, pack_episodes=pack_episodes)
-    whole = await step_batch(msgspec.structs.replace(cfg, pack_episodes=False), query_of(log), eids)
-    rows, episodes = list_rows(cfg, whole.table)
+    whole = log.con.sql(units.batch_rows_sql(cfg), params={"episode_ids": sorted(eids)})
+    rows, episodes = list_rows(cfg, whole.to_arrow_table())
     expected = list_pack(list_merge(rows, episodes) if pack_episodes else rows, 64)
     got = pack((await step_batch(cfg, query_of(log), eids)).samples, 64)
     assert got.n_samples == expected.n_samples
-    if algorithm == "grpo":  # 6 episodes: 8 sequences (e1 and h-e1 rewrite their history)
-        assert got.n_samples == (8 if pack_episodes else len(rows))
+    if algorithm == "grpo":  # 6 episodes, 14 sequences: e0 and h-e0 one each, e1 and h-e1 two
+        # (they rewrite their history), e2 and h-e2 one per turn (every prompt stored whole)
+        assert got.n_samples == (14 if pack_episodes else len(rows))
     for field in ("input_ids_R_T", "position_ids_R_T", "targets_R_T", "loss_mask_R_T",
                   "sequence_index_R_T", "cu_seqlens"):  # fmt: skip
         a, b = getattr(got, field), getattr(expected, field)

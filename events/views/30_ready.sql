@@ -44,11 +44,22 @@ FROM turn_generated t
 WHERE t.episode_id IN (SELECT DISTINCT episode_id FROM episode_started
                        WHERE CAST(policy AS VARCHAR) IN ('student', 'mixture'));
 
--- ready_episodes: SFT's, DAgger's and OPD's unit, an episode. done: it ended (scored, finished
--- or failed); scored: it has a reward; unlabeled_actors: the actors of its roll-in turns still
--- waiting for a teacher label (DAgger's predicate binds $label_actors against it); unscored:
--- its student turns with output still waiting for a teacher score (OPD).
+-- ready_episodes: SFT's unit, an episode. done: it ended (scored, finished or failed); scored:
+-- it has a reward.
 CREATE OR REPLACE VIEW ready_episodes AS
+SELECT e.episode_id AS unit_id,
+       e.episode_id,
+       e.iteration,
+       e.finished_ts AS ready_ts,
+       e.status IN ('scored', 'finished', 'failed') AS done,
+       e.status = 'scored' AS scored
+FROM episodes e;
+
+-- ready_roll_ins: DAgger's and OPD's unit, an episode, as ready_episodes, with its signals:
+-- unlabeled_actors, the actors of its roll-in turns still waiting for a teacher label
+-- (DAgger's predicate binds $label_actors against it); unscored, its student turns with
+-- output still waiting for a teacher score (OPD).
+CREATE OR REPLACE VIEW ready_roll_ins AS
 WITH waiting AS (
     SELECT episode_id,
            list(DISTINCT actor) FILTER (WHERE NOT labeled AND NOT failed) AS unlabeled_actors,
@@ -56,15 +67,10 @@ WITH waiting AS (
                AS unscored
     FROM roll_in_turns GROUP BY episode_id
 )
-SELECT e.episode_id AS unit_id,
-       e.episode_id,
-       e.iteration,
-       e.finished_ts AS ready_ts,
-       e.status IN ('scored', 'finished', 'failed') AS done,
-       e.status = 'scored' AS scored,
+SELECT e.*,
        coalesce(w.unlabeled_actors, []) AS unlabeled_actors,
        coalesce(w.unscored, 0) AS unscored
-FROM episodes e
+FROM ready_episodes e
 LEFT JOIN waiting w USING (episode_id);
 
 -- ready_parents: AggreVaTe's unit, a scored roll-in parent episode (joined on the source's

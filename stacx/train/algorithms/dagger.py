@@ -37,6 +37,7 @@ class Dagger(Sft):
     installed_agents: ClassVar[bool] = False
     source: ClassVar[str] = "dagger_dataset"
     filter: ClassVar[str] = "prompt_matches"
+    ready_view: ClassVar[str] = "ready_roll_ins"
     complete: ClassVar[str] = "u.done AND NOT list_has_any(u.unlabeled_actors, $label_actors)"
     done: ClassVar[str] = "u.done"
     waits: ClassVar[bool] = True

@@ -33,6 +33,7 @@ class Opd(Base):
     teacher_role: ClassVar[bool] = True
     source: ClassVar[str] = "opd_batch"
     filter: ClassVar[str] = "aligned"
+    ready_view: ClassVar[str] = "ready_roll_ins"
     complete: ClassVar[str] = "u.scored AND u.unscored = 0"
     done: ClassVar[str] = "u.scored"
     waits: ClassVar[bool] = True

@@ -16,7 +16,8 @@ Sections and who reads them:
 - ``sandbox``    the environment engine (Docker)
 - ``tasks``      the task set, tasks per iteration and group size (GRPO's n)
 - ``agent``      the SWE agent loop's limits and sampling
-- ``algorithm``  what is trained (sft, grpo, dagger, aggrevate, opd) or ``eval``; sync/async
+- ``algorithm``  what is trained (a module of ``stacx.train.algorithms``: sft, grpo, rloo, opd,
+  dagger, aggrevate) or ``eval``; sync/async
 - ``eval``       periodic evaluation during training (every N weight versions, a task set)
 - ``trainer``    optimizer, steps, batches, checkpoints: ``stacx.train.config.TrainerConfig``;
   its algorithm, model, mode and max_staleness are derived from the sections above

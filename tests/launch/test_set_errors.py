@@ -22,7 +22,7 @@ RECIPE = ROOT / "recipes" / "quickstart.toml"
         ("trainer.lr=abc", "--set trainer.lr=abc: trainer.lr: Expected float, got str"),
         ("trainer.lrr=1", "--set trainer.lrr=1: unknown key trainer.lrr; accepted: "),
         ("trainer=3", "--set trainer=3: trainer: Expected object, got int"),
-        ("algorithm.name=foo", "--set algorithm.name=foo: algorithm.name = 'foo': accepted values are 'grpo'"),
+        ("algorithm.name=foo", "--set algorithm.name=foo: algorithm.name = 'foo': accepted values are 'sft'"),
     ],
 )
 def test_a_bad_set_names_the_set(override: str, message: str) -> None:

@@ -14,7 +14,7 @@ from stacx.train.algorithms.base import Algorithm, Teacher
 
 __all__ = ["ALGORITHMS", "TRAINED", "Algorithm", "Teacher", "get"]
 
-_MODULES: Final = (grpo, sft, opd, dagger, aggrevate, rloo, evaluation)
+_MODULES: Final = (sft, grpo, dagger, aggrevate, opd, rloo, evaluation)
 ALGORITHMS: Final[dict[str, Algorithm]] = {m.ALGORITHM.name: m.ALGORITHM for m in _MODULES}
 TRAINED: Final = tuple(name for name, a in ALGORITHMS.items() if a.trains)
 

@@ -108,7 +108,11 @@ def struct_fields(cls: type) -> list[Field]:
     hints = typing.get_type_hints(cls)
     own: dict[str, tuple[str, str, str]] = {}
     for klass in reversed(cls.__mro__):
-        if isinstance(klass, type) and issubclass(klass, msgspec.Struct) and klass is not msgspec.Struct:
+        if (
+            isinstance(klass, type)
+            and issubclass(klass, msgspec.Struct)
+            and klass is not msgspec.Struct
+        ):
             own.update(_class_fields(klass))
     out = []
     for f in msgspec.structs.fields(cls):
@@ -164,14 +168,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _section(path: str, cls: type, depth: int, member: bool = False) -> Iterator[str]:
+def _section(path: str, cls: type, depth: int, union: bool = False) -> Iterator[str]:
     """One table per Struct; a union of Structs (a tagged union) gives one table per member."""
-    heading = "#" * min(depth, 4)
-    title = f"`[{path}]`" if path else "Top level"
-    anchor = _anchor(path or "top")
-    if member:
-        title, anchor = f"{title}: {_member(cls)}", f"{anchor}-{cls.__name__.lower()}"
-    yield f"{heading} {title} {{ #{anchor} }}\n"
+    title, anchor = _table(path, cls, union) if path else ("Top level", _anchor("top"))
+    yield f"{'#' * min(depth, 4)} {title} {{ #{anchor} }}\n"
     doc = _doc(cls)
     if doc:
         yield f"\n{doc}\n"
@@ -180,20 +180,23 @@ def _section(path: str, cls: type, depth: int, member: bool = False) -> Iterator
     for f in fields:
         if f.group:
             yield f"| *{_cell(f.group)}* | | | |\n"
-        sub = f"{path}.{f.name}" if path else f.name
-        tables = _tables(f.hint)
-        links = ", ".join(f"[{_member(t) if len(tables) > 1 else '`[' + sub + ']`'}]"
-                          f"(#{_anchor(sub)}{'-' + t.__name__.lower() if len(tables) > 1 else ''})"
-                          for t in tables)  # fmt: skip
+        sub, tables = f"{path}.{f.name}" if path else f.name, _tables(f.hint)
+        links = ", ".join("[{}](#{})".format(*_table(sub, t, len(tables) > 1)) for t in tables)
         default = f"`{_cell(f.default)}`" if f.default else "(required)"
         doc = " ".join(d for d in (_cell(_markdown(f.doc)), links and f"(see {links})") if d)
         yield f"| `{f.name}` | {_type(f)} | {default} | {doc} |\n"
     for f in fields:
-        tables = _tables(f.hint)
-        sub = f"{path}.{f.name}" if path else f.name
+        sub, tables = f"{path}.{f.name}" if path else f.name, _tables(f.hint)
         for t in tables:
             yield "\n"
-            yield from _section(sub, t, depth + 1 if path else depth, member=len(tables) > 1)
+            yield from _section(sub, t, depth + 1 if path else depth, union=len(tables) > 1)
+
+
+def _table(path: str, cls: type, union: bool) -> tuple[str, str]:
+    """A table's title and anchor; a union member's carry its tag (or class name)."""
+    if union:
+        return f"`[{path}]`: {_member(cls)}", f"{_anchor(path)}-{cls.__name__.lower()}"
+    return f"`[{path}]`", _anchor(path)
 
 
 def _member(cls: type) -> str:
@@ -236,7 +239,7 @@ def _command_help(words: list[str], cmd: click.Command | None) -> Iterator[str]:
     yield f"\n{depth} `{' '.join(words)}`\n\n```text\n{text}\n```\n"
     if isinstance(cmd, click.Group):
         for sub in cmd.list_commands(ctx):
-            yield from _command_help(words + [sub], cmd.get_command(ctx, sub))
+            yield from _command_help([*words, sub], cmd.get_command(ctx, sub))
 
 
 def log_page() -> str:

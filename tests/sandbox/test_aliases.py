@@ -173,7 +173,7 @@ FROM_LINES = [
     ("ubuntu:22.04", BASE_IMAGE),
     ("ubuntu:20.04", BASE_IMAGE),
     ("ubuntu:jammy-20240227", BASE_IMAGE),
-    ("ubuntu:24.04", TRIXIE_IMAGE),  # noble is nearer trixie (README, "Base images")
+    ("ubuntu:24.04", TRIXIE_IMAGE),  # noble is nearer trixie (docs/tasks.md, "Base images, offline")
     ("public.ecr.aws/docker/library/ubuntu:noble", TRIXIE_IMAGE),
     ("ubuntu", TRIXIE_IMAGE),
     ("ubuntu:25.04", TRIXIE_IMAGE),

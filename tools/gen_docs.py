@@ -123,8 +123,16 @@ def struct_fields(cls: type) -> list[Field]:
         else:
             default = ""
         annotation, doc, group = own.get(f.name, ("", "", ""))
+        doc = doc or _listed(inspect.getmodule(cls), f.name)
         out.append(Field(f.name, annotation, default, doc, group, hints[f.name]))
     return out
+
+
+def _listed(module: object, name: str) -> str:
+    """A field explained only in its module docstring's list (``- ``name``  what it is``)."""
+    text = getattr(module, "__doc__", None) or ""
+    m = re.search(rf"^- ``{re.escape(name)}``\s+(.+?)(?=^- |^\s*$|\Z)", text, re.M | re.S)
+    return " ".join(m.group(1).split()) if m else ""
 
 
 def _tables(hint: object) -> list[type]:

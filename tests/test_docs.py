@@ -7,8 +7,12 @@ in tools/test.sh.)"""
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
+import msgspec
+
+from stacx.launch.recipe import Recipe
 from tools import gen_docs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,12 +26,29 @@ def test_the_generated_references_are_current() -> None:
 
 def test_the_recipe_reference_names_every_key_with_its_default() -> None:
     text = gen_docs.recipe_reference()
-    # a key from each of the Structs the recipe embeds, with its default and its comment
-    assert "| `max_staleness` | `int` | `1` | async: iterations scheduled" in text
-    assert "### `[trainer.lora]` { #recipe-trainer-lora }" in text
+    structs, missing = [Recipe], []
+    while structs:  # every Struct the recipe embeds, tables of tables and union members too
+        cls = structs.pop()
+        for f in gen_docs.struct_fields(cls):
+            default = gen_docs._cell(f"`{f.default}`") if f.default else "(required)"
+            if f"| `{f.name}` | {gen_docs._type(f)} | {default} |" not in text:
+                missing.append(f"{cls.__name__}.{f.name}")
+            structs.extend(_structs_in(f.hint))
+    assert not missing, f"keys missing from the reference: {missing}"
+    # what a reader relies on: a comment explains its key, a table has a stable anchor, a
+    # Literal shows its values
     assert "| `rank` | `int` | `8` |" in text
-    assert "| `beta0` | `float` | `0.5` | teacher probability per turn" in text
-    assert '`"slots"` \\| `"paged"`' in text  # a Literal shown as its values
+    assert "names of linear modules (their last name component" in text  # a comment above
+    assert "### `[trainer.lora]` { #recipe-trainer-lora }" in text
+    assert "(stacx.train.lora)" in text  # LoraConfig's docstring
+    assert '| `dtype` | `"float32"` \\| `"bfloat16"`' in text
+
+
+def _structs_in(hint: object) -> list[type]:
+    """The Struct classes a type holds (itself, an Optional of one, a union of several)."""
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return [hint]
+    return [t for arg in typing.get_args(hint) for t in _structs_in(arg)]
 
 
 def test_readme_links_point_at_existing_files() -> None:

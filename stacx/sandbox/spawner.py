@@ -47,7 +47,11 @@ class Spawner:
         self._exits: dict[int, asyncio.Future[int]] = {}
         self._buf = b""
         self._lock = asyncio.Lock()
-        self.dead = False
+        self._failed = False
+
+    @property
+    def dead(self) -> bool:
+        return self._failed or self.proc.returncode is not None
 
     @classmethod
     async def start(cls, prefix: list[str], root: str, sweep_uid: int | None) -> Spawner:
@@ -113,8 +117,7 @@ class Spawner:
         """Close the control socket: the spawner kills the groups it started, sweeps its uid
         and exits. Its exit code (0: nothing of the uid survived), or None if it had to be
         killed."""
-        if not self.dead:
-            self._fail("the spawner was closed")
+        self._fail("the spawner was closed")
         with contextlib.suppress(ValueError, OSError):
             asyncio.get_running_loop().remove_reader(self.sock)
         self.sock.close()
@@ -192,7 +195,7 @@ class Spawner:
                 future.set_result(value if kind != "exit" else os.waitstatus_to_exitcode(value))
 
     def _fail(self, why: str) -> None:
-        self.dead = True
+        self._failed = True
         for future in (*self._pids.values(), *self._exits.values()):
             if not future.done():
                 future.set_exception(SandboxError(why))

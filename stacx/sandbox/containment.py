@@ -1,7 +1,7 @@
 """How the process sandbox contains one host command (stacx.sandbox.process): what this machine
-allows (mount and network namespaces, probed once per process), the setup script that binds the
-host's top level into a sandbox root (the sandbox's spawner, stacx.sandbox.spawner, then chroots
-into it), and the rlimits each command applies to itself between fork and exec.
+allows (mount and network namespaces, probed once per process: a real spawner set up in a
+namespace and chroot), the sandbox root whose mountpoints the spawner binds the host's top level
+onto, and the rlimits each command applies to itself between fork and exec.
 
 Limits: as stacx.sandbox.process says, none of this is a security boundary.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from stacx.ports import Limits
+from stacx.sandbox.spawner import program
 from stacx.sandbox.spawner_main import live_processes
 
 __all__ = ["live_processes"]  # the one /proc scan lives in the spawner's program
@@ -27,18 +28,6 @@ log = logging.getLogger(__name__)
 
 Isolation = Literal["namespaces", "rewrite"]
 OPEN_FILES = 4096
-
-# Run by `unshare` as (uid 0 of) the new mount namespace: bind the host's top-level dirs into
-# the sandbox root, then exec the rest (the sandbox's spawner, which chroots itself; the probe's
-# chroot). Arguments: root, "1" to bring loopback up, the dirs to bind (ending with "--"), then
-# the command.
-SETUP = r"""
-set -e
-R=$1 LO=$2; shift 2
-while [ "$1" != -- ]; do mount --rbind "/$1" "$R/$1"; shift; done; shift
-if [ "$LO" = 1 ]; then ip link set lo up 2>/dev/null || true; fi
-exec "$@"
-"""
 
 
 @dataclass(frozen=True)
@@ -61,14 +50,14 @@ def isolation() -> Probe:
     if _probe is not None:
         return _probe
     base = ("unshare",) if is_root() else ("unshare", "--user", "--map-root-user")
-    ok = shutil.which("unshare") is not None and shutil.which("chroot") is not None
+    ok = shutil.which("unshare") is not None
     probe: Probe | None = None
     if ok:
         with tempfile.TemporaryDirectory(prefix="stacx-probe-") as root:
             binds = prepare_root(Path(root), ())
             for net in (True, False):
-                argv = [*base, "--mount", *(["--net"] if net else []), "--", "/bin/sh", "-c"]
-                argv += [SETUP, "setup", root, "0", *binds, "--", "chroot", root, "true"]
+                argv = [*base, "--mount", *(["--net"] if net else []), "--"]
+                argv += program("-", root, None, False, binds)  # the spawner's setup, then exit
                 if quiet(argv):
                     probe = Probe("namespaces", (*base, "--mount"), net)
                     break

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Self
 from stacx.errors import SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
-from stacx.sandbox.containment import SETUP, Isolation, is_root, isolation, prepare_root, rlimits
+from stacx.sandbox.containment import Isolation, is_root, isolation, prepare_root, rlimits
 from stacx.sandbox.output import OutputCapture
 from stacx.sandbox.spawner import Spawner
 
@@ -246,10 +246,9 @@ class ProcessSandbox:
         net = ["--net"] if not self.limits.allow_internet and self._probe.net else []
         if self.isolation == "rewrite":
             prefix = [*self._probe.unshare, *net, "--"] if net else []
-            return await Spawner.start(prefix, "", self.uid)
-        lo = "1" if net else "0"
-        prefix = [*self._probe.unshare, *net, "--", "/bin/sh", "-c", SETUP, "setup", str(root), lo]
-        return await Spawner.start([*prefix, *self._binds, "--"], str(root), self.uid)
+            return await Spawner.start(prefix, sweep_uid=self.uid, loopback=bool(net))
+        prefix = [*self._probe.unshare, *net, "--"]
+        return await Spawner.start(prefix, str(root), self.uid, bool(net), self._binds)
 
     def _make_root(self) -> Path:
         root = self.root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))  # close() removes it

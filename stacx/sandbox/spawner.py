@@ -35,6 +35,16 @@ START_TIMEOUT_S = 30.0
 Rlimits = list[tuple[int, int, int]]  # (resource, soft, hard)
 
 
+def program(
+    control: str, root: str = "", sweep_uid: int | None = None, loopback: bool = False,
+    binds: list[str] | tuple[str, ...] = (),
+) -> list[str]:  # fmt: skip
+    """The spawner's command line (see stacx.sandbox.spawner_main); `control` "-" probes."""
+    uid = "" if sweep_uid is None else str(sweep_uid)
+    args = [control, root, uid, "1" if loopback else "0", *binds]
+    return [sys.executable, "-S", "-I", "-c", SOURCE, *args]
+
+
 class Spawner:
     """One spawner process and its control socket. `await Spawner.start(prefix, root, uid)`."""
 
@@ -54,12 +64,14 @@ class Spawner:
         return self._failed or self.proc.returncode is not None
 
     @classmethod
-    async def start(cls, prefix: list[str], root: str, sweep_uid: int | None) -> Spawner:
-        """Start one: `prefix` (unshare and the namespace setup, ending in "--", or empty) runs
-        `python -S -I -c SOURCE`, which chroots into `root` ("" for none)."""
+    async def start(
+        cls, prefix: list[str], root: str = "", sweep_uid: int | None = None,
+        loopback: bool = False, binds: list[str] | tuple[str, ...] = (),
+    ) -> Spawner:  # fmt: skip
+        """Start one: `prefix` (`unshare ... --`, or empty) runs the spawner program, which
+        binds `binds` into `root`, brings loopback up, chroots into `root` ("": none)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [*prefix, sys.executable, "-S", "-I", "-c", SOURCE, str(theirs.fileno()), root]
-        argv.append("" if sweep_uid is None else str(sweep_uid))
+        argv = [*prefix, *program(str(theirs.fileno()), root, sweep_uid, loopback, binds)]
         try:
             # no preexec_fn, no user/group: Python vforks (STYLE 21)
             proc = await asyncio.create_subprocess_exec(

@@ -12,10 +12,10 @@ writable by anyone), /tests, /solution, /tmp (mode 1777) and /home (HOME=/home/s
 R/<path>. Every other absolute path (/usr, /etc, /work, /root, ...) IS THE HOST'S, read-write.
 How that view is made depends on what the machine allows, probed once per process (`isolation()`):
 
-- ``namespaces`` (root, or unprivileged user namespaces): each command runs under
-  ``unshare --mount [--net]``, which rbind-mounts every other top-level host directory into R
-  and chroots into R. Paths are exact everywhere, inside scripts too: test.sh writing
-  /logs/verifier/reward.txt, a solution writing /app/x.
+- ``namespaces`` (root, or unprivileged user namespaces): the sandbox's spawner runs under
+  ``unshare --mount [--net]``, rbind-mounts every other top-level host directory into R and
+  chroots into R; every command is forked from it. Paths are exact everywhere, inside scripts
+  too: test.sh writing /logs/verifier/reward.txt, a solution writing /app/x.
 - ``rewrite`` (no mount namespace): commands run on the host's tree, and the six paths are
   rewritten to R/<path> in the command line only (a str command or each argv item, where a path
   starts a word); paths named inside scripts are NOT rewritten, so a Harbor verifier (whose
@@ -23,6 +23,17 @@ How that view is made depends on what the machine allows, probed once per proces
   START) rather than score it.
 
 The file API (read_file, write_file, upload_dir) maps paths the same way in both modes.
+
+The calling process never forks (STYLE principle 21: it may hold CUDA and a large heap, and a
+fork copies its page tables under the GIL). start() launches the sandbox's spawner
+(stacx.sandbox.spawner) by vfork/exec, no `preexec_fn`: a `python -S -I` process inside the
+sandbox's namespaces, chroot included, that forks each command from its own small address space;
+the command applies its own session, rlimits and uid between that fork and its exec. Sweeps run
+there too. The spawner costs one interpreter start per sandbox (start() ~35 ms on the 2-core CPU)
+and ~10 MB; a command's exit status and pid come back over a socket. Should it die (a non-root
+sandbox's command can kill it), the commands it was running fail with SandboxError and the next
+exec starts a new one. If the caller dies, the spawner sees its socket close and kills what it
+started, as close() does.
 
 Per command, and what is and is not contained:
 - its own session and process group (`start_new_session`); a timeout signals the group (TERM,
@@ -35,7 +46,8 @@ Per command, and what is and is not contained:
   root. So when STACX runs as root, each sandbox runs its commands as a uid of its own
   (`SANDBOX_UID_BASE` + n, no passwd entry), which makes the pids limit per sandbox and lets
   close() kill every process the sandbox left behind, those that escaped their process group
-  too (`kill(-1)` as that uid). A command run as user "0"/"root" (the verifier's cleanup) has
+  too (`kill(-1)` as that uid, from a child of the spawner, repeated until no process of the uid
+  is left alive). A command run as user "0"/"root" (the verifier's cleanup) has
   no pids limit; a named user (``nobody``) shares its limit with that user's other processes.
   As non-root, commands run as the caller's own user (`user` is ignored, with a warning) and
   the limit counts all of its processes; close() then kills only the process groups it knows.

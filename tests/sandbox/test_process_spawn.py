@@ -71,6 +71,14 @@ async def test_a_command_that_cannot_start_exits_as_a_shell_says(forks: list[str
     assert forks == []
 
 
+async def test_a_command_inherits_no_spawner_fd_and_no_ignored_signal() -> None:
+    async with ProcessSandbox(TIGHT, run_id="test") as sb:
+        fds = (await sb.exec(["ls", "/proc/self/fd"])).stdout.split()
+        assert fds == ["0", "1", "2", "3"]  # 3: ls's own listing of the dir
+        status = (await sb.exec(["grep", "SigIgn", "/proc/self/status"])).stdout
+        assert status.split() == ["SigIgn:", "0" * 16]  # Python ignores SIGPIPE; commands must not
+
+
 async def test_a_dead_spawner_is_replaced_at_the_next_exec() -> None:
     async with ProcessSandbox(TIGHT, run_id="test") as sb:
         assert sb._spawner is not None

@@ -469,6 +469,13 @@ async def bench_process(iterations: int, heap_gib: float, device: str) -> dict[s
         await sb.close()
         closes.append((time.perf_counter() - t1) * 1000)
     rows: dict[str, object] = {"isolation": sb.isolation, "root": sb.uid is not None}
+    # the machine's floor: `bash -c true` started by vfork from this process, no sandbox
+    floor = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        subprocess.run(["bash", "-c", "true"], check=True)  # noqa: ASYNC221  (a floor: nothing else runs)
+        floor.append((time.perf_counter() - t0) * 1000)
+    rows["floor_bash_true_ms_p50"] = percentile(floor, 0.5)
     times: dict[str, list[float]] = {}
     async with ProcessSandbox(LIMITS, run_id="bench") as sb:
         for phase in ("bare", "heap"):

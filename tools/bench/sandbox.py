@@ -35,7 +35,7 @@ Prints context lines, then ONE JSON line (the last line):
 - process (`--process`, alone; no Docker): the process backend's `exec("true")` p50/p99 through
   its spawner (today's path) against the pre-issue-41 path (each command started by
   `asyncio.create_subprocess_exec` with the rlimits in a `preexec_fn`, so Python forks the
-  caller, under `unshare` + setup script + `chroot`: `legacy_exec` below), alternating on one
+  caller, under `unshare` + setup script + `chroot`: `legacy_exec` below), in blocks on one
   sandbox, first from this process bare, then holding a `--heap-gib` touched heap (and with
   `--device cuda` a CUDA context and a CUDA tensor of that size too), plus sandbox start and
   close latency. Goals (issue 41): new p50 <= 5 ms bare on the 2-core CPU; new heap/bare p50
@@ -480,8 +480,10 @@ async def bench_process(iterations: int, heap_gib: float, device: str) -> dict[s
     async with ProcessSandbox(LIMITS, run_id="bench") as sb:
         for phase in ("bare", "heap"):
             held = hold_heap(heap_gib, device) if phase == "heap" else []
-            for _ in range(iterations):
-                for path in ("new", "old"):
+            # in blocks, not alternating: an old exec's child tears down its copy of the heap's
+            # page tables on the other core while the next command would run
+            for path in ("new", "old"):
+                for _ in range(iterations):
                     t0 = time.perf_counter()
                     if path == "new":
                         assert (await sb.exec("true")).exit_code == 0

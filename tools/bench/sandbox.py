@@ -442,7 +442,7 @@ def hold_heap(gib: float, device: str) -> list[object]:
     the same size), held until the list is dropped."""
     n = int(gib * (1 << 30))
     heap = bytearray(n)
-    heap[:: 4096] = b"\x01" * len(range(0, n, 4096))  # touched: resident and page-mapped
+    heap[::4096] = b"\x01" * len(range(0, n, 4096))  # touched: resident and page-mapped
     held: list[object] = [heap]
     if device == "cuda":
         import torch

@@ -224,6 +224,7 @@ class ProcessSandbox:
         )
         self._binds: list[str] = []
         self._spawner: Spawner | None = None
+        self._respawn = asyncio.Lock()  # one replacement of a dead spawner at a time
         self._groups: set[int] = set()
         self._closed = False
         self._warned_user = False
@@ -352,11 +353,7 @@ class ProcessSandbox:
         if self.isolation == "rewrite":
             argv = [self._rewrite.sub(lambda m: str(root) + m.group(0), a) for a in argv]
         t0 = time.perf_counter()
-        spawner = self._spawner
-        if spawner is None or spawner.dead:  # killed by a command (non-root): a new one
-            if spawner is not None:
-                await spawner.close()
-            spawner = self._spawner = await self._start_spawner()
+        spawner = await self._live_spawner()
         try:
             pid, status, *fds = await spawner.spawn(
                 argv, full_env, host_cwd, ids, rlimits(self.limits, cpu)
@@ -371,6 +368,17 @@ class ProcessSandbox:
             self._groups.discard(pid)
             child.close()
         return await self._outcome(child, timed_out, ids, (time.perf_counter() - t0) * 1000)
+
+    async def _live_spawner(self) -> Spawner:
+        """The sandbox's spawner; a new one if it died (a non-root sandbox's command can kill
+        it). The dead one is closed first: its exit sweeps the uid, which must not reach the
+        new one's commands."""
+        async with self._respawn:
+            if self._spawner is None or self._spawner.dead:
+                if self._spawner is not None:
+                    await self._spawner.close()
+                self._spawner = await self._start_spawner()
+            return self._spawner
 
     def _environment(
         self, root: Path, cwd: str, env: dict[str, str] | None

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,38 @@ def test_processes_is_the_gpu_default_and_local_the_cpu_one() -> None:
     oracle = convert({"name": "x", "agent": {"name": "oracle"}, "algorithm": {"name": "eval"},
                       "engine": {"device": "cuda"}})  # fmt: skip
     assert [r.name for r in roles_for(oracle)] == ["rollout"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").is_dir() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_killed_launcher_leaves_no_role_process_and_the_rerun_completes(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.replace(f"steps = {STEPS}", "steps = 1"))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir)]
+    env = {**os.environ, "STACX_STRICT": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "episodes scored=1 " in line:
+            break
+    pids = [int(p.read_text()) for p in (run_dir / "logs").glob("*.pid")]
+    assert len(pids) == 3, pids  # engine, rollout, trainer
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 90
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "role processes outlived their kill -9'd launcher"
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resumed" in done.stdout
+    assert _sql(run_dir, "select list(version) from weights_published") == [([1],)]
+    assert duplicates(run_dir) == {}

@@ -253,6 +253,10 @@ def _command_help(words: list[str], cmd: click.Command | None) -> Iterator[str]:
 def log_page() -> str:
     """events/README.md with its links made valid from docs/concepts/."""
     text = EVENTS_README.read_text()
+    title, _, rest = text.partition("\n")
+    if title.startswith("# "):  # its own title names the folder; here it is a page of the site
+        source = "This page is `events/README.md`, beside the views it describes (`events/views/`)."
+        text = f"# The log: SQL over a run's events\n\n{source}\n{rest}"
     text = re.sub(r"\]\((?!https?://|#)([^)]+)\)", lambda m: f"]({_from_events(m.group(1))})", text)
     return GENERATED.format("events/README.md") + text
 

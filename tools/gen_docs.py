@@ -257,17 +257,20 @@ def log_page() -> str:
     if title.startswith("# "):  # its own title names the folder; here it is a page of the site
         source = "This page is `events/README.md`, beside the views it describes (`events/views/`)."
         text = f"# The log: SQL over a run's events\n\n{source}\n{rest}"
-    text = re.sub(r"\]\((?!https?://|#)([^)]+)\)", lambda m: f"]({_from_events(m.group(1))})", text)
+    text = re.sub(r"\[([^\]]*)\]\((?!https?://|#)([^)]+)\)", _from_events, text)
     return GENERATED.format("events/README.md") + text
 
 
-def _from_events(target: str) -> str:
-    # a link relative to events/ becomes one relative to docs/concepts/ only where it is a doc
+def _from_events(m: re.Match[str]) -> str:
+    """A link relative to events/: to a docs page, made relative to docs/concepts/; to any other
+    file of the repository (a view's .sql), its path as code, since the site holds only docs."""
+    label, target = m.group(1), m.group(2)
     path = (EVENTS_README.parent / target).resolve()
     docs = ROOT / "docs"
     if path.is_relative_to(docs):
-        return str(Path("..") / path.relative_to(docs))
-    raise SystemExit(f"events/README.md links to {target}, which is not under docs/: link the docs")
+        return f"[{label}]({Path('..') / path.relative_to(docs)})"
+    shown = f"`{path.relative_to(ROOT)}`"
+    return shown if label.strip("`") == str(path.relative_to(ROOT)) else f"{label} ({shown})"
 
 
 OUTPUTS = {RECIPE_MD: recipe_reference, CLI_MD: cli_reference, LOG_MD: log_page}

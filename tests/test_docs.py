@@ -26,7 +26,8 @@ def test_the_generated_references_are_current() -> None:
 
 def test_the_recipe_reference_names_every_key_with_its_default() -> None:
     text = gen_docs.recipe_reference()
-    structs, missing = [Recipe], []
+    structs: list[type] = [Recipe]
+    missing: list[str] = []
     while structs:  # every Struct the recipe embeds, tables of tables and union members too
         cls = structs.pop()
         for f in gen_docs.struct_fields(cls):

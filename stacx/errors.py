@@ -34,5 +34,20 @@ class TaskError(StacxError):
     """A Harbor task is malformed or its image cannot be built."""
 
 
+class ConfigCausedError(StacxError):
+    """A failure that the configuration causes, so another attempt fails the same way (an OCI
+    runtime the engine lacks, a base image that no alias or build provides): an episode ends
+    with it once (InfraFailed with will_retry false), never retried."""
+
+
+class SandboxConfigError(SandboxError, ConfigCausedError):
+    """A sandbox cannot be created as configured (e.g. an OCI runtime the engine lacks)."""
+
+
+class BaseUnavailableError(TaskError, SandboxError, ConfigCausedError):
+    """A task's base image cannot be had: no alias maps it, or its STACX base cannot be built
+    here (the archive does not answer, no debootstrap)."""
+
+
 class EngineError(StacxError):
     """An inference backend failed."""

@@ -30,6 +30,7 @@ from stacx.ports import Task
 from stacx.sandbox.aliases import AliasMap, python_shim, rewrite_dockerfile
 from stacx.sandbox.buildkit import needs_buildkit, trace_lines
 from stacx.sandbox.heredocs import expand_heredocs
+from stacx.sandbox.images import ensure_base
 from stacx.sandbox.standins import PREFIX as STANDIN
 from stacx.sandbox.standins import ensure_standin, standin_base
 
@@ -106,19 +107,24 @@ async def plan(
 async def local_image(
     docker: aiodocker.Docker, aliases: AliasMap, image: str, *, task: str = "?"
 ) -> str:
-    """The local image standing for `image` (the alias map's answer), an offline stand-in
-    built first when that is what it is (stacx.sandbox.standins)."""
+    """The local image standing for `image` (the alias map's answer), a STACX base or an
+    offline stand-in built first when that is what it is (stacx.sandbox.standins)."""
     target = aliases.resolve(image, task=task)
     await _ensure(docker, aliases, target, task)
     return target
 
 
 async def _ensure(docker: aiodocker.Docker, aliases: AliasMap, target: str, task: str) -> None:
+    """Build `target` when it is a STACX base or stand-in that the engine lacks (its progress
+    goes to stderr: stacx.sandbox.images.ensure_base)."""
     if target.startswith(STANDIN):
         base = standin_base(target)
         on = None if base is None else aliases.resolve(base, task=task)
+        if on is not None:
+            await asyncio.to_thread(ensure_base, on)
         await ensure_standin(docker, target, on, prelude=python_shim(base) if base else "",
                              task=task)  # fmt: skip
+    await asyncio.to_thread(ensure_base, target)
 
 
 def _context_tar(env_dir: Path, dockerfile: str, files: list[Path]) -> bytes:

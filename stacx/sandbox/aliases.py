@@ -263,12 +263,14 @@ _ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.IGNOR
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def rewrite_dockerfile(text: str, aliases: AliasMap, *, task: str = "?") -> tuple[str, list[str]]:
+def rewrite_dockerfile(
+    text: str, aliases: AliasMap, *, task: str = "?", build_args: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
     """Rewrite every FROM of a Dockerfile through the alias map.
 
     Returns the new text and the resolved base images (in order). Stage names (`FROM base AS
     build` ... `FROM build`) and `scratch` are left alone; `${ARG}` in a FROM is expanded from
-    ARG defaults declared before the first FROM. Line continuations in FROM are not supported.
+    ARGs declared before the first FROM (a `build_args` value, else the default). Line continuations in FROM are not supported.
     """
     args: dict[str, str] = {}
     stages: set[str] = set()
@@ -278,7 +280,8 @@ def rewrite_dockerfile(text: str, aliases: AliasMap, *, task: str = "?") -> tupl
     for line in text.splitlines(keepends=True):
         arg = _ARG.match(line)
         if arg and not seen_from:
-            args[arg.group(1)] = (arg.group(2) or "").strip("\"'")
+            given = (build_args or {}).get(arg.group(1))
+            args[arg.group(1)] = given if given is not None else (arg.group(2) or "").strip("\"'")
         copy = _COPY_FROM.match(line.rstrip("\r\n"))
         if copy and copy.group(2) not in stages and not copy.group(2).isdigit():
             # `COPY --from=<image>`: an image, like a FROM (a stage name or index stays)

@@ -55,7 +55,7 @@ from stacx.harbor.task_network import episode_network, network_mode
 from stacx.harbor.tasks import load_task, task_limits, verifier_separate
 from stacx.ports import InfraFailure, Limits, Sandbox, StepFailed, Task, Verdict
 from stacx.sandbox.aliases import AliasMap, dockerfile_warnings
-from stacx.sandbox.build import build_task_image, local_image
+from stacx.sandbox.build import BuildOptions, build_task_image, local_image
 from stacx.sandbox.compose import (
     MAIN,
     Service,
@@ -299,7 +299,9 @@ class DockerEnvironments:
                 if service.build_dir is not None:
                     image = await build_task_image(
                         task, self._docker, self.aliases, env_dir=Path(service.build_dir),
-                        variant=service_name,
+                        variant=service_name, options=BuildOptions(
+                            dockerfile=service.dockerfile, args=service.build_args,
+                            target=service.build_target),
                     )  # fmt: skip
                 else:
                     assert service.image is not None

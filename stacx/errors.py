@@ -3,11 +3,21 @@ are for bad input and broken infrastructure at the edges; `strict` says whether 
 crash at once (``STACX_STRICT``) rather than being retried."""
 
 import os
+import re
 
 
 def strict() -> bool:
     """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
     return os.environ.get("STACX_STRICT", "") not in ("", "0")
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*(?:\x07|\x1b\\)")
+
+
+def plain_text(text: str) -> str:
+    """`text` without terminal escape sequences (colours, cursor moves, OSC titles), as a
+    stored message must be: a tool's coloured output is unreadable in a table or a query."""
+    return _ANSI.sub("", text)
 
 
 class StacxError(Exception):

@@ -46,7 +46,7 @@ import aiodocker
 from aiodocker.containers import DockerContainer
 from aiodocker.types import JSONValue
 
-from stacx.errors import SandboxError
+from stacx.errors import SandboxConfigError, SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.archive import log_dirs_tar, tar_directory, tar_files
@@ -223,11 +223,24 @@ class DockerSandbox:
             self._snapshot = self._counters.read() or Snapshot()
         except aiodocker.DockerError as exc:
             await self.close()
+            if "unknown runtime" in str(exc).lower():  # configuration: a retry fails the same
+                raise SandboxConfigError(await self._runtime_missing(exc)) from exc
             raise SandboxError(f"cannot start a sandbox from image {self.image}: {exc}") from exc
         except SandboxError:
             await self.close()
             raise
         self.start_ms = (time.perf_counter() - t0) * 1000
+
+    async def _runtime_missing(self, exc: aiodocker.DockerError) -> str:
+        """The message for an OCI runtime the engine lacks, naming the ones it has."""
+        runtime = self.runtime or os.environ.get(RUNTIME_ENV) or "runc"
+        try:
+            have = ", ".join(sorted((await self.docker.system.info()).get("Runtimes") or {}))
+        except aiodocker.DockerError:
+            have = "?"
+        return (f"the Docker engine has no OCI runtime {runtime!r} (sandbox.runtime or "
+                f"${RUNTIME_ENV}); it has: {have}. Install it and register it in the engine's "
+                f"daemon.json, or choose one of those ({exc.message})")  # fmt: skip
 
     async def __aenter__(self) -> Self:
         if self._container is None:

@@ -10,28 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from stacx.sandbox.images import (
-    BASE_IMAGE,
-    NOBLE_IMAGE,
-    TRIXIE_IMAGE,
-    archive_answers,
-    bootstrap_base_image,
-    image_exists,
-)
+from stacx.sandbox.images import BASE_IMAGE, TRIXIE_IMAGE, bootstrap_base_image
+from tests.conftest import need_noble
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def base_images() -> Iterator[tuple[str, str]]:
-    """stacx/base:bookworm and stacx/base:trixie (debootstrap, minutes, once per engine), and
-    stacx/base:noble, which the fixtures' ubuntu:24.04 and python:3.12 need: the tests skip,
-    saying why, where Ubuntu's archive does not answer."""
+    """stacx/base:bookworm and stacx/base:trixie (debootstrap, minutes, once per engine); the
+    fixtures' ubuntu:24.04 and python:3.12 build stacx/base:noble on first use (skipped, saying
+    why, where Ubuntu's archive does not answer: tests.conftest.need_noble)."""
     bootstrap_base_image()
     bootstrap_base_image(suite="trixie")
-    if not image_exists(NOBLE_IMAGE) and (why := archive_answers("noble")) is not None:
-        pytest.skip(f"stacx/base:noble cannot be built: {why}")
-    bootstrap_base_image(suite="noble")
+    need_noble()
     yield BASE_IMAGE, TRIXIE_IMAGE
 
 

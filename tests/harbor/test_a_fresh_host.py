@@ -50,7 +50,7 @@ def test_third_party_tasks_score_1_from_a_fresh_docker_state(
     tasks = sorted(p.name for p in SET.iterdir() if (p / "task.toml").is_file())
     kept = _forget_images(tasks)
     try:
-        run_dir, rows = asyncio.run(check_tasks(SET, "oracle", run_dir=tmp_path / "run"))
+        _, rows = asyncio.run(check_tasks(SET, "oracle", run_dir=tmp_path / "run"))
     finally:
         if kept is not None:
             _docker("rmi", kept)  # refused while a kept image has children: left, harmless

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stacx.cli.tasks import warned
 from stacx.launch.presets import check_tasks
 from stacx.sandbox.images import NOBLE_IMAGE, archive_answers, image_exists
 
@@ -50,10 +51,17 @@ def test_third_party_tasks_score_1_from_a_fresh_docker_state(
     tasks = sorted(p.name for p in SET.iterdir() if (p / "task.toml").is_file())
     kept = _forget_images(tasks)
     try:
-        _, rows = asyncio.run(check_tasks(SET, "oracle", run_dir=tmp_path / "run"))
+        run_dir, rows = asyncio.run(check_tasks(SET, "oracle", run_dir=tmp_path / "run"))
     finally:
         if kept is not None:
             _docker("rmi", kept)  # refused while a kept image has children: left, harmless
     assert {r.task_id: (r.reward, r.failure) for r in rows} == {t: (1.0, None) for t in tasks}
     assert image_exists(NOBLE_IMAGE)
+    # the warnings are events of the run, as `stacx tasks check` prints them
+    assert warned(run_dir) == [
+        ("numpy-pinned-312",
+         "python:3.12-slim-bookworm runs on stacx/base:noble (Ubuntu noble, not bookworm)"),
+        ("pytest-in-image", "task.toml: environment.build_timeout: unknown key, ignored (did you "
+         "mean 'build_timeout_sec'?)"),
+    ]  # fmt: skip
     assert f"building base image {NOBLE_IMAGE} (Ubuntu noble, Python 3.12)" in capfd.readouterr().err

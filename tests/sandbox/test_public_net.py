@@ -55,6 +55,11 @@ def _host_address() -> str:
     return route[route.index("src") + 1]
 
 
+def _iptables_rules(chain: str) -> str:
+    return subprocess.run(["iptables", "-S", chain], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+
+
 async def test_public_sandbox_reaches_the_internet_but_not_the_host(
     base_image: str, docker: aiodocker.Docker, listener: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,6 +79,5 @@ async def test_public_sandbox_reaches_the_internet_but_not_the_host(
         got = await sb.exec(connect(*REGISTRY), timeout=20)
         assert got.stdout.strip() == "open", got
     for chain, *_rule in RULES:  # added once, whatever the number of sandboxes
-        listed = subprocess.run(["iptables", "-S", chain], capture_output=True, text=True,
-                                check=True).stdout  # fmt: skip
+        listed = _iptables_rules(chain)
         assert listed.count("stacx-public0") == 1, listed

@@ -71,7 +71,8 @@ class StopReason(StrEnum):
     SUBMITTED = "submitted"
     MAX_TURNS = "max_turns"
     CONTEXT_EXHAUSTED = "context_exhausted"
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # logs before agent_timeout; no longer produced
+    AGENT_TIMEOUT = "agent_timeout"  # the task's agent.timeout_sec (or the recipe's) cut it
     AGENT_DONE = "agent_done"  # scripted agents (oracle, null) that finish by themselves
     ERROR = "error"  # an infrastructure failure stopped it; see InfraFailed
     STEP_FAILED = "step_failed"  # a multi-step task's step could not start; see StepFailed

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from stacx.launch.presets import EvalResult
 
 # installed:<scaffold>: a black-box scaffold behind the model gateway, shipped or a spec file
-AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in shipped()))
+AGENTS = ("swe", "retool", "mle", "oracle", "null", *(f"installed:{name}" for name in shipped()))
 
 
 def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -179,7 +179,7 @@ def cli(
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        format=action_format or ("python" if agent == "retool" else "tool_call"),
+        format=action_format or ("python" if agent in ("retool", "mle") else "tool_call"),
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,
@@ -188,7 +188,9 @@ def cli(
     if overrides:
         from stacx.launch.loader import apply_overrides, convert, to_dict
 
-        recipe = convert(apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set")
+        recipe = convert(
+            apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set"
+        )
     run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()

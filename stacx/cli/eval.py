@@ -188,9 +188,7 @@ def cli(
     if overrides:
         from stacx.launch.loader import apply_overrides, convert, to_dict
 
-        recipe = convert(
-            apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set"
-        )
+        recipe = convert(apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set")
     run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()

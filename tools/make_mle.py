@@ -201,8 +201,8 @@ def build(spec: Spec, python: str) -> tuple[dict[str, str | bytes], dict[str, ob
     better = max if spec.kind == C else min
     model = better(scores, key=lambda m: scores[m])
     best = scores[model]
-    config.update(baseline=round(base, 6), reference=round(best - SLACK * (best - base), 6),
-                  measured=round(best, 6), model=model)  # fmt: skip
+    # full precision: the grader's 0 is exactly the baseline's own score
+    config.update(baseline=base, reference=best - SLACK * (best - base), measured=best, model=model)
     gain = best - base if spec.kind == C else (base - best) / base
     config["gain"] = round(gain, 4)
     answers = test[["id", spec.target]].to_csv(index=False)

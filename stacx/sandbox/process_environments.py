@@ -161,7 +161,7 @@ _INSTRUCTION = re.compile(r"^\s*(WORKDIR|COPY|ADD)\s+(.*)$", re.IGNORECASE)
 def context_copies(env_dir: Path, workdir: str = "/app") -> list[tuple[Path, str]]:
     """(context path, sandbox path) of each source of the Dockerfile's COPY / ADD lines that
     names a file or directory of the build context; WORKDIR resolves relative destinations.
-    Skipped: `--from` copies, heredocs, URLs, globs, JSON-form lines, sources outside the
+    Skipped: `--from` copies, heredocs, URLs, globs, $VARs, JSON-form lines, sources outside the
     context (the image's business, which this backend does not build)."""
     dockerfile = env_dir / "Dockerfile"
     if not dockerfile.is_file():
@@ -177,7 +177,10 @@ def context_copies(env_dir: Path, workdir: str = "/app") -> list[tuple[Path, str
         if op == "WORKDIR":
             cwd = posixpath.join(cwd, rest)
             continue
-        words = shlex.split(rest) if not rest.startswith("[") else []
+        try:
+            words = shlex.split(rest) if not rest.startswith("[") else []
+        except ValueError:  # unbalanced quotes: Docker's build reports it, not this
+            continue
         args = [w for w in words if not w.startswith("--")]
         if len(args) < 2 or any(w.startswith("--from") for w in words) or "<<" in rest:
             continue
@@ -187,7 +190,7 @@ def context_copies(env_dir: Path, workdir: str = "/app") -> list[tuple[Path, str
             local = (env_dir / src).resolve()
             if (
                 "://" in src
-                or any(c in src for c in "*?[")
+                or any(c in src for c in "*?[$")
                 or not local.is_relative_to(env_dir.resolve())
                 or not local.exists()
             ):

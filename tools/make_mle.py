@@ -165,7 +165,9 @@ def baseline(spec: Spec, train: pd.DataFrame) -> Callable[[pd.DataFrame], list[s
 
 def score(spec: Spec, config: dict, test: pd.DataFrame, pred: list[str]) -> float:
     truth = {str(i): str(v) for i, v in zip(test["id"], test[spec.target], strict=True)}
-    return grade.metric(config, truth, {str(i): str(p) for i, p in zip(test["id"], pred, strict=True)})
+    return grade.metric(
+        config, truth, {str(i): str(p) for i, p in zip(test["id"], pred, strict=True)}
+    )
 
 
 def run_solution(spec: Spec, model: str, data: Path, python: str) -> list[str]:
@@ -185,8 +187,7 @@ def build(spec: Spec, python: str) -> tuple[dict[str, str | bytes], dict[str, ob
     config: dict[str, object] = {"metric": "accuracy" if spec.kind == C else "rmse",
                                  "target": spec.target}  # fmt: skip
     if spec.kind == C:
-        config["classes"] = sorted(train[spec.target].unique().tolist() + test[spec.target].unique().tolist())
-        config["classes"] = sorted(set(config["classes"]))  # type: ignore[arg-type]
+        config["classes"] = sorted({*train[spec.target], *test[spec.target]})
     base = score(spec, config, test, baseline(spec, train)(test))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
@@ -290,11 +291,11 @@ def task_toml(spec: Spec, config: dict) -> str:
 difficulty = "medium"
 category = "mle"
 kind = "{spec.kind}"
-metric = "{config['metric']}"
+metric = "{config["metric"]}"
 source = "{spec.source}"
 split = "{{split}}"
-baseline = {config['baseline']}
-reference = {config['reference']}
+baseline = {config["baseline"]}
+reference = {config["reference"]}
 
 [verifier]
 timeout_sec = 120.0

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from stacx.launch.presets import EvalResult
 
 # installed:<scaffold>: a black-box scaffold behind the model gateway, shipped or a spec file
-AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in shipped()))
+AGENTS = ("swe", "retool", "mle", "oracle", "null", *(f"installed:{name}" for name in shipped()))
 
 
 def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -179,7 +179,7 @@ def cli(
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        format=action_format or ("python" if agent == "retool" else "tool_call"),
+        format=action_format or ("python" if agent in ("retool", "mle") else "tool_call"),
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,

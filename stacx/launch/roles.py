@@ -16,6 +16,7 @@ from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig, loop_agents
+from stacx.agents.mle import MleTools
 from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
@@ -26,7 +27,7 @@ from stacx.launch import memory
 from stacx.launch.engines import open_engine, open_tokenizer
 from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import PYTHON_AGENTS, Recipe
 from stacx.launch.scripted import scripted_executors
 from stacx.ports import ChatTokenizer, Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
@@ -50,9 +51,11 @@ class MixtureWorker(MixtureRolloutManager):
 def agent_config(recipe: Recipe) -> AgentConfig:
     """The agent loop's settings, with the recipe's agent as its tool adapter."""
     a = recipe.agent
-    tools: SweTools | RetoolTools
+    tools: SweTools | RetoolTools | MleTools
     if a.name == "retool":
         tools = RetoolTools(style="tool_call" if a.format == "tool_call" else "python")
+    elif a.name == "mle":
+        tools = MleTools(style="tool_call" if a.format == "tool_call" else "python")
     elif a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
         raise ConfigError("agent.format = 'python': the SWE agent writes tool_call or bash")
     else:
@@ -72,6 +75,7 @@ def rollout_config(recipe: Recipe) -> RolloutConfig:
     policy = {
         "swe": RollIn.STUDENT,
         "retool": RollIn.STUDENT,
+        "mle": RollIn.STUDENT,
         "installed": RollIn.STUDENT,
         "oracle": RollIn.ORACLE,
         "null": RollIn.NULL,
@@ -341,7 +345,7 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 # the student's format: a label ends where a student's reply would
                 stop_token_ids=(
                     ChatFormat(tokenizer).stop_token_ids  # retool: a reply ends at end of turn
-                    if recipe.agent.name == "retool"
+                    if recipe.agent.name in PYTHON_AGENTS
                     else get_format(recipe.agent.format).stop_token_ids(ChatFormat(tokenizer))
                 ),
                 label=algo in ("dagger", "aggrevate"),

@@ -21,7 +21,7 @@ from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
-from stacx.events import Event, RollIn, TurnActor, WeightsLoaded
+from stacx.events import Event, RollIn, TurnActor, WeightsLoaded, derive_id
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch import memory
 from stacx.launch.engines import open_engine, open_tokenizer
@@ -201,13 +201,21 @@ async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[lis
     async with contextlib.AsyncExitStack() as stack:
         student, _ = await student_engine(stack, recipe, env)
         assert isinstance(student, TorchEngine)
+        label = f"engine-{index}"
+        if student.weight_version > 0:  # started on a durable version (a restart): say so, as
+            # WeightSync would have, so that rollout workers waiting on it (ServedVersion) see it
+            await env.emit(WeightsLoaded(
+                run_id=env.run_id,
+                event_id=derive_id(env.run_id, "WeightsLoaded", label, student.weight_version),
+                version=student.weight_version, engine=label, transport="file",
+            ))  # fmt: skip
         server = Server(student, model_name=recipe.model.path)
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         url = urlsplit(env.engine_url)
         await web.TCPSite(runner, url.hostname, url.port).start()
-        yield [WeightSync(student, label=f"engine-{index}", handoff=env.handoff)]
+        yield [WeightSync(student, label=label, handoff=env.handoff)]
 
 
 async def student_engine(

@@ -81,12 +81,42 @@ def test_sql_box_answers_and_stays_read_only(viewer: str, run_dir: Path, page) -
         page.click("button[type=submit]")
     assert page.locator("table.result td").inner_text() == str(n)
     for query, error in (("select * from no_such_view", "no_such_view"),
-                         ("create table x (a int)", "CREATE statements are not allowed"),
+                         ("create table x (a int)", "read-only mode"),
                          ("select * from read_csv('/etc/hostname')", "disabled by configuration")):  # fmt: skip
         page.fill("textarea[name=q]", query)
         with page.expect_navigation():
             page.click("button[type=submit]")
         assert error in page.locator("pre.error").inner_text()
+
+
+def _typed(page, query: str) -> None:  # type: ignore[no-untyped-def]
+    page.fill("textarea[name=q]", query)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+
+
+def test_a_typed_statement_cannot_change_the_views_the_pages_read(viewer: str, run_dir: Path, page) -> None:
+    [(n,)] = recorded(run_dir, "select count(*) from episode_started")
+    page.goto(viewer + "/sql")
+    # EXPLAIN ANALYZE runs the statement it explains: each typed query has a connection of its own
+    for query in ("explain analyze create or replace temp view episodes as select 1 as x",
+                  "explain analyze drop view episodes", "detach r0"):  # fmt: skip
+        _typed(page, query)
+        _typed(page, "select count(*) as n from episodes")
+        assert page.locator("table.result td").inner_text() == str(n), query
+        assert page.request.get(viewer + "/").status == 200, query
+        assert page.request.get(viewer + "/episodes").status == 200, query
+
+
+def test_a_long_query_is_interrupted_and_the_page_says_so(viewer: str, page) -> None:
+    from tests.view.conftest import SQL_TIMEOUT_S
+
+    page.goto(viewer + "/sql")
+    _typed(page, "select sum(i*i) from range(12000000000) t(i)")
+    error = page.locator("pre.error").inner_text()
+    assert f"interrupted after {SQL_TIMEOUT_S} s" in error and "--sql-timeout" in error
+    _typed(page, "select 42 as answer")  # the viewer answers again
+    assert page.locator("table.result td").inner_text() == "42"
 
 
 def test_a_foreign_host_header_is_refused(viewer: str, page) -> None:

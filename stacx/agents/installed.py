@@ -212,7 +212,7 @@ class InstalledAgent:
                 await asyncio.shield(exited(None, True))
                 raise
             stderr = await exited(done.exit_code, done.timed_out)
-            if done.exit_code != 0 and not done.timed_out and route.n_turns == 0:
+            if done.exit_code not in (0, None) and not done.timed_out and route.n_turns == 0:
                 raise _crashed(self.spec.name, done.exit_code, stderr)
             stop = await self._stop_reason(where)
             return AgentResult(
@@ -244,7 +244,7 @@ class InstalledAgent:
         return self.spec.stops.get(status, StopReason.AGENT_DONE)
 
 
-def _crashed(scaffold: str, exit_code: int, stderr: str) -> InfraFailure:
+def _crashed(scaffold: str, exit_code: int | None, stderr: str) -> InfraFailure:
     """A scaffold that exited non-zero before its first model call (a bad flag, a missing
     program: 127): it never tried the task, so the episode is a SCAFFOLD failure, not a 0."""
     lines = [line for line in stderr.splitlines() if line.strip()]

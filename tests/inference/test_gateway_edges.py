@@ -1,6 +1,7 @@
 """The gateway's OpenAI edges with the official `openai` client and the real SmolLM2 model:
 unknown model names (404 model_not_found), `models.retrieve`, `tool_choice` "required" (of one
-tool or of several) and a named function (honoured by prefilling the tool-call opening), and the
+tool or of several) and a named function (honoured by prefilling the tool-call opening and decoding
+the arguments under the tool's schema: tests/inference/test_gateway_constrained.py), and the
 error answers to an episode's calls recorded as `GatewayRefused`."""
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ async def test_required_of_several_tools_calls_the_likeliest(
     client: openai.AsyncOpenAI, torch_engine: TorchEngine
 ) -> None:
     # left to itself after `<tool_call>{"name": "`, the model names the function "ls" here; the
-    # gateway prefills the call of the tool the model scores likeliest (bash, listed second)
+    # gateway prefills the call of the tool the model scores likeliest (bash, listed second),
+    # up to its arguments (the model's, under the tool's schema)
     r = await client.chat.completions.create(
         model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[READ, BASH],
         tool_choice="required", temperature=0, max_tokens=64,
@@ -91,7 +93,7 @@ async def test_required_of_several_tools_calls_the_likeliest(
     assert call.function.name == "bash" and choice.finish_reason == "tool_calls"
     assert isinstance(json.loads(call.function.arguments), dict)
     prompt = torch_engine.tokenizer.decode(choice.prompt_token_ids)  # type: ignore[attr-defined]
-    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments":')
 
 
 async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI) -> None:
@@ -152,7 +154,7 @@ async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine
     # the prefill is part of the prompt the engine saw; the output is the model's own ids
     assert isinstance(turn, TurnGenerated)
     prompt = torch_engine.tokenizer.decode(turn.prompt_ids)  # type: ignore[union-attr]
-    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments":')
     assert json.loads(turn.request_json)["tool_choice"] == {  # why the prompt ends so
         "type": "function", "function": {"name": "bash"}}
     assert r.choices[0].token_ids == turn.output_ids  # type: ignore[attr-defined]

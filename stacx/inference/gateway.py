@@ -13,7 +13,9 @@ usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
 ``seed``, ``logprobs``, ``response_format`` (text, json_object, json_schema: decoded under the
 JSON's grammar, `chat_template.response_grammar`); vLLM's extensions ``top_k``, ``stop_token_ids``, ``ignore_eos``. Every
-choice also carries ``token_ids``, ``prompt_token_ids`` and ``weight_version``.
+choice carries ``weight_version``, and ``token_ids`` and ``prompt_token_ids`` when the request asks
+(``return_token_ids``, vLLM's name). A ``max_tokens`` beyond the context (with the prompt) is a
+400 naming both numbers; without one, a reply may use the rest of the context.
 
 The gateway owns the chat template and the tool-call format. A template with tools support (Qwen)
 gets ``tools`` and ``tool_calls`` as they are; for one without (SmolLM2's ChatML) the gateway
@@ -111,6 +113,7 @@ from stacx.inference.openai_api import (
     opt,
     request_body,
     request_tools,
+    shown,
     stop_strings,
 )
 from stacx.inference.streaming import (
@@ -228,7 +231,7 @@ class Gateway:
             return closed.resp or web.Response(status=499)  # nobody reads it
         if call.streams is not None:
             return await call.streams.finish(out["choices"], finals, out["usage"])
-        return web.json_response(out)
+        return web.json_response(shown(out, body))
 
     async def chat(
         self, body: Json, ep: GatewayEpisode | None, request: web.Request
@@ -374,7 +377,7 @@ class Gateway:
         if call.streams is not None:
             finals = [text for _, text in call.outputs]
             return await call.streams.finish(choices, finals, out["usage"])
-        return web.json_response(out)
+        return web.json_response(shown(out, body))
 
     # ---- requests -> prompt ids ---------------------------------------------------------------
 
@@ -428,8 +431,8 @@ class Gateway:
         params = msgspec.structs.replace(self._sampling(body, prompts, max_key), grammar=grammar)
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
-        call = _Call(prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}",
-                     created=int(time.time()))  # fmt: skip
+        kind = "chatcmpl" if "messages" in body else "cmpl"  # OpenAI's id prefixes
+        call = _Call(prompts=expanded, n=n, request_id=f"{kind}-{new_id()}", created=int(time.time()))
 
         def decode(ids: list[int]) -> str:
             return self.tok.decode(ids, skip_special_tokens=skip_special)
@@ -443,6 +446,7 @@ class Gateway:
                  "object": "chat.completion.chunk" if "messages" in body else "text_completion"},
                 texts, chat="messages" in body, usage=include_usage(body),
                 heads=[self.tok.decode(p) for p in expanded] if echo else None,
+                token_ids=bool(body.get("return_token_ids")),
             )  # fmt: skip
         try:
             gens = await run_choices(self.engine, expanded, params, call.streams,
@@ -473,6 +477,11 @@ class Gateway:
                            f"{self.max_len}", param="messages" if "messages" in body else "prompt",
                            code="context_length_exceeded")  # fmt: skip
         max_new = opt(body, max_key, int, 1, None, None)
+        if max_new is not None and longest + max_new > self.max_len:  # as vLLM and OpenAI answer
+            raise ApiError(f"{max_key} is {max_new} and the prompt {longest} tokens: {longest + max_new} "
+                           f"in all, beyond this model's context of {self.max_len} tokens "
+                           f"({max_key} <= {self.max_len - longest} here)", param=max_key,
+                           code="context_length_exceeded")  # fmt: skip
         extra_stops = opt(body, "stop_token_ids", list, None, None, [])
         if not all(isinstance(t, int) for t in extra_stops):
             raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
@@ -482,7 +491,7 @@ class Gateway:
         if body.get("logit_bias"):
             raise ApiError("logit_bias is not supported", param="logit_bias")
         return SamplingParams(
-            max_new_tokens=min(max_new or self.default_max_tokens, self.max_len - longest),
+            max_new_tokens=max_new or min(self.default_max_tokens, self.max_len - longest),
             temperature=opt(body, "temperature", float, 0.0, 2.0, 1.0),
             top_p=opt(body, "top_p", float, 0.0, 1.0, 1.0) or 1.0,
             top_k=opt(body, "top_k", int, -1, None, -1),

@@ -56,7 +56,8 @@ async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchE
         )
         model = OpenAIModel(model_id="student", api_base=url, api_key=ep.credential,
                             client_kwargs={"max_retries": 0, "http_client": wire},
-                            temperature=0, max_tokens=64)  # fmt: skip
+                            temperature=0, max_tokens=64,
+                            extra_body={"return_token_ids": True})  # fmt: skip
         agent = ToolCallingAgent(
             tools=[add], model=model, max_steps=STEPS, verbosity_level=LogLevel.OFF
         )

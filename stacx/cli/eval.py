@@ -97,9 +97,12 @@ def resolve_tasks(spec: str) -> Path:
     show_default=True,
     help="Episodes at once.",
 )
-@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True)
+@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Model turns per episode (the agent loop's, or an installed scaffold's {max_turns}).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Tokens the model may write per turn.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True,
+              help="Sampling temperature of the model (0: greedy).")
 @click.option(
     "--format",
     "action_format",
@@ -128,7 +131,8 @@ def resolve_tasks(spec: str) -> Path:
     default=None,
     help="Default: runs/eval-<UTC timestamp>.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Sampling seed of the agent's model calls (not used by installed scaffolds).")
 @click.option(
     "--sandbox",
     "backend",

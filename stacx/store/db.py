@@ -140,15 +140,15 @@ def _snapshot(run_dir: Path) -> Path:
 def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
     """Views on a read-only database live in the in-memory temp schema.
 
-    A log written by an older STACX may lack a column a newer view uses (the writer adds new
-    columns on open; a reader cannot): such a view is skipped with a warning naming its file,
-    and the rest of the log stays queryable."""
+    A log written by an older STACX may lack a column or an event table a newer view uses (the
+    writer adds them on open; a reader cannot): such a view is skipped with a warning naming its
+    file, and the rest of the log stays queryable."""
     for f in view_files():
         sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
         try:
             con.execute(sql)
         except duckdb.Error as exc:
-            if "Binder Error" not in str(exc):
+            if "Binder Error" not in str(exc) and "Catalog Error: Table with name" not in str(exc):
                 raise StacxError(f"view file {f} failed to load: {exc}") from exc
             warnings.warn(f"view file {f} skipped for this log: {exc}", stacklevel=2)
 

@@ -126,12 +126,12 @@ def _single(source: Source) -> bool:
 def reward_curve(source: Source, run_id: str) -> Result:
     """Reward by weight version: the ``reward_by_weight_version`` view when one run is viewed;
     with several (the view covers their union and has no run_id) the same statistics over the
-    run's own scored episodes, split by their role."""
+    run's own scored episodes, by the same split (train/eval: a `stacx eval` run's are eval)."""
     if _single(source):
         return source.query("select * exclude (first_ts, last_ts) from reward_by_weight_version "
                             "order by split, weight_version")  # fmt: skip
     return source.query(
-        "select first_weight_version as weight_version, role as split, count(*) as n_episodes, "
+        "select first_weight_version as weight_version, split, count(*) as n_episodes, "
         "avg(reward) as reward_mean, stddev_samp(reward) as reward_std, "
         "avg(case when reward >= 1 then 1.0 else 0.0 end) as pass_rate "
         "from episodes where run_id = ? and status = 'scored' group by all order by 2, 1", [run_id])

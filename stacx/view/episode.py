@@ -112,10 +112,10 @@ def episode_page(source: Source, params: Params) -> str:
     ep = found.dicts()[0]
     tok: Decoder | None = source.tokenizer(str(ep["run_id"]), load_tokenizer)  # type: ignore[assignment]
     summary = table(["task_id", "status", "reward", "stop_reason", "failure_kind", "weight_version",
-                     "n_turns", "n_tool_calls", "agent", "policy", "role", "run_id"],
+                     "n_turns", "n_tool_calls", "agent", "policy", "split", "role", "run_id"],
                     [[ep[k] for k in ("task_id", "status", "reward", "stop_reason", "failure_kind",
                                       "weight_version", "n_turns", "n_tool_calls", "agent", "policy",
-                                      "role", "run_id")]],
+                                      "split", "role", "run_id")]],
                     cells={"task_id": lambda v: link("/episodes", v, task=v)})  # fmt: skip
     parts = [f"<p class=\"mono\">{esc(eid)}</p>", summary]
     if tok is None:

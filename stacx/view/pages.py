@@ -298,10 +298,14 @@ def sql_page(source: Source, params: Params) -> str:
             f'placeholder="select * from episodes limit 10">{esc(q)}</textarea><br>'
             '<button type="submit">run</button></form>')  # fmt: skip
     # the project views and the event tables, as `stacx sql` sees them (several runs: the
-    # tables too are temp views over the attached runs' union)
+    # tables too are temp views over the attached runs' union); a view the log file also holds
+    # (the recorder's copy) is listed once, as the temp view that answers
     views = source.query(
-        "select table_name, string_agg(column_name, ', ' order by column_index) from duckdb_columns() "
-        "where not internal and database_name in ('temp', current_database()) group by 1 order by 1")  # fmt: skip
+        "with c as (select * from duckdb_columns() where not internal "
+        "and database_name in ('temp', current_database())) "
+        "select table_name, string_agg(column_name, ', ' order by column_index) from c "
+        "where database_name = 'temp' or table_name not in (select table_name from c where database_name = 'temp') "
+        "group by 1 order by 1")  # fmt: skip
     listing = "".join(f'<li><a href="#" class="view-name" data-q="select * from {esc(n)} limit 20">'
                       f"{esc(n)}</a> <small>{esc(cols)}</small></li>" for n, cols in views.rows)  # fmt: skip
     return form + out + _section("views and tables (a name fills the box)", f'<ul class="views">{listing}</ul>')

@@ -122,3 +122,40 @@ def test_a_long_query_is_interrupted_and_the_page_says_so(viewer: str, page) -> 
 def test_a_foreign_host_header_is_refused(viewer: str, page) -> None:
     response = page.request.get(viewer + "/", headers={"Host": "attacker.example:80"})
     assert response.status == 421
+
+
+def test_the_views_are_listed_once_each_with_their_columns_once(viewer: str, page) -> None:
+    page.goto(viewer + "/sql")
+    items = page.locator("ul.views li").all_inner_texts()
+    names = [i.split()[0] for i in items]
+    assert len(names) == len(set(names)) and "episodes" in names
+    columns = next(i for i in items if i.split()[0] == "tasks_lost").split(maxsplit=1)[1]
+    assert columns == "task_id"  # not "task_id, task_id" (the file's copy of the view and the temp one)
+
+
+def test_the_cost_page_fits_the_page(viewer: str, page) -> None:
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(viewer + "/cost")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_a_chart_shows_negative_ticks_whole_and_its_titles_clear_of_them(viewer: str, page) -> None:
+    from stacx.view.html import line_chart
+
+    svg = line_chart([("loss", [(0.0, 0.5), (1.0, -0.03354), (2.0, 0.2)])], title="train loss",
+                     x_label="step", y_label="loss")  # fmt: skip
+    page.goto(viewer + "/")  # the viewer's origin, then the stylesheet its pages use
+    page.set_content(f'<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css">{svg}')
+    page.wait_for_load_state()
+    boxes = page.evaluate("""() => [...document.querySelectorAll('svg.chart text')].map(t => {
+        const b = t.getBoundingClientRect(), s = t.ownerSVGElement.getBoundingClientRect();
+        return {text: t.textContent, cls: t.getAttribute('class'), left: b.left - s.left,
+                right: b.right - s.left, top: b.top - s.top, bottom: b.bottom - s.top}; })""")
+    ticks = [b for b in boxes if b["cls"] == "tick"]
+    assert "-0.03354" in [t["text"] for t in ticks]
+    assert all(t["left"] >= 0 for t in ticks)  # no tick, its minus sign included, is clipped
+    for title in (b for b in boxes if b["cls"] == "label"):
+        for t in ticks:  # the axis titles overlap no tick
+            apart = (title["right"] <= t["left"] or t["right"] <= title["left"]
+                     or title["bottom"] <= t["top"] or t["bottom"] <= title["top"])  # fmt: skip
+            assert apart, (title["text"], t["text"])

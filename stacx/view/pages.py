@@ -150,6 +150,7 @@ FILTERS = {
     "run": "run_id = ?",
     "task": "task_id = ?",
     "status": "status = ?",
+    "split": "split = ?",
     "role": "role = ?",
     "failure_kind": "failure_kind = ?",
     "weight_version": "weight_version = ?",
@@ -159,7 +160,7 @@ FILTERS = {
 SORTS = ("started_ts", "reward", "task_id", "status", "weight_version", "n_turns", "n_tool_calls",
          "failure_kind")
 EPISODE_COLUMNS = ("episode_id", "run_id", "task_id", "sample_index", "status", "reward",
-                   "failure_kind", "stop_reason", "weight_version", "n_turns", "n_tool_calls", "role")
+                   "failure_kind", "stop_reason", "weight_version", "n_turns", "n_tool_calls", "split", "role")
 PAGE_SIZE = 200
 
 
@@ -217,6 +218,7 @@ def _episode_form(source: Source, params: Params, sort: str, order: str) -> str:
     fields = [select("run", run_ids(source), params.get("run", "")) if not _single(source) else "",
               select("task", _distinct(source, "task_id"), params.get("task", "")),
               select("status", _distinct(source, "status"), params.get("status", "")),
+              select("split", _distinct(source, "split"), params.get("split", "")),
               select("role", _distinct(source, "role"), params.get("role", "")),
               select("weight_version", _distinct(source, "weight_version"), params.get("weight_version", "")),
               select("failure_kind", _distinct(source, "failure_kind"), params.get("failure_kind", "")),

@@ -61,6 +61,9 @@ def test_filters_change_the_episode_list(viewer: str, run_dir: Path, page) -> No
     page.goto(viewer + "/episodes")
     rows = page.locator("table.episodes tbody tr")
     assert rows.count() == len(tasks) == 2
+    split = page.locator("table.episodes th").all_inner_texts().index("split")
+    # a `stacx eval` run's episodes are eval episodes (split), though no periodic eval (role)
+    assert [r.locator("td").nth(split).inner_text() for r in rows.all()] == ["eval", "eval"]
     with page.expect_navigation():
         page.select_option("select[name=task]", tasks[1])  # the page's script submits the form
     assert "task=" in page.url

@@ -60,15 +60,20 @@ class Guides:
 
 def mask_logits(logits_B_V: torch.Tensor, guides: Sequence[Guide | None]) -> torch.Tensor:
     """`logits_B_V` with each guided row's disallowed tokens at -inf (a copy; unchanged when
-    no row is guided)."""
+    no row is guided). The bits are unpacked with plain tensor ops (llguidance's own apply
+    kernel is a torch.compile, which needs a compiler at run time)."""
     rows = [i for i, g in enumerate(guides) if g is not None]
     if not rows:
         return logits_B_V
-    bitmask = llt.allocate_token_bitmask(len(guides), logits_B_V.shape[-1])  # all allowed
-    for i in rows:
+    vocab = logits_B_V.shape[-1]
+    bitmask = llt.allocate_token_bitmask(len(rows), vocab)
+    for j, i in enumerate(rows):
         guide = guides[i]
         assert guide is not None
-        llt.fill_next_token_bitmask(guide.matcher, bitmask, i)
+        llt.fill_next_token_bitmask(guide.matcher, bitmask, j)
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).flatten(1)[:, :vocab].bool()
     out = logits_B_V.float().clone()
-    llt.apply_token_bitmask_inplace(out, bitmask.to(out.device, non_blocking=True))
-    return out
+    idx = torch.tensor(rows, device=out.device)
+    masked = out.index_select(0, idx).masked_fill_(~allowed.to(out.device), float("-inf"))
+    return out.index_copy_(0, idx, masked)

@@ -57,6 +57,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False  # keep generating past EOS (stop_token_ids still stop); benchmarks
+    # constrained decoding: an llguidance grammar (Lark form, e.g. `start: %json {...}`) the
+    # output must match; "" none. An engine that cannot honour it raises EngineError (the torch
+    # engine can: stacx.inference.guided; an engine that can has a true `grammars` attribute)
+    grammar: str = ""
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):

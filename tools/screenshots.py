@@ -28,6 +28,8 @@ def busiest_episode(run_dir: Path) -> str | None:
     with duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True) as con:
         row = con.execute("select episode_id from turn_generated group by 1 "
                           "order by count(*) desc, sum(len(output_ids)) desc limit 1").fetchone()
+        # a run whose episodes made no turn (a scaffold that crashed at start): its first
+        row = row or con.execute("select episode_id from episode_started order by _seq limit 1").fetchone()
     return str(row[0]) if row else None
 
 

@@ -5,7 +5,7 @@
 Starts `stacx view` on the runs (the CLI, as a user would), opens each page in Debian's headless
 Chromium (Playwright, `executable_path=/usr/bin/chromium` or $STACX_CHROMIUM; never a downloaded
 browser) and writes DIR/<page>.png (whole page, 1280 px wide): runs, episodes, the episode with
-the most turns, lineage, drift & cost, a SQL query, and compare when two runs are given.
+the most turns, lineage, drift & cost, time & load, a SQL query, and compare when two runs are given.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
                 break
         if not url:
             sys.exit(f"stacx view did not start: exit {proc.wait()}")
-        shots = {"runs": "/", "episodes": "/episodes", "lineage": "/lineage", "cost": "/cost",
+        shots = {"runs": "/", "episodes": "/episodes", "lineage": "/lineage", "cost": "/cost", "load": "/load",
                  "sql": "/sql?q=select+weight_version%2C+split%2C+n_episodes%2C+reward_mean+"
                         "from+reward_by_weight_version+order+by+1"}
         if episode := busiest_episode(args.runs[0]):

@@ -123,6 +123,7 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
 
 
 NAV = (("/", "runs"), ("/episodes", "episodes"), ("/lineage", "lineage"), ("/cost", "drift & cost"),
+       ("/load", "time & load"),
        ("/sql", "SQL"), ("/compare", "compare"))
 
 

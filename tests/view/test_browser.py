@@ -14,7 +14,7 @@ from stacx.store import db
 pytestmark = pytest.mark.model
 
 PAGES = {"/": "runs", "/episodes": "episodes", "/lineage": "lineage", "/cost": "drift & cost",
-         "/sql": "SQL", "/compare": "compare"}  # fmt: skip
+         "/load": "time & load", "/sql": "SQL", "/compare": "compare"}  # fmt: skip
 
 
 def recorded(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
@@ -28,6 +28,16 @@ def test_every_page_loads(viewer: str, page) -> None:
         assert response.status == 200, path
         assert page.locator("h1").inner_text() == title
         assert page.locator("header nav a").count() == len(PAGES)
+
+
+def test_load_page_shows_the_time_accounting_and_each_process(viewer: str, run_dir: Path, page) -> None:
+    processes = {p for (p,) in recorded(run_dir, "select distinct process from process_load")}
+    assert "launcher" in processes  # local placement: one process, the launcher's
+    page.goto(viewer + "/load")
+    assert "where the time went" in page.locator("h2").all_inner_texts()
+    tables = page.locator("table")
+    assert "engine" in tables.nth(0).inner_text()  # time_accounting_run's roles
+    assert all(p in tables.nth(1).inner_text() for p in processes)
 
 
 def test_runs_page_shows_the_run_and_its_reward_curve(viewer: str, run_dir: Path, page) -> None:

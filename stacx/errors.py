@@ -3,11 +3,21 @@ are for bad input and broken infrastructure at the edges; `strict` says whether 
 crash at once (``STACX_STRICT``) rather than being retried."""
 
 import os
+import re
 
 
 def strict() -> bool:
     """Whether ``STACX_STRICT`` is set (to anything but "" or "0"): programming errors crash."""
     return os.environ.get("STACX_STRICT", "") not in ("", "0")
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*(?:\x07|\x1b\\)")
+
+
+def plain_text(text: str) -> str:
+    """`text` without terminal escape sequences (colours, cursor moves, OSC titles), as a
+    stored message must be: a tool's coloured output is unreadable in a table or a query."""
+    return _ANSI.sub("", text)
 
 
 class StacxError(Exception):
@@ -32,6 +42,21 @@ class SandboxError(StacxError):
 
 class TaskError(StacxError):
     """A Harbor task is malformed or its image cannot be built."""
+
+
+class ConfigCausedError(StacxError):
+    """A failure that the configuration causes, so another attempt fails the same way (an OCI
+    runtime the engine lacks, a base image that no alias or build provides): an episode ends
+    with it once (InfraFailed with will_retry false), never retried."""
+
+
+class SandboxConfigError(SandboxError, ConfigCausedError):
+    """A sandbox cannot be created as configured (e.g. an OCI runtime the engine lacks)."""
+
+
+class BaseUnavailableError(TaskError, SandboxError, ConfigCausedError):
+    """A task's base image cannot be had: no alias maps it, or its STACX base cannot be built
+    here (the archive does not answer, no debootstrap)."""
 
 
 class EngineError(StacxError):

@@ -71,7 +71,8 @@ class StopReason(StrEnum):
     SUBMITTED = "submitted"
     MAX_TURNS = "max_turns"
     CONTEXT_EXHAUSTED = "context_exhausted"
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # logs before agent_timeout; no longer produced
+    AGENT_TIMEOUT = "agent_timeout"  # the task's agent.timeout_sec (or the recipe's) cut it
     AGENT_DONE = "agent_done"  # scripted agents (oracle, null) that finish by themselves
     ERROR = "error"  # an infrastructure failure stopped it; see InfraFailed
     STEP_FAILED = "step_failed"  # a multi-step task's step could not start; see StepFailed
@@ -95,6 +96,9 @@ class FailureKind(StrEnum):
     TASK_INVALID = "task_invalid"  # the task itself cannot be loaded (bad task.toml, files)
     SANDBOX_HOST_LOST = "sandbox_host_lost"  # the sandbox service holding it died or went silent
     JUDGE = "judge"  # the judge model erred or gave no usable score after its retries (JudgeScored)
+    # an installed scaffold exited non-zero before its first model call, or its process could
+    # not start (its ScaffoldExited has the exit code and stderr; view scaffold_failures)
+    SCAFFOLD = "scaffold"
 
 
 class TurnActor(StrEnum):

@@ -23,6 +23,7 @@ port is implemented, and any type only one engine uses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import msgspec
 
+from stacx.errors import ConfigCausedError, plain_text
 from stacx.events import (
     Emit,
     FailureKind,
@@ -55,6 +57,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False  # keep generating past EOS (stop_token_ids still stop); benchmarks
+    # constrained decoding: an llguidance grammar (Lark form, e.g. `start: %json {...}`) the
+    # output must match; "" none. An engine that cannot honour it raises EngineError (the torch
+    # engine can: stacx.inference.guided; an engine that can has a true `grammars` attribute)
+    grammar: str = ""
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
@@ -306,12 +312,32 @@ class Sandbox(Protocol):
 
 class InfraFailure(Exception):
     """An infrastructure failure of one attempt (never a score); the rollout manager records
-    it as InfraFailed with its `kind`."""
+    it as InfraFailed with its `kind`. The message is kept as plain text (terminal colour
+    codes of a build log removed). `retryable` is false when the configuration caused it (the
+    failure was raised from a ConfigCausedError, or `final`): another attempt cannot help."""
 
-    def __init__(self, kind: FailureKind, message: str) -> None:
+    def __init__(self, kind: FailureKind, message: str, *, final: bool = False) -> None:
+        message = plain_text(message)
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+        self.final = final
+
+    @property
+    def retryable(self) -> bool:
+        return not self.final and not isinstance(self.__cause__, ConfigCausedError)
+
+    def signature(self) -> str:
+        """What two image builds (a task's, a scaffold's install) that failed the same way
+        share: the message's first line with the ids in it (container, image, digests) blanked;
+        "" for other kinds (a Docker API error or a timeout may pass: they keep their retries)."""
+        if self.kind != FailureKind.IMAGE_BUILD:
+            return ""
+        first = self.message.strip().split("\n", 1)[0]
+        return f"{self.kind}: " + _HEX_ID.sub("<id>", first)
+
+
+_HEX_ID = re.compile(r"\b[0-9a-f]{12,64}\b")
 
 
 class StepFailed(InfraFailure):

@@ -38,6 +38,15 @@ async def run_ctx(tmp_path: Path) -> AsyncIterator[object]:
         yield run
 
 
+def need_noble() -> None:
+    """Skip, saying why, when stacx/base:noble is not built and Ubuntu's archive (not a source
+    this environment promises) does not answer; otherwise a task builds it on first use."""
+    from stacx.sandbox.images import NOBLE_IMAGE, archive_answers, image_exists
+
+    if not image_exists(NOBLE_IMAGE) and (why := archive_answers("noble")) is not None:
+        pytest.skip(f"{NOBLE_IMAGE} cannot be built: {why}")
+
+
 def stacx_bin() -> str:
     venv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "stacx"
     return str(venv) if venv.exists() else "stacx"

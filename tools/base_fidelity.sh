@@ -1,5 +1,5 @@
 #!/bin/bash
-# Which Debian suite stands closer to an Ubuntu image (README, "Base images"): for the packages
+# Which Debian suite stands closer to an Ubuntu image (docs/tasks.md, "Base images, offline"): for the packages
 # task Dockerfiles commonly `apt-get install`, those that bookworm / trixie cannot install by
 # name (a virtual name with one provider counts as installable), and the toolchain versions each
 # has. Ubuntu's archive is not reachable here: compare with noble's package set by hand. Reads the Debian mirror the host's apt uses, into

@@ -2,7 +2,7 @@
 front door only: every stage is a `stacx` command a user could type, in order, and this script
 only runs them and reads the logs with `stacx sql`.
 
-    python tools/imitation_gap.py --out runs/gap            # the README's figures
+    python tools/imitation_gap.py --out runs/gap            # the figures of docs/results.md
     python tools/imitation_gap.py --out runs/gap --no-opd   # DAgger only
 
 The stages (each a run directory under --out; a stage whose output exists is skipped, and a

@@ -5,7 +5,7 @@
 Starts `stacx view` on the runs (the CLI, as a user would), opens each page in Debian's headless
 Chromium (Playwright, `executable_path=/usr/bin/chromium` or $STACX_CHROMIUM; never a downloaded
 browser) and writes DIR/<page>.png (whole page, 1280 px wide): runs, episodes, the episode with
-the most turns, lineage, drift & cost, a SQL query, and compare when two runs are given.
+the most turns, lineage, drift & cost, time & load, a SQL query, and compare when two runs are given.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def busiest_episode(run_dir: Path) -> str | None:
     with duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True) as con:
         row = con.execute("select episode_id from turn_generated group by 1 "
                           "order by count(*) desc, sum(len(output_ids)) desc limit 1").fetchone()
+        # a run whose episodes made no turn (a scaffold that crashed at start): its first
+        row = row or con.execute("select episode_id from episode_started order by _seq limit 1").fetchone()
     return str(row[0]) if row else None
 
 
@@ -47,7 +49,7 @@ def main() -> None:
                 break
         if not url:
             sys.exit(f"stacx view did not start: exit {proc.wait()}")
-        shots = {"runs": "/", "episodes": "/episodes", "lineage": "/lineage", "cost": "/cost",
+        shots = {"runs": "/", "episodes": "/episodes", "lineage": "/lineage", "cost": "/cost", "load": "/load",
                  "sql": "/sql?q=select+weight_version%2C+split%2C+n_episodes%2C+reward_mean+"
                         "from+reward_by_weight_version+order+by+1"}
         if episode := busiest_episode(args.runs[0]):

@@ -71,3 +71,13 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+
+# ---- the MLE tasks on the process backend (recipes/tasks/mle) ------------------------------------
+# A process sandbox runs the host's /usr/bin/python3 (its commands run as a uid of their own,
+# which cannot read this venv under /root): Debian's numpy, pandas and scikit-learn there, the
+# same versions the tasks' images pin (tools/make_mle.py PINS).
+if ! /usr/bin/python3 -c 'import sklearn, pandas' 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  log "installing python3-pandas and python3-sklearn (MLE tasks on the process backend)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pandas python3-sklearn >/dev/null
+fi

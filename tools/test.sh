@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The README's test command: set up (idempotent), lint, type-check, check the layers, run the
-# whole test suite.
+# The README's test command: set up (idempotent), lint, type-check, check the layers, build the
+# docs, run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 .venv/bin/ruff check stacx tests tools
 .venv/bin/mypy stacx
 .venv/bin/lint-imports  # the layer contracts in pyproject.toml
+# the docs site: a broken link or anchor fails the build (mkdocs.yml); built into a temp dir
+docs_site="$(mktemp -d)"
+.venv/bin/mkdocs build --strict --quiet -d "$docs_site"
+rm -rf "$docs_site"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -16,7 +16,8 @@ WITH calls AS (
 )
 SELECT c.run_id,
        c.episode_id,
-       e.agent AS scaffold,
+       -- the scaffold's own name (its spec's, from ScaffoldExited), not the agent kind 'installed'
+       coalesce(x.scaffold, e.agent) AS scaffold,
        e.task_id,
        count(*) AS n_calls,
        count(*) FILTER (WHERE c.previous IS NOT NULL
@@ -26,7 +27,8 @@ SELECT c.run_id,
        e.reward
 FROM calls c
 LEFT JOIN episodes e USING (episode_id)
-GROUP BY c.run_id, c.episode_id, e.agent, e.task_id, e.reward;
+LEFT JOIN (SELECT episode_id, any_value(scaffold) AS scaffold FROM scaffold_exited GROUP BY 1) x USING (episode_id)
+GROUP BY c.run_id, c.episode_id, coalesce(x.scaffold, e.agent), e.task_id, e.reward;
 
 -- gateway_drift: per run and scaffold, the share of gateway calls (those with a previous call
 -- in their episode) that did not extend it token-exactly, and segments per episode.

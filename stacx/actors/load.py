@@ -3,7 +3,7 @@
 ``ProcessLoadWatch`` runs one task on the process's event loop: it sleeps ``TICK_S`` at a time
 and records how late each wake-up came (the lag every callback of the loop pays at that
 moment), and every ``window_s`` publishes the window's lag p50/p99/max, the CPU the process used
-(``os.times``: user + system of this process and its reaped children, over wall time) and its
+(``os.times``: user + system of this process's threads, not its children's, over wall time) and its
 resident memory. The view ``process_load`` (events/views/53_process_load.sql) gives them per
 process and per weight version. A window whose lag p99 passes ``SATURATED_MS`` is logged as a
 warning naming the process: its agents, requests and actors were waiting for the loop.
@@ -131,5 +131,7 @@ class ProcessLoadWatch:
 
 
 def _cpu_s() -> float:
+    """This process's CPU seconds, its threads included; not its children's (a child's whole
+    life would land in the window that reaps it)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system

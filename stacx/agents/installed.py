@@ -28,11 +28,13 @@ with the spec's version message, an IMAGE_BUILD failure) and `terminus-2` (harbo
 beside: any Debian task image, which gets tmux).
 
 Not here: building the layer and mounting the socket (stacx.sandbox.layers, wired by
-stacx.launch), the gateway (stacx.inference.gateway). A scaffold that crashes ends its episode
-with AGENT_DONE; its exit code and stderr tail are recorded (`ScaffoldExited`; an episode cut
-by its timeout records one too, exit code None and timed_out, and stops with TIMEOUT; the
-gateway's error answers to its calls are `GatewayRefused`), its stdout/stderr stay in
-/logs/agent, and the verifier scores what it left behind.
+stacx.launch), the gateway (stacx.inference.gateway). A scaffold that exits non-zero before
+its first model call (or cannot start: the shell's 127) is an InfraFailure of kind SCAFFOLD,
+never scored (view scaffold_failures). Every exit is recorded, code and stderr tail
+(`ScaffoldExited`; an episode cut by its timeout records one too, exit code None and
+timed_out, and stops with TIMEOUT; the gateway's error answers to its calls are
+`GatewayRefused`); its stdout/stderr stay in /logs/agent. A scaffold that crashes after a model
+call ends its episode with AGENT_DONE, and the verifier scores what it left behind.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ import msgspec
 
 from stacx.agents.exec_relay import ExecRelay
 from stacx.agents.scaffold_spec import LOGS_DIR, ScaffoldSpec, resolve
-from stacx.events import Emit, ScaffoldExited, StopReason, derive_id
-from stacx.ports import Agent, AgentResult, MakeAgent, Sandbox, Task
+from stacx.events import Emit, FailureKind, ScaffoldExited, StopReason, derive_id
+from stacx.ports import Agent, AgentResult, InfraFailure, MakeAgent, Sandbox, Task
 
 DEFAULT_TIMEOUT_S = 600.0  # {timeout} for a task that names no agent timeout
 SOCKET_DIR = "/run/stacx"  # the gateway's socket directory, mounted into the container
@@ -193,12 +195,14 @@ class InstalledAgent:
             for path, text in self.spec.run_files().items():
                 await where.write_file(path, text)
 
-            async def exited(exit_code: int | None, timed_out: bool) -> None:
+            async def exited(exit_code: int | None, timed_out: bool) -> str:
+                stderr = await _tail(where, f"{LOGS_DIR}/stderr.txt")
                 await emit(ScaffoldExited(
                     run_id=run_id, event_id=derive_id(episode_id, "scaffold_exited"),
                     episode_id=episode_id, scaffold=self.spec.name, exit_code=exit_code,
-                    timed_out=timed_out, stderr_tail=await _tail(where, f"{LOGS_DIR}/stderr.txt"),
+                    timed_out=timed_out, stderr_tail=stderr,
                 ))  # fmt: skip
+                return stderr
 
             try:
                 done = await where.exec(
@@ -207,7 +211,9 @@ class InstalledAgent:
             except asyncio.CancelledError:  # the episode's timeout: record what it left, then go
                 await asyncio.shield(exited(None, True))
                 raise
-            await exited(done.exit_code, done.timed_out)
+            stderr = await exited(done.exit_code, done.timed_out)
+            if done.exit_code not in (0, None) and not done.timed_out and route.n_turns == 0:
+                raise _crashed(self.spec.name, done.exit_code, stderr)
             stop = await self._stop_reason(where)
             return AgentResult(
                 stop_reason=stop,
@@ -236,6 +242,15 @@ class InstalledAgent:
             return StopReason.AGENT_DONE
         status = str(info.get("exit_status", "")) if isinstance(info, dict) else ""
         return self.spec.stops.get(status, StopReason.AGENT_DONE)
+
+
+def _crashed(scaffold: str, exit_code: int | None, stderr: str) -> InfraFailure:
+    """A scaffold that exited non-zero before its first model call (a bad flag, a missing
+    program: 127): it never tried the task, so the episode is a SCAFFOLD failure, not a 0."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    last = f": {lines[-1].strip()}" if lines else " (no stderr)"
+    return InfraFailure(FailureKind.SCAFFOLD,
+                        f"scaffold {scaffold} exited with code {exit_code} before its first model call{last}")  # fmt: skip
 
 
 STDERR_TAIL = 4000  # characters of a scaffold's stderr kept in its ScaffoldExited event

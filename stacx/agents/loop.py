@@ -1,6 +1,7 @@
 """The one in-house agent loop: prompt -> reply -> tool -> observation, token-exact, every step
 an event. What a reply means is a tool adapter's (`Tools`): the SWE tools (stacx.agents.swe) or
-ReTool's Python and boxed answer (stacx.agents.retool); a new agent is a new adapter, not a loop.
+ReTool's Python and boxed answer (stacx.agents.retool), the MLE agent's Python and SUBMIT
+(stacx.agents.mle); a new agent is a new adapter, not a loop.
 
 Per turn it emits one TurnGenerated (stacx.ports.turn_generated: the exact prompt ids the policy
 saw, its output ids, logprobs, weight_version, finish_reason, timing, actor; a prompt that
@@ -30,6 +31,7 @@ from typing import Protocol, Self
 import msgspec
 
 from stacx.agents.chat import ChatFormat
+from stacx.agents.mle import MleTools
 from stacx.agents.policies import Executor, MakeExecutor
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
@@ -88,7 +90,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     context_budget: int = 8192  # tokens; SmolLM2's context window
     min_room: int = 32  # stop when fewer tokens than this are left for an answer
     seed: int | None = None  # base sampling seed; see `turn_seed`
-    tools: SweTools | RetoolTools = msgspec.field(default_factory=SweTools)
+    tools: SweTools | RetoolTools | MleTools = msgspec.field(default_factory=SweTools)
 
 
 def turn_seed(seed: int, episode_id: str, turn: int) -> int:

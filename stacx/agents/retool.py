@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Literal, Self
+from typing import Literal, Protocol, Self
 
 import msgspec
 
@@ -141,6 +141,12 @@ def parse_reply(text: str) -> Reply:
     boxed = last_boxed(text)
     if boxed:
         return FinalAnswer(boxed)
+    return parse_code(text)
+
+
+def parse_code(text: str) -> PythonCode | MalformedCall | None:
+    """The Python a reply runs: its ``python`` tool call or else its first ```python block
+    (closed or not); a malformed call or an empty block as MalformedCall; None if neither."""
     if OPEN_TAG in text:
         call = parse_action(text)
         if isinstance(call, MalformedCall):
@@ -181,7 +187,17 @@ def render_output(
     return "\n".join(parts) if parts else "[no output]"
 
 
-async def run_python(code: str, sandbox: Sandbox, config: RetoolTools) -> Observation:
+class Interpreter(Protocol):
+    """What `run_python` reads of an adapter's settings (ReTool's, the MLE agent's)."""
+
+    @property
+    def python_timeout_s(self) -> float: ...
+
+    @property
+    def max_output_bytes(self) -> int: ...
+
+
+async def run_python(code: str, sandbox: Sandbox, config: Interpreter) -> Observation:
     """Run `code` with python3 in `sandbox`; sandbox transport errors propagate."""
     t0 = time.perf_counter()
     timeout = config.python_timeout_s

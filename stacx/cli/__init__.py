@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("sandbox", "Sandbox service (serve) and every host's sandboxes (hosts, ls, stats, stop, gc)."),
     "images": ("images", "Base images built offline."),
     "models": ("models", "Prepare the default model checkpoint."),
-    "serve": ("serve", "Serve an engine over HTTP (SGLang native subset + OpenAI routes)."),
+    "serve": ("serve", "Serve a model over HTTP: SGLang's native subset, the OpenAI and Anthropic APIs."),
     "view": ("view", "A local read-only web viewer over runs (episodes, decoded turns, curves, SQL)."),
 }
 

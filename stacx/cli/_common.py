@@ -34,6 +34,27 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+PORT = click.IntRange(0, 65535)  # the type of every --port option (0: a free one)
+
+
+def require_free_port(host: str, port: int) -> None:
+    """Fail now, in one line, if ``host:port`` cannot be bound (in use, or not an address of
+    this machine), rather than after a model has loaded. Port 0 always binds."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StacxError(f"--host {host}: {exc.strerror or exc}") from exc
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise StacxError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
 def render(columns: Sequence[str], rows: Sequence[Sequence[object]], fmt: str, title: str | None = None) -> str:
     if fmt == "csv":
         buf = io.StringIO()

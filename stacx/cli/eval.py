@@ -7,7 +7,8 @@ Every number printed comes from SQL over the run's log once the launcher has ret
 is printed under each table), so the same report can be recomputed later with `stacx sql`.
 Rerunning the same command on the same run directory resumes it. Exit status: 0 when every
 sample was scored (whatever the scores), 1 when some sample ended with infrastructure failures
-only (or the run was stopped early), 2 on bad input (a named cause).
+only (a scaffold that exited before its first model call is one: so every sample failing that
+way exits 1) or the run was stopped early, 2 on bad input (a named cause).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import click
 
 from stacx.agents.scaffold_spec import shipped
 from stacx.cli._common import friendly_errors, render, run_interruptible
+from stacx.rollout.report import SCAFFOLD_TITLE
 
 if TYPE_CHECKING:
     from stacx.launch.presets import EvalResult
 
 # installed:<scaffold>: a black-box scaffold behind the model gateway, shipped or a spec file
-AGENTS = ("swe", "retool", "oracle", "null", *(f"installed:{name}" for name in shipped()))
+AGENTS = ("swe", "retool", "mle", "oracle", "null", *(f"installed:{name}" for name in shipped()))
 
 
 def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -95,9 +97,12 @@ def resolve_tasks(spec: str) -> Path:
     show_default=True,
     help="Episodes at once.",
 )
-@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True)
+@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Model turns per episode (the agent loop's, or an installed scaffold's {max_turns}).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Tokens the model may write per turn.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True,
+              help="Sampling temperature of the model (0: greedy).")
 @click.option(
     "--format",
     "action_format",
@@ -126,7 +131,8 @@ def resolve_tasks(spec: str) -> Path:
     default=None,
     help="Default: runs/eval-<UTC timestamp>.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Sampling seed of the agent's model calls (not used by installed scaffolds).")
 @click.option(
     "--sandbox",
     "backend",
@@ -179,7 +185,7 @@ def cli(
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        format=action_format or ("python" if agent == "retool" else "tool_call"),
+        format=action_format or ("python" if agent in ("retool", "mle") else "tool_call"),
         max_attempts=max_attempts,
         episode_timeout_s=episode_timeout,
         seed=seed,
@@ -211,6 +217,12 @@ def _report(result: EvalResult, run_dir: Path, wall: float) -> None:
     if result.verdict != "completed":
         click.echo(f"run ended early: {result.verdict}", err=True)
         raise SystemExit(1)
+    crashed = next((rows for title, (_, _, rows) in result.tables if title == SCAFFOLD_TITLE), [])
+    if crashed:
+        n = sum(int(r[2]) for r in crashed)  # type: ignore[call-overload]
+        click.echo(f"the scaffold exited before its first model call in {n} episode(s) (table above; "
+                   f"its stderr: stacx view {run_dir}, or stacx sql {run_dir} "
+                   '"select * from scaffold_failures")', err=True)  # fmt: skip
     if result.unscored:
         click.echo(f"{result.unscored} sample(s) ended with infrastructure failures only", err=True)
         raise SystemExit(1)

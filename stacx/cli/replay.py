@@ -24,13 +24,15 @@ from stacx.errors import StacxError
 
 
 @click.command()
-@click.option("--from", "sources", multiple=True, required=True, type=click.Path(path_type=Path),
+@click.option("--from", "sources", multiple=True, required=True, type=click.Path(exists=True, path_type=Path),
               help="A run dir or an export file (.jsonl/.parquet); repeatable.")
 @click.option("--where", default=None, help='SQL predicate over the episodes view, e.g. "reward > 0".')
-@click.option("--into", "recipe_file", required=True, type=click.Path(path_type=Path),
+@click.option("--into", "recipe_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The recipe to train with.")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The new run's directory (default: runs/<recipe name>-replay); rerun to resume.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a recipe key, e.g. --set trainer.lr=1e-5 (repeatable).")
 @friendly_errors
 def cli(sources: tuple[Path, ...], where: str | None, recipe_file: Path, run_dir: Path | None,
         overrides: tuple[str, ...]) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import PORT, friendly_errors, require_free_port
+from stacx.errors import StacxError
 
 
 @click.command()
@@ -15,7 +16,7 @@ from stacx.cli._common import friendly_errors
     help="'default' (SmolLM2-135M-Instruct), an HF checkpoint directory, or a hub id.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=30000, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--port", default=30000, show_default=True, type=PORT, help="0 picks a free port.")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
 @click.option(
     "--max-batch", default=None, type=int, help="Concurrent requests (default 32 CPU, 64 CUDA)."
@@ -39,16 +40,19 @@ from stacx.cli._common import friendly_errors
 @friendly_errors
 def cli(model: str, host: str, port: int, device: str, max_batch: int | None, max_len: int,
         threads: int | None, aliases: tuple[str, ...]) -> None:  # fmt: skip
-    """Serve a model over HTTP: POST /generate, /update_weights_from_disk, /flush_cache,
-    GET /health, /get_model_info, OpenAI /v1/models[/{id}], /v1/completions,
-    /v1/chat/completions, and Anthropic /v1/messages. A request naming another model than --model / --model-alias gets 404
-    model_not_found.
+    """Serve a model over HTTP: SGLang's native POST /generate, /update_weights_from_disk,
+    /flush_cache, GET /health, /get_model_info; the OpenAI API (/v1/models[/{id}],
+    /v1/completions, /v1/chat/completions: tools, tool_choice, response_format, streaming) and
+    the Anthropic Messages API (POST /v1/messages), both from the same engine. A request naming
+    another model than --model / --model-alias gets 404 model_not_found.
 
     Prints `listening on http://HOST:PORT` once the model is loaded and the port is bound.
     """
     import asyncio
 
     from aiohttp import web
+
+    require_free_port(host, port)  # before the model loads, not after
 
     from stacx.inference.server import Server
     from stacx.inference.torch_engine import TorchEngine
@@ -61,7 +65,11 @@ def cli(model: str, host: str, port: int, device: str, max_batch: int | None, ma
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken while the model loaded
+            await engine.close()
+            raise StacxError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         bound = runner.addresses[0][1] if runner.addresses else port
         click.echo(f"listening on http://{host}:{bound}", err=True)
         try:

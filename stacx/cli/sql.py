@@ -13,7 +13,7 @@ from stacx.store import db
 
 
 @click.command()
-@click.argument("args", nargs=-1, required=True)
+@click.argument("args", nargs=-1, required=True, metavar="RUN_DIR... QUERY")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
 @friendly_errors

@@ -215,9 +215,24 @@ def check(
     click.echo(render(["task", "status", "reward", "failure", "reason", "seconds"], table, "table"))
     for line in privilege_lines(source):
         click.echo(line)
+    for task_id, message in warned(run_dir):
+        click.echo(f"warning: task {task_id}: {message}")
     n_ok = sum(r.ok for r in rows)
     click.echo(f"{agent}: {n_ok}/{len(rows)} ok; run recorded in {run_dir}")
     sys.exit(0 if rows and n_ok == len(rows) else 1)
+
+
+def warned(run_dir: Path) -> list[tuple[str, str]]:
+    """The run's warnings (EpisodeWarned: task.toml keys not honoured, unfaithful base images),
+    one per task and message; `stacx sql RUN "select * from episode_warned"` has them all."""
+    from stacx.store.db import connect_run
+
+    con = connect_run(run_dir)
+    try:
+        found = con.execute("SELECT DISTINCT task_id, message FROM episode_warned ORDER BY 1, 2")
+        return [(str(t), str(m)) for t, m in found.fetchall()]
+    finally:
+        con.close()
 
 
 def privilege_lines(source: Path) -> list[str]:

@@ -14,7 +14,8 @@ Three steps, in the order `docker compose` takes them:
    as a list or a map (`condition`, `required: false` for an optional service), `environment`
    as a list (`KEY=VAL`, or `KEY` alone: the host's value) or a map (a null value: the host's),
    `command`/`entrypoint` as a string (split as a shell would) or a list, `build` as a context
-   string or a map, `healthcheck.test` as a string (CMD-SHELL) or a list starting CMD, CMD-SHELL
+   string or a map (`context`, `dockerfile` relative to the context, `args` as a list or map
+   like `environment`, `target`), `healthcheck.test` as a string (CMD-SHELL) or a list starting CMD, CMD-SHELL
    or NONE (`disable: true` is NONE), durations as Go writes them ("1m30s", "250ms", "1h").
 
 Every error raised here about the file's content is a TaskError (the task is invalid). An
@@ -69,7 +70,10 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True):
 class Service(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     image: str | None = None
-    build_dir: str | None = None  # a build context (absolute), its Dockerfile named Dockerfile
+    build_dir: str | None = None  # a build context (absolute)
+    dockerfile: str = "Dockerfile"  # relative to build_dir
+    build_args: dict[str, str] = msgspec.field(default_factory=dict)  # interpolated
+    build_target: str | None = None  # the stage to build (None: the last)
     environment: dict[str, str] = msgspec.field(default_factory=dict)  # interpolated
     command: list[str] | None = None
     entrypoint: list[str] | None = None
@@ -314,16 +318,34 @@ def depends_on(raw: object, where: str, names: set[str], notes: list[str]) -> di
     return out
 
 
-def build_dir(raw: object, where: str, env_dir: Path) -> str | None:
-    """The absolute build context of `build:` (a context string or a map)."""
+class BuildSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A service's `build:` read: the Service fields of the same names."""
+
+    build_dir: str
+    dockerfile: str
+    build_args: dict[str, str]
+    build_target: str | None
+
+
+def build_spec(raw: object, where: str, env_dir: Path, env: Mapping[str, str]) -> BuildSpec | None:
+    """`build:` (a context string or a map): the context made absolute, the dockerfile relative
+    to it (it must be a file there), args interpolated, target; None when absent."""
     if raw is None:
         return None
-    context = raw if isinstance(raw, str) else raw.get("context", ".")  # type: ignore[attr-defined]
-    dockerfile = "Dockerfile" if isinstance(raw, str) else raw.get("dockerfile")  # type: ignore[attr-defined]
-    if dockerfile not in (None, "Dockerfile"):
-        raise TaskError(f"{where}.build.dockerfile = {dockerfile!r}: not supported; only "
-                        "'Dockerfile' in the context")  # fmt: skip
-    return str((env_dir / str(context)).resolve())
+    spec: dict[str, object] = {"context": raw} if isinstance(raw, str) else dict(raw)  # type: ignore[call-overload]
+    context = (env_dir / str(spec.get("context", "."))).resolve()
+    if not context.is_dir():
+        raise TaskError(f"{where}.build.context = {str(spec.get('context'))!r}: no such "
+                        f"directory ({context})")  # fmt: skip
+    dockerfile = str(spec.get("dockerfile") or "Dockerfile")
+    path = (context / dockerfile).resolve()
+    if not path.is_file() or not path.is_relative_to(context):
+        raise TaskError(f"{where}.build.dockerfile = {dockerfile!r}: no such file in the build "
+                        f"context {context}")  # fmt: skip
+    target = spec.get("target")
+    return BuildSpec(build_dir=str(context), dockerfile=path.relative_to(context).as_posix(),
+                     build_args=environment(spec.get("args"), env),
+                     build_target=None if target is None else str(target))  # fmt: skip
 
 
 def read_file(path: Path) -> tuple[dict[str, object], dict[str, str], list[str]]:
@@ -424,12 +446,12 @@ def load_compose(path: Path) -> tuple[dict[str, Service], list[str]]:
         where = f"{path.name}: services.{name}"
         keys = _MAIN_KEYS if name == MAIN else _KEYS
         notes += [f"{where}.{k}: ignored" for k in spec if k not in keys and not k.startswith("x-")]
-        build = build_dir(spec.get("build"), where, path.parent) if name != MAIN else None
+        build = build_spec(spec.get("build"), where, path.parent, env) if name != MAIN else None
         if name != MAIN and build is None and not spec.get("image"):
             raise TaskError(f"{where}: neither image nor build")
         services[name] = Service(
             name=name, image=None if spec.get("image") is None else str(spec["image"]),
-            build_dir=build, environment=environment(spec.get("environment"), env),
+            **(msgspec.structs.asdict(build) if build else {}), environment=environment(spec.get("environment"), env),
             command=argv(spec.get("command")), entrypoint=argv(spec.get("entrypoint")),
             healthcheck=healthcheck(spec.get("healthcheck"), where),
             depends_on=depends_on(spec.get("depends_on"), where, set(services_raw), notes),

@@ -33,6 +33,7 @@ message that says so (`load_task`).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -78,6 +79,19 @@ def _nested_struct(tp: object) -> type[msgspec.Struct] | None:
 def _known_fields(struct: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct] | None]:
     """field name -> nested Struct type (or None for a leaf)."""
     return {f.name: _nested_struct(f.type) for f in msgspec.structs.fields(struct)}
+
+
+def did_you_mean(path: str) -> str | None:
+    """The known task.toml key nearest to an unknown dotted `path`'s last part, among the keys
+    at the same level (`verifier.timeout_secs` -> `timeout_sec`), or None."""
+    *parents, last = re.sub(r"\[\d+\]", "", path).split(".")
+    struct: type[msgspec.Struct] | None = TaskConfig
+    for part in parents:
+        struct = _known_fields(struct).get(part) if struct is not None else None
+    if struct is None:
+        return None
+    close = difflib.get_close_matches(last, list(_known_fields(struct)), n=1, cutoff=0.7)
+    return close[0] if close else None
 
 
 def _split_unknown(
@@ -204,7 +218,8 @@ def verifier_separate(config: TaskConfig) -> bool:
 def task_notes(task_dir: Path, config: TaskConfig, unknown: dict[str, object]) -> list[str]:
     """The task.toml keys (and files) this STACX does not honour, one line each: unknown keys,
     and known keys set to something the Docker backend does not do."""
-    notes = [f"{key}: unknown key, ignored" for key in sorted(unknown)]
+    notes = [f"{key}: unknown key, ignored" + (f" (did you mean {near!r}?)" if near else "")
+             for key in sorted(unknown) for near in [did_you_mean(key)]]  # fmt: skip
     env = config.environment
     for key, cond, why in (
         ("environment.gpus", env.gpus > 0, "no GPUs are given to sandboxes"),

@@ -52,7 +52,6 @@ from stacx.events import (
     TurnActor,
     derive_id,
 )
-from stacx.harbor.tasks import load_task
 from stacx.imitation.config import ImitationConfig
 from stacx.ports import Environments, Generation, InfraFailure, SamplingParams, Task
 from stacx.rollout.episode import EpisodeSpec, run_episode
@@ -338,7 +337,7 @@ class BranchActor(Actor):
             return
         setup = BranchSetup(
             run_id=self.run_id,
-            task=load_task(parent[0]["task_path"]),
+            task=self.envs.task(parent[0]["task_path"]),
             parent_episode_id=event.episode_id,
             turn=pick_turn(event.episode_id, len(recorded), self.config.seed),
             iteration=int(parent[0]["iteration"]),

@@ -2,12 +2,19 @@
 messages (`template_messages`) and for the ids that end a reply (`turn_stop_ids`).
 
 `ToolChoice.prefills` gives what a reply is forced to start with for "required" or a named
-function: the template's own tool-call opening up to the arguments' brace, read off a call the
-template renders (so it works for any template that renders assistant tool calls, and for
-STACX's text format where the template has none); for "required" of several tools, one per
-tool, and the gateway picks among them by the model's scores (`pick_function`). Limits: a
-prefill, not a grammar: the arguments are the model's, and a reply that is not a well-formed
-call stays text.
+function: the template's own tool-call opening up to the arguments (Hermes:
+``<tool_call>\n{"name": "bash", "arguments":``), read off a call the template renders (so it works
+for any template that renders assistant tool calls, and for STACX's text format where the
+template has none); for "required" of several tools, one per tool, and the gateway picks among
+them by the model's scores (`pick_function`). `Opening.grammar` then holds the rest of the reply
+to the call's shape: the arguments as JSON valid under the tool's schema, then the call's
+closing text, decoded under that grammar by an engine that constrains (`SamplingParams.grammar`).
+`response_grammar` does the same for ``response_format`` json_object / json_schema.
+
+JSON is constrained to json.dumps' layout (``", "`` and ``": "``, no other whitespace), as the
+templates render calls: a small model cannot then wander in whitespace until its token limit.
+Limits: an engine without grammars gets the prefill alone (the arguments are the model's, and a
+reply that is not a well-formed call stays text); a reply cut by its token limit is a prefix.
 """
 
 from __future__ import annotations
@@ -15,32 +22,76 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import NamedTuple
 
 from stacx.inference.gateway_episode import GatewayEpisode
 from stacx.inference.openai_api import ApiError, Json, assistant_calls, content_text
 from stacx.ports import ChatTokenizer
 from stacx.toolcalls import render_tool_call, tools_system_prompt
 
+# json.dumps' layout and no other whitespace (llguidance's x-guidance options for %json)
+JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
+def json_grammar(schema: Json, lead: str = "", tail: str = "") -> str:
+    """An llguidance grammar (Lark form) of `lead`, then JSON valid under `schema`, then `tail`."""
+    value = {**schema, "x-guidance": JSON_LAYOUT}
+    parts = [json.dumps(lead)] if lead else []
+    parts.append("value")
+    parts += [json.dumps(tail)] if tail else []
+    return f"start: {' '.join(parts)}\nvalue: %json {json.dumps(value)}\n"
+
+
+def response_grammar(fmt: object) -> str:
+    """The grammar of ``response_format`` (OpenAI's shapes): "" for none or text; any JSON
+    object for json_object; the schema's JSON for json_schema."""
+    if fmt is None or fmt == {"type": "text"}:
+        return ""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return json_grammar({"type": "object"})
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict):
+        return json_grammar(spec.get("schema") or {})
+    raise ApiError("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                   "{'type': 'json_schema', 'json_schema': {'name': N, 'schema': {...}}}; "
+                   f"got {fmt!r}", param="response_format")  # fmt: skip
+
+
+class Opening(NamedTuple):
+    """How a forced call of `name` starts (`prefill`, ending before its arguments), the tag
+    that ends it (`close`, a stop string), and what comes between: `lead` (whitespace before
+    the arguments) and `tail` (the call's text after them, `close` included)."""
+
+    prefill: str = ""
+    close: str = ""
+    name: str = ""
+    lead: str = ""
+    tail: str = ""
+
+    def grammar(self, tools: list[Json]) -> str:
+        """The rest of the reply, held to the call's shape and the tool's parameters schema."""
+        [tool] = [t["function"] for t in tools if t["function"]["name"] == self.name][:1]
+        schema = tool.get("parameters") or {"type": "object"}
+        return json_grammar(schema, self.lead, self.tail)
+
 
 class ToolChoice:
-    """`tool_choice` -> the (prefill, closing tag) a reply may start with, per function name,
-    cached."""
+    """`tool_choice` -> the `Opening` a reply may start with, per function name, cached."""
 
     def __init__(self, tok: ChatTokenizer, native_tools: bool) -> None:
         self.tok, self.native_tools = tok, native_tools
-        self._openings: dict[str, tuple[str, str]] = {}
+        self._openings: dict[str, Opening] = {}
 
-    def prefills(self, choice: object, tools: list[Json]) -> list[tuple[str, str]]:
-        """What the reply may be forced to start with for `tool_choice`, and the tag that ends
-        it: nothing for "auto" and "none"; the model's tool-call opening up to the arguments'
-        opening brace for a named function ({"type": "function", "function": {"name": ...}})
-        and for "required" of one tool; for "required" of several tools, that opening for each
-        of them (the caller picks one: `pick_function`). The gateway owns the template, so this
-        prefill is what a constrained decoder would force first; the reply ends at the call's
-        closing tag (a stop string), as a constrained decoder ends at the call's end. The rest
-        is the model's: a reply that is not a well-formed call stays text."""
+    def prefills(self, choice: object, tools: list[Json]) -> list[Opening]:
+        """What the reply may be forced to start with for `tool_choice` (see `Opening`): nothing
+        for "auto" and "none"; the model's tool-call opening up to the arguments for a named
+        function ({"type": "function", "function": {"name": ...}}) and for "required" of one
+        tool; for "required" of several tools, that opening for each of them (the caller picks
+        one: `pick_function`). The rest of the reply is decoded under `Opening.grammar`; the
+        reply ends at the call's closing tag (a stop string) either way."""
         if choice in ("auto", "none"):
-            return [("", "")]
+            return [Opening()]
         names = list(dict.fromkeys(t["function"]["name"] for t in tools))
         named = choice.get("function") if isinstance(choice, dict) else None
         if choice == "required":  # the calls a constrained decoder allows: one of each tool
@@ -60,9 +111,9 @@ class ToolChoice:
                 self._openings[name] = self._opening(name)
         return [self._openings[name] for name in chosen]
 
-    def _opening(self, name: str) -> tuple[str, str]:
-        """How this template's assistant turn starts a call of `name`, cut inside the
-        arguments' braces, and the tag that closes a call: read off a rendered call."""
+    def _opening(self, name: str) -> Opening:
+        """How this template's assistant turn starts a call of `name`, cut before its
+        arguments, and what follows them: read off a rendered call."""
         mark = "STACXMARK"
         args = {mark: 0}
         if not self.native_tools:
@@ -80,10 +131,14 @@ class ToolChoice:
             text = full[len(head) :]
         at = text.find(json.dumps(mark))
         close = text[at:].partition("}")[2].strip().lstrip("}").strip()
-        if at < 0 or not close:
+        brace = text.rfind("{", 0, at)
+        if at < 0 or not close or brace < 0:
             raise ApiError("tool_choice: cannot find where this model's tool call opens and "
                            "closes", param="tool_choice")  # fmt: skip
-        return text[:at], close
+        end = text.index("}", at) + 1  # the arguments' object ends
+        prefill = text[:brace].rstrip()
+        return Opening(prefill=prefill, close=close, name=name, lead=text[len(prefill) : brace],
+                       tail=text[end : text.index(close, end) + len(close)])  # fmt: skip
 
 
 def pick_function(scores: list[float], temperature: float, seed: int | None) -> int:

@@ -60,8 +60,8 @@ class MultiStepReplays:
         multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
         all while requests wait that a free row can take (they are admitted between replays). Steps: see
         `_chunk_steps`."""
-        if self._graphed is None or self.decode_steps == 1:
-            return 1, False
+        if self._graphed is None or self.decode_steps == 1 or any(r.guide is not None for r in live):
+            return 1, False  # (a constrained row's tokens are masked one step at a time)
         sampled = any(r.row.temperature > 0 for r in live)
         if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
             return 1, False

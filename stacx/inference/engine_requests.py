@@ -12,6 +12,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from stacx.inference.guided import Guide
 from stacx.inference.sampling import RowParams
 from stacx.ports import Generation, SamplingParams
 
@@ -40,6 +41,7 @@ class Request:
     # weight version change points: output[version_starts[i]:] came from versions[i] onwards
     version_starts: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    guide: Guide | None = None  # its grammar's state (SamplingParams.grammar; stacx.inference.guided)
 
     @property
     def cached(self) -> int:

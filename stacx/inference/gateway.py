@@ -11,8 +11,11 @@ be the served name or one of its aliases (absent: the served name); any other is
 ``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
 usage), ``n``,
 ``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``logprobs``; vLLM's extensions ``top_k``, ``stop_token_ids``, ``ignore_eos``. Every
-choice also carries ``token_ids``, ``prompt_token_ids`` and ``weight_version``.
+``seed``, ``logprobs``, ``response_format`` (text, json_object, json_schema: decoded under the
+JSON's grammar, `chat_template.response_grammar`); vLLM's extensions ``top_k``, ``stop_token_ids``, ``ignore_eos``. Every
+choice carries ``weight_version``, and ``token_ids`` and ``prompt_token_ids`` when the request asks
+(``return_token_ids``, vLLM's name). A ``max_tokens`` beyond the context (with the prompt) is a
+400 naming both numbers; without one, a reply may use the rest of the context.
 
 The gateway owns the chat template and the tool-call format. A template with tools support (Qwen)
 gets ``tools`` and ``tool_calls`` as they are; for one without (SmolLM2's ChatML) the gateway
@@ -47,15 +50,17 @@ context) is a 400; anything else is our bug, a 500. An error answer to an episod
 recorded (`GatewayRefused`: route, status, type, code, param, message).
 
 Forced tool calls: ``tool_choice`` "required" or a named function is honoured by prefilling the
-assistant turn with the template's tool-call opening up to the arguments' brace (read off a
-rendered call: Hermes ``<tool_call>{"name": "bash", "arguments": {``) and ending the reply at the
-call's closing tag. For "required" of several tools the function is the one whose opening the
+assistant turn with the template's tool-call opening up to the arguments (read off a rendered
+call: Hermes ``<tool_call>{"name": "bash", "arguments":``), decoding the rest under a grammar of
+the call (arguments valid under the tool's JSON schema, then the call's closing text: llguidance
+in the engine, `SamplingParams.grammar`) and ending the reply at the call's closing tag. For "required" of several tools the function is the one whose opening the
 model scores likeliest after the prompt (one `Engine.score` pass per tool; drawn from those
 scores at temperature > 0, with the request's seed), as a constrained decoder picks the name;
 the ``n`` choices of a call share it, and ``top_p`` / ``top_k`` do not apply to that pick.
 The prefill ids, the function's name among them, are part of the recorded prompt; the output
-ids are the model's own. A reply that still is not a well-formed call (the model may write
-anything after the prefill) stays text.
+ids are the model's own, drawn under the grammar (their logprobs under the masked distribution).
+A reply cut by its token limit, or from an engine without grammars (prefill only), may still not
+be a well-formed call: it stays text.
 
 Stop strings, streamed or not: once every choice of a call has finished or written a stop string,
 the engine's requests are aborted (the rest would be cut), on an engine that streams; the ids
@@ -79,6 +84,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Sequence
 
+import msgspec
 from aiohttp import web
 
 from stacx.errors import EngineError
@@ -86,8 +92,10 @@ from stacx.events import Emit, new_id
 from stacx.inference import anthropic_api
 from stacx.inference.anthropic_api import anthropic_errors
 from stacx.inference.chat_template import (
+    Opening,
     ToolChoice,
     pick_function,
+    response_grammar,
     template_messages,
     turn_stop_ids,
 )
@@ -105,6 +113,7 @@ from stacx.inference.openai_api import (
     opt,
     request_body,
     request_tools,
+    shown,
     stop_strings,
 )
 from stacx.inference.streaming import (
@@ -141,6 +150,9 @@ class Gateway:
         self.stop_ids = turn_stop_ids(tokenizer)
         self._episodes: dict[str, GatewayEpisode] = {}
         self.tool_choice = ToolChoice(tokenizer, self.native_tools)
+        # the engine decodes under a grammar (SamplingParams.grammar): forced calls' arguments
+        # follow the tool's schema, response_format JSON is honoured
+        self.grammars = bool(getattr(engine, "grammars", False))
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for prefix in ("", "/e/{credential}"):
@@ -219,7 +231,7 @@ class Gateway:
             return closed.resp or web.Response(status=499)  # nobody reads it
         if call.streams is not None:
             return await call.streams.finish(out["choices"], finals, out["usage"])
-        return web.json_response(out)
+        return web.json_response(shown(out, body))
 
     async def chat(
         self, body: Json, ep: GatewayEpisode | None, request: web.Request
@@ -234,9 +246,10 @@ class Gateway:
         if opt(body, "top_logprobs", int, 0, 20, 0):
             raise ApiError("top_logprobs > 0 is not supported: the engine returns the sampled "
                            "token's logprob only", param="top_logprobs")  # fmt: skip
-        fmt = body.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise ApiError("response_format: only {'type': 'text'} is supported",
+        grammar = response_grammar(body.get("response_format"))
+        if grammar and (options[0].prefill or not self.grammars):
+            raise ApiError("response_format json_object / json_schema needs an engine that constrains "
+                           "decoding (the torch engine) and no forced tool_choice",
                            param="response_format")  # fmt: skip
         messages = template_messages(self.native_tools, body.get("messages"), tools, ep)
         kwargs: Json = {"tools": tools} if tools and self.native_tools else {}
@@ -248,11 +261,14 @@ class Gateway:
             raise ApiError(f"the chat template rejected the messages: {exc}",
                            param="messages") from exc  # fmt: skip
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        prompt, prefill, close = await self._prefilled(text, options, body, max_key, ep)
+        prompt, opening = await self._prefilled(text, options, body, max_key, ep)
+        prefill = opening.prefill
+        if opening.name and self.grammars:  # the arguments under the tool's schema
+            grammar = opening.grammar(tools)
         parse = bool(tools) and choice_mode != "none"
         call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
                                     request=request, parse_tools=parse, held=bool(prefill),
-                                    close=close)  # fmt: skip
+                                    close=opening.close, grammar=grammar)  # fmt: skip
         choices, finals = [], []
         for i, (gen, generated) in enumerate(call.outputs):
             out_text = prefill + generated  # the assistant message as the model's turn reads
@@ -280,20 +296,19 @@ class Gateway:
     async def _prefilled(
         self,
         text: str,
-        options: list[tuple[str, str]],
+        options: list[Opening],
         body: Json,
         max_key: str,
         ep: GatewayEpisode | None,
-    ) -> tuple[list[int], str, str]:
-        """The prompt ids of the rendered `text` + a forced prefill, that prefill and its
-        closing tag: the only option, or for "required" of several tools the one whose call
+    ) -> tuple[list[int], Opening]:
+        """The prompt ids of the rendered `text` + a forced prefill, and its `Opening`: the only option, or for "required" of several tools the one whose call
         the model scores likeliest (`pick_function`; one extra scoring pass per tool), sampled
         with the request's own temperature and seed."""
         prompts = [ep.prompt_ids(text + p, self.tok) if ep is not None
                    else list(self.tok.encode(text + p, add_special_tokens=False))
-                   for p, _ in options]  # fmt: skip
+                   for p, *_ in options]  # fmt: skip
         if len(options) == 1:
-            return prompts[0], *options[0]
+            return prompts[0], options[0]
         params = self._sampling(body, prompts, max_key)  # the request's limits, checked once
         # where the names part: the openings differ before the shorter one ends
         at = next(i for i, t in enumerate(zip(*prompts, strict=False)) if len(set(t)) > 1)
@@ -302,7 +317,7 @@ class Gateway:
         except EngineError as exc:
             raise ApiError(f"the engine refused the request: {exc}") from exc
         k = pick_function(scores, params.temperature, params.seed)
-        return prompts[k], *options[k]
+        return prompts[k], options[k]
 
     def _chat_logprobs(self, gen: Generation) -> Json:
         return {"content": [
@@ -362,7 +377,7 @@ class Gateway:
         if call.streams is not None:
             finals = [text for _, text in call.outputs]
             return await call.streams.finish(choices, finals, out["usage"])
-        return web.json_response(out)
+        return web.json_response(shown(out, body))
 
     # ---- requests -> prompt ids ---------------------------------------------------------------
 
@@ -402,20 +417,22 @@ class Gateway:
         echo: bool = False,
         held: bool = False,
         close: str = "",
+        grammar: str = "",
     ) -> _Call:
         """Generate (n per prompt), cut at stop strings, record; with ``stream: true`` the
         choices' text goes out to `request`'s client as the engine's ids arrive (`call.streams`;
         the finish chunks are the caller's, after the recording). A client gone before the
         generation is done aborts it and records nothing (`StreamClosed`). `held`: no text is
         streamed as it comes (the reply continues a prefilled tool call); `close`: a stop string
-        of the gateway's own (a forced tool call's closing tag), kept in the reply's text."""
+        of the gateway's own (a forced tool call's closing tag), kept in the reply's text;
+        `grammar`: the output is decoded under it (`SamplingParams.grammar`)."""
         n = opt(body, "n", int, 1, MAX_N, 1)
         stops = stop_strings(body.get("stop")) + ([close] if close else [])
-        params = self._sampling(body, prompts, max_key)
+        params = msgspec.structs.replace(self._sampling(body, prompts, max_key), grammar=grammar)
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
-        call = _Call(prompts=expanded, n=n, request_id=f"chatcmpl-{new_id()}",
-                     created=int(time.time()))  # fmt: skip
+        kind = "chatcmpl" if "messages" in body else "cmpl"  # OpenAI's id prefixes
+        call = _Call(prompts=expanded, n=n, request_id=f"{kind}-{new_id()}", created=int(time.time()))
 
         def decode(ids: list[int]) -> str:
             return self.tok.decode(ids, skip_special_tokens=skip_special)
@@ -429,6 +446,7 @@ class Gateway:
                  "object": "chat.completion.chunk" if "messages" in body else "text_completion"},
                 texts, chat="messages" in body, usage=include_usage(body),
                 heads=[self.tok.decode(p) for p in expanded] if echo else None,
+                token_ids=bool(body.get("return_token_ids")),
             )  # fmt: skip
         try:
             gens = await run_choices(self.engine, expanded, params, call.streams,
@@ -459,6 +477,11 @@ class Gateway:
                            f"{self.max_len}", param="messages" if "messages" in body else "prompt",
                            code="context_length_exceeded")  # fmt: skip
         max_new = opt(body, max_key, int, 1, None, None)
+        if max_new is not None and longest + max_new > self.max_len:  # as vLLM and OpenAI answer
+            raise ApiError(f"{max_key} is {max_new} and the prompt {longest} tokens: {longest + max_new} "
+                           f"in all, beyond this model's context of {self.max_len} tokens "
+                           f"({max_key} <= {self.max_len - longest} here)", param=max_key,
+                           code="context_length_exceeded")  # fmt: skip
         extra_stops = opt(body, "stop_token_ids", list, None, None, [])
         if not all(isinstance(t, int) for t in extra_stops):
             raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
@@ -468,7 +491,7 @@ class Gateway:
         if body.get("logit_bias"):
             raise ApiError("logit_bias is not supported", param="logit_bias")
         return SamplingParams(
-            max_new_tokens=min(max_new or self.default_max_tokens, self.max_len - longest),
+            max_new_tokens=max_new or min(self.default_max_tokens, self.max_len - longest),
             temperature=opt(body, "temperature", float, 0.0, 2.0, 1.0),
             top_p=opt(body, "top_p", float, 0.0, 1.0, 1.0) or 1.0,
             top_k=opt(body, "top_k", int, -1, None, -1),

@@ -21,7 +21,7 @@ CHAT_KEYS = {
     "top_logprobs", "stream", "stream_options", "user", "metadata", "store",
     "frequency_penalty", "presence_penalty", "response_format", "top_k", "stop_token_ids",
     "ignore_eos", "logit_bias", "skip_special_tokens",
-    # always answered: every choice carries token_ids and prompt_token_ids (vLLM's extension)
+    # vLLM's extension: each choice carries token_ids and prompt_token_ids (`shown`)
     "return_token_ids",
     # opaque hints with no effect on what is generated (OpenHands sends prompt_cache_key)
     "prompt_cache_key", "safety_identifier",
@@ -30,6 +30,17 @@ COMPLETION_KEYS = (CHAT_KEYS - {"messages", "tools", "tool_choice", "parallel_to
                                   "max_completion_tokens", "top_logprobs", "response_format",
                                   "store", "metadata"}) | {"prompt", "echo", "suffix", "best_of",
                                   "return_tokens_as_token_ids"}  # fmt: skip
+
+
+TOKEN_ID_KEYS = ("token_ids", "prompt_token_ids")
+
+
+def shown(out: Json, body: Json) -> Json:
+    """An answer as it is sent: each choice's ``token_ids`` and ``prompt_token_ids`` only when
+    the request asked (``return_token_ids``, as vLLM names it); the gateway keeps them inside."""
+    if body.get("return_token_ids"):
+        return out
+    return {**out, "choices": [{k: v for k, v in c.items() if k not in TOKEN_ID_KEYS} for c in out["choices"]]}
 
 
 class ApiError(Exception):

@@ -75,6 +75,8 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def sglang_sampling_params(params: SamplingParams) -> dict[str, object]:
+    if params.grammar:
+        raise EngineError("constrained decoding (SamplingParams.grammar) is not wired to SGLang here")
     out: dict[str, object] = {
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,

@@ -137,10 +137,12 @@ class ChoiceStreams:
 
     def __init__(
         self, request: web.Request, base: Json, texts: list[TextStream], *, chat: bool,
-        usage: bool, heads: list[str] | None = None,
+        usage: bool, heads: list[str] | None = None, token_ids: bool = False,
     ) -> None:  # fmt: skip
+        """`token_ids`: each choice's last chunk carries its ``token_ids`` (the request's
+        ``return_token_ids``)."""
         self.request, self.base, self.texts, self.chat = request, base, texts, chat
-        self.usage, self.heads = usage, heads
+        self.usage, self.heads, self.token_ids = usage, heads, token_ids
         self.resp: web.StreamResponse | None = None
 
     @property
@@ -190,8 +192,9 @@ class ChoiceStreams:
                 await self._send(
                     i, {"tool_calls": [{"index": k, **t} for k, t in enumerate(calls)]}
                 )
-            end: Json = {"index": i, "logprobs": c["logprobs"], "finish_reason": c["finish_reason"],
-                         "token_ids": c["token_ids"]}  # fmt: skip
+            end: Json = {"index": i, "logprobs": c["logprobs"], "finish_reason": c["finish_reason"]}
+            if self.token_ids:
+                end["token_ids"] = c["token_ids"]
             if self.chat:
                 end["delta"] = {}
             else:

@@ -75,6 +75,7 @@ from stacx.inference.engine_requests import (
     put_tokens,
 )
 from stacx.inference.engine_setup import decode_path, place_model, set_threads
+from stacx.inference.guided import Guides, mask_logits
 from stacx.inference.kv_plan import KVPlan, Place, new_plan
 from stacx.inference.sampling import sample_rows
 from stacx.ports import Generation, GenerationDelta, SamplingParams
@@ -92,6 +93,7 @@ class TorchEngine(MultiStepReplays):
     """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
 
     name = "torch"
+    grammars = True  # honours SamplingParams.grammar (stacx.inference.guided)
 
     def __init__(
         self,
@@ -146,6 +148,7 @@ class TorchEngine(MultiStepReplays):
         self.max_len = self.decoder.max_len
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
+        self._guides = Guides(self.tokenizer, self.vocab_size)  # SamplingParams.grammar
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
         self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
                                     block=kv_block, cache_bytes=cache_bytes)  # fmt: skip
@@ -313,6 +316,8 @@ class TorchEngine(MultiStepReplays):
         if too_long:
             raise EngineError(f"prompt of {len(prompt)} tokens: {too_long}")
         req = new_request(prompt, params, index, loop, self.device, self.eos_ids)
+        if params.grammar:
+            req.guide = self._guides.new(params.grammar)
         if params.max_new_tokens <= 0:
             req.future.set_result(req.generation("length", self._version))
         return req
@@ -512,6 +517,7 @@ class TorchEngine(MultiStepReplays):
 
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
+        logits_B_V = mask_logits(logits_B_V, [r.guide for r in reqs])  # constrained rows
         tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
         # one device->host transfer (ids < 2**24 are exact in float32)
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
@@ -528,7 +534,7 @@ class TorchEngine(MultiStepReplays):
             r.versions.append(self._version)
         r.output.append(tok)
         r.logprobs.append(lp)
-        if tok in r.stop_ids:
+        if tok in r.stop_ids or (r.guide is not None and r.guide.consume(tok)):
             self._finish(r, "stop")
             return True
         if len(r.output) >= r.params.max_new_tokens or len(r.prompt) + len(r.output) >= self.max_len:

@@ -109,11 +109,15 @@ class TasksSection(_Section, frozen=True):
     max_iterations: int = 0  # cap on rollout iterations (0: 4 x trainer.steps); see scheduler
 
 
+PYTHON_AGENTS = ("retool", "mle")  # agents that run ```python blocks (agent.format = "python")
+
+
 class AgentSection(_Section, frozen=True):
     # retool: math reasoning with Python runs and a \boxed{} answer (stacx.agents.retool)
     # installed: a black-box scaffold from PyPI in the task container, through the model gateway
     # (stacx.agents.installed); which one is `scaffold`
-    name: Literal["swe", "oracle", "null", "retool", "installed"] = "swe"
+    # mle: tabular ML engineering, Python runs then SUBMIT (stacx.agents.mle)
+    name: Literal["swe", "oracle", "null", "retool", "mle", "installed"] = "swe"
     # agent.name = "installed": a shipped scaffold (stacx/agents/scaffolds/) or a spec file (.toml)
     scaffold: str = ""
     # ... or the spec itself, inline: [agent.scaffold_spec] (stacx.agents.scaffold_spec's keys)
@@ -445,13 +449,17 @@ def _agent_problems(r: Recipe) -> list[str]:
     out: list[str] = []
     algo = r.algorithm.name
     a = r.agent
-    if a.format == "python" and a.name != "retool":
-        out.append("agent.format = 'python': the retool agent's format (use tool_call or bash)")
-    if a.name == "retool" and a.format == "bash":
-        out.append("agent.format = 'bash': the retool agent runs python (use python or tool_call)")
-    if a.name == "retool" and r.algorithm.algo.roll_in:
+    if a.format == "python" and a.name not in PYTHON_AGENTS:
         out.append(
-            f"agent.name = 'retool' with algorithm.name = {algo!r}: the imitation roll-ins "
+            "agent.format = 'python': the retool and mle agents' format (use tool_call or bash)"
+        )
+    if a.name in PYTHON_AGENTS and a.format == "bash":
+        out.append(
+            f"agent.format = 'bash': the {a.name} agent runs python (use python or tool_call)"
+        )
+    if a.name in PYTHON_AGENTS and r.algorithm.algo.roll_in:
+        out.append(
+            f"agent.name = {a.name!r} with algorithm.name = {algo!r}: the imitation roll-ins "
             f"run the SWE agent only (use {_without('roll_in')})"
         )
     return out
@@ -477,7 +485,9 @@ def _engine_problems(r: Recipe) -> list[str]:
                     "on one device of the worker's process)"
                 )
     elif e.kv_cache != defaults.kv_cache:
-        out.append(f"engine.kv_cache = {e.kv_cache!r}: torch only (an SGLang server pages its own cache)")
+        out.append(
+            f"engine.kv_cache = {e.kv_cache!r}: torch only (an SGLang server pages its own cache)"
+        )
     if e.backend != "torch" and (e.url or e.backend == "openai"):
         fixed = {f"engine.{k}": (getattr(e, k), getattr(defaults, k)) for k in _SERVER_KEYS}
         fixed["model.dtype"] = (r.model.dtype, ModelSection().dtype)

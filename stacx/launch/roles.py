@@ -16,17 +16,18 @@ from stacx.actors.base import Actor
 from stacx.agents.chat import ChatFormat
 from stacx.agents.formats import get_format
 from stacx.agents.loop import AgentConfig, loop_agents
+from stacx.agents.mle import MleTools
 from stacx.agents.policies import EnginePolicy, always
 from stacx.agents.retool import RetoolTools
 from stacx.agents.swe import SweTools
 from stacx.errors import ConfigError
-from stacx.events import Event, RollIn, TurnActor, WeightsLoaded
+from stacx.events import Event, RollIn, TurnActor, WeightsLoaded, derive_id
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch import memory
 from stacx.launch.engines import open_engine, open_tokenizer
 from stacx.launch.judges import open_judge
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import PYTHON_AGENTS, Recipe
 from stacx.launch.scripted import scripted_executors
 from stacx.ports import ChatTokenizer, Engine, Environments, MakeAgent
 from stacx.rollout.manager import RolloutConfig, RolloutManager
@@ -51,9 +52,11 @@ class MixtureWorker(MixtureRolloutManager):
 def agent_config(recipe: Recipe) -> AgentConfig:
     """The agent loop's settings, with the recipe's agent as its tool adapter."""
     a = recipe.agent
-    tools: SweTools | RetoolTools
+    tools: SweTools | RetoolTools | MleTools
     if a.name == "retool":
         tools = RetoolTools(style="tool_call" if a.format == "tool_call" else "python")
+    elif a.name == "mle":
+        tools = MleTools(style="tool_call" if a.format == "tool_call" else "python")
     elif a.format == "python":  # the retool agent's (recipe.cross_check rejects it for swe)
         raise ConfigError("agent.format = 'python': the SWE agent writes tool_call or bash")
     else:
@@ -73,6 +76,7 @@ def rollout_config(recipe: Recipe) -> RolloutConfig:
     policy = {
         "swe": RollIn.STUDENT,
         "retool": RollIn.STUDENT,
+        "mle": RollIn.STUDENT,
         "installed": RollIn.STUDENT,
         "oracle": RollIn.ORACLE,
         "null": RollIn.NULL,
@@ -198,13 +202,21 @@ async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[lis
     async with contextlib.AsyncExitStack() as stack:
         student, _ = await student_engine(stack, recipe, env)
         assert isinstance(student, TorchEngine)
+        label = f"engine-{index}"
+        if student.weight_version > 0:  # started on a durable version (a restart): say so, as
+            # WeightSync would have, so that rollout workers waiting on it (ServedVersion) see it
+            await env.emit(WeightsLoaded(
+                run_id=env.run_id,
+                event_id=derive_id(env.run_id, "WeightsLoaded", label, student.weight_version),
+                version=student.weight_version, engine=label, transport="file",
+            ))  # fmt: skip
         server = Server(student, model_name=recipe.model.path)
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         url = urlsplit(env.engine_url)
         await web.TCPSite(runner, url.hostname, url.port).start()
-        yield [WeightSync(student, label=f"engine-{index}", handoff=env.handoff)]
+        yield [WeightSync(student, label=label, handoff=env.handoff)]
 
 
 async def student_engine(
@@ -342,7 +354,7 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 # the student's format: a label ends where a student's reply would
                 stop_token_ids=(
                     ChatFormat(tokenizer).stop_token_ids  # retool: a reply ends at end of turn
-                    if recipe.agent.name == "retool"
+                    if recipe.agent.name in PYTHON_AGENTS
                     else get_format(recipe.agent.format).stop_token_ids(ChatFormat(tokenizer))
                 ),
                 label=algo.teacher == Teacher.LABEL,

@@ -147,16 +147,16 @@ class DockerBeside:
             await self._pool.release(own, reason="scaffold done")
 
     async def _built(self) -> str:
-        from stacx.sandbox.images import SUITES, bootstrap_base_image
+        from stacx.sandbox.images import ensure_base
         from stacx.sandbox.layers import ImageLayer, layered_image
 
         assert self.spec.beside is not None
         base = self.spec.beside.base_image
         async with self._lock:
             if self._image is None:
-                suite = base.removeprefix("stacx/base:")
-                if suite in SUITES:  # STACX's own offline base: built here when missing
-                    await asyncio.to_thread(bootstrap_base_image, tag=base, suite=suite)
+                # STACX's own offline base: built here when missing, as for any task (the
+                # alias map never depends on which bases exist)
+                await asyncio.to_thread(ensure_base, base)
                 layer = ImageLayer(name=f"{self.spec.name}-beside",
                                    run=self.spec.beside_commands())  # fmt: skip
                 self._image = await layered_image(self._docker, base, layer)

@@ -41,6 +41,8 @@ from stacx.events import (
     RewardAssigned,
     RollIn,
     StopReason,
+    ToolCalled,
+    ToolReturned,
     TurnGenerated,
     derive_id,
 )
@@ -91,6 +93,8 @@ class _Steps:
         self.turns: set[int] = set()
         self.offset = 0
         self.step = ""
+        # calls without a ToolReturned yet, by call id, with when they were made
+        self.open: dict[str, tuple[ToolCalled, float]] = {}
 
     def next_step(self, name: str) -> None:
         self.offset = max(self.turns) + 1 if self.turns else self.offset
@@ -106,7 +110,23 @@ class _Steps:
             )
         if isinstance(event, TurnGenerated):
             self.turns.add(event.turn)
+        elif isinstance(event, ToolCalled):
+            self.open[event.call_id] = (event, time.perf_counter())
+        elif isinstance(event, ToolReturned):
+            self.open.pop(event.call_id, None)
         await self._emit(event)
+
+    async def cut(self, timeout: float) -> None:
+        """Close every call the agent timeout interrupted with its ToolReturned (timed_out), so
+        no ToolCalled stays without an answer in the log."""
+        for call, started in list(self.open.values()):
+            await self._emit(ToolReturned(
+                run_id=call.run_id, event_id=derive_id(call.event_id, "ToolReturned", "cut"),
+                episode_id=call.episode_id, turn=call.turn, call_id=call.call_id, tool=call.tool,
+                timed_out=True, error=f"cut by the task's agent timeout ({timeout:g} s)",
+                duration_ms=(time.perf_counter() - started) * 1000,
+            ))  # fmt: skip
+        self.open.clear()
 
 
 def episode_id_for(run_id: str, group_id: str, sample_index: int, attempt: int) -> str:
@@ -390,8 +410,9 @@ async def _act(
         return await asyncio.wait_for(loop, timeout)
     except TimeoutError:
         # The cancelled loop returns nothing: count what it emitted before the timeout.
+        await ran.cut(timeout)
         return AgentResult(
-            stop_reason=StopReason.TIMEOUT,
+            stop_reason=StopReason.AGENT_TIMEOUT,
             n_turns=len(ran.turns) - before_turns,
             transcript_ids=[],
         )

@@ -6,7 +6,10 @@ so each task goes to one worker; a worker runs `max_inflight` tasks and at most
 
 Per task: `n_samples` samples form the group (`group_id` from the event). Each sample runs
 attempts until one is scored or `max_attempts` infrastructure failures happened; every
-failure is an InfraFailed (`will_retry` says whether another attempt follows), never a 0.
+failure is an InfraFailed (`will_retry` says whether another attempt follows), never a 0. A
+failure that the configuration causes (InfraFailure.retryable false) ends the sample at once,
+and an image build that fails as the previous attempt's did (same first line) ends it at the
+second.
 
 Idempotency: episode ids are `derive_id(run_id, group_id, sample_index, attempt)`. Before a
 sample runs, the log is asked what its attempts did (the `attempts` view): a scored sample or one whose
@@ -135,6 +138,7 @@ class RolloutManager(Actor):
                 "abandoned: its worker stopped before the episode ended",
                 retry,
             )
+        previous = ""  # the signature of this run's last failed attempt (InfraFailure.signature)
         for attempt in range(state.next_attempt, self.config.max_attempts):
             spec = EpisodeSpec(
                 run_id=self.run_id,
@@ -161,11 +165,17 @@ class RolloutManager(Actor):
                     )
                     return
                 except InfraFailure as failure:
-                    retry = attempt + 1 < self.config.max_attempts
+                    # a failure the configuration causes, or one that repeats the previous
+                    # attempt's exactly, is deterministic: recorded once more, never retried
+                    again = failure.retryable and not (previous and failure.signature() == previous)
+                    retry = again and attempt + 1 < self.config.max_attempts
                     log.warning("episode %s attempt %d: %s", spec.episode_id, attempt, failure)
                     await self._failed(
                         event, spec.episode_id, attempt, failure.kind, failure.message, retry
                     )
+                    if not retry:
+                        return
+                    previous = failure.signature()
 
     async def emit_episode_event(self, event: Event) -> None:
         """Publish one event of an episode (the hook a subclass overrides to annotate them,

@@ -66,6 +66,11 @@ FAILURES_SQL = """SELECT failure_kind, will_retry, count(*) AS failures, any_val
 FROM infra_failed
 GROUP BY failure_kind, will_retry ORDER BY failures DESC"""
 
+SCAFFOLD_SQL = """SELECT scaffold, exit_code, count(*) AS failures, any_value(stderr_last_line) AS stderr
+FROM scaffold_failures
+GROUP BY scaffold, exit_code ORDER BY failures DESC"""
+SCAFFOLD_TITLE = "Scaffold failures (exited before its first model call; never scored)"
+
 UNSCORED_SQL = "SELECT count(*) AS unscored_samples FROM samples WHERE NOT scored"
 
 PROGRESS_SQL = "SELECT count(*) AS done FROM samples WHERE done"
@@ -78,11 +83,14 @@ async def run_table(query: Query, sql: str) -> Table:
 
 
 async def report(query: Query, k: int) -> list[tuple[str, Table]]:
-    """Every table of the eval report, titled, in print order."""
+    """Every table of the eval report, titled, in print order (scaffold failures only when
+    there are some; unscored samples last)."""
+    scaffold = await run_table(query, SCAFFOLD_SQL)
     return [
         ("Scores", await run_table(query, summary_sql(k))),
         ("Effort", await run_table(query, EFFORT_SQL)),
         ("Stop reasons", await run_table(query, STOPS_SQL)),
         ("Infrastructure failures", await run_table(query, FAILURES_SQL)),
+        *([(SCAFFOLD_TITLE, scaffold)] if scaffold[2] else []),
         ("Unscored samples", await run_table(query, UNSCORED_SQL)),
     ]

@@ -16,6 +16,9 @@ Modules (import what you use; this package imports nothing heavy):
 - steps     a multi-step task's per-step setup (workdir/, setup.sh, the step's healthcheck)
 - environments  the `Environments` port over Docker (build, pool, healthcheck, verifier)
 - process   ProcessSandbox: the process backend (temp root, rlimits, namespaces), no Docker
+- containment  what the machine allows (namespaces), the sandbox root, a command's rlimits
+- spawner, spawner_main  the process sandbox's spawner: commands forked from a small process
+            in the sandbox's namespaces, never from the caller (STYLE principle 21)
 - process_environments  the `Environments` port over process sandboxes (image-less tasks)
 - gc        find and remove orphaned sandbox containers
 - service   `stacx sandbox serve`: this host's sandboxes over NATS request/reply

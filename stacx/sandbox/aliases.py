@@ -11,8 +11,10 @@ explicitly; its entries win), then the built-in defaults, then an offline stand-
 package registry (stacx.sandbox.standins: uv's images), then the image as written if the local
 engine has it; anything else is a TaskError naming the image and the task.
 
-The map is a compatibility shim, not an emulation: `ubuntu:24.04` becomes Debian trixie, so a
-Dockerfile that needs an Ubuntu-only package or python3.12 specifically will fail its build.
+Each name maps to a base of the same distribution and Python minor where one can be built
+(stacx.sandbox.images): python:3.12* and ubuntu:24.04 on Ubuntu noble, python:3.11* and
+debian:12 on bookworm, python:3.13+ and debian:13 on trixie. The answer never depends on what
+the host happens to have built: a base is built on demand the first time a task needs it.
 Among the patterns that match, the user's come first, then the most specific (`_specificity`).
 """
 
@@ -26,19 +28,19 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from stacx.errors import ConfigError, TaskError
-from stacx.sandbox.images import BASE_IMAGE, PYTHON_MINOR, TRIXIE_IMAGE
+from stacx.errors import BaseUnavailableError, ConfigError, TaskError
+from stacx.sandbox.images import BASE_IMAGE, DISTRO, NOBLE_IMAGE, PYTHON_MINOR, TRIXIE_IMAGE
 from stacx.sandbox.standins import PREFIX, standin, standin_base
 
 ENV_VAR = "STACX_IMAGE_ALIASES"
 
-# Python images go to the base whose Python is the nearest (bookworm 3.11, trixie 3.13; no
-# Debian ships 3.12: see the README's "Base images"). The most specific matching pattern wins,
-# whatever the order (`_specificity`): a pattern naming a version beats one naming only a suite
+# Each image goes to the base of its distribution and Python minor (3.8-3.10 to the oldest
+# here, bookworm's 3.11). The most specific matching pattern wins, whatever the order
+# (`_specificity`): a pattern naming a version beats one naming only a suite
 # (python:3.12-slim-bookworm is python:3.12*), a longer literal beats a shorter.
 DEFAULT_ALIASES: dict[str, str] = {
     "python:3.11*": BASE_IMAGE,
-    "python:3.12*": TRIXIE_IMAGE,
+    "python:3.12*": NOBLE_IMAGE,
     "python:3.13*": TRIXIE_IMAGE,
     "python:3.14*": TRIXIE_IMAGE,
     "python:3.*": BASE_IMAGE,  # 3.8, 3.9, 3.10: the oldest Python here
@@ -52,13 +54,13 @@ DEFAULT_ALIASES: dict[str, str] = {
     "debian:13*": TRIXIE_IMAGE,
     "debian:testing*": TRIXIE_IMAGE,
     "debian:*": BASE_IMAGE,
-    # Ubuntu 24.04 (noble) and later on trixie, older on bookworm: chosen by measured
-    # fidelity (README, "Base images": package names and versions tasks install)
-    "ubuntu:24.04*": TRIXIE_IMAGE,
-    "ubuntu:noble*": TRIXIE_IMAGE,
-    "ubuntu:2[5-9].*": TRIXIE_IMAGE,
-    "ubuntu:latest": TRIXIE_IMAGE,
-    "ubuntu:rolling": TRIXIE_IMAGE,
+    # Ubuntu 24.04 (noble) and later on noble itself (apt package names and versions are what
+    # Ubuntu tasks install); older Ubuntu on bookworm, the nearest older Debian
+    "ubuntu:24.04*": NOBLE_IMAGE,
+    "ubuntu:noble*": NOBLE_IMAGE,
+    "ubuntu:2[5-9].*": NOBLE_IMAGE,
+    "ubuntu:latest": NOBLE_IMAGE,
+    "ubuntu:rolling": NOBLE_IMAGE,
     "ubuntu:*": BASE_IMAGE,
     "buildpack-deps:*": BASE_IMAGE,
 }
@@ -132,7 +134,6 @@ class AliasMap:
         self.user = {normalize_pattern(k): v for k, v in (aliases or {}).items()}
         self.defaults = {normalize_pattern(k): v for k, v in defaults.items()}
         self._exists = exists
-        self._known: dict[str, bool] = {}
 
     @classmethod
     def from_env(cls, path: str | Path | None = None) -> AliasMap:
@@ -154,12 +155,9 @@ class AliasMap:
         return None
 
     def resolve(self, image: str, *, task: str = "?") -> str:
-        """The local image to use for `image`; raises TaskError when there is none. A default
-        alias onto stacx/base:trixie falls back to stacx/base:bookworm while trixie is not
-        built (`fidelity` says so)."""
+        """The local image to use for `image` (a STACX base may still have to be built:
+        stacx.sandbox.build); raises BaseUnavailableError when there is none."""
         target = self.lookup(image)
-        if target == TRIXIE_IMAGE and not self._base_exists(TRIXIE_IMAGE):
-            return BASE_IMAGE
         if target is not None:
             return target
         target = standin(normalize(image))
@@ -168,18 +166,11 @@ class AliasMap:
         exists = self._exists or _local_image_exists
         if exists(image) or exists(normalize(image)):
             return image
-        raise TaskError(
+        raise BaseUnavailableError(
             f"task {task}: base image {image!r} cannot be pulled here and has no alias; "
             f"add one to the alias file (${ENV_VAR}), e.g. "
             f'"{normalize(image)}" = "{BASE_IMAGE}", or build the image locally'
         )
-
-
-    def _base_exists(self, image: str) -> bool:
-        if image not in self._known:
-            exists = self._exists or _local_image_exists
-            self._known[image] = exists(image)
-        return self._known[image]
 
     def fidelity(self, image: str) -> str | None:
         """Why `image` mapped onto its local stand-in is not faithful, or None when it is."""
@@ -203,12 +194,14 @@ class AliasMap:
         repo, _, tag = name.partition(":")
         if repo == "python":
             return _python_fidelity(image, tag, target, base_minor)
-        if repo == "debian":
-            suite = target.rsplit(":", 1)[-1]
-            if tag.split("-")[0] in (suite, {"bookworm": "12", "trixie": "13"}[suite]):
+        suite = target.rsplit(":", 1)[-1]
+        distro = DISTRO[suite]
+        if repo in ("debian", "ubuntu") and repo == distro.lower():
+            release = {"bookworm": "12", "trixie": "13", "noble": "24.04"}[suite]
+            if tag.split("-")[0] in (suite, release) or (repo, tag) == ("ubuntu", "latest"):
                 return None
-            return f"{image} runs on {target} (Debian {suite}, not {tag})"
-        return f"{image} runs on {target} (Debian, not {repo}: packages and versions differ)"
+            return f"{image} runs on {target} ({distro} {suite}, not {tag})"
+        return f"{image} runs on {target} ({distro} {suite}, not {repo}: packages and versions differ)"
 
 
 _DEBIAN_SUITES = ("buster", "bullseye", "bookworm", "trixie", "alpine")
@@ -229,8 +222,9 @@ def _python_fidelity(image: str, tag: str, target: str, base_minor: str) -> str 
         why.append(f"means the newest Python; it runs on {target} (Python {base_minor})")
     suite = target.rsplit(":", 1)[-1]
     named = next((s for s in _DEBIAN_SUITES if s in tag), None)
+    distro = DISTRO[suite]
     if named is not None and named != suite:
-        why.append(f"Debian {suite}, not {named}" if why else f"runs on {target} (Debian "
+        why.append(f"{distro} {suite}, not {named}" if why else f"runs on {target} ({distro} "
                    f"{suite}, not {named})")  # fmt: skip
     return f"{image} " + "; ".join(why) if why else None
 
@@ -269,12 +263,14 @@ _ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.IGNOR
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def rewrite_dockerfile(text: str, aliases: AliasMap, *, task: str = "?") -> tuple[str, list[str]]:
+def rewrite_dockerfile(
+    text: str, aliases: AliasMap, *, task: str = "?", build_args: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
     """Rewrite every FROM of a Dockerfile through the alias map.
 
     Returns the new text and the resolved base images (in order). Stage names (`FROM base AS
     build` ... `FROM build`) and `scratch` are left alone; `${ARG}` in a FROM is expanded from
-    ARG defaults declared before the first FROM. Line continuations in FROM are not supported.
+    ARGs declared before the first FROM (a `build_args` value, else the default). Line continuations in FROM are not supported.
     """
     args: dict[str, str] = {}
     stages: set[str] = set()
@@ -284,7 +280,8 @@ def rewrite_dockerfile(text: str, aliases: AliasMap, *, task: str = "?") -> tupl
     for line in text.splitlines(keepends=True):
         arg = _ARG.match(line)
         if arg and not seen_from:
-            args[arg.group(1)] = (arg.group(2) or "").strip("\"'")
+            given = (build_args or {}).get(arg.group(1))
+            args[arg.group(1)] = given if given is not None else (arg.group(2) or "").strip("\"'")
         copy = _COPY_FROM.match(line.rstrip("\r\n"))
         if copy and copy.group(2) not in stages and not copy.group(2).isdigit():
             # `COPY --from=<image>`: an image, like a FROM (a stage name or index stays)

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiodocker
+import msgspec
 from aiodocker.types import SENTINEL
 
 from stacx.errors import TaskError
@@ -30,6 +31,7 @@ from stacx.ports import Task
 from stacx.sandbox.aliases import AliasMap, python_shim, rewrite_dockerfile
 from stacx.sandbox.buildkit import needs_buildkit, trace_lines
 from stacx.sandbox.heredocs import expand_heredocs
+from stacx.sandbox.images import ensure_base
 from stacx.sandbox.standins import PREFIX as STANDIN
 from stacx.sandbox.standins import ensure_standin, standin_base
 
@@ -38,7 +40,20 @@ Log = Callable[[str], None]
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
 
 
-def _context_files(env_dir: Path) -> list[Path]:
+class BuildOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How a context is built, as Compose's `build:` says: the Dockerfile (relative to the
+    context; it goes into the context rewritten under the same name), `--build-arg`s (they also
+    expand `${ARG}` in FROM lines) and the target stage (None: the last)."""
+
+    dockerfile: str = "Dockerfile"
+    args: dict[str, str] = msgspec.field(default_factory=dict)
+    target: str | None = None
+
+
+PLAIN = BuildOptions()
+
+
+def _context_files(env_dir: Path, dockerfile: str = "Dockerfile") -> list[Path]:
     ignore_file = env_dir / ".dockerignore"
     patterns = []
     if ignore_file.is_file():
@@ -50,7 +65,7 @@ def _context_files(env_dir: Path) -> list[Path]:
     files = []
     for path in sorted(env_dir.rglob("*")):
         rel = path.relative_to(env_dir).as_posix()
-        if path.is_dir() or rel == "Dockerfile":
+        if path.is_dir() or rel == dockerfile:
             continue
         if any(fnmatch.fnmatch(rel, p) or rel.startswith(p + "/") for p in patterns):
             continue
@@ -79,16 +94,19 @@ async def plan(
     aliases: AliasMap,
     env_dir: Path | None = None,
     variant: str = "",
+    options: BuildOptions = PLAIN,
 ) -> tuple[str, str, list[Path]]:
     """The tag to build, the rewritten Dockerfile and the context files (no build yet).
     `env_dir`: another build context than the task's environment/ (a separate verifier's)."""
     env_dir = env_dir or task.environment_dir
-    dockerfile = env_dir / "Dockerfile"
+    dockerfile = env_dir / options.dockerfile
     plain, _ = expand_heredocs(dockerfile.read_text(), task=task.task_id)
-    text, bases = rewrite_dockerfile(plain, aliases, task=task.task_id)
-    files = _context_files(env_dir)
+    text, bases = rewrite_dockerfile(plain, aliases, task=task.task_id, build_args=options.args)
+    files = _context_files(env_dir, options.dockerfile)
     h = hashlib.sha256()
     h.update(b"dockerfile\0" + text.encode() + b"\0")
+    if options != PLAIN:
+        h.update(b"options\0" + msgspec.json.encode(options) + b"\0")
     if plain != dockerfile.read_text():  # heredoc bodies: hashed with the original text
         h.update(b"heredocs\0" + dockerfile.read_bytes() + b"\0")
     for base in bases:
@@ -106,29 +124,34 @@ async def plan(
 async def local_image(
     docker: aiodocker.Docker, aliases: AliasMap, image: str, *, task: str = "?"
 ) -> str:
-    """The local image standing for `image` (the alias map's answer), an offline stand-in
-    built first when that is what it is (stacx.sandbox.standins)."""
+    """The local image standing for `image` (the alias map's answer), a STACX base or an
+    offline stand-in built first when that is what it is (stacx.sandbox.standins)."""
     target = aliases.resolve(image, task=task)
     await _ensure(docker, aliases, target, task)
     return target
 
 
 async def _ensure(docker: aiodocker.Docker, aliases: AliasMap, target: str, task: str) -> None:
+    """Build `target` when it is a STACX base or stand-in that the engine lacks (its progress
+    goes to stderr: stacx.sandbox.images.ensure_base)."""
     if target.startswith(STANDIN):
         base = standin_base(target)
         on = None if base is None else aliases.resolve(base, task=task)
+        if on is not None:
+            await asyncio.to_thread(ensure_base, on)
         await ensure_standin(docker, target, on, prelude=python_shim(base) if base else "",
                              task=task)  # fmt: skip
+    await asyncio.to_thread(ensure_base, target)
 
 
-def _context_tar(env_dir: Path, dockerfile: str, files: list[Path]) -> bytes:
-    """The build context: the rewritten Dockerfile, the heredoc bodies it now copies in
-    (stacx.sandbox.heredocs), and the context files."""
+def _context_tar(env_dir: Path, dockerfile: str, files: list[Path], name: str) -> bytes:
+    """The build context: the rewritten Dockerfile (as `name`), the heredoc bodies it now
+    copies in (stacx.sandbox.heredocs), and the context files."""
     buf = io.BytesIO()
-    _, heredocs = expand_heredocs((env_dir / "Dockerfile").read_text())
+    _, heredocs = expand_heredocs((env_dir / name).read_text())
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for name, data in [("Dockerfile", dockerfile.encode()), *heredocs.items()]:
-            info = tarfile.TarInfo(name)
+        for arcname, data in [(name, dockerfile.encode()), *heredocs.items()]:
+            info = tarfile.TarInfo(arcname)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
         for path in files:
@@ -137,19 +160,19 @@ def _context_tar(env_dir: Path, dockerfile: str, files: list[Path]) -> bytes:
 
 
 def _build(
-    docker: aiodocker.Docker, context: bytes, tag: str, task_id: str, dockerfile: str
+    docker: aiodocker.Docker, context: bytes, tag: str, task_id: str, dockerfile: str,
+    options: BuildOptions = PLAIN,
 ) -> AsyncIterator[dict[str, object]]:
     """The engine's build stream: BuildKit (API version 2) when the Dockerfile needs it
     (stacx.sandbox.buildkit), the classic builder otherwise."""
     labels = {"stacx.task": task_id}
-    if not needs_buildkit(dockerfile):
-        stream: AsyncIterator[dict[str, object]] = docker.images.build(
-            fileobj=io.BytesIO(context), encoding="gzip", tag=tag, rm=True, forcerm=True,
-            labels=labels, stream=True,
-        )  # fmt: skip
-        return stream
-    # aiodocker's build() has no `version` parameter: the same request, with it.
-    params = {"t": tag, "rm": "1", "forcerm": "1", "version": "2", "labels": json.dumps(labels)}
+    # aiodocker's build() has no `version` or `target` parameter: the engine's request itself
+    params = {"t": tag, "rm": "1", "forcerm": "1", "labels": json.dumps(labels),
+              "dockerfile": options.dockerfile, "buildargs": json.dumps(options.args)}  # fmt: skip
+    if options.target is not None:
+        params["target"] = options.target
+    if needs_buildkit(dockerfile):
+        params["version"] = "2"
     cm = docker._query(
         "build", "POST", params=params,
         headers={"content-type": "application/x-tar", "Content-Encoding": "gzip"},
@@ -169,19 +192,21 @@ async def build_task_image(
     env_dir: Path | None = None,
     docker_image: str | None = None,
     variant: str = "",
+    options: BuildOptions = PLAIN,
 ) -> str:
     """The task's image tag, built if missing (or if `force`). TaskError names the task and
     carries the build log's tail when the build fails or passes environment.build_timeout_sec.
     `env_dir` / `docker_image`: another image of the task (a separate verifier's, a compose
-    service's; named stacx/task-<id>-<variant>), its build context / prebuilt image."""
+    service's; named stacx/task-<id>-<variant>), its build context / prebuilt image;
+    `options`: the Dockerfile, args and target of a compose service's `build:`."""
     aliases = aliases or AliasMap.from_env()
     env_dir = env_dir or task.environment_dir
-    if not (env_dir / "Dockerfile").is_file():
+    if not (env_dir / options.dockerfile).is_file():
         image = docker_image or task.config.environment.docker_image
         if not image:
             raise TaskError(f"task {task.task_id}: no {env_dir.name}/Dockerfile and no docker_image")
         return await local_image(docker, aliases, image, task=task.task_id)
-    tag, dockerfile, files = await plan(task, docker, aliases, env_dir, variant)
+    tag, dockerfile, files = await plan(task, docker, aliases, env_dir, variant, options)
     async with _locks.setdefault(asyncio.get_running_loop(), {}).setdefault(tag, asyncio.Lock()):
         if not force:
             try:
@@ -190,11 +215,11 @@ async def build_task_image(
             except aiodocker.DockerError:
                 pass
         log(f"building {tag} for task {task.task_id}")
-        context = _context_tar(env_dir, dockerfile, files)
+        context = _context_tar(env_dir, dockerfile, files, options.dockerfile)
         lines: list[str] = []
         try:
             async with asyncio.timeout(task.config.environment.build_timeout_sec):
-                async for chunk in _build(docker, context, tag, task.task_id, dockerfile):
+                async for chunk in _build(docker, context, tag, task.task_id, dockerfile, options):
                     if "stream" in chunk:
                         lines.extend(str(chunk["stream"]).splitlines())
                         del lines[:-60]

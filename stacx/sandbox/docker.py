@@ -46,13 +46,14 @@ import aiodocker
 from aiodocker.containers import DockerContainer
 from aiodocker.types import JSONValue
 
-from stacx.errors import SandboxError
+from stacx.errors import SandboxConfigError, SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.archive import log_dirs_tar, tar_directory, tar_files
 from stacx.sandbox.cgroups import IN_CONTAINER_PROBE, Counters, Snapshot, parse_counters
 from stacx.sandbox.output import OutputCapture
 from stacx.sandbox.privileges import check_runtime, read_only_mounts, security_options
+from stacx.sandbox.public_net import ensure_public_network, public_network
 
 LABEL = "stacx"
 RUNTIME_ENV = "STACX_SANDBOX_RUNTIME"
@@ -96,7 +97,7 @@ def container_config(
         "Memory": limits.memory_mb << 20,
         "MemorySwap": limits.memory_mb << 20,  # equal to Memory: no swap
         "PidsLimit": limits.pids,
-        "NetworkMode": "bridge" if limits.allow_internet else "none",
+        "NetworkMode": public_network() if limits.allow_internet else "none",
         "Init": True,
         **security_options(limits, runtime or sandbox_runtime()),
     }
@@ -200,6 +201,8 @@ class DockerSandbox:
         labels = owner_labels(self.run_id, self.episode_id)
         labels["stacx.image"] = self.image
         try:
+            if self.limits.allow_internet:  # the internet, not the host (public_net)
+                await ensure_public_network(self.docker)
             self._container = await self.docker.containers.create(
                 container_config(self.image, self.limits, labels, self.runtime), name=self.name
             )
@@ -223,11 +226,24 @@ class DockerSandbox:
             self._snapshot = self._counters.read() or Snapshot()
         except aiodocker.DockerError as exc:
             await self.close()
+            if "unknown runtime" in str(exc).lower():  # configuration: a retry fails the same
+                raise SandboxConfigError(await self._runtime_missing(exc)) from exc
             raise SandboxError(f"cannot start a sandbox from image {self.image}: {exc}") from exc
         except SandboxError:
             await self.close()
             raise
         self.start_ms = (time.perf_counter() - t0) * 1000
+
+    async def _runtime_missing(self, exc: aiodocker.DockerError) -> str:
+        """The message for an OCI runtime the engine lacks, naming the ones it has."""
+        runtime = self.runtime or os.environ.get(RUNTIME_ENV) or "runc"
+        try:
+            have = ", ".join(sorted((await self.docker.system.info()).get("Runtimes") or {}))
+        except aiodocker.DockerError:
+            have = "?"
+        return (f"the Docker engine has no OCI runtime {runtime!r} (sandbox.runtime or "
+                f"${RUNTIME_ENV}); it has: {have}. Install it and register it in the engine's "
+                f"daemon.json, or choose one of those ({exc.message})")  # fmt: skip
 
     async def __aenter__(self) -> Self:
         if self._container is None:
@@ -332,7 +348,7 @@ class DockerSandbox:
         return info, finished, flooded
 
     async def set_network(self, public: bool) -> None:
-        """Give the container a route out (the default bridge) or none (loopback only), for
+        """Give the container a route out (stacx.sandbox.public_net) or none (loopback only), for
         a phase whose network policy differs from the one it started with. A sandbox started
         with no network at all (network=none) cannot be given one: SandboxError."""
         try:
@@ -341,11 +357,14 @@ class DockerSandbox:
                 if public:
                     raise SandboxError(f"sandbox {self.name} was started with network=none")
                 return
-            bridge = await self.docker.networks.get("bridge")
-            if public and "bridge" not in attached:
-                await bridge.connect({"Container": self.id})
-            elif not public and "bridge" in attached:
-                await bridge.disconnect({"Container": self.id, "Force": True})
+            name = public_network()
+            if public and name not in attached:
+                await ensure_public_network(self.docker)
+                await (await self.docker.networks.get(name)).connect({"Container": self.id})
+            elif not public and name in attached:
+                await (await self.docker.networks.get(name)).disconnect(
+                    {"Container": self.id, "Force": True}
+                )
         except aiodocker.DockerError as exc:
             raise SandboxError(f"network switch of sandbox {self.name}: {exc}") from exc
 

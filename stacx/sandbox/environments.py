@@ -55,7 +55,7 @@ from stacx.harbor.task_network import episode_network, network_mode
 from stacx.harbor.tasks import load_task, task_limits, verifier_separate
 from stacx.ports import InfraFailure, Limits, Sandbox, StepFailed, Task, Verdict
 from stacx.sandbox.aliases import AliasMap, dockerfile_warnings
-from stacx.sandbox.build import build_task_image, local_image
+from stacx.sandbox.build import BuildOptions, build_task_image, local_image
 from stacx.sandbox.compose import (
     MAIN,
     Service,
@@ -183,7 +183,7 @@ class DockerEnvironments:
         # before the build: the warning explains a build that fails (pinned wheels of another
         # Python), so every episode of the task records it, built or not
         warnings = await self._warn(task, episode_id)
-        unfaithful = "".join(f"\nfidelity: {w}" for w in warnings)  # on the failure, too
+        unfaithful = "".join(f"\n{w}" for w in warnings)  # on the failure, too
         try:
             image = await build_task_image(task, self._docker, self.aliases)
             limits = task_limits(task)
@@ -299,7 +299,9 @@ class DockerEnvironments:
                 if service.build_dir is not None:
                     image = await build_task_image(
                         task, self._docker, self.aliases, env_dir=Path(service.build_dir),
-                        variant=service_name,
+                        variant=service_name, options=BuildOptions(
+                            dockerfile=service.dockerfile, args=service.build_args,
+                            target=service.build_target),
                     )  # fmt: skip
                 else:
                     assert service.image is not None
@@ -316,18 +318,18 @@ class DockerEnvironments:
         return sidecars
 
     async def _warn(self, task: Task, episode_id: str) -> list[str]:
-        """Record what is not faithful to the task as written (its base images' stand-ins) on
-        the episode, and return it."""
+        """Record on the episode what is not faithful to the task as written: its task.toml
+        keys not honoured (unknown ones with the nearest known key), its base images'
+        stand-ins; return the latter (fidelity)."""
         dockerfile = task.environment_dir / "Dockerfile"
-        if not dockerfile.is_file():
-            return []
         aliases = self.aliases or AliasMap.from_env()
         try:
-            messages = dockerfile_warnings(dockerfile.read_text(), aliases)
+            messages = dockerfile_warnings(dockerfile.read_text(), aliases) if dockerfile.is_file() else []
         except SandboxError:  # no Docker engine to ask: the build that follows reports it
-            return []
+            messages = []
         emit = self.emit
-        for i, message in enumerate(messages if emit is not None else []):
+        notes = [f"task.toml: {n}" for n in task.notes]
+        for i, message in enumerate([*notes, *messages] if emit is not None else []):
             assert emit is not None
             await emit(
                 EpisodeWarned(
@@ -338,7 +340,7 @@ class DockerEnvironments:
                     message=message,
                 )
             )
-        return messages
+        return [f"fidelity: {m}" for m in messages]
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
         """Run the task's verifier (here, or in a separate container handed the artifacts)

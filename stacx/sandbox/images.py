@@ -1,6 +1,16 @@
-"""The offline base image: a minimal Debian built with debootstrap and `docker import`.
+"""The offline base images: minimal Debian and Ubuntu roots built with debootstrap and
+`docker import`, each on demand the first time a task needs it (`ensure_base`).
 
-No registry is needed: packages come from the Debian mirror that apt already reaches. The
+| tag                  | root                          | Python | stands for                  |
+| stacx/base:bookworm  | Debian 12, the host's mirror  | 3.11   | python:3.11*, debian:12     |
+| stacx/base:trixie    | Debian 13, the host's mirror  | 3.13   | python:3.13+, debian:13     |
+| stacx/base:noble     | Ubuntu 24.04, Ubuntu's archive| 3.12   | python:3.12*, ubuntu:24.04  |
+
+No image registry is needed: packages come from the Debian mirror that apt already reaches, or
+from Ubuntu's archive (not a promised source: where it does not answer, the noble base cannot be
+built and a task that needs it fails once, saying so). Ubuntu's archive is verified with the
+Ubuntu keyring, taken from the host when installed, else from the archive's ubuntu-keyring
+package checked against its SHA-256 pinned here (pool files never change). The
 image inherits the host's CA trust twice over, because a task Dockerfile that installs the
 `ca-certificates` package regenerates /etc/ssl/certs/ca-certificates.crt from
 /usr/local/share/ca-certificates/ (losing a copied bundle), while tools that read the bundle
@@ -18,20 +28,32 @@ a failed build leaves no half-tagged image. Limits: needs root (debootstrap and 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from stacx.errors import SandboxError
+from stacx.errors import BaseUnavailableError, SandboxError
 
 BASE_IMAGE = "stacx/base:bookworm"
 TRIXIE_IMAGE = "stacx/base:trixie"
+NOBLE_IMAGE = "stacx/base:noble"
 SUITE = "bookworm"
-SUITES = ("bookworm", "trixie")
-PYTHON_MINOR = {BASE_IMAGE: "3.11", TRIXIE_IMAGE: "3.13"}  # Debian's python3 in each base
+SUITES = ("bookworm", "trixie", "noble")
+PYTHON_MINOR = {BASE_IMAGE: "3.11", TRIXIE_IMAGE: "3.13", NOBLE_IMAGE: "3.12"}  # python3 in each
+DISTRO = {"bookworm": "Debian", "trixie": "Debian", "noble": "Ubuntu"}
+UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
+# noble's ubuntu-keyring (its Packages entry); used when the host has no Ubuntu keyring
+UBUNTU_KEYRING_DEB = "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
+UBUNTU_KEYRING_SHA256 = "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8"
+HOST_UBUNTU_KEYRING = Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg")
 PACKAGES = (
     "bash",
     "coreutils",
@@ -45,9 +67,11 @@ PACKAGES = (
 )
 # trixie stands in for python:3.12+ images, which ship no pytest: none here either (a task
 # that needs it installs it, as it must under Harbor). bookworm's list is kept as it was.
+# noble is what ubuntu:24.04 plus the Python an Ubuntu task installs gives: no pytest either.
 SUITE_PACKAGES = {
     "bookworm": PACKAGES,
     "trixie": tuple(p for p in PACKAGES if p != "python3-pytest"),
+    "noble": ("python3", "python3-pip", "python3-venv", "ca-certificates"),
 }
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 
@@ -166,13 +190,17 @@ def _run(cmd: list[str], log: Log, **kwargs: object) -> None:
 
 def _configure_root(root: Path, mirror: str, suite: str, security: str | None) -> None:
     (root / "app").mkdir(exist_ok=True)
+    parts = "main universe" if DISTRO[suite] == "Ubuntu" else "main"
+    if DISTRO[suite] == "Ubuntu":
+        security = security or mirror  # Ubuntu's archive serves <suite>-security itself
     (root / "etc/apt/sources.list").write_text(
-        f"deb {mirror} {suite} main\n"
-        f"deb {mirror} {suite}-updates main\n"
-        + (f"deb {security} {suite}-security main\n" if security else "")
+        f"deb {mirror} {suite} {parts}\n"
+        f"deb {mirror} {suite}-updates {parts}\n"
+        + (f"deb {security} {suite}-security {parts}\n" if security else "")
     )
-    # trixie's debootstrap writes deb822 sources too; one list is enough
-    (root / "etc/apt/sources.list.d/debian.sources").unlink(missing_ok=True)
+    # trixie's and noble's debootstrap write deb822 sources too; one list is enough
+    for deb822 in ("debian.sources", "ubuntu.sources"):
+        (root / "etc/apt/sources.list.d" / deb822).unlink(missing_ok=True)
     # The container has no init and no policy for services; keep apt from starting any.
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
@@ -210,9 +238,10 @@ def bootstrap_base_image(
     suite: str = SUITE,
     log: Log = lambda _msg: None,
 ) -> bool:
-    """Build `tag` (default stacx/base:<suite>) from scratch: debootstrap of Debian `suite`
-    (bookworm or trixie) from the mirror the host's apt uses (or `mirror`, or
-    $STACX_DEBIAN_MIRROR), host CA trust, docker import.
+    """Build `tag` (default stacx/base:<suite>) from scratch: debootstrap of `suite` (Debian
+    bookworm or trixie from the mirror the host's apt uses, or `mirror`, or
+    $STACX_DEBIAN_MIRROR; Ubuntu noble from Ubuntu's archive, or `mirror`, or
+    $STACX_UBUNTU_MIRROR), host CA trust, docker import.
 
     Returns False when the image already existed and nothing was done (unless `force`).
     Raises SandboxError naming the failing step.
@@ -230,6 +259,8 @@ def bootstrap_base_image(
     if os.geteuid() != 0:
         raise SandboxError("building the base image needs root (debootstrap chroots)")
     host, security = host_mirrors()
+    if DISTRO[suite] == "Ubuntu":
+        mirror, security = mirror or os.environ.get("STACX_UBUNTU_MIRROR") or UBUNTU_ARCHIVE, None
     mirror = mirror or os.environ.get("STACX_DEBIAN_MIRROR") or host
     if not mirror:
         raise SandboxError(
@@ -238,20 +269,97 @@ def bootstrap_base_image(
         )
     with tempfile.TemporaryDirectory(prefix="stacx-base-") as tmp:
         root = Path(tmp) / "root"
-        _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(SUITE_PACKAGES[suite])}",
-                suite,
-                str(root),
-                mirror,
-            ],
-            log,
-        )
+        _run(_debootstrap_command(suite, root, mirror, Path(tmp), log), log)
         n_extra = install_host_trust(root)
         log(f"copied host CA bundle and {n_extra} extra certificate(s)")
         _configure_root(root, mirror, suite, security)
         _docker_import(root, tag, suite, log)
     log(f"built {tag}")
     return True
+
+
+def _debootstrap_command(suite: str, root: Path, mirror: str, tmp: Path, log: Log) -> list[str]:
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(SUITE_PACKAGES[suite])}"]
+    if DISTRO[suite] == "Debian":
+        return [*cmd, suite, str(root), mirror]
+    cmd += ["--components=main,universe", f"--keyring={ubuntu_keyring(mirror, tmp, log)}"]
+    # debootstrap older than noble has no script of that name; every Ubuntu suite since
+    # gutsy is the same script (debootstrap's own noble is a link to it)
+    script = Path("/usr/share/debootstrap/scripts") / suite
+    return [*cmd, suite, str(root), mirror, str(script if script.exists() else script.parent / "gutsy")]
+
+
+def ubuntu_keyring(mirror: str, tmp: Path, log: Log) -> Path:
+    """The Ubuntu archive keyring: the host's, else the pinned ubuntu-keyring package's."""
+    if HOST_UBUNTU_KEYRING.is_file():
+        return HOST_UBUNTU_KEYRING
+    deb = tmp / "ubuntu-keyring.deb"
+    url = f"{mirror.rstrip('/')}/{UBUNTU_KEYRING_DEB}"
+    log(f"$ curl {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            deb.write_bytes(resp.read())
+    except OSError as exc:
+        raise SandboxError(f"Ubuntu's archive does not answer ({url}): {exc}") from exc
+    digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+    if digest != UBUNTU_KEYRING_SHA256:
+        raise SandboxError(f"{url}: SHA-256 {digest}, expected {UBUNTU_KEYRING_SHA256}")
+    _run(["dpkg-deb", "-x", str(deb), str(tmp / "keyring")], log)
+    return tmp / "keyring" / HOST_UBUNTU_KEYRING.relative_to("/")
+
+
+def archive_answers(suite: str, timeout: float = 10.0) -> str | None:
+    """None when the archive `suite` is built from answers; else why not (for a test's skip)."""
+    mirror = (os.environ.get("STACX_UBUNTU_MIRROR") or UBUNTU_ARCHIVE if DISTRO[suite] == "Ubuntu"
+              else os.environ.get("STACX_DEBIAN_MIRROR") or host_mirrors()[0])  # fmt: skip
+    if not mirror:
+        return "the host's apt sources name no Debian mirror"
+    url = f"{mirror.rstrip('/')}/dists/{suite}/Release"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{DISTRO[suite]}'s archive does not answer ({url}: {exc})"
+
+
+_building = threading.Lock()
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def ensure_base(tag: str, log: Log = _stderr) -> None:
+    """Build the STACX base `tag` unless the engine has it (one build at a time in this
+    process; a second caller waits and finds it built). A tag that is not a STACX base is left
+    alone. Raises BaseUnavailableError when it cannot be built (no archive, no debootstrap)."""
+    suite = tag.removeprefix("stacx/base:")
+    if not tag.startswith("stacx/base:") or suite not in SUITES:
+        return
+    with _building:
+        if image_exists(tag):
+            return
+        log(f"building base image {tag} ({DISTRO[suite]} {suite}, Python {PYTHON_MINOR[tag]}) "
+            "on first use; later tasks reuse it")  # fmt: skip
+        start = time.monotonic()
+        try:
+            bootstrap_base_image(tag=tag, suite=suite)
+        except SandboxError as exc:
+            raise BaseUnavailableError(f"base image {tag} cannot be built: {exc}") from exc
+        log(f"built base image {tag} in {time.monotonic() - start:.0f} s")
+
+
+def base_table() -> list[dict[str, str]]:
+    """One row per STACX base: tag, distribution, Python, whether built, its size."""
+    rows = []
+    for suite in SUITES:
+        tag = f"stacx/base:{suite}"
+        proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}} {{.Created}}", tag],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        size, _, created = proc.stdout.strip().partition(" ")
+        rows.append({
+            "base": tag, "distribution": f"{DISTRO[suite]} {suite}", "python": PYTHON_MINOR[tag],
+            "built": created[:19] if proc.returncode == 0 else "no (built on first use)",
+            "size": f"{int(size) / 1e6:.0f} MB" if proc.returncode == 0 else "",
+        })  # fmt: skip
+    return rows

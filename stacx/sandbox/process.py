@@ -12,10 +12,10 @@ writable by anyone), /tests, /solution, /tmp (mode 1777) and /home (HOME=/home/s
 R/<path>. Every other absolute path (/usr, /etc, /work, /root, ...) IS THE HOST'S, read-write.
 How that view is made depends on what the machine allows, probed once per process (`isolation()`):
 
-- ``namespaces`` (root, or unprivileged user namespaces): each command runs under
-  ``unshare --mount [--net]``, which rbind-mounts every other top-level host directory into R
-  and chroots into R. Paths are exact everywhere, inside scripts too: test.sh writing
-  /logs/verifier/reward.txt, a solution writing /app/x.
+- ``namespaces`` (root, or unprivileged user namespaces): the sandbox's spawner runs under
+  ``unshare --mount [--net]``, rbind-mounts every other top-level host directory into R and
+  chroots into R; every command is forked from it. Paths are exact everywhere, inside scripts
+  too: test.sh writing /logs/verifier/reward.txt, a solution writing /app/x.
 - ``rewrite`` (no mount namespace): commands run on the host's tree, and the six paths are
   rewritten to R/<path> in the command line only (a str command or each argv item, where a path
   starts a word); paths named inside scripts are NOT rewritten, so a Harbor verifier (whose
@@ -23,6 +23,17 @@ How that view is made depends on what the machine allows, probed once per proces
   START) rather than score it.
 
 The file API (read_file, write_file, upload_dir) maps paths the same way in both modes.
+
+The calling process never forks (STYLE principle 21: it may hold CUDA and a large heap, and a
+fork copies its page tables under the GIL). start() launches the sandbox's spawner
+(stacx.sandbox.spawner) by vfork/exec, no `preexec_fn`: a `python -S -I` process inside the
+sandbox's namespaces, chroot included, that forks each command from its own small address space;
+the command applies its own session, rlimits and uid between that fork and its exec. Sweeps run
+there too. The spawner costs one interpreter start per sandbox (start() ~35 ms on the 2-core CPU)
+and ~10 MB; a command's exit status and pid come back over a socket. Should it die (a non-root
+sandbox's command can kill it), the commands it was running fail with SandboxError and the next
+exec starts a new one. If the caller dies, the spawner sees its socket close and kills what it
+started, as close() does.
 
 Per command, and what is and is not contained:
 - its own session and process group (`start_new_session`); a timeout signals the group (TERM,
@@ -35,7 +46,8 @@ Per command, and what is and is not contained:
   root. So when STACX runs as root, each sandbox runs its commands as a uid of its own
   (`SANDBOX_UID_BASE` + n, no passwd entry), which makes the pids limit per sandbox and lets
   close() kill every process the sandbox left behind, those that escaped their process group
-  too (`kill(-1)` as that uid). A command run as user "0"/"root" (the verifier's cleanup) has
+  too (`kill(-1)` as that uid, from a child of the spawner, repeated until no process of the uid
+  is left alive). A command run as user "0"/"root" (the verifier's cleanup) has
   no pids limit; a named user (``nobody``) shares its limit with that user's other processes.
   As non-root, commands run as the caller's own user (`user` is ignored, with a warning) and
   the limit counts all of its processes; close() then kills only the process groups it knows.
@@ -74,17 +86,9 @@ from typing import TYPE_CHECKING, Self
 from stacx.errors import SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
-from stacx.sandbox.containment import (
-    SETUP,
-    Isolation,
-    exited,
-    is_root,
-    isolation,
-    live_processes,
-    preexec,
-    prepare_root,
-)
+from stacx.sandbox.containment import Isolation, is_root, isolation, prepare_root, rlimits
 from stacx.sandbox.output import OutputCapture
+from stacx.sandbox.spawner import Spawner
 
 log = logging.getLogger(__name__)
 
@@ -103,45 +107,83 @@ _FORK_REFUSED = re.compile(
 )
 _uids = itertools.count()
 
+
 class _Child:
     """One running command of a process sandbox: its process group, its bounded output, and
     what was seen or done to it (an output flood, forks refused, a KILL sent by STACX rather
     than the kernel's OOM killer)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, output_limit: int, flood_limit: int):
-        self.proc = proc
+    def __init__(
+        self, pid: int, status: asyncio.Future[int], fds: tuple[int, int], output_limit: int,
+        flood_limit: int,
+    ) -> None:  # fmt: skip
+        self.pid, self.status, self.fds = pid, status, fds
         self.out, self.err = OutputCapture(output_limit), OutputCapture(output_limit)
         self.stderr_tail = bytearray()  # the last bytes of stderr, for the flag patterns
         self.flood_limit = flood_limit
         self.flooded = self.forks_refused = self.killed = False
+        self._open: set[int] = set()
+
+    @property
+    def returncode(self) -> int:
+        return self.status.result()
 
     def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
         self.killed = self.killed or sig == signal.SIGKILL
         with contextlib.suppress(OSError):
-            os.killpg(self.proc.pid, sig)
+            os.killpg(self.pid, sig)
 
     def read(self) -> asyncio.Future[tuple[None, None]]:
         """Both output streams, read until they close."""
         return asyncio.gather(
-            self._pump(self.proc.stdout, self.out, bytearray()),
-            self._pump(self.proc.stderr, self.err, self.stderr_tail),
+            self._pump(self.fds[0], self.out, bytearray()),
+            self._pump(self.fds[1], self.err, self.stderr_tail),
         )
 
-    async def _pump(
-        self, stream: asyncio.StreamReader | None, cap: OutputCapture, tail: bytearray
-    ) -> None:
-        assert stream is not None
-        while chunk := await stream.read(1 << 16):
-            cap.feed(chunk)
-            tail += chunk
-            del tail[:-8192]
-            if cap is self.err and not self.forks_refused and _FORK_REFUSED.search(tail):
-                # a fork bomb: its children would hold every pid, so it goes at once
-                self.forks_refused = True
-                self.kill()
-            if not self.flooded and self.out.total + self.err.total > self.flood_limit:
-                self.flooded = True
-                self.kill()
+    def close(self) -> None:
+        """Stop reading: the pipes still open are closed (their writers get EPIPE)."""
+        loop = asyncio.get_running_loop()
+        for fd in self._open:
+            loop.remove_reader(fd)
+            os.close(fd)
+        self._open.clear()
+
+    def _pump(self, fd: int, cap: OutputCapture, tail: bytearray) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        os.set_blocking(fd, False)
+        self._open.add(fd)
+
+        def readable() -> None:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                loop.remove_reader(fd)
+                self._open.discard(fd)
+                os.close(fd)
+                if not done.done():
+                    done.set_result(None)
+                return
+            self._feed(chunk, cap, tail)
+
+        loop.add_reader(fd, readable)
+        return done
+
+    def _feed(self, chunk: bytes, cap: OutputCapture, tail: bytearray) -> None:
+        cap.feed(chunk)
+        tail += chunk
+        del tail[:-8192]
+        if cap is self.err and not self.forks_refused and _FORK_REFUSED.search(tail):
+            # a fork bomb: its children would hold every pid, so it goes at once
+            self.forks_refused = True
+            self.kill()
+        if not self.flooded and self.out.total + self.err.total > self.flood_limit:
+            self.flooded = True
+            self.kill()
 
 
 class ProcessSandbox:
@@ -181,6 +223,8 @@ class ProcessSandbox:
             SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if is_root() else None
         )
         self._binds: list[str] = []
+        self._spawner: Spawner | None = None
+        self._respawn = asyncio.Lock()  # one replacement of a dead spawner at a time
         self._groups: set[int] = set()
         self._closed = False
         self._warned_user = False
@@ -195,14 +239,29 @@ class ProcessSandbox:
         return sandbox
 
     async def start(self) -> None:
-        """Make the root and its own directories (owned by the sandbox's uid)."""
+        """Make the root and its own directories (owned by the sandbox's uid), and start the
+        sandbox's spawner inside its namespaces."""
         t0 = time.perf_counter()
         try:
             self.root = await asyncio.to_thread(self._make_root)
-        except OSError as exc:
+            self._spawner = await self._start_spawner()
+        except (OSError, SandboxError) as exc:
             await self.close()
             raise SandboxError(f"cannot make a process sandbox: {exc}") from exc
         self.start_ms = (time.perf_counter() - t0) * 1000
+
+    async def _start_spawner(self) -> Spawner:
+        """The spawner every command of this sandbox is forked from (stacx.sandbox.spawner):
+        in "namespaces" isolation, it runs in the sandbox's own mount namespace (the host's top
+        level bound into the root) and chroots into the root; the network namespace too when
+        the internet is not allowed."""
+        root = self._root()
+        net = ["--net"] if not self.limits.allow_internet and self._probe.net else []
+        if self.isolation == "rewrite":
+            prefix = [*self._probe.unshare, *net, "--"] if net else []
+            return await Spawner.start(prefix, sweep_uid=self.uid, loopback=bool(net))
+        prefix = [*self._probe.unshare, *net, "--"]
+        return await Spawner.start(prefix, str(root), self.uid, bool(net), self._binds)
 
     def _make_root(self) -> Path:
         root = self.root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))  # close() removes it
@@ -274,30 +333,6 @@ class ProcessSandbox:
             raise SandboxError(f"sandbox {self.id}: no user {user!r} on this host") from None
         return pw.pw_uid, pw.pw_gid
 
-    def _argv(self, cmd: str | list[str], cwd: str, ids: tuple[int, int] | None) -> list[str]:
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        net = not self.limits.allow_internet and self._probe.net
-        if self.isolation == "rewrite":
-            argv = [self._rewrite.sub(lambda m: str(self._root()) + m.group(0), a) for a in argv]
-            return [*self._probe.unshare, *(["--net"] if net else []), "--", *argv] if net else argv
-        spec = "0:0" if ids is None else f"{ids[0]}:{ids[1]}"
-        return [
-            *self._probe.unshare,
-            *(["--net"] if net else []),
-            "--",
-            "/bin/sh",
-            "-c",
-            SETUP,
-            "setup",
-            str(self._root()),
-            cwd,
-            spec,
-            "1" if net else "0",
-            *self._binds,
-            "--",
-            *argv,
-        ]
-
     async def exec(
         self,
         cmd: str | list[str],
@@ -314,28 +349,36 @@ class ProcessSandbox:
         cwd = posixpath.normpath(posixpath.join(self.workdir, cwd or self.workdir))
         full_env, host_cwd = self._environment(root, cwd, env)
         cpu = self.cpu_seconds if timeout is None else timeout * max(self.limits.cpus, 1.0) + 1
-        child_setup = preexec(self.limits, cpu, ids if self.isolation == "rewrite" else None)
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if self.isolation == "rewrite":
+            argv = [self._rewrite.sub(lambda m: str(root) + m.group(0), a) for a in argv]
         t0 = time.perf_counter()
+        spawner = await self._live_spawner()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv(cmd, cwd, ids),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=full_env,
-                cwd=host_cwd,
-                start_new_session=True,
-                preexec_fn=child_setup,
+            pid, status, *fds = await spawner.spawn(
+                argv, full_env, host_cwd, ids, rlimits(self.limits, cpu)
             )
         except OSError as exc:
             raise SandboxError(f"exec in sandbox {self.id} failed: {exc}") from exc
-        child = _Child(proc, self.output_limit, self.flood_limit)
-        self._groups.add(proc.pid)
+        child = _Child(pid, status, (fds[0], fds[1]), self.output_limit, self.flood_limit)
+        self._groups.add(pid)
         try:
             timed_out = await self._wait(child, timeout, ids)
         finally:
-            self._groups.discard(proc.pid)
+            self._groups.discard(pid)
+            child.close()
         return await self._outcome(child, timed_out, ids, (time.perf_counter() - t0) * 1000)
+
+    async def _live_spawner(self) -> Spawner:
+        """The sandbox's spawner; a new one if it died (a non-root sandbox's command can kill
+        it). The dead one is closed first: its exit sweeps the uid, which must not reach the
+        new one's commands."""
+        async with self._respawn:
+            if self._spawner is None or self._spawner.dead:
+                if self._spawner is not None:
+                    await self._spawner.close()
+                self._spawner = await self._start_spawner()
+            return self._spawner
 
     def _environment(
         self, root: Path, cwd: str, env: dict[str, str] | None
@@ -350,32 +393,33 @@ class ProcessSandbox:
             **(env or {}),
         }
         if self.isolation != "rewrite":
-            return full_env, "/"
+            return full_env, cwd  # inside the spawner's chroot
         rewritten = {
             k: self._rewrite.sub(lambda m: str(root) + m.group(0), v) for k, v in full_env.items()
         }
         return rewritten, str(self.host_path(cwd))
 
-    async def _wait(self, child: _Child, timeout: float | None, ids: tuple[int, int] | None) -> bool:
+    async def _wait(
+        self, child: _Child, timeout: float | None, ids: tuple[int, int] | None
+    ) -> bool:
         """Wait for the command (TERM, then KILL, past `timeout`) and for its output; whether it
         timed out. A cancelled caller kills the group."""
-        proc = child.proc
         readers = child.read()
         timed_out = False
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    await exited(proc)
+                    await asyncio.shield(child.status)
             except TimeoutError:
                 timed_out = True
                 child.kill(signal.SIGTERM)
                 try:
                     async with asyncio.timeout(KILL_GRACE_S):
-                        await exited(proc)
+                        await asyncio.shield(child.status)
                 except TimeoutError:
                     pass
                 child.kill()
-                await exited(proc)
+                await asyncio.shield(child.status)
             # A background child may hold the pipes open: it goes with its group (and, past
             # that, with the sandbox's uid), and its output is cut off there.
             for step in range(3):
@@ -400,8 +444,7 @@ class ProcessSandbox:
     ) -> ExecResult:
         """The ExecResult of an ended command: how it ended (CPU limit, OOM kill, refused
         forks, output flood) read from its exit status and stderr; stragglers swept."""
-        rc = child.proc.returncode
-        assert rc is not None
+        rc = child.returncode
         sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else 0)
         err = child.err
         if sig == signal.SIGXCPU and not timed_out:
@@ -434,28 +477,13 @@ class ProcessSandbox:
         )
 
     async def _sweep(self, ids: tuple[int, int] | None) -> None:
-        """Kill every process of the sandbox's own uid (those outside any known group too)."""
-        if ids is None or self.uid is None or ids[0] != self.uid:
+        """Kill every process of the sandbox's own uid (those outside any known group too),
+        from a child of the spawner running as that uid (kill(-1), repeated until none is
+        left alive)."""
+        if ids is None or self.uid is None or ids[0] != self.uid or self._spawner is None:
             return
-        uid = self.uid
-
-        def as_uid_kill_all() -> None:
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)  # every process of `uid`, except this one
-
-        for _ in range(50):
-            # kill(-1) is atomic against fork; the helper's exec may then fail (the uid is
-            # over its RLIMIT_NPROC), after the kill. Repeat until no live process is left.
-            with contextlib.suppress(OSError):
-                proc = await asyncio.create_subprocess_exec(
-                    "true", preexec_fn=as_uid_kill_all, start_new_session=True
-                )
-                await proc.wait()
-            if not live_processes(uid):
-                return
-            await asyncio.sleep(0.02)
-        log.warning("process sandbox %s: processes of uid %d survive a kill", self.id, uid)
+        if not await self._spawner.sweep(self.uid):
+            log.warning("process sandbox %s: processes of uid %d survive a kill", self.id, self.uid)
 
     # ---- files --------------------------------------------------------------------------
 
@@ -527,8 +555,9 @@ class ProcessSandbox:
         for pgid in list(self._groups):
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signal.SIGKILL)
-        if self.uid is not None:
-            await self._sweep((self.uid, self.uid))
+        if self._spawner is not None:  # it kills its groups, sweeps the uid, and exits
+            if await self._spawner.close() and self.uid is not None:
+                log.warning("process sandbox %s: processes of uid %d survive", self.id, self.uid)
         if self.root is not None:
             await asyncio.to_thread(self._remove_root, self.root)
 

@@ -4,6 +4,9 @@ image-less tasks on machines without Docker: `sandbox.backend = "process"`.
 A task needs no environment/Dockerfile here. A task that has one (or a docker_image) runs on
 the host's own tree all the same, with a warning once per task: its image is not built and
 nothing it installs is there. The workdir is /app (Harbor's convention; no image names one).
+Of a Dockerfile, only the COPY / ADD of the task's own build-context files is honoured
+(`context_copies`): they are uploaded where the image would have them, before the agent starts
+(a task's data files, as the MLE tasks ship them); RUN, ENV, USER and the rest are not.
 
 Failures, as DockerEnvironments maps them:
 - a bad [environment] table (an unset ${VAR} in environment.env) -> START (no image to build);
@@ -21,7 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import posixpath
+import re
+import shlex
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
@@ -87,6 +94,7 @@ class ProcessEnvironments:
                 )
             healthcheck = task.config.environment.healthcheck
             try:
+                await upload_context(sandbox, task, self.workdir)
                 if healthcheck is not None:
                     await wait_healthy(sandbox, healthcheck)
                 if task.step_tasks:
@@ -145,6 +153,62 @@ class ProcessEnvironments:
             except SandboxError as exc:
                 raise InfraFailure(FailureKind.START, str(exc)) from exc
         return result
+
+
+_INSTRUCTION = re.compile(r"^\s*(WORKDIR|COPY|ADD)\s+(.*)$", re.IGNORECASE)
+
+
+def context_copies(env_dir: Path, workdir: str = "/app") -> list[tuple[Path, str]]:
+    """(context path, sandbox path) of each source of the Dockerfile's COPY / ADD lines that
+    names a file or directory of the build context; WORKDIR resolves relative destinations.
+    Skipped: `--from` copies, heredocs, URLs, globs, $VARs, JSON-form lines, sources outside the
+    context (the image's business, which this backend does not build)."""
+    dockerfile = env_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return []
+    text = re.sub(r"\\\n", " ", dockerfile.read_text(errors="replace"))
+    out: list[tuple[Path, str]] = []
+    cwd = workdir
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        op, rest = m.group(1).upper(), m.group(2).strip()
+        if op == "WORKDIR":
+            cwd = posixpath.join(cwd, rest)
+            continue
+        try:
+            words = shlex.split(rest) if not rest.startswith("[") else []
+        except ValueError:  # unbalanced quotes: Docker's build reports it, not this
+            continue
+        args = [w for w in words if not w.startswith("--")]
+        if len(args) < 2 or any(w.startswith("--from") for w in words) or "<<" in rest:
+            continue
+        *sources, dest = args
+        dest = posixpath.join(cwd, dest)
+        for src in sources:
+            local = (env_dir / src).resolve()
+            if (
+                "://" in src
+                or any(c in src for c in "*?[$")
+                or not local.is_relative_to(env_dir.resolve())
+                or not local.exists()
+            ):
+                continue
+            into = dest.endswith("/") and local.is_file()
+            out.append(
+                (local, posixpath.join(dest, local.name) if into else dest.rstrip("/") or "/")
+            )
+    return out
+
+
+async def upload_context(sandbox: Sandbox, task: Task, workdir: str) -> None:
+    """Upload the build-context files the task's Dockerfile copies (`context_copies`)."""
+    for local, remote in context_copies(task.environment_dir, workdir):
+        if local.is_dir():
+            await sandbox.upload_dir(str(local), remote)
+        else:
+            await sandbox.write_file(remote, local.read_bytes())
 
 
 if TYPE_CHECKING:  # mypy checks that the adapter implements the port

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
@@ -139,15 +140,15 @@ def _snapshot(run_dir: Path) -> Path:
 def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
     """Views on a read-only database live in the in-memory temp schema.
 
-    A log written by an older STACX may lack a column a newer view uses (the writer adds new
-    columns on open; a reader cannot): such a view is skipped with a warning naming its file,
-    and the rest of the log stays queryable."""
+    A log written by an older STACX may lack a column or an event table a newer view uses (the
+    writer adds them on open; a reader cannot): such a view is skipped with a warning naming its
+    file, and the rest of the log stays queryable."""
     for f in view_files():
         sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
         try:
             con.execute(sql)
         except duckdb.Error as exc:
-            if "Binder Error" not in str(exc):
+            if "Binder Error" not in str(exc) and "Catalog Error: Table with name" not in str(exc):
                 raise StacxError(f"view file {f} failed to load: {exc}") from exc
             warnings.warn(f"view file {f} skipped for this log: {exc}", stacklevel=2)
 
@@ -159,24 +160,42 @@ def attach_runs(run_dirs: list[Path | str]) -> duckdb.DuckDBPyConnection:
     union of the runs' tables (``UNION ALL BY NAME``), so the project views (and the users'
     queries) see all runs together."""
     con = duckdb.connect()
-    names = []
     for i, d in enumerate(run_dirs):
         d = require_run(d)
-        path = db_path(d)
         try:
-            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(path)])
+            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(db_path(d))])
         except duckdb.Error as exc:
             if not _locked(exc):
                 raise
             con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(_snapshot(d))])
-        names.append(f"r{i}")
+    _union_views(con, len(run_dirs))
+    load_views_readonly(con)
+    return con
+
+
+def attach_files(files: Sequence[Path]) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB instance over log files (each attached read-only as ``r0``,
+    ``r1``, ...; one file is the default database, several are read through union views), with
+    the project views loaded. Nothing done on it outlives it: the files are read-only and the
+    in-memory catalog dies with the connection (the viewer runs each typed query on one)."""
+    con = duckdb.connect()
+    for i, f in enumerate(files):
+        con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(f)])
+    if len(files) == 1:
+        con.execute("USE r0")
+    else:
+        _union_views(con, len(files))
+    load_views_readonly(con)
+    return con
+
+
+def _union_views(con: duckdb.DuckDBPyConnection, n_runs: int) -> None:
+    names = [f"r{i}" for i in range(n_runs)]
     tables = [r[0] for r in con.execute(
         "select distinct table_name from duckdb_tables() where database_name = 'r0'").fetchall()]
     for t in tables:
         union = " UNION ALL BY NAME ".join(f"SELECT * FROM {n}.{quote_ident(t)}" for n in names)
         con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(t)} AS {union}")
-    load_views_readonly(con)
-    return con
 
 
 def read_run_file(run_dir: Path | str) -> dict[str, object]:

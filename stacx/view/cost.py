@@ -14,8 +14,11 @@ COST_SUM_SQL = """select run_id, count(*) as episodes, sum(generated_tokens) as 
        sum(sandbox_ms) / 1000 as sandbox_s, sum(tool_ms) / 1000 as tool_s,
        sum(verifier_ms) / 1000 as verifier_s, sum(trainer_ms) / 1000 as trainer_s
 from episode_cost group by run_id order by run_id"""
-COST_SQL = """select episode_id, task_id, status, reward, n_turns, generated_tokens, engine_ms, queue_ms,
-       sandbox_start_ms, tool_ms, verifier_ms, trainer_ms, n_train_steps, wall_s
+# seconds and short names, so that the table fits a page (the view's columns are in ms)
+COST_SQL = """select episode_id, task_id, status, reward, n_turns as turns, generated_tokens as tokens,
+       engine_ms / 1000 as engine_s, queue_ms / 1000 as queue_s, sandbox_start_ms / 1000 as start_s,
+       tool_ms / 1000 as tool_s, verifier_ms / 1000 as verifier_s, trainer_ms / 1000 as trainer_s,
+       n_train_steps as steps, wall_s
 from episode_cost order by engine_ms + sandbox_ms + trainer_ms desc limit 200"""
 
 
@@ -36,7 +39,8 @@ def cost_page(source: Source, params: Params) -> str:
         total = source.query(COST_SUM_SQL)
         rows = source.query(COST_SQL)
         parts += ["<h2>cost per run</h2>", table(total.columns, total.rows),
-                  "<h2>cost per episode</h2><p>trainer_ms is an estimate (a step's time shared by "
-                  "generated tokens); see events/views/41_episode_cost.sql.</p>",
+                  "<h2>cost per episode</h2><p>Seconds; start_s is the sandbox's start, steps the "
+                  "train steps it fed, trainer_s an estimate (a step's time shared by generated "
+                  "tokens); see events/views/41_episode_cost.sql.</p>",
                   table(rows.columns, rows.rows, cells=ep)]  # fmt: skip
     return "".join(parts) or f"<p>{esc('The drift and cost views are not loaded for this log.')}</p>"

@@ -112,10 +112,10 @@ def episode_page(source: Source, params: Params) -> str:
     ep = found.dicts()[0]
     tok: Decoder | None = source.tokenizer(str(ep["run_id"]), load_tokenizer)  # type: ignore[assignment]
     summary = table(["task_id", "status", "reward", "stop_reason", "failure_kind", "weight_version",
-                     "n_turns", "n_tool_calls", "agent", "policy", "role", "run_id"],
+                     "n_turns", "n_tool_calls", "agent", "policy", "split", "role", "run_id"],
                     [[ep[k] for k in ("task_id", "status", "reward", "stop_reason", "failure_kind",
                                       "weight_version", "n_turns", "n_tool_calls", "agent", "policy",
-                                      "role", "run_id")]],
+                                      "split", "role", "run_id")]],
                     cells={"task_id": lambda v: link("/episodes", v, task=v)})  # fmt: skip
     parts = [f"<p class=\"mono\">{esc(eid)}</p>", summary]
     if tok is None:
@@ -199,10 +199,14 @@ def _events_html(source: Source, eid: str) -> str:
                          "where episode_id = ? order by _seq", [eid])  # fmt: skip
     if fails.rows:
         parts.append("<h3>infrastructure failures</h3>" + table(fails.columns, fails.rows, cls="failures"))
+    parts.append(_scaffold_html(source, eid))
     for name, events, sql in (
         ("warnings", "episode_warned", "select message from episode_warned where episode_id = ? order by _seq"),
         ("failed steps", "step_failed",
          "select step, exception_type, message from step_failed where episode_id = ? order by _seq"),
+        ("gateway refusals", "gateway_refused",
+         "select route, status, error_type, code, param, message from gateway_refused "
+         "where episode_id = ? order by _seq"),
         ("sandboxes", "sandbox_started",
          "select s.sandbox_id, s.image, s.start_ms, s.warm, s.host, p.reason as stop_reason, "
          "p.ts - s.ts as seconds from sandbox_started s left join sandbox_stopped p "
@@ -213,3 +217,17 @@ def _events_html(source: Source, eid: str) -> str:
             if r.rows:
                 parts.append(f"<h3>{name}</h3>" + table(r.columns, r.rows))
     return "".join(parts)
+
+
+def _scaffold_html(source: Source, eid: str) -> str:
+    """How an installed scaffold's process ended: exit code, and the tail of its stderr."""
+    if not source.has("scaffold_exited"):  # a log older than the event kind
+        return ""
+    out = []
+    for x in source.query("select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited "
+                          "where episode_id = ? order by _seq", [eid]).dicts():  # fmt: skip
+        how = "killed by the timeout" if x["timed_out"] else f"exit code {fmt(x['exit_code'])}"
+        tail = x["stderr_tail"] or "(nothing on stderr)"
+        out.append(f"<h3>scaffold {esc(x['scaffold'])}: {how}</h3>"
+                   f'<details open><summary>stderr (tail)</summary><pre class="stderr">{esc(tail)}</pre></details>')  # fmt: skip
+    return "".join(out)

@@ -82,7 +82,11 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         x0, x1 = x0 - 1, x1 + 1
     if y1 == y0:
         y1 = y0 + 1
-    left, right, top, bottom = 48, 12, 24, 36
+    y_ticks = [(y, fmt(float(y))) for y in (y0, (y0 + y1) / 2, y1)]
+    # room for the y title (a 11px line, rotated) and the longest tick (~6.5px a character at
+    # 11px), so neither a tick's minus sign is clipped nor the title overlaps the ticks
+    left = 22 + round(6.5 * max(len(t) for _, t in y_ticks))
+    right, top, bottom = 12, 24, 40
     w, h = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
@@ -95,12 +99,12 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
              f'<text x="{left}" y="14" class="title">{esc(title)}</text>',
              f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" class="axis"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" class="axis"/>']
-    for y in (y0, (y0 + y1) / 2, y1):
-        parts.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" class="tick" text-anchor="end">{fmt(float(y))}</text>')
+    for y, tick in y_ticks:
+        parts.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" class="tick" text-anchor="end">{tick}</text>')
     for x in (x0, x1):
         parts.append(f'<text x="{sx(x):.1f}" y="{top + h + 14}" class="tick" text-anchor="middle">{fmt(float(x))}</text>')
     parts.append(f'<text x="{left + w / 2}" y="{height - 4}" class="label" text-anchor="middle">{esc(x_label)}</text>')
-    parts.append(f'<text x="12" y="{top + h / 2}" class="label" transform="rotate(-90 12 {top + h / 2})" '
+    parts.append(f'<text x="11" y="{top + h / 2}" class="label" transform="rotate(-90 11 {top + h / 2})" '
                  f'text-anchor="middle">{esc(y_label)}</text>')
     for i, (label, pts) in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
@@ -119,6 +123,7 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
 
 
 NAV = (("/", "runs"), ("/episodes", "episodes"), ("/lineage", "lineage"), ("/cost", "drift & cost"),
+       ("/load", "time & load"),
        ("/sql", "SQL"), ("/compare", "compare"))
 
 

@@ -126,12 +126,12 @@ def _single(source: Source) -> bool:
 def reward_curve(source: Source, run_id: str) -> Result:
     """Reward by weight version: the ``reward_by_weight_version`` view when one run is viewed;
     with several (the view covers their union and has no run_id) the same statistics over the
-    run's own scored episodes, split by their role."""
+    run's own scored episodes, by the same split (train/eval: a `stacx eval` run's are eval)."""
     if _single(source):
         return source.query("select * exclude (first_ts, last_ts) from reward_by_weight_version "
                             "order by split, weight_version")  # fmt: skip
     return source.query(
-        "select first_weight_version as weight_version, role as split, count(*) as n_episodes, "
+        "select first_weight_version as weight_version, split, count(*) as n_episodes, "
         "avg(reward) as reward_mean, stddev_samp(reward) as reward_std, "
         "avg(case when reward >= 1 then 1.0 else 0.0 end) as pass_rate "
         "from episodes where run_id = ? and status = 'scored' group by all order by 2, 1", [run_id])
@@ -150,6 +150,7 @@ FILTERS = {
     "run": "run_id = ?",
     "task": "task_id = ?",
     "status": "status = ?",
+    "split": "split = ?",
     "role": "role = ?",
     "failure_kind": "failure_kind = ?",
     "weight_version": "weight_version = ?",
@@ -159,7 +160,7 @@ FILTERS = {
 SORTS = ("started_ts", "reward", "task_id", "status", "weight_version", "n_turns", "n_tool_calls",
          "failure_kind")
 EPISODE_COLUMNS = ("episode_id", "run_id", "task_id", "sample_index", "status", "reward",
-                   "failure_kind", "stop_reason", "weight_version", "n_turns", "n_tool_calls", "role")
+                   "failure_kind", "stop_reason", "weight_version", "n_turns", "n_tool_calls", "split", "role")
 PAGE_SIZE = 200
 
 
@@ -217,6 +218,7 @@ def _episode_form(source: Source, params: Params, sort: str, order: str) -> str:
     fields = [select("run", run_ids(source), params.get("run", "")) if not _single(source) else "",
               select("task", _distinct(source, "task_id"), params.get("task", "")),
               select("status", _distinct(source, "status"), params.get("status", "")),
+              select("split", _distinct(source, "split"), params.get("split", "")),
               select("role", _distinct(source, "role"), params.get("role", "")),
               select("weight_version", _distinct(source, "weight_version"), params.get("weight_version", "")),
               select("failure_kind", _distinct(source, "failure_kind"), params.get("failure_kind", "")),
@@ -298,10 +300,14 @@ def sql_page(source: Source, params: Params) -> str:
             f'placeholder="select * from episodes limit 10">{esc(q)}</textarea><br>'
             '<button type="submit">run</button></form>')  # fmt: skip
     # the project views and the event tables, as `stacx sql` sees them (several runs: the
-    # tables too are temp views over the attached runs' union)
+    # tables too are temp views over the attached runs' union); a view the log file also holds
+    # (the recorder's copy) is listed once, as the temp view that answers
     views = source.query(
-        "select table_name, string_agg(column_name, ', ' order by column_index) from duckdb_columns() "
-        "where not internal and database_name in ('temp', current_database()) group by 1 order by 1")  # fmt: skip
+        "with c as (select * from duckdb_columns() where not internal "
+        "and database_name in ('temp', current_database())) "
+        "select table_name, string_agg(column_name, ', ' order by column_index) from c "
+        "where database_name = 'temp' or table_name not in (select table_name from c where database_name = 'temp') "
+        "group by 1 order by 1")  # fmt: skip
     listing = "".join(f'<li><a href="#" class="view-name" data-q="select * from {esc(n)} limit 20">'
                       f"{esc(n)}</a> <small>{esc(cols)}</small></li>" for n, cols in views.rows)  # fmt: skip
     return form + out + _section("views and tables (a name fills the box)", f'<ul class="views">{listing}</ul>')

@@ -1,11 +1,17 @@
 """The runs a viewer reads: one read-only DuckDB connection over their logs, and their tokenizers.
 
 Guarantees:
-- Read-only. The connection is ``stacx sql``'s (``db.connect_run`` for one run,
+- Read-only. The pages' connection is ``stacx sql``'s (``db.connect_run`` for one run,
   ``db.attach_runs`` for several: the project views over the union of the runs), then locked
   down: file access, ATTACH, COPY and extension loading are off (``enable_external_access``)
-  and the configuration is locked, so no query typed into the SQL box can read or write a
-  file. ``query_user`` accepts exactly one SELECT (or EXPLAIN) statement.
+  and the configuration is locked. A query typed into the SQL box never runs on it: each runs
+  on a fresh in-memory DuckDB instance with the same files attached read-only
+  (``db.attach_files``), locked the same way and closed after the query, so whatever the
+  statement (an ``EXPLAIN ANALYZE CREATE OR REPLACE VIEW``, a ``DROP``) it changes nothing
+  that the pages or the next query see, and it reads or writes no file.
+- Time-limited. A typed query is interrupted (DuckDB's ``interrupt``, from a timer) after
+  ``sql_timeout_s`` and the error says so; it holds no lock while it runs, so other pages
+  are served meanwhile.
 - Live runs. A live run's recorder holds the file's write lock; ``stacx sql`` then reads a
   snapshot copy (``db.connect_run``). The viewer re-opens when a run's file or WAL changed
   (size or mtime), at most once per ``min_reopen_s``, so each page shows the log as of at most
@@ -13,8 +19,8 @@ Guarantees:
 - Every query of a page goes through ``query`` with bound parameters; a name that cannot be
   bound (an ORDER BY column) is taken only from a fixed list (``pages``).
 
-Limits: one connection, used by one query at a time (a lock): this is a viewer for one
-person, not a server for many. A run dir that stops being a run while viewed fails the page.
+Limits: the pages share one connection, used by one query at a time (a lock): this is a viewer
+for one person, not a server for many. A typed query may still use memory until its limit. A run dir that stops being a run while viewed fails the page.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from stacx.errors import StacxError
 from stacx.store import db
 
 Row = tuple[object, ...]
-# what a user's query may be (one statement): anything else is refused before it runs
-USER_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+class QueryInterrupted(StacxError):
+    """A typed query ran past the viewer's time limit and was interrupted."""
 
 
 @dataclass
@@ -61,16 +69,19 @@ def _signature(run_dirs: Sequence[Path]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _snapshot_dirs(con: duckdb.DuckDBPyConnection) -> list[Path]:
-    """The temp directories of the snapshot copies this connection reads (``db._snapshot``
-    names them ``stacx-snap-*`` under the temp dir)."""
+def _files(con: duckdb.DuckDBPyConnection) -> list[Path]:
+    """The log files this connection reads (the runs' own, or snapshot copies), in run order."""
+    rows = con.execute("select path from duckdb_databases() where path is not null and not internal "
+                       "order by database_oid").fetchall()  # fmt: skip
+    return [Path(str(p)) for (p,) in rows]
+
+
+def _snapshot_dirs(files: list[Path]) -> list[Path]:
+    """The temp directories of the snapshot copies among ``files`` (``db._snapshot`` names them
+    ``stacx-snap-*`` under the temp dir)."""
     tmp = Path(tempfile.gettempdir()).resolve()
-    out = []
-    for (path,) in con.execute("select path from duckdb_databases() where path is not null").fetchall():
-        parent = Path(str(path)).resolve().parent
-        if parent.parent == tmp and parent.name.startswith("stacx-snap-"):
-            out.append(parent)
-    return out
+    parents = [f.resolve().parent for f in files]
+    return [p for p in parents if p.parent == tmp and p.name.startswith("stacx-snap-")]
 
 
 @dataclass
@@ -79,6 +90,8 @@ class Source:
 
     run_dirs: list[Path]
     min_reopen_s: float = 1.0
+    sql_timeout_s: float = 5.0
+    _files: list[Path] = field(default_factory=list)
     _con: duckdb.DuckDBPyConnection | None = None
     _snaps: list[Path] = field(default_factory=list)
     _sig: tuple[tuple[int, int], ...] = ()
@@ -105,7 +118,8 @@ class Source:
         con.execute("SET lock_configuration = true")
         self.close()
         self._con, self._sig, self._opened = con, sig, now
-        self._snaps = _snapshot_dirs(con)
+        self._files = _files(con)
+        self._snaps = _snapshot_dirs(self._files)
         return con
 
     def close(self) -> None:
@@ -124,26 +138,29 @@ class Source:
             return Result(cols, cur.fetchall() if cur.description else [])
 
     def query_user(self, sql: str, limit: int = 1000) -> tuple[Result, bool]:
-        """A query typed by the user: one SELECT/EXPLAIN statement; at most ``limit`` rows
-        (and whether there were more). Errors are StacxError with DuckDB's message."""
+        """A query typed by the user, on a connection of its own that is thrown away after it
+        (see the module docstring): at most ``limit`` rows (and whether there were more).
+        Errors are StacxError with DuckDB's message; QueryInterrupted past ``sql_timeout_s``."""
         with self._lock:
-            con = self._connection()
-            try:
-                statements = con.extract_statements(sql)
-            except duckdb.Error as exc:
-                raise StacxError(str(exc)) from exc
-            if len(statements) != 1:
-                raise StacxError(f"one statement please (got {len(statements)})")
-            kind = statements[0].type.name
-            if kind not in USER_STATEMENTS:
-                raise StacxError(f"{kind} statements are not allowed here (read-only: "
-                                 f"{', '.join(USER_STATEMENTS)})")  # fmt: skip
-            try:
-                cur = con.execute(sql)
-                cols = [d[0] for d in cur.description or []]
-                rows = cur.fetchmany(limit + 1) if cur.description else []
-            except duckdb.Error as exc:
-                raise StacxError(str(exc)) from exc
+            self._connection()
+            files = list(self._files)
+        con = db.attach_files(files)
+        timer = threading.Timer(self.sql_timeout_s, con.interrupt)
+        try:
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            timer.start()
+            cur = con.execute(sql)
+            cols = [d[0] for d in cur.description or []]
+            rows = cur.fetchmany(limit + 1) if cur.description else []
+        except duckdb.InterruptException as exc:
+            raise QueryInterrupted(f"query interrupted after {self.sql_timeout_s:g} s, the viewer's time limit "
+                                   "(stacx view --sql-timeout SECONDS sets it)") from exc  # fmt: skip
+        except duckdb.Error as exc:
+            raise StacxError(str(exc)) from exc
+        finally:
+            timer.cancel()
+            con.close()
         return Result(cols, rows[:limit]), len(rows) > limit
 
     def has(self, name: str) -> bool:

@@ -292,3 +292,46 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     assert [g[0] for g in grpo] == [t[0] for t in turns]
     assert {g[1] for g in grpo} == {reward} and len({g[2] for g in grpo}) == 1
     assert len(trained_sequences(con)) == len(set(segments))
+
+
+CRASHING_SPEC = """\
+name = "crashes-at-start"
+run = \"\"\"python3 -c 'import sys; sys.stderr.write("usage: agent [-h] --task TASK\\\\nagent: error: unrecognized arguments: --bogus\\\\n"); sys.exit(2)'\"\"\"
+"""
+
+
+def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_path: Path) -> None:
+    """A user's spec whose `run` exits 2 at once (an argparse error): never scored as 0, but
+    InfraFailed 'scaffold' with its stderr, in the eval report, on stderr, in `stacx sql`'s
+    scaffold_failures and on the episode's page; `stacx eval` exits 1 (every sample failed)."""
+    from stacx.view.episode import episode_page
+    from stacx.view.source import Source
+
+    spec = tmp_path / "crashes.toml"
+    spec.write_text(CRASHING_SPEC)
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{spec}", "--tasks", "basic",
+         "--include", "create-hello-file", "--max-attempts", "1", "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Scaffold failures" in proc.stdout and "unrecognized arguments: --bogus" in proc.stdout
+    assert "the scaffold exited before its first model call in 1 episode(s)" in proc.stderr
+    sql = subprocess.run(
+        [sys.executable, "-m", "stacx", "sql", str(run_dir), "--format", "json",
+         "select e.status, e.reward, e.failure_kind, f.scaffold, f.exit_code, f.stderr_last_line "
+         "from episodes e join scaffold_failures f using (episode_id)"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(sql.stdout) == {
+        "status": "failed", "reward": None, "failure_kind": "scaffold", "scaffold": "crashes-at-start",
+        "exit_code": 2, "stderr_last_line": "agent: error: unrecognized arguments: --bogus"}  # fmt: skip
+    source = Source([run_dir])
+    try:
+        [(episode,)] = source.query("select episode_id from episodes").rows
+        html = episode_page(source, {"id": str(episode)})
+    finally:
+        source.close()
+    assert "scaffold crashes-at-start: exit code 2" in html
+    assert "usage: agent [-h] --task TASK" in html  # the stderr tail, not "No turns recorded." alone

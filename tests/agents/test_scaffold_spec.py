@@ -142,7 +142,7 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     request = json.loads(con.execute(
         "select request_json from turn_generated where turn = 1").fetchone()[0])  # fmt: skip
     assert request["messages"][0]["content"].startswith("Summary: ")
-    # What a multi-segment episode trains on (README "Segments"): each segment its own sequence,
+    # What a multi-segment episode trains on (docs/scaffolds.md, "Segments"): each segment its own sequence,
     # the episode's outcome on every segment's turns, each row naming its episode and turn.
     grpo = con.execute("select turn, reward, advantage from grpo_batch order by turn").fetchall()
     ((reward,),) = con.execute("select reward from episodes").fetchall()

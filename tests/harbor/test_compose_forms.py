@@ -4,6 +4,7 @@ files refused with the schema's message (pure: no Docker)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,13 +80,42 @@ def test_each_compose_form_reads_as_compose_reads_it(
     assert _load(tmp_path, web)[field] == expected
 
 
-def test_build_as_a_string_or_a_map(tmp_path: Path) -> None:
-    (tmp_path / "ctx").mkdir()
-    for build in ("build: ./ctx", "build: {context: ctx}", "build:\n      context: ctx\n"
-                  "      dockerfile: Dockerfile\n      args: {A: 1}"):  # fmt: skip
+def test_build_as_a_string_or_a_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ctx" / "docker").mkdir(parents=True)
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM debian:bookworm\n")
+    (tmp_path / "ctx" / "docker" / "Dockerfile.web").write_text("FROM debian:bookworm\n")
+    monkeypatch.setenv("STACX_T_HOST", "from-host")
+    plain = ("Dockerfile", {}, None)
+    for build, expected in [
+        ("build: ./ctx", plain),
+        ("build: {context: ctx}", plain),
+        ("build:\n      context: ctx\n      dockerfile: docker/Dockerfile.web\n"
+         "      args: {A: 1, STACX_T_HOST: null}\n      target: runtime",
+         ("docker/Dockerfile.web", {"A": "1", "STACX_T_HOST": "from-host"}, "runtime")),
+        ("build:\n      context: ctx\n      args: [A=x=y, STACX_T_HOST, STACX_T_UNSET]",
+         ("Dockerfile", {"A": "x=y", "STACX_T_HOST": "from-host"}, None)),
+    ]:  # fmt: skip
         (tmp_path / "docker-compose.yaml").write_text(f"services:\n  web:\n    {build}\n")
-        services, _ = load_compose(tmp_path / "docker-compose.yaml")
-        assert services["web"].build_dir == str((tmp_path / "ctx").resolve()), build
+        web = load_compose(tmp_path / "docker-compose.yaml")[0]["web"]
+        assert web.build_dir == str((tmp_path / "ctx").resolve()), build
+        assert (web.dockerfile, web.build_args, web.build_target) == expected, build
+
+
+@pytest.mark.parametrize("build, message", [
+    ("{context: ctx, dockerfile: Dockerfile.nope}",
+     "services.web.build.dockerfile = 'Dockerfile.nope': no such file in the build context"),
+    ("{context: ctx, dockerfile: ../outside}",
+     "services.web.build.dockerfile = '../outside': no such file in the build context"),
+    ("{context: missing}", "services.web.build.context = 'missing': no such directory"),
+])  # fmt: skip
+def test_a_build_that_names_what_is_not_there_is_refused(
+    tmp_path: Path, build: str, message: str
+) -> None:
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "outside").write_text("FROM debian:bookworm\n")
+    (tmp_path / "docker-compose.yaml").write_text(f"services:\n  web:\n    build: {build}\n")
+    with pytest.raises(TaskError, match=re.escape(message)):
+        load_compose(tmp_path / "docker-compose.yaml")
 
 
 def test_dotenv_beside_the_file_and_the_environment_winning(

@@ -29,8 +29,26 @@ def test_mirror_from_one_line_sources(tmp_path: Path) -> None:
 
 
 def test_unknown_suite_names_the_accepted_ones() -> None:
-    with pytest.raises(SandboxError, match="accepted: bookworm, trixie"):
+    with pytest.raises(SandboxError, match="accepted: bookworm, trixie, noble"):
         bootstrap_base_image(suite="sid")
+
+
+@pytest.mark.docker
+def test_images_ls_says_which_bases_exist_and_what_maps_where(tmp_path: Path) -> None:
+    from .conftest import stacx
+
+    (tmp_path / "aliases.toml").write_text('"golang:*" = "stacx/base:bookworm"\n')
+    out = stacx("images", "ls", "--aliases", tmp_path / "aliases.toml")
+    assert out.returncode == 0, out.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()
+            if line.startswith("│")]  # fmt: skip
+    bases = {r[0]: r for r in rows if r[0].startswith("stacx/base:")}
+    assert bases["stacx/base:noble"][1:3] == ["Ubuntu noble", "3.12"]
+    assert bases["stacx/base:bookworm"][1:3] == ["Debian bookworm", "3.11"]
+    assert ["golang:*", "stacx/base:bookworm", "yours"] in rows
+    for pattern, base in (("python:3.12*", "noble"), ("ubuntu:24.04*", "noble"),
+                          ("python:3.11*", "bookworm"), ("python:3.13*", "trixie")):  # fmt: skip
+        assert [pattern, f"stacx/base:{base}", "default"] in rows
 
 
 def test_heredocs_become_build_context_files() -> None:

@@ -83,6 +83,15 @@ surprise = 3
         assert key in notes, key
 
 
+def test_an_unknown_key_names_the_nearest_known_one(tmp_path: Path) -> None:
+    toml = "[verifier]\ntimeout_secs = 5\n[agent]\nzzz = 1\n[environment]\nbuild_timeout = 9\n"
+    assert load_task(_task(tmp_path, toml)).notes == [
+        "agent.zzz: unknown key, ignored",  # nothing near: no guess
+        "environment.build_timeout: unknown key, ignored (did you mean 'build_timeout_sec'?)",
+        "verifier.timeout_secs: unknown key, ignored (did you mean 'timeout_sec'?)",
+    ]
+
+
 def test_network_policy_per_phase_and_the_deprecated_flag(tmp_path: Path) -> None:
     t = load_task(_task(tmp_path, '[environment]\nnetwork_mode = "no-network"\n'
                         '[verifier]\nnetwork_mode = "public"\n'))  # fmt: skip

@@ -1,7 +1,7 @@
 """Offline stand-ins built from the package registry (stacx.sandbox.standins): uv's images.
 `COPY --from=ghcr.io/astral-sh/uv:0.9.7` and `FROM ghcr.io/astral-sh/uv:0.9.7-python3.12-...`
 build through `stacx tasks check` on real Docker with the uv 0.9.7 binaries of PyPI's wheel;
-the variant's base mapping (Python 3.12 on trixie's 3.13) is warned on the episode."""
+the variant's base mapping (python:3.12-slim-bookworm on Ubuntu noble) is warned on the episode."""
 
 from __future__ import annotations
 
@@ -50,4 +50,4 @@ def test_uv_images_are_rebuilt_from_pypi(tmp_path: Path, base_images: object) ->
     assert "uv at /usr/local/bin/uv: uv 0.9.7" in str(out["uv-variant"])
     warned = dict(rows(run_dir, "select task_id, message from episode_warned"))
     assert "is uv from PyPI on top of" in str(warned["uv-variant"])
-    assert "asks for Python 3.12" in str(warned["uv-variant"])
+    assert "runs on stacx/base:noble (Ubuntu noble, not bookworm)" in str(warned["uv-variant"])

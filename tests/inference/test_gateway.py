@@ -115,7 +115,8 @@ async def test_stream_sends_the_reply_and_usage_last(episode) -> None:
 async def test_n_choices_are_one_request_and_n_turns(episode) -> None:
     client, _, rec = episode
     r = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=6, seed=1
+        model="student", messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=6, seed=1,
+        extra_body={"return_token_ids": True},
     )
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [t.choice_index for t in rec.turns] == [0, 1, 2]
@@ -130,7 +131,8 @@ async def test_recorded_ids_are_the_template_and_what_the_engine_produced(
     client, _, rec = episode
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     r = await client.chat.completions.create(
-        model="student", messages=messages, temperature=0, max_tokens=12, logprobs=True
+        model="student", messages=messages, temperature=0, max_tokens=12, logprobs=True,
+        extra_body={"return_token_ids": True},
     )
     (turn,) = rec.turns
     tok = torch_engine.tokenizer

@@ -1,6 +1,7 @@
 """The gateway's OpenAI edges with the official `openai` client and the real SmolLM2 model:
 unknown model names (404 model_not_found), `models.retrieve`, `tool_choice` "required" (of one
-tool or of several) and a named function (honoured by prefilling the tool-call opening), and the
+tool or of several) and a named function (honoured by prefilling the tool-call opening and decoding
+the arguments under the tool's schema: tests/inference/test_gateway_constrained.py), and the
 error answers to an episode's calls recorded as `GatewayRefused`."""
 
 from __future__ import annotations
@@ -81,17 +82,18 @@ async def test_required_of_several_tools_calls_the_likeliest(
     client: openai.AsyncOpenAI, torch_engine: TorchEngine
 ) -> None:
     # left to itself after `<tool_call>{"name": "`, the model names the function "ls" here; the
-    # gateway prefills the call of the tool the model scores likeliest (bash, listed second)
+    # gateway prefills the call of the tool the model scores likeliest (bash, listed second),
+    # up to its arguments (the model's, under the tool's schema)
     r = await client.chat.completions.create(
         model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[READ, BASH],
-        tool_choice="required", temperature=0, max_tokens=64,
+        tool_choice="required", temperature=0, max_tokens=64, extra_body={"return_token_ids": True},
     )  # fmt: skip
     choice = r.choices[0]
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "bash" and choice.finish_reason == "tool_calls"
     assert isinstance(json.loads(call.function.arguments), dict)
     prompt = torch_engine.tokenizer.decode(choice.prompt_token_ids)  # type: ignore[attr-defined]
-    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments":')
 
 
 async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI) -> None:
@@ -142,7 +144,7 @@ async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine
         r = await client.chat.completions.create(
             model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[BASH],
             tool_choice={"type": "function", "function": {"name": "bash"}}, temperature=0,
-            max_tokens=64,
+            max_tokens=64, extra_body={"return_token_ids": True},
         )  # fmt: skip
         await client.close()
     refused, turn = rec.events
@@ -152,8 +154,40 @@ async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine
     # the prefill is part of the prompt the engine saw; the output is the model's own ids
     assert isinstance(turn, TurnGenerated)
     prompt = torch_engine.tokenizer.decode(turn.prompt_ids)  # type: ignore[union-attr]
-    assert prompt.endswith('<tool_call>{"name": "bash", "arguments": {')
+    assert prompt.endswith('<tool_call>{"name": "bash", "arguments":')
     assert json.loads(turn.request_json)["tool_choice"] == {  # why the prompt ends so
         "type": "function", "function": {"name": "bash"}}
     assert r.choices[0].token_ids == turn.output_ids  # type: ignore[attr-defined]
     assert r.choices[0].message.tool_calls
+
+
+async def test_max_tokens_beyond_the_context_is_a_400_naming_both_numbers(
+    client: openai.AsyncOpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(
+            model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=100000)  # fmt: skip
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "max_tokens"
+    assert body["code"] == "context_length_exceeded"
+    assert "100000" in body["message"] and "context of 2048 tokens" in body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(model="student", prompt="a", max_tokens=100000)
+    assert "100000" in info.value.message
+
+
+async def test_completion_ids_and_token_ids_only_when_asked(client: openai.AsyncOpenAI) -> None:
+    text = await client.completions.create(model="student", prompt="The sky is", max_tokens=3)
+    chat = await client.chat.completions.create(
+        model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)  # fmt: skip
+    assert text.id.startswith("cmpl-") and chat.id.startswith("chatcmpl-")
+    for choice in (text.choices[0], chat.choices[0]):  # vLLM's extension, unasked: absent
+        assert "token_ids" not in choice.model_dump() and "prompt_token_ids" not in choice.model_dump()
+    asked = await client.completions.create(
+        model="student", prompt="The sky is", max_tokens=3, extra_body={"return_token_ids": True})  # fmt: skip
+    choice = asked.choices[0].model_dump()
+    assert len(choice["token_ids"]) == asked.usage.completion_tokens  # type: ignore[union-attr]
+    assert len(choice["prompt_token_ids"]) == asked.usage.prompt_tokens  # type: ignore[union-attr]
+    chunks = [c async for c in await client.chat.completions.create(
+        model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True)]  # fmt: skip
+    assert not [c for c in chunks if c.choices and "token_ids" in c.choices[0].model_dump()]

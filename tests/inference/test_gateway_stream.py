@@ -45,7 +45,7 @@ def _contents(chunks: list, index: int = 0) -> list[str]:
 async def test_a_long_reply_streams_in_chunks_that_join_to_the_unstreamed_reply(episode) -> None:
     client, _, rec = episode
     body = {"model": "student", "messages": STORY, "temperature": 0.8, "seed": 5,
-            "max_tokens": 40}  # fmt: skip
+            "max_tokens": 40, "extra_body": {"return_token_ids": True}}  # fmt: skip
     whole = await client.chat.completions.create(**body)
     chunks = [c async for c in await client.chat.completions.create(
         **body, stream=True, stream_options={"include_usage": True})]  # fmt: skip
@@ -86,14 +86,15 @@ async def test_the_first_delta_comes_mid_generation_and_a_disconnect_aborts_it(
     assert torch_engine.stats["decode_steps"] - steps < 1400  # aborted, not run to 1500 tokens
     assert rec.turns == []  # nobody saw that reply: nothing recorded
     # the engine and the gateway serve the next call as usual
-    r = await client.chat.completions.create(model="student", messages=STORY, max_tokens=3)
+    r = await client.chat.completions.create(model="student", messages=STORY, max_tokens=3,
+                                             extra_body={"return_token_ids": True})  # fmt: skip
     assert len(r.choices[0].token_ids) == 3 and len(rec.turns) == 1  # type: ignore[attr-defined]
 
 
 async def test_a_stop_string_split_across_tokens_is_cut_exactly(episode, torch_engine) -> None:
     client, _, rec = episode
     body = {"model": "student", "messages": STORY, "temperature": 0, "max_tokens": 30}
-    free = await client.chat.completions.create(**body)
+    free = await client.chat.completions.create(**body, extra_body={"return_token_ids": True})
     full, ids = free.choices[0].message.content or "", free.choices[0].token_ids  # type: ignore[attr-defined]
     tok = torch_engine.tokenizer
     stop, at = "", -1

@@ -63,7 +63,7 @@ async def test_missing_weights_file_is_refused_with_its_path(serve_url: str) -> 
 
 async def test_chat_completions_uses_the_chat_template(serve_url: str, chat_prompt) -> None:
     body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 4, "temperature": 0, "logprobs": True}  # fmt: skip
+            "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True}  # fmt: skip
     status, out = await post(serve_url, "/v1/chat/completions", body)
     assert status == 200 and isinstance(out, dict)
     choice = out["choices"][0]
@@ -74,7 +74,8 @@ async def test_chat_completions_uses_the_chat_template(serve_url: str, chat_prom
 
 async def test_completions_with_text_prompt_and_logprobs(serve_url: str) -> None:
     body = {"model": "default", "prompt": "The capital of France is", "max_tokens": 3,
-            "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
+            "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True,
+            "return_token_ids": True}  # fmt: skip
     status, out = await post(serve_url, "/v1/completions", body)
     assert status == 200 and isinstance(out, dict)
     lp = out["choices"][0]["logprobs"]

@@ -12,9 +12,11 @@ CPU, forks), and the engine's process never forks.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,7 @@ from tests.launch.test_crash import duplicates
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 3
+STEPS = 4
 RECIPE = f"""
 name = "processes-tiny"
 [model]
@@ -64,6 +66,9 @@ tensorboard = false
 """
 
 
+PROGRESS = re.compile(r"episodes scored=(?P<scored>\d+) .* step=(?P<step>\d+)?")
+
+
 def _pid(run_dir: Path, role: str) -> int:
     return int((run_dir / "logs" / f"{role}.pid").read_text())
 
@@ -88,13 +93,17 @@ def test_each_role_process_killed_once_and_the_run_ends_as_uninterrupted(
         env={**os.environ, "STACX_STRICT": "1"},
     )  # fmt: skip
     assert proc.stdout is not None
-    # (what must have happened in the log, the role to kill then)
-    plan = [("episodes scored=1 ", "engine-0"), ("step=1/", "rollout-0"), ("step=2/", "trainer-0")]
+    # (what the progress line must show, the role to kill then): the engine mid-generation of
+    # iteration 0, the rollout worker once a version is out, the trainer after its second step
+    plan = [(lambda scored, step: scored >= 1, "engine-0"),
+            (lambda scored, step: step >= 1, "rollout-0"),
+            (lambda scored, step: step >= 2, "trainer-0")]  # fmt: skip
     out: list[str] = []
     killed: list[tuple[str, int]] = []
     for line in proc.stdout:
         out.append(line)
-        if plan and plan[0][0] in line:
+        m = PROGRESS.search(line)
+        if plan and m and plan[0][0](int(m["scored"]), int(m["step"] or 0)):
             role = plan.pop(0)[1]
             pid = _pid(run_dir, role)
             os.kill(pid, signal.SIGKILL)
@@ -123,6 +132,7 @@ def test_each_role_process_killed_once_and_the_run_ends_as_uninterrupted(
     load = dict(_sql(run_dir, "select process, forks from process_load_run"))
     assert {"launcher", "engine-0", "rollout-0", "trainer-0"} <= set(load), load
     assert load["engine-0"] == 0, "the engine's process forked"
+    assert load["rollout-0"] == 0, "a sandbox command was forked from the rollout process"
     assert db.read_run_file(run_dir)["status"] == "completed"
     # the viewer's time & load page lists every process beside the time accounting
     page = load_page(Source(run_dirs=[run_dir]), {})
@@ -143,3 +153,38 @@ def test_processes_is_the_gpu_default_and_local_the_cpu_one() -> None:
     oracle = convert({"name": "x", "agent": {"name": "oracle"}, "algorithm": {"name": "eval"},
                       "engine": {"device": "cuda"}})  # fmt: skip
     assert [r.name for r in roles_for(oracle)] == ["rollout"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").is_dir() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_killed_launcher_leaves_no_role_process_and_the_rerun_completes(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.replace(f"steps = {STEPS}", "steps = 1"))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir)]
+    env = {**os.environ, "STACX_STRICT": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "episodes scored=1 " in line:
+            break
+    pids = [int(p.read_text()) for p in (run_dir / "logs").glob("*.pid")]
+    assert len(pids) == 3, pids  # engine, rollout, trainer
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 90
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "role processes outlived their kill -9'd launcher"
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resumed" in done.stdout
+    assert _sql(run_dir, "select list(version) from weights_published") == [([1],)]
+    assert duplicates(run_dir) == {}

@@ -239,8 +239,14 @@ async def test_episode_timeout_stops_the_agent_and_the_verifier_still_scores(
             await asyncio.sleep(0.5)
         got = (await run.query("SELECT status, stop_reason, reward FROM episodes")).to_pylist()
         finished = (await run.query("SELECT n_turns FROM episode_finished")).to_pylist()
-    assert got == [{"status": "scored", "stop_reason": "timeout", "reward": 0.0}]
+        calls = (await run.query("SELECT c.call_id, r.timed_out, r.error FROM tool_called c "
+                                 "LEFT JOIN tool_returned r USING (call_id)")).to_pylist()  # fmt: skip
+    assert got == [{"status": "scored", "stop_reason": "agent_timeout", "reward": 0.0}]
     assert finished == [{"n_turns": 1}]  # the turn that ran before the timeout is counted
+    # the call the timeout cut is answered in the log, not left open
+    assert [(c["timed_out"], c["error"]) for c in calls] == [
+        (True, "cut by the task's agent timeout (2 s)")
+    ]
 
 
 class _Raises:

@@ -60,7 +60,7 @@ async def test_failing_build_reports_the_log_tail(
         tmp_path,
         "broken-build",
         test_sh="true",
-        dockerfile="FROM ubuntu:24.04\nRUN echo about-to-fail && exit 7\n",
+        dockerfile="FROM debian:bookworm\nRUN echo about-to-fail && exit 7\n",
     )
     with pytest.raises(TaskError, match=r"(?s)broken-build: image build failed.*about-to-fail"):
         await build_task_image(load_task(d), docker, AliasMap())
@@ -82,7 +82,7 @@ async def test_image_entrypoint_runs_with_the_sandboxs_command_instead_of_cmd(
         tmp_path,
         "with-entrypoint",
         test_sh="true",
-        dockerfile="FROM ubuntu:24.04\nCOPY entrypoint.sh /entrypoint.sh\n"
+        dockerfile="FROM debian:bookworm\nCOPY entrypoint.sh /entrypoint.sh\n"
         'RUN chmod +x /entrypoint.sh\nENTRYPOINT ["/entrypoint.sh"]\n'
         'CMD ["sh", "-c", "echo cmd-ran > /tmp/cmd"]\n',
         files={"environment/entrypoint.sh": entrypoint},

@@ -18,6 +18,7 @@ from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
 from stacx.sandbox.pool import SandboxPool
 from stacx.store.db import connect_run
+from tests.conftest import need_noble
 
 from .conftest import FIXTURES, Recorder
 
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.docker
 async def test_third_party_task_oracle_and_null(
     base_image: str, docker: aiodocker.Docker, emitted: Recorder, tmp_path: Path
 ) -> None:
+    need_noble()  # FROM ubuntu:24.04
     task = load_task(FIXTURES / "others-csv-report")
     image = await build_task_image(task, docker, AliasMap())
     limits = task_limits(task)

@@ -36,9 +36,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def start_viewer(*run_dirs: Path) -> tuple[subprocess.Popen[str], str]:
-    """`stacx view RUN...` as a user starts it; returns the process and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "stacx", "view", *map(str, run_dirs)], cwd=ROOT, env=env(),
+SQL_TIMEOUT_S = 2  # the viewer fixture's --sql-timeout
+
+
+def start_viewer(*run_dirs: Path, args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], str]:
+    """`stacx view RUN... [ARGS]` as a user starts it; returns the process and the URL it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "stacx", "view", *map(str, run_dirs), *args], cwd=ROOT, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -51,7 +54,7 @@ def start_viewer(*run_dirs: Path) -> tuple[subprocess.Popen[str], str]:
 
 @pytest.fixture(scope="session")
 def viewer(run_dir: Path) -> Iterator[str]:
-    proc, url = start_viewer(run_dir)
+    proc, url = start_viewer(run_dir, args=("--sql-timeout", str(SQL_TIMEOUT_S)))
     yield url
     proc.terminate()
     proc.wait(timeout=30)

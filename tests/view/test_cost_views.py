@@ -16,9 +16,10 @@ from stacx.store import db
 async def _log(run_dir: Path) -> str:
     async with RunContext(run_dir, recipe="views") as run:
         r = run.run_id
-        for e in ("a", "b"):
-            await run.emit(ev.EpisodeStarted(run_id=r, episode_id=e, task_id="t", group_id="g",
-                                             agent="mini-swe-agent"))
+        for e, agent in (("a", "installed"), ("b", "swe")):  # as the launcher names them
+            await run.emit(ev.EpisodeStarted(run_id=r, episode_id=e, task_id="t", group_id="g", agent=agent))
+        # the scaffold's own name comes from its exit (gateway_drift.scaffold)
+        await run.emit(ev.ScaffoldExited(run_id=r, episode_id="a", scaffold="mini-swe-agent", exit_code=0))
         gw = "gateway:torch"
         # a: call 1 extends call 0; call 2 rewrites the history (a new segment); call 3 extends 2
         for turn, prompt, out, seg in ((0, [1, 2], [3], 0), (1, [1, 2, 3, 4], [5], 0),

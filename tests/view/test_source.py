@@ -49,6 +49,29 @@ async def test_a_live_run_is_read_from_a_snapshot_that_is_then_removed(tmp_path:
             await run.sync(60)
             got = _read(tmp_path / "run")
             assert got["n"] == n and got["snapshots"] == 1  # the live file was copied, and read
-            assert "COPY statements are not allowed" in str(got["copy episode_started to '/tmp/out.csv'"])
+            assert "disabled by configuration" in str(got["copy episode_started to '/tmp/out.csv'"])
             assert "disabled by configuration" in str(got["select * from read_text('/etc/hostname')"])
     assert _snapshots() == before  # each copy was deleted when the viewer closed it
+
+
+async def test_several_runs_are_curved_by_split_an_eval_runs_episodes_as_eval(tmp_path: Path) -> None:
+    """Multi-run mode (no reward_by_weight_version per run): a `stacx eval` run's episodes
+    (TaskScheduled.split = 'eval', role '') are labelled eval, not train."""
+    from stacx.view.pages import reward_curve
+    from stacx.view.source import Source
+
+    ids = []
+    for name, split in (("a", "eval"), ("b", "train")):
+        async with RunContext(tmp_path / name, recipe=name) as run:
+            r = run.run_id
+            await run.emit(ev.TaskScheduled(run_id=r, task_id="t", task_path="t", group_id=f"g{name}", split=split))
+            await run.emit(ev.EpisodeStarted(run_id=r, episode_id=f"e{name}", task_id="t", group_id=f"g{name}"))
+            await run.emit(ev.RewardAssigned(run_id=r, episode_id=f"e{name}", reward=1.0))
+            await run.sync(60)
+            ids.append(r)
+    source = Source([tmp_path / "a", tmp_path / "b"])
+    try:
+        curves = [reward_curve(source, r).dicts() for r in ids]
+    finally:
+        source.close()
+    assert [[(c["split"], c["n_episodes"]) for c in curve] for curve in curves] == [[("eval", 1)], [("train", 1)]]

@@ -31,6 +31,12 @@ over sync). Sizes:
     python tools/bench/async_grpo.py --tiny            # CPU (the 2-core machine: minutes)
     python tools/bench/async_grpo.py --device cuda     # one GPU, engine and trainer on it (< 9 min)
 
+Placement: the CPU runs keep one process (``placement.mode`` "auto" is "local" there); the cuda
+runs get the GPU default, "processes": the engine in a process of its own serving two rollout
+worker processes, the trainer in a third, weights handed over by CUDA IPC; every process's
+event-loop lag, CPU and forks are in the JSON (``process_load``, the view ``process_load_run``).
+``--set placement.mode=local`` measures the one-process topology instead.
+
 ``--tiny`` runs 4 steps of 2 tasks x 4 samples, one turn of up to 16 tokens, the last decoder
 layer and the final norm trained. ``--device cuda`` runs 8 steps of 4 tasks x 8 samples, 3 turns
 of up to 96 tokens, the default model (SmolLM2-135M) trained whole, after a 1-step warm-up run
@@ -63,7 +69,10 @@ TINY_SETS = ["agent.max_turns=1", "agent.max_new_tokens=16",
              "trainer.background_checkpoint=true"]  # fmt: skip
 CUDA_SETS = [
     "engine.device=cuda", "trainer.device=cuda", "engine.max_batch=64",
-    "sandbox.concurrency=128", "tasks.per_iteration=4", "tasks.group_size=8",
+    # placement "processes" (the GPU default): the engine, two rollout workers of 64 episodes
+    # each and the trainer in processes of their own
+    "placement.rollout_workers=2", "sandbox.concurrency=64",
+    "tasks.per_iteration=4", "tasks.group_size=8",
     "agent.max_turns=3", "agent.max_new_tokens=96", "agent.temperature=0.7",
     "trainer.lr=1e-4", "trainer.trainable=''", "trainer.compile=false",
     "trainer.background_checkpoint=true",

@@ -28,7 +28,7 @@ The run's output is streamed line by line (flushed) and, with ``--out DIR``, cop
 that what the log holds is still reported; the JSON also goes to ``DIR/grpo_iteration.json``
 and the memory samples to ``DIR/gpu_memory.csv``. Prints one JSON object as its last line.
 
-Usage (the H200 figures of the README; model on /dev/shm to spare the disk for checkpoints):
+Usage (the H200 figures of docs/benchmarks.md; model on /dev/shm to spare the disk for checkpoints):
 ``python tools/bench/grpo_iteration.py --tokenizer DIR --work /tmp/it --model-dir /dev/shm/m4b
 --out $OUT --deadline-s 380 --steps 2 --problems 1 --group 8 --new-tokens 48 --no-compile``;
 ``--tiny`` runs on CPU for a check of the script. The checkpoint off the trainer's path (issue

@@ -32,9 +32,20 @@ Prints context lines, then ONE JSON line (the last line):
   (stacx.sandbox.privileges) against Docker's defaults, alternating; `--runtime runsc` adds
   gVisor where it is registered with the Docker daemon.
 
+- process (`--process`, alone; no Docker): the process backend's `exec("true")` p50/p99 through
+  its spawner (today's path) against the pre-issue-41 path (each command started by
+  `asyncio.create_subprocess_exec` with the rlimits in a `preexec_fn`, so Python forks the
+  caller, under `unshare` + setup script + `chroot`: `legacy_exec` below), in blocks on one
+  sandbox, from this process bare and holding a `--heap-gib` touched heap (and with
+  `--device cuda` a CUDA context and a CUDA tensor of that size too), plus sandbox start and
+  close latency. Goals (issue 41): new p50 <= 5 ms bare on the 2-core CPU; new heap/bare p50
+  within 1.2x.
+
 Usage: .venv/bin/python tools/bench/sandbox.py [--iterations 15] [--episodes 32]
        [--remote-episodes 64] [--no-remote]
        .venv/bin/python tools/bench/sandbox.py --hardening [--iterations 15] [--runtime runsc]
+       .venv/bin/python tools/bench/sandbox.py --process [--iterations 200] [--heap-gib 4]
+       [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from stacx.events import Event, SandboxStarted
 from stacx.sandbox.docker import DockerSandbox, Limits, owner_labels
 from stacx.sandbox.images import BASE_IMAGE, bootstrap_base_image
 from stacx.sandbox.pool import SandboxPool
+from stacx.sandbox.process import ProcessSandbox
 
 LIMITS = Limits(cpus=1, memory_mb=512, pids=256)
 
@@ -381,6 +393,129 @@ async def main(
     }
 
 
+# The pre-issue-41 exec path, kept here as the baseline: per command, `unshare` runs this script,
+# which binds the host's top level into the root and chroots as the command's user.
+LEGACY_SETUP = r"""
+set -e
+R=$1 CWD=$2 SPEC=$3 LO=$4; shift 4
+while [ "$1" != -- ]; do mount --rbind "/$1" "$R/$1"; shift; done; shift
+if [ "$LO" = 1 ]; then ip link set lo up 2>/dev/null || true; fi
+exec chroot --userspec="$SPEC" "$R" /bin/sh -c 'cd "$0" && exec "$@"' "$CWD" "$@"
+"""
+
+
+async def legacy_exec(sb: ProcessSandbox, cmd: str) -> int:
+    """`exec(cmd)` as the process backend ran it before issue 41 (the rlimits in a preexec_fn:
+    Python forks this whole process), without the output caps and flags (no cost here)."""
+    import resource
+
+    from stacx.sandbox.containment import rlimits
+
+    assert sb.root is not None
+    limits = rlimits(sb.limits, 10.0)
+    ids = sb._ids(None)
+    net = not sb.limits.allow_internet and sb._probe.net
+    argv = [*sb._probe.unshare, *(["--net"] if net else []), "--"]
+    if sb.isolation == "namespaces":
+        spec = "0:0" if ids is None else f"{ids[0]}:{ids[1]}"
+        argv += ["/bin/sh", "-c", LEGACY_SETUP, "setup", str(sb.root), sb.workdir, spec]
+        argv += ["1" if net else "0", *sb._binds, "--"]
+    elif not net:
+        argv = []
+
+    def preexec() -> None:
+        for res, soft, hard in limits:
+            resource.setrlimit(res, (soft, hard))
+
+    proc = await asyncio.create_subprocess_exec(
+        *argv, "bash", "-c", cmd, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True, preexec_fn=preexec,
+    )  # fmt: skip
+    await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode
+
+
+def hold_heap(gib: float, device: str) -> list[object]:
+    """A heap of `gib` GiB, every page touched (and on CUDA: the context and a CUDA tensor of
+    the same size), held until the list is dropped."""
+    n = int(gib * (1 << 30))
+    heap = bytearray(n)
+    heap[::4096] = b"\x01" * len(range(0, n, 4096))  # touched: resident and page-mapped
+    held: list[object] = [heap]
+    if device == "cuda":
+        import torch
+
+        held.append(torch.ones(n, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+    return held
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 2)
+
+
+async def bench_process(iterations: int, heap_gib: float, device: str) -> dict[str, object]:
+    print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
+          f"python {platform.python_version()}; heap {heap_gib} GiB on {device}")
+    starts, closes = [], []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        sb = await ProcessSandbox.create(LIMITS, run_id="bench")
+        starts.append((time.perf_counter() - t0) * 1000)
+        assert (await sb.exec("true")).exit_code == 0
+        t1 = time.perf_counter()
+        await sb.close()
+        closes.append((time.perf_counter() - t1) * 1000)
+    rows: dict[str, object] = {"isolation": sb.isolation, "root": sb.uid is not None}
+    # the machine's floor: `bash -c true` started by vfork from this process, no sandbox
+    floor = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        subprocess.run(["bash", "-c", "true"], check=True)  # noqa: ASYNC221  (a floor: nothing else runs)
+        floor.append((time.perf_counter() - t0) * 1000)
+    rows["floor_bash_true_ms_p50"] = percentile(floor, 0.5)
+    times: dict[str, list[float]] = {}
+    async with ProcessSandbox(LIMITS, run_id="bench") as sb:
+        # in blocks, not alternating (an old exec's child tears down its copy of the heap's page
+        # tables on the other core while the next command would run), in the order new bare,
+        # new heap, old heap, old bare: the two new blocks side by side, before any old fork
+        held: list[object] = []
+        for key in ("new_bare", "new_heap", "old_heap", "old_bare"):
+            if key == "new_heap":
+                held = hold_heap(heap_gib, device)
+                await asyncio.sleep(1.0)  # the allocation's aftermath (page zeroing) settles
+            elif key == "old_bare":
+                held.clear()
+            xs = times[key] = []
+            for _ in range(iterations):
+                t0 = time.perf_counter()
+                if key.startswith("new"):
+                    assert (await sb.exec("true")).exit_code == 0
+                else:
+                    assert await legacy_exec(sb, "true") == 0
+                xs.append((time.perf_counter() - t0) * 1000)
+    for key, xs in times.items():
+        rows[f"exec_true_ms_p50_{key}"] = percentile(xs, 0.5)
+        rows[f"exec_true_ms_p99_{key}"] = percentile(xs, 0.99)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        **rows,
+        "heap_over_bare_new": round(med["new_heap"] / med["new_bare"], 3),
+        "heap_over_bare_old": round(med["old_heap"] / med["old_bare"], 3),
+        "new_over_old_bare": round(med["new_bare"] / med["old_bare"], 3),
+        "new_over_old_heap": round(med["new_heap"] / med["old_heap"], 3),
+        "start_ms_p50": p50(starts),
+        "close_ms_p50": p50(closes),
+        "goal_p50_le_5ms": med["new_bare"] <= 5.0,
+        "goal_heap_within_1_2x": med["new_heap"] / med["new_bare"] <= 1.2,
+        "heap_gib": heap_gib,
+        "device": device,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 async def hardening_only(iterations: int, runtime: str) -> dict[str, object]:
     bootstrap_base_image()
     async with aiodocker.Docker() as docker:
@@ -397,7 +532,15 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--remote-episodes", type=int, default=64)
     parser.add_argument("--no-remote", action="store_true", help="Skip the remote rows.")
+    parser.add_argument("--process", action="store_true",
+                        help="Only the process backend's exec, bare vs holding a heap, new vs old.")
+    parser.add_argument("--heap-gib", type=float, default=4.0, help="With --process.")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="With --process.")
     args = parser.parse_args()
+    if args.process:
+        iterations = args.iterations if "--iterations" in sys.argv else 200
+        print(json.dumps(asyncio.run(bench_process(iterations, args.heap_gib, args.device))))
+        sys.exit(0)
     if args.hardening:
         print(json.dumps(asyncio.run(hardening_only(args.iterations, args.runtime))))
         sys.exit(0)

@@ -3,6 +3,14 @@ against the model's real parameters, and the kernel kinds of its profile."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 import transformers
 
@@ -66,3 +74,29 @@ def test_kernel_kinds_of_the_triton_step_cublas_and_cpu_ops() -> None:
         "aten::mul": "other",
     }  # fmt: skip
     assert {n: kind_of(n) for n in names} == names
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and importlib.util.find_spec("triton") is None, reason="no triton"
+)
+def test_decode_attention_bench_checks_every_split_against_a_reference() -> None:
+    """tools/bench/decode_attention.py --tiny (Triton's interpreter without a GPU): the engine's
+    split rule and a forced split, over slots and over shuffled paged blocks, each checked
+    against float32 attention (the script raises past its tolerance)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [
+        sys.executable,
+        str(root / "tools/bench/decode_attention.py"),
+        "--tiny",
+        "--splits",
+        "auto,3",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["auto_splits"] > 1  # 3 rows: the keys are split across programs
+    for name in ("slots_auto", "slots_3", "paged_auto", "paged_3"):
+        assert result[name]["rel_err"] < 1e-4

@@ -28,6 +28,8 @@ def test_tiny_agentic_bench_reports_reuse_and_its_bound(kv_cache: str, tmp_path:
     trace = tmp_path / "trace.json"
     if kv_cache == "slots":  # the profile once: it runs the warm pass again
         cmd += ["--profile", str(trace)]
+    else:  # groups of 2 through 2 rows: more samples than rows, with holds and without
+        cmd += ["--group", "2", "--max-batch", "2", "--group-fifo"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -63,9 +65,17 @@ def test_tiny_agentic_bench_reports_reuse_and_its_bound(kv_cache: str, tmp_path:
         r = result[name]
         assert r["decode_kv_tokens"] == kv and r["generated"] == sum(map(sum, wl.replies))
         assert 0 < r["fraction_of_bound"] == pytest.approx(r["tok_s"] / r["bound_tok_s"], rel=0.01)
+        # every turn is admitted in some round; the rounds take part of the pass
+        assert 0 < r["admit_rounds"] <= 4 and 0 < r["prefill_s"] < r["wall_s"]
+        assert r["fraction_of_bound_outside_prefill"] > r["fraction_of_bound"]
     assert warm["ttft_ms_p50_after_first"] == warm["ttft_ms_p50_per_turn"][1]
     if kv_cache == "slots":
         prof = result["profile"]
         assert prof["decode_steps"] > 0 and prof["ms_per_step"]["gemm"] > 0
         assert set(prof["ms_per_step"]) == {"attention", "gemm", "sampling", "other", "host_gaps"}
         assert json.loads(trace.read_text())["traceEvents"]
+    if kv_cache == "paged":
+        for name in ("stacx_group", "stacx_group_fifo"):
+            g = result[name]
+            assert g["generated"] == 2 * warm["generated"] and g["ttft_ms_p50_after_first"] is not None
+            assert g["fraction_of_bound"] > 0

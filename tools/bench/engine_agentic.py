@@ -41,10 +41,17 @@ The memory-bandwidth bound (tools/bench/decode_bound.py): the device's copy band
 measured in the run (``copy_gb_s``); every STACX pass reports the bytes its decode had to read
 (``decode_read_gb``: the weights once per decode step, plus each reply's steps reading its
 context, ``decode_kv_tokens``), ``bound_tok_s`` (its tokens over that read at the copy
-bandwidth) and ``fraction_of_bound`` (tok_s over it), and ``ttft_ms_p50_after_first`` (turns
+bandwidth) and ``fraction_of_bound`` (tok_s over it), ``prefill_s`` (the engine's time in
+admission rounds: prefills and their first tokens) and ``fraction_of_bound_outside_prefill``
+(the bound's time over the pass's time outside them), and ``ttft_ms_p50_after_first`` (turns
 2..T). ``--profile [TRACE]``: one more warm pass, torch-profiled over the middle fifth of its
 time: kernel (CPU: op) ms per decode step by kind (attention, gemm, sampling, other, host gaps)
 under "profile", the chrome trace at TRACE.
+
+Admission (stacx/inference/engine_admission.py): ``--hold`` seconds a finished turn's row is
+held for that episode's next turn (0: first come, first served), ``--prefill-tokens`` new
+tokens per admission round; ``--group-fifo`` runs the group pass again with ``--hold 0``
+(``stacx_group_fifo``: the TTFT of next turns without holds, in the same run).
 
 ``--tiny``: SmolLM2-135M on CPU, 4 episodes x 3 turns, start 64, observations 64, replies
 16-32 (about a minute on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
@@ -213,6 +220,8 @@ async def stacx_pass(
         "ttft_ms_p99_per_turn": [pct(row, 0.99) for row in ttft],
         "decode_steps": stats["decode_steps"],
         "decode_kv_tokens": kv_tokens,
+        "admit_rounds": stats["admit_rounds"],
+        "prefill_s": round(stats["admit_us"] / 1e6, 2),
         "preempted": stats["preempted"],
     }
 
@@ -311,6 +320,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
     ap.add_argument("--group", type=int, default=1,
                     help="also a pass where each turn is this many samples of its prompt (a GRPO group)")
+    ap.add_argument("--hold", type=float, default=0.5,
+                    help="seconds a finished turn's row waits for its next turn (0: FIFO admission)")
+    ap.add_argument("--group-fifo", action="store_true",
+                    help="with --group: the group pass again with first-come admission (--hold 0)")
+    ap.add_argument("--prefill-tokens", type=int, default=None,
+                    help="new tokens prefilled per admission round (default: the engine's)")
     ap.add_argument("--profile", nargs="?", const="engine_agentic_trace.json", default=None,
                     metavar="TRACE", help="torch-profile the middle of one more warm pass: kernel "
                     "ms per decode step by kind in the JSON line, the chrome trace to TRACE")
@@ -395,7 +410,8 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
 
         engine = TorchEngine(model, device=str(device), dtype=dtype, threads=threads,
                              max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8,
-                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block)  # fmt: skip
+                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block,
+                             hold_s=args.hold, prefill_tokens=args.prefill_tokens)  # fmt: skip
         usage = engine.kv_usage()
         result.update(kv_cache=args.kv_cache, kv_pool_tokens=usage["pool_tokens"],
                       kv_cache_gib=round(usage["bytes"] / 2**30, 3))  # allocated (CPU: grown so far)
@@ -412,12 +428,15 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         passes.append(("stacx_together", True, True))
     if args.group > 1:
         passes.append(("stacx_group", True, False))
+        if args.group_fifo:
+            passes.append(("stacx_group_fifo", True, False))
     for name, reuse, together in passes:
         try:
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
             engine.reset_kv_peak()
-            group = args.group if name == "stacx_group" else 1
+            group = args.group if name.startswith("stacx_group") else 1
+            engine._holds.hold_s = 0.0 if name.endswith("_fifo") else args.hold  # (a bench's reach)
             r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together, group=group))
             usage = engine.kv_usage()
             # the KV positions running rows held at the peak (paged: their blocks; slots: the
@@ -425,6 +444,9 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
             r["kv_peak_tokens"] = usage["peak_tokens"]
             r["kv_peak_gib"] = round(usage["peak_tokens"] * usage["token_bytes"] / 2**30, 3)
             r.update(bound.of(r["generated"], r["tok_s"], r["decode_steps"], r["decode_kv_tokens"]))  # type: ignore[arg-type]
+            # the same over the time outside admission rounds (prefills): decode's own efficiency
+            outside = max(r["wall_s"] - r["prefill_s"], 1e-3)  # type: ignore[operator]
+            r["fraction_of_bound_outside_prefill"] = round(r["fraction_of_bound"] * r["wall_s"] / outside, 4)  # type: ignore[operator]
             if gpu:
                 r["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             result[name] = r

@@ -454,7 +454,7 @@ class TorchEngine(MultiStepReplays):
                 self._blocked = False  # (readmitted only with a block to spare per running row)
                 self._owner[victim.slot] = None
                 self._kv.release(victim.slot, keep=False)
-                victim.slot = -1
+                victim.slot, victim.next_turn = -1, True  # readmitted before new work, as next turns are
                 self.stats["preempted"] += 1
                 with self._cv:
                     self._waiting.appendleft(victim)

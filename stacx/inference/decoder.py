@@ -86,6 +86,9 @@ class Decoder:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.cos, self.sin = self._rope_tables(hf, self.max_len + 1)
+        # tokens per prefill chunk: bigger on GPU, where a chunk costs ~the same launch overhead
+        # whatever its size
+        self.prefill_chunk = 16384 if self.device.type == "cuda" else 2048
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
         self.kernels = False  # see enable_kernels
@@ -427,8 +430,7 @@ class Decoder:
         rows: slice | torch.Tensor = (
             slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else slot_idx
         )
-        # bigger chunks on GPU: a chunk costs ~the same launch overhead whatever its size
-        budget = token_budget or (16384 if self.device.type == "cuda" else 2048)
+        budget = token_budget or self.prefill_chunk
         chunk = max(16, budget // n)
         hidden: list[list[torch.Tensor]] = [[] for _ in range(n)]
         # fresh prompts in one chunk attend only to their own new keys: plain causal attention

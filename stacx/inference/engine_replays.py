@@ -15,6 +15,7 @@ import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from stacx.inference.engine_admission import Admission
 from stacx.inference.engine_requests import Request, hand_over
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from stacx.inference.kv_plan import KVPlan
 
 
-class MultiStepReplays:
+class MultiStepReplays(Admission):
     """The engine's multi-step replay scheduling (see the module docstring)."""
 
     _graphed: GraphedDecode | None
@@ -42,13 +43,14 @@ class MultiStepReplays:
     vocab_size: int
     stats: dict[str, int]
 
-    def _n_active(self) -> int:
-        return sum(r is not None for r in self._owner)
-
     def _admissible(self) -> bool:
-        """Requests wait that a free row may take now (not while the paged pool refuses them:
-        until a row ends, the batch goes on in multi-step replays)."""
-        return bool(self._waiting) and self._n_active() < self.max_batch and not self._blocked
+        """Requests wait that a free row may take now (not while the paged pool refuses them,
+        nor while the free rows are held for next turns: until a row ends, a hold ends or a
+        next turn comes, the batch goes on in multi-step replays)."""
+        return (bool(self._waiting) and self._n_active() < self.max_batch and not self._blocked
+                and not self._held())  # fmt: skip
+
+
 
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         raise NotImplementedError

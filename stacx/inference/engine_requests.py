@@ -38,6 +38,7 @@ class Request:
     # a streamed request: called in `loop` with the ids (and logprobs) sampled since the last call
     on_tokens: Callable[[list[int], list[float]], None] | None = None
     streamed: int = 0  # output ids already handed to on_tokens
+    next_turn: bool | None = None  # extends a held prompt (engine_admission.py); None: not tested
     # weight version change points: output[version_starts[i]:] came from versions[i] onwards
     version_starts: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)

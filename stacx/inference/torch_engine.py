@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import itertools
 import os
 import threading
 import time
@@ -63,6 +62,7 @@ from stacx.errors import EngineError
 from stacx.hf import read_safetensors
 from stacx.inference import adapters
 from stacx.inference.decoder import Decoder
+from stacx.inference.engine_admission import Holds
 from stacx.inference.engine_replays import MultiStepReplays
 from stacx.inference.engine_requests import (
     Item,
@@ -84,9 +84,6 @@ if TYPE_CHECKING:
     from stacx.inference.cuda_graphs import Chunk
 
 T = TypeVar("T")
-# contexts admitted per prefill round at most (past the first request): bounds the prefill's
-# transient key reads (paged: gathered copies) when hundreds of long contexts arrive at once
-ADMIT_TOKENS = 1 << 18
 
 
 class TorchEngine(MultiStepReplays):
@@ -116,6 +113,8 @@ class TorchEngine(MultiStepReplays):
         kv_tokens: int | None = None,
         kv_block: int = 64,
         cache_bytes: int | None = None,
+        hold_s: float = 0.5,
+        prefill_tokens: int | None = None,
     ) -> None:
         """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
 
@@ -134,6 +133,9 @@ class TorchEngine(MultiStepReplays):
         ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
         prefixes; admission control and preemption when full), see kv_plan.py, which also
         decides the cache's size (`new_plan`).
+        ``hold_s``: how long a row stays held for the next turn of the request that freed it;
+        ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
+        chunk, `Decoder.prefill_chunk`), see engine_admission.py.
         ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
         engine_setup.py.
         """
@@ -163,14 +165,21 @@ class TorchEngine(MultiStepReplays):
         self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
         self._blocked = False  # the paged pool refused the next request: retry after a release
+        self._holds = Holds(hold_s, patience=self.max_batch)  # rows held for next turns
+        self._held_back = False  # every free row is held and the head of the queue claims none
+        self._submits = 0  # submissions so far: with the holds and releases, when to reorder
+        self._order_key: tuple[int, int, int] | None = None
+        self.prefill_tokens = prefill_tokens or self.decoder.prefill_chunk
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
         # decode_calls: device calls (graph replays) that made the decode steps; decode_ahead:
         # those launched before their predecessor's tokens were read (see _continuation)
         # preempted: rows evicted from a full paged pool (recomputed later)
+        # admit_rounds: admissions that prefilled (each then lets a decode step run), admit_us:
+        # their time (the prefill and the first tokens' pick, read on the host: on the device too)
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
-                      "decode_ahead": 0, "preempted": 0}  # fmt: skip
+                      "decode_ahead": 0, "preempted": 0, "admit_rounds": 0, "admit_us": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -238,6 +247,8 @@ class TorchEngine(MultiStepReplays):
             if self._closing:
                 raise EngineError("the engine is closed")
             self._waiting.extend(r for r in reqs if not r.future.done())
+            self._submits += 1
+            self._held_back = False  # a next turn may have come: admission decides again
             self._cv.notify()
 
     async def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
@@ -285,8 +296,13 @@ class TorchEngine(MultiStepReplays):
 
     async def flush_cache(self) -> None:
         """Never reuse keys computed so far: cached prefixes are dropped, and requests in flight
-        finish on their own keys without offering them to later ones."""
-        await self._call(self._kv.invalidate)
+        finish on their own keys without offering them to later ones; rows held for next turns
+        are let go."""
+        await self._call(self._flush)
+
+    def _flush(self) -> None:
+        self._kv.invalidate()
+        self._holds.held.clear()  # no next turn can reuse the keys they were held for
 
     async def close(self) -> None:
         with self._cv:
@@ -346,8 +362,8 @@ class TorchEngine(MultiStepReplays):
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not (self._closing or self._jobs or self._waiting or self._n_active()):
-                    self._cv.wait()
+                while not (self._closing or self._jobs or self._n_active() or (self._waiting and not self._held())):
+                    self._cv.wait(self._holds.wait_s())  # a hold's end may let a request in
                 if self._closing:
                     break
                 jobs = list(self._jobs)
@@ -378,37 +394,19 @@ class TorchEngine(MultiStepReplays):
                 self._kv.release(i, keep=False)
 
     def _admit(self) -> None:
-        """Admit waiting requests while rows (paged: and blocks) are free, in order, then
-        prefill them: first those whose reused keys exist, then the group siblings reusing a
-        prompt admitted in this same step (see kv_plan.py)."""
+        """Admit waiting requests while rows (paged: and blocks) are free, in order (a next turn
+        first: engine_admission.py), then prefill them: first those whose reused keys exist,
+        then the group siblings reusing a prompt admitted in this same step (see kv_plan.py)."""
         if self._blocked:
             return
-        batch: list[tuple[Request, Place]] = []
         with self._cv:
             # admitted requests own their row at once, so _n_active() already counts them
             if len(self._waiting) > 1 and self._n_active() < self.max_batch:
-                waiting = list(self._waiting)
-                order = self._kv.first([r.prompt for r in waiting])
-                self._waiting = collections.deque(waiting[i] for i in order)
-            admitted = 0  # context tokens: a prefill reads each row's keys (paged: a copy)
-            while self._waiting and self._n_active() < self.max_batch and admitted < ADMIT_TOKENS:
-                req = self._waiting[0]
-                if req.cancelled or req.future.done():
-                    self._waiting.popleft()
-                    continue
-                upcoming = [r.prompt for r in itertools.islice(self._waiting, 1, self.max_batch)]
-                place = self._kv.place(req.prompt + req.output, req.cached, upcoming)
-                if place is None:  # the paged pool is full: wait for a row to end (admission control)
-                    self._blocked = True
-                    break
-                self._waiting.popleft()
-                admitted += len(req.prompt) + len(req.output)
-                req.slot, req.admitted = place.row, req.admitted or time.monotonic()
-                self._owner += [None] * (len(self._kv.tokens) - len(self._owner))
-                self._owner[place.row] = req
-                batch.append((req, place))
+                self._order_waiting()
+            batch = self._take_waiting()
         if not batch:
             return
+        t0 = time.perf_counter()
         logits: dict[int, torch.Tensor] = {}
         try:
             for phase in ([b for b in batch if b[1].after is None], [b for b in batch if b[1].after is not None]):
@@ -418,6 +416,8 @@ class TorchEngine(MultiStepReplays):
             self._kv.end_step()
         reqs = [r for r, _ in batch]
         self._accept(reqs, torch.cat([logits[r.slot] for r in reqs], dim=0))
+        self.stats["admit_rounds"] += 1
+        self.stats["admit_us"] += int((time.perf_counter() - t0) * 1e6)
 
     def _prefill(self, batch: list[tuple[Request, Place]]) -> dict[int, torch.Tensor]:
         """Each row's tokens past its reused prefix into the cache; its last token's logits."""
@@ -454,7 +454,7 @@ class TorchEngine(MultiStepReplays):
                 self._blocked = False  # (readmitted only with a block to spare per running row)
                 self._owner[victim.slot] = None
                 self._kv.release(victim.slot, keep=False)
-                victim.slot = -1
+                victim.slot, victim.next_turn = -1, True  # readmitted before new work, as next turns are
                 self.stats["preempted"] += 1
                 with self._cv:
                     self._waiting.appendleft(victim)
@@ -546,6 +546,8 @@ class TorchEngine(MultiStepReplays):
         self._owner[r.slot] = None
         self._blocked = False
         self._kv.release(r.slot, keep=True)  # prompt + output[:-1] stay as a reusable prefix
+        if reason != "abort":  # its episode's next turn may follow: hold the row for it
+            self._holds.release(r.prompt)
         post(r.loop, r.future, r.generation(reason, self._version))
 
     def _apply_weights(

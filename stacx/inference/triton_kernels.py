@@ -308,16 +308,18 @@ def decode_attention(
     keys: int,
     scale: float,
     table: torch.Tensor | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per row: ``q`` [B, H, D]; row b attends to its cache slot
     b's keys ``[0, pos[b]]`` if ``pos[b] < keys``, else to none (a padded row: zeros). ``keys``
     bounds the grid (the step's key bucket), not the reads. Returns [B, H, D] in q's dtype.
     ``table`` [B, W] (a paged cache, kv_cache.py): row b's position p is in block
-    ``table[b, p // block]`` of the caches ([blocks, Hkv, block, D])."""
+    ``table[b, p // block]`` of the caches ([blocks, Hkv, block, D]). ``splits``: key ranges
+    per (row, kv head) (default `attention_splits`; tools/bench/decode_attention.py)."""
     batch, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
-    splits = attention_splits(batch, n_kv, keys)
+    splits = splits or attention_splits(batch, n_kv, keys)
     chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
     out = torch.empty_like(q)
     if splits > 1:

@@ -13,6 +13,10 @@ Defaults: on CUDA, a Qwen3-0.6B-shaped model (random init, bf16; config in DESIG
 256, 256 new tokens, batch 1 and 64. ``--model default --device cpu`` measures SmolLM2-135M
 on CPU with smaller sizes (prompt 128, 64 new tokens, batch 1 and 16).
 
+Each batch's STACX run also gets its memory-bandwidth bound (tools/bench/decode_bound.py:
+the weights once per decode step plus every row's keys at its length, over the copy bandwidth
+measured in this run): ``bound_tok_s_bN`` and ``fraction_of_bound_bN``.
+
 Prints the machine and versions, then ONE JSON line last:
 {hf_tok_s_b1, stacx_tok_s_b1, hf_tok_s_bN, stacx_tok_s_bN, ratio_b1, ratio_bN, ...}.
 Fails soft: a side that cannot run (e.g. a transformers API change) is reported as null with
@@ -35,6 +39,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tools.bench.decode_bound import Bound, reply_kv_tokens  # noqa: E402
 
 QWEN3_SHAPE = dict(
     hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -250,6 +256,8 @@ def main() -> None:
         errors["model"] = f"{type(e).__name__}: {e}"
         print(json.dumps(result))
         return
+    bound = Bound(model, dtype, device)  # before the engine takes its cache: the copy's buffers
+    result.update(bound.describe())
     vocab = int(model.config.vocab_size)  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(0)
     all_prompts = torch.randint(100, vocab - 100, (max(batches), prompt_len), generator=gen)
@@ -299,6 +307,9 @@ def main() -> None:
                 calls = engine.stats["decode_calls"] - before["decode_calls"]
                 steps = engine.stats["decode_steps"] - before["decode_steps"]
                 result[f"stacx_steps_per_call_b{b}"] = round(steps / max(calls, 1), 2)
+                of = bound.of(b * new, rate, steps, b * reply_kv_tokens(prompt_len, new))
+                result[f"bound_tok_s_b{b}"] = of["bound_tok_s"]
+                result[f"fraction_of_bound_b{b}"] = of["fraction_of_bound"]
                 sync(device)
                 t0 = time.perf_counter()
                 stacx_generate(engine, ids, 1)  # the prefill and its first token

@@ -37,6 +37,22 @@ recomputed because the pool was full. ``--group N`` adds a pass where every turn
 replies to its prompt in one call (a GRPO group; the episode goes on with the first):
 ``reuse_ideal`` then counts the other samples reusing the prompt but its last token.
 
+The memory-bandwidth bound (tools/bench/decode_bound.py): the device's copy bandwidth is
+measured in the run (``copy_gb_s``); every STACX pass reports the bytes its decode had to read
+(``decode_read_gb``: the weights once per decode step, plus each reply's steps reading its
+context, ``decode_kv_tokens``), ``bound_tok_s`` (its tokens over that read at the copy
+bandwidth) and ``fraction_of_bound`` (tok_s over it), ``prefill_s`` (the engine's time in
+admission rounds: prefills and their first tokens) and ``fraction_of_bound_outside_prefill``
+(the bound's time over the pass's time outside them), and ``ttft_ms_p50_after_first`` (turns
+2..T). ``--profile [TRACE]``: one more warm pass, torch-profiled over the middle fifth of its
+time: kernel (CPU: op) ms per decode step by kind (attention, gemm, sampling, other, host gaps)
+under "profile", the chrome trace at TRACE.
+
+Admission (stacx/inference/engine_admission.py): ``--hold`` seconds a finished turn's row is
+held for that episode's next turn (0: first come, first served), ``--prefill-tokens`` new
+tokens per admission round; ``--group-fifo`` runs the group pass again with ``--hold 0``
+(``stacx_group_fifo``: the TTFT of next turns without holds, in the same run).
+
 ``--tiny``: SmolLM2-135M on CPU, 4 episodes x 3 turns, start 64, observations 64, replies
 16-32 (about a minute on a 2-core machine). Default on CUDA: the Qwen3-0.6B shape (random init,
 bf16); ``--shape 4b|8b`` the Qwen3-4B/8B shapes.
@@ -64,6 +80,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tools.bench.decode_bound import Bound, Window, reply_kv_tokens  # noqa: E402
 from tools.bench.engine import QWEN3_SHAPE, build_model, sync  # noqa: E402
 
 SHAPES = {
@@ -141,9 +158,11 @@ async def stacx_pass(
     n, turns = len(wl.starts), wl.turns
     ttft: list[list[float]] = [[] for _ in range(turns)]
     prompts = [list(s) for s in wl.starts]
+    kv_tokens = 0  # keys the decode steps of every reply read (decode_bound.reply_kv_tokens)
     await engine.flush_cache()  # type: ignore[attr-defined]
 
     async def turn(e: int, t: int) -> int:
+        nonlocal kv_tokens
         if not reuse:
             await engine.flush_cache()  # type: ignore[attr-defined]
         prompts[e] += wl.obs[e][t]
@@ -158,6 +177,7 @@ async def stacx_pass(
             raise RuntimeError(
                 f"episode {e} turn {t}: {[len(o) for o in outs]} tokens, expected {wl.replies[e][t]}"
             )
+        kv_tokens += group * reply_kv_tokens(len(prompts[e]), wl.replies[e][t])
         prompts[e] += outs[0]
         return sum(map(len, outs))
 
@@ -195,9 +215,13 @@ async def stacx_pass(
         **after_first,
         "ttft_ms_p50": pct(flat, 0.5),
         "ttft_ms_p99": pct(flat, 0.99),
+        "ttft_ms_p50_after_first": pct([x for row in ttft[1:] for x in row], 0.5),
         "ttft_ms_p50_per_turn": [pct(row, 0.5) for row in ttft],
         "ttft_ms_p99_per_turn": [pct(row, 0.99) for row in ttft],
         "decode_steps": stats["decode_steps"],
+        "decode_kv_tokens": kv_tokens,
+        "admit_rounds": stats["admit_rounds"],
+        "prefill_s": round(stats["admit_us"] / 1e6, 2),
         "preempted": stats["preempted"],
     }
 
@@ -296,6 +320,15 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
     ap.add_argument("--group", type=int, default=1,
                     help="also a pass where each turn is this many samples of its prompt (a GRPO group)")
+    ap.add_argument("--hold", type=float, default=0.5,
+                    help="seconds a finished turn's row waits for its next turn (0: FIFO admission)")
+    ap.add_argument("--group-fifo", action="store_true",
+                    help="with --group: the group pass again with first-come admission (--hold 0)")
+    ap.add_argument("--prefill-tokens", type=int, default=None,
+                    help="new tokens prefilled per admission round (default: the engine's)")
+    ap.add_argument("--profile", nargs="?", const="engine_agentic_trace.json", default=None,
+                    metavar="TRACE", help="torch-profile the middle of one more warm pass: kernel "
+                    "ms per decode step by kind in the JSON line, the chrome trace to TRACE")
     args = ap.parse_args()
     if args.tiny:
         args.device = "cpu" if args.device == "auto" else args.device
@@ -343,7 +376,10 @@ def main() -> None:
     result["max_context"] = wl.max_context()
     print(f"model {spec}, {dtype}, {episodes} episodes x {turns} turns, contexts up to "
           f"{wl.max_context()}", file=sys.stderr)  # fmt: skip
-    run_stacx(args, model, wl, device, dtype, threads, result)
+    bound = Bound(model, dtype, device)  # before the engine takes its cache: the copy's buffers
+    result.update(bound.describe())
+    print(f"bound: {bound.describe()}", file=sys.stderr)
+    run_stacx(args, model, wl, device, dtype, threads, result, bound)
     if not args.skip_hf:
         for name, static in (("hf", False), ("hf_static", True)):
             if static and not gpu:
@@ -366,7 +402,7 @@ def main() -> None:
 
 
 def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, device: torch.device,
-              dtype: torch.dtype, threads: int | None, result: dict[str, object]) -> None:  # fmt: skip
+              dtype: torch.dtype, threads: int | None, result: dict[str, object], bound: Bound) -> None:  # fmt: skip
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
     gpu = device.type == "cuda"
     try:
@@ -374,7 +410,8 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
 
         engine = TorchEngine(model, device=str(device), dtype=dtype, threads=threads,
                              max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8,
-                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block)  # fmt: skip
+                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block,
+                             hold_s=args.hold, prefill_tokens=args.prefill_tokens)  # fmt: skip
         usage = engine.kv_usage()
         result.update(kv_cache=args.kv_cache, kv_pool_tokens=usage["pool_tokens"],
                       kv_cache_gib=round(usage["bytes"] / 2**30, 3))  # allocated (CPU: grown so far)
@@ -391,18 +428,25 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         passes.append(("stacx_together", True, True))
     if args.group > 1:
         passes.append(("stacx_group", True, False))
+        if args.group_fifo:
+            passes.append(("stacx_group_fifo", True, False))
     for name, reuse, together in passes:
         try:
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
             engine.reset_kv_peak()
-            group = args.group if name == "stacx_group" else 1
+            group = args.group if name.startswith("stacx_group") else 1
+            engine._holds.hold_s = 0.0 if name.endswith("_fifo") else args.hold  # (a bench's reach)
             r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together, group=group))
             usage = engine.kv_usage()
             # the KV positions running rows held at the peak (paged: their blocks; slots: the
             # whole cache) and their bytes
             r["kv_peak_tokens"] = usage["peak_tokens"]
             r["kv_peak_gib"] = round(usage["peak_tokens"] * usage["token_bytes"] / 2**30, 3)
+            r.update(bound.of(r["generated"], r["tok_s"], r["decode_steps"], r["decode_kv_tokens"]))  # type: ignore[arg-type]
+            # the same over the time outside admission rounds (prefills): decode's own efficiency
+            outside = max(r["wall_s"] - r["prefill_s"], 1e-3)  # type: ignore[operator]
+            r["fraction_of_bound_outside_prefill"] = round(r["fraction_of_bound"] * r["wall_s"] / outside, 4)  # type: ignore[operator]
             if gpu:
                 r["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             result[name] = r
@@ -414,7 +458,33 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
     cold, warm = result.get("stacx_cold"), result.get("stacx_warm")
     if isinstance(cold, dict) and isinstance(warm, dict):
         result["cold_over_warm_time"] = round(cold["wall_s"] / warm["wall_s"], 2)
+    if args.profile and isinstance(warm, dict):
+        try:
+            result["profile"] = asyncio.run(profile_pass(engine, wl, warm["wall_s"], device, args.profile))
+            print(f"profile: {result['profile']}", file=sys.stderr)
+        except Exception as e:
+            errors["profile"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
     asyncio.run(engine.close())
+
+
+async def profile_pass(engine: object, wl: Workload, warm_s: float, device: torch.device,
+                       trace: str) -> dict[str, object]:  # fmt: skip
+    """The warm pass again, torch-profiled from 40% to 60% of the warm pass's wall time (the
+    middle of the phase, contexts half grown; the full pass would make a trace of millions of
+    kernels): kernel time per decode step by kind, host gaps, and the trace at `trace`."""
+    window = Window(device, lambda: engine.stats["decode_steps"])  # type: ignore[attr-defined]
+
+    async def timer() -> None:
+        await asyncio.sleep(0.4 * warm_s)
+        window.start()
+        await asyncio.sleep(0.2 * warm_s)
+        window.stop()
+
+    clock = asyncio.create_task(timer())
+    await stacx_pass(engine, wl, reuse=True, together=False)
+    await clock
+    return window.summary(Path(trace))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Native routes (request and response shapes follow SGLang's ``/generate`` so that
 server alike):
 
 - ``POST /generate`` ``{input_ids | text, sampling_params, return_logprob, logprob_start_len}``
+  (``sampling_params.ebnf``: an llguidance grammar in its Lark form, decoded under it)
   -> ``{text, output_ids, meta_info{id, finish_reason, prompt_tokens, completion_tokens,
   weight_version, output_token_logprobs[[logprob, id, null]...], input_token_logprobs}}``; a
   list of prompts gives a list of results. ``finish_reason`` is ``{"type": "stop", "matched":
@@ -48,7 +49,7 @@ _NEUTRAL = {
     "spaces_between_special_tokens": True, "no_stop_trim": False, "min_new_tokens": 0,
 }  # fmt: skip
 _KNOWN = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
-          "sampling_seed", "seed"}  # fmt: skip
+          "sampling_seed", "seed", "ebnf"}  # fmt: skip
 
 
 class BadRequest(EngineError):
@@ -77,6 +78,7 @@ def sampling_from_sglang(raw: Json) -> SamplingParams:
             stop_token_ids=[int(t) for t in raw.get("stop_token_ids") or []],
             seed=None if seed is None else int(seed),
             ignore_eos=bool(raw.get("ignore_eos", False)),
+            grammar=str(raw.get("ebnf") or ""),  # llguidance's Lark form (stacx.inference.guided)
         )
     except (TypeError, ValueError) as e:
         raise BadRequest(f"sampling_params: {e}") from e

@@ -74,9 +74,16 @@ if TYPE_CHECKING:
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def sglang_sampling_params(params: SamplingParams) -> dict[str, object]:
-    if params.grammar:
-        raise EngineError("constrained decoding (SamplingParams.grammar) is not wired to SGLang here")
+def sglang_sampling_params(params: SamplingParams, *, grammars: bool = False) -> dict[str, object]:
+    """SGLang's ``sampling_params`` for ``params``. A grammar (llguidance's Lark form) goes as
+    ``ebnf`` only to a server known to read that form (``grammars``: the engine role's own
+    server, or an SGLang server run with ``--grammar-backend llguidance``); otherwise it is
+    refused, never dropped."""
+    if params.grammar and not grammars:
+        raise EngineError(
+            "constrained decoding (SamplingParams.grammar) needs a server that reads llguidance's "
+            "Lark grammars (the engine role's, or SGLang with --grammar-backend llguidance)"
+        )
     out: dict[str, object] = {
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,
@@ -87,6 +94,8 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, object]:
     }
     if params.seed is not None:
         out["sampling_seed"] = params.seed
+    if params.grammar:
+        out["ebnf"] = params.grammar
     return out
 
 
@@ -245,10 +254,13 @@ class SGLangEngine:
         timeout_s: float | None = None,
         weight_version: int = 0,
         retries: int = 3,
+        grammars: bool = False,
     ) -> None:
         """``retries``: attempts after a refused connection (nothing was sent), with backoff
-        from 0.5 s doubling to 4 s."""
+        from 0.5 s doubling to 4 s. ``grammars``: the server reads llguidance's Lark grammars
+        (see :func:`sglang_sampling_params`), so the gateway may constrain through it."""
         self.http = HttpClient(base_url, timeout_s=timeout_s, retries=retries)
+        self.grammars = grammars
         self._version = weight_version
         self._lora: str | None = None  # the adapter generations use (load_adapter)
 
@@ -287,7 +299,7 @@ class SGLangEngine:
             return []
         body = {
             "input_ids": [list(p) for p in prompts],
-            "sampling_params": sglang_sampling_params(params),
+            "sampling_params": sglang_sampling_params(params, grammars=self.grammars),
             "return_logprob": True,
         }
         if self._lora is not None:

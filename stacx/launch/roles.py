@@ -179,7 +179,7 @@ async def served_engine_client(
     from stacx.inference.sglang_client import SGLangEngine
 
     _, tokenizer = await open_tokenizer(recipe.model.path)
-    client = SGLangEngine(env.engine_url, retries=8)
+    client = SGLangEngine(env.engine_url, retries=8, grammars=True)  # our server reads them
     stack.push_async_callback(client.close)
     return client, tokenizer
 

@@ -93,3 +93,34 @@ async def test_info_routes_answer(serve_url: str, path: str) -> None:
 async def test_flush_cache(serve_url: str) -> None:
     status, _ = await post(serve_url, "/flush_cache", {})
     assert status == 200
+
+
+async def test_a_grammar_travels_as_ebnf_and_the_reply_follows_it(serve_url: str, chat_prompt) -> None:
+    """The engine role's client (placement processes) constrains through the server: the
+    gateway's forced tool calls keep their schema when the engine is in another process."""
+    import json
+
+    from stacx.errors import EngineError
+    from stacx.inference.chat_template import json_grammar
+    from stacx.inference.sglang_client import SGLangEngine
+    from stacx.ports import SamplingParams
+
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+              "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+    params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=3, grammar=json_grammar(schema))
+    prompt = chat_prompt("Where and for how long?")
+    client = SGLangEngine(serve_url, grammars=True)
+    try:
+        [gen] = await client.generate([prompt], params)
+        text = chat_prompt.tok.decode(gen.output_ids, skip_special_tokens=True)
+        value = json.loads(text)
+        assert value["city"] in ("Paris", "Rome") and 1 <= value["days"] <= 9
+    finally:
+        await client.close()
+    plain = SGLangEngine(serve_url)  # a server not known to read the grammar: refused, not dropped
+    try:
+        with pytest.raises(EngineError, match="llguidance"):
+            await plain.generate([prompt], params)
+    finally:
+        await plain.close()

@@ -187,7 +187,7 @@ def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
         (
             {},
             {"algorithm": {"name": "dagger"}, "teacher": {"path": "t"}},
-            "accepted: sft, grpo, eval",
+            "accepted: sft, grpo, rloo, eval",
         ),
         ({"format": "bash"}, {}, "not used by an installed scaffold"),
     ],

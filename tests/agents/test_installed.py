@@ -239,11 +239,11 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
     # episode's stop reason agrees with the scaffold's exit.
     ((status, agent, stop),) = con.execute(
         "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
-    assert (status, agent) == ("scored", "installed") and stop in ("timeout", "agent_done")
+    assert (status, agent) == ("scored", "installed") and stop in ("agent_timeout", "agent_done")
     ((scaffold, code, timed_out, tail),) = con.execute(
         "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited").fetchall()  # fmt: skip
     assert scaffold == "terminus-2"
-    if stop == "timeout":
+    if stop == "agent_timeout":
         assert (code, timed_out) == (None, True) and "LiteLLM" in tail
     else:  # it exited by itself, or its own command timeout ended it
         assert code is not None or timed_out

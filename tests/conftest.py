@@ -11,6 +11,10 @@ import torch
 
 from stacx.bus.server import EmbeddedNats
 
+# Task fixtures carry their own tests/ (a verifier's pytest files, run inside the task's image):
+# never collected here
+collect_ignore_glob = ["*/fixtures/*"]
+
 # Without a GPU the CUDA decode kernels' tests (tests/inference/test_triton_kernels.py) run under
 # Triton's CPU interpreter. Triton reads this once, when it is first imported, and other test
 # modules' imports (transformers) may import it early: so it is set before any collection.

@@ -22,6 +22,32 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# tools/test.sh runs the suite in 3 pytest-xdist workers, one test file per worker at a time
+# (--dist loadfile). These files hold the longest tests (minutes each on the 2-core machine):
+# they go first, so that they overlap each other and the short files fill in around them, not
+# after them. The fresh-host test is first of all: it untags stacx/base:noble and rebuilds it
+# before any other test asks for it.
+FIRST = [
+    "tests/harbor/test_a_fresh_host.py",
+    "tests/launch/test_crash.py",
+    "tests/agents/test_installed.py",
+    "tests/agents/test_scaffold_recipes.py",
+    "tests/train/test_background_checkpoint.py",
+    "tests/launch/test_recipes_e2e.py",
+    "tests/harbor/test_compose_forms.py",
+    "tests/train/test_rloo.py",
+    "tests/harbor/test_eval_recipes.py",
+    "tests/launch/test_processes.py",
+    "tests/inference/test_engine_agentic_bench.py",
+    "tests/train/test_lora.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(FIRST)))
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     with EmbeddedNats(tmp_path / "nats-store") as server:

@@ -2,7 +2,8 @@
 pinned for 3.12, ubuntu:24.04 with an apt package only Ubuntu has, Compose's build.dockerfile /
 args / target, pytest baked into the image) all score 1 with the oracle, built from a Docker
 state without their images and without stacx/base:noble, which the first task that needs it
-builds (the file's name runs it first among the Harbor tests, so a CI run builds noble once).
+builds (tests/conftest.py's FIRST runs this file before any other, so a CI run builds noble
+once).
 Skipped, saying why, where Ubuntu's archive does not answer."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ async def test_required_at_temperature_1_returns_a_schema_valid_call_every_time(
     client: openai.AsyncOpenAI,
 ) -> None:
     names = []
-    for seed in range(20):
+    for seed in range(8):  # eight sampled replies, each under the grammar
         r = await client.chat.completions.create(
             model="default", messages=[{"role": "user", "content": "Will it rain in Rome this week?"}],
             tools=[WEATHER, BASH], tool_choice="required", temperature=1.0, seed=seed, max_tokens=64,

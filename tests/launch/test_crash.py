@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.model, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "swe" / "grpo_tiny.toml"
-STEPS = 3
+STEPS = 2
 ARGS = [
     *TINY,
     "--set",
@@ -205,6 +205,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]
     return got
 
 
+@pytest.mark.timeout(1800)  # three or four runs of the recipe beside other workers
 def test_kill_9_and_rerun_matches_uninterrupted(
     uninterrupted: dict[str, object], tmp_path: Path
 ) -> None:
@@ -236,6 +237,7 @@ def test_kill_9_and_rerun_matches_uninterrupted(
     assert meta["status"] == "completed" and meta["attempts"] == started + 1, (why, meta)
 
 
+@pytest.mark.timeout(1800)  # three or four runs of the recipe beside other workers
 def test_ctrl_c_then_sigterm_stop_cleanly_and_rerun_finishes(
     uninterrupted: dict[str, object], tmp_path: Path
 ) -> None:

@@ -152,13 +152,13 @@ async def test_eval_survives_a_service_killed_mid_run(
     assert stopped.get("host_lost", 0) == started.get("a", 0) - (4 - started["b"])
     con.close()
 
-    # a's containers outlived it; any live service's gc removes them (their owner is dead)
+    # a's containers outlived it; any live service's gc removes them (their owner is dead):
+    # `stacx sandbox gc` now, or b's own periodic gc already did on a loaded machine
     async with aiodocker.Docker() as docker:
-        orphans = [s for s in await list_sandboxes(docker) if s.pid == victim.pid]
-        assert orphans
-        assert f"removed {len(orphans)} sandbox container(s)" in cli(
-            "sandbox", "gc", "--url", services.url
-        )
+        if orphans := [s for s in await list_sandboxes(docker) if s.pid == victim.pid]:
+            assert f"removed {len(orphans)} sandbox container(s)" in cli(
+                "sandbox", "gc", "--url", services.url
+            )
         assert not [s for s in await list_sandboxes(docker) if s.pid == victim.pid]
 
 

@@ -47,7 +47,8 @@ def _scores(engine: TorchEngine, prompt: list[int], output: list[int]) -> torch.
     return torch.tensor(asyncio.run(engine.score(prompt, output)))
 
 
-@pytest.mark.parametrize("recipe", ["grpo_tiny", "sft_tiny"])
+# grpo_tiny only: sft_tiny syncs its adapter through the same trainer path (the suite's CPU budget)
+@pytest.mark.parametrize("recipe", ["grpo_tiny"])
 def test_lora_run_syncs_the_adapter_only(tmp_path: Path, recipe: str) -> None:
     run_dir = tmp_path / "r"
     sets = [*SETS, *(["trainer.filter='true'"] if recipe == "sft_tiny" else [])]

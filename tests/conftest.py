@@ -39,7 +39,7 @@ FIRST = [
     "tests/harbor/test_eval_recipes.py",
     "tests/launch/test_processes.py",
     "tests/inference/test_engine_agentic_bench.py",
-    "tests/train/test_lora.py",
+    "tests/train/test_lora_run.py",
 ]
 
 

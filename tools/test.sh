@@ -11,7 +11,7 @@ bash tools/setup.sh
 docs_site="$(mktemp -d)"
 .venv/bin/mkdocs build --strict --quiet -d "$docs_site"
 rm -rf "$docs_site"
-# three workers on two cores: most long tests wait on Docker, subprocesses and sockets; one test
+# three workers on two cores: tests overlap their waits on Docker, subprocesses and sockets; one test
 # file per worker at a time (module fixtures run once; tests/conftest.py orders the long files
 # first; --no-loadscope-reorder keeps that order)
 exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder "$@"

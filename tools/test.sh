@@ -11,6 +11,9 @@ bash tools/setup.sh
 docs_site="$(mktemp -d)"
 .venv/bin/mkdocs build --strict --quiet -d "$docs_site"
 rm -rf "$docs_site"
+# one torch/OpenMP thread per process: three workers (and the runs they start) share two cores, and
+# OpenMP's spinning threads slow each other several-fold when they outnumber the cores
+export OMP_NUM_THREADS=1
 # three workers on two cores: tests overlap their waits on Docker, subprocesses and sockets; one test
 # file per worker at a time (module fixtures run once; tests/conftest.py orders the long files
 # first; --no-loadscope-reorder keeps that order)

@@ -117,7 +117,10 @@ class Holds:
             del self.held[i]
 
     def wait_s(self) -> float | None:
-        """Seconds until the next hold that holds a row back expires (None: none does)."""
+        """Seconds until the next hold that holds a row back expires (None: none does). Expired
+        holds go first: a hold past its end would make this 0, and the engine's idle wait a spin
+        that takes a core and the GIL until the next request (a whole train step, in sync mode)."""
+        self.expire()
         return max(self.held[0].until - time.monotonic(), 0.0) if len(self) else None
 
     def prompts(self) -> list[list[int]]:

@@ -52,6 +52,19 @@ def test_holds_gate_until_claimed_or_expired_and_stop_when_they_do_not_pay() -> 
     assert len(Holds(hold_s=0.0, patience=2)) == 0
 
 
+def test_an_expired_hold_is_no_reason_to_wake() -> None:
+    """The engine's idle wait sleeps `wait_s()`: a hold past its end must not make that 0 (a
+    spin on a core and the GIL, for as long as no request comes, e.g. a whole train step)."""
+    holds = Holds(hold_s=60.0, patience=5)
+    holds.release(list(range(10, 30)))
+    holds.release(list(range(40, 60)))
+    holds.held[0].until = time.monotonic() - 1  # the first ran out, unclaimed; the second holds
+    wait = holds.wait_s()
+    assert wait is not None and wait > 50 and len(holds) == 1 and holds.misses == 1
+    holds.held[0].until = time.monotonic() - 1
+    assert holds.wait_s() is None and len(holds) == 0  # nothing left to wake for
+
+
 @pytest.mark.parametrize("mode", MODES, ids=["slots", "paged"])
 async def test_a_next_turn_takes_its_held_row_before_new_work(mode: dict[str, object]) -> None:
     """One row; episode A's turn 1 runs while episode C's first turn waits. A's turn 2 comes

@@ -145,35 +145,6 @@ def test_a_mini_swe_agent_episode_is_recorded_and_trained_on(tmp_path: Path) -> 
     assert con.execute("select max(version) from weights").fetchone() == (1,)
 
 
-@pytest.mark.slow  # a first run builds the SDK's layer (~3 min); later runs reuse it
-def test_an_openhands_sdk_episode_on_a_python_313_task(tmp_path: Path) -> None:
-    """The second scaffold: OpenHands' Software Agent SDK (Python >= 3.12, so a task on
-    stacx/base:trixie), through `stacx eval --agent installed:openhands-sdk`."""
-    bootstrap_base_image(suite="trixie")
-    tasks = tmp_path / "tasks"
-    shutil.copytree(TASK, tasks / TASK.name)
-    dockerfile = tasks / TASK.name / "environment" / "Dockerfile"
-    dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
-    run_dir = tmp_path / "r"
-    proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:openhands-sdk",
-         "--tasks", str(tasks), "--max-turns", "2", "--max-new-tokens", "16",
-         "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    con = db.connect_run(run_dir)
-    turns = con.execute(
-        "select engine, len(output_ids), request_json from turn_generated"
-    ).fetchall()
-    assert turns and all(t[0] == "gateway:torch" and t[1] > 0 for t in turns)
-    request = json.loads(turns[0][2])  # the SDK's own system prompt and tools
-    assert "OpenHands" in request["messages"][0]["content"][0]["text"]
-    assert {"terminal", "file_editor"} <= {t["function"]["name"] for t in request["tools"]}
-    (status, agent), *_ = con.execute("select status, agent from episodes").fetchall()
-    assert status == "scored" and agent == "installed"
-
-
 @pytest.mark.parametrize(
     ("agent", "extra", "message"),
     [
@@ -251,7 +222,9 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # ~2 min once the SDK's layer is built (8 min on a loaded 2-core VM)
 def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Path) -> None:
-    """A real scaffold that rewrites its history: the shipped OpenHands SDK spec with its
+    """The second scaffold, OpenHands' Software Agent SDK (Python >= 3.12, so a task on
+    stacx/base:trixie), through `stacx eval --agent installed:...`, as a real scaffold that
+    rewrites its history: the shipped OpenHands SDK spec with its
     summarizing condenser set to trigger early (a user's spec file extending it through [env]:
     more than 6 events; the user says "Go on." after each answer in words). The condenser's own
     call and the agent's call on the condensed history each open a new segment, and what the
@@ -274,9 +247,16 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
+    generated = con.execute("select engine, len(output_ids) from turn_generated").fetchall()
+    assert generated and all(e == "gateway:torch" and n > 0 for e, n in generated)
+    (status, agent), *_ = con.execute("select status, agent from episodes").fetchall()
+    assert status == "scored" and agent == "installed"
     turns = con.execute(
         "select turn, segment, request_json from turn_generated order by turn").fetchall()  # fmt: skip
     messages = [json.loads(r)["messages"] for _, _, r in turns]
+    first = json.loads(turns[0][2])  # the SDK's own system prompt and tools
+    assert "OpenHands" in first["messages"][0]["content"][0]["text"]
+    assert {"terminal", "file_editor"} <= {t["function"]["name"] for t in first["tools"]}
     segments = [s for _, s, _ in turns]
     # three calls on one growing history (instruction, then "Go on." twice): one segment
     assert segments[:3] == [0, 0, 0] and [len(m) for m in messages[:3]] == [2, 4, 6]

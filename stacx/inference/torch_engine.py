@@ -152,14 +152,27 @@ class TorchEngine(MultiStepReplays):
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self._guides = Guides(self.tokenizer, self.vocab_size)  # SamplingParams.grammar
         self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
-        self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
-                                    block=kv_block, cache_bytes=cache_bytes)  # fmt: skip
+        self._kv: KVPlan = new_plan(
+            self.decoder,
+            kv_cache,
+            self.max_batch,
+            kv_tokens=kv_tokens,
+            block=kv_block,
+            cache_bytes=cache_bytes,
+        )
         self.max_batch = self._kv.max_rows  # a cache budget can lower it
         self.kv_cache = kv_cache
         self._cache = self._kv.cache
-        self._graphed = decode_path(self.decoder, self._cache, dev, cuda_graphs=cuda_graphs,
-                                    kernels=kernels, compile=compile, compile_mode=compile_mode,
-                                    gemv_rows=gemv_rows)  # fmt: skip
+        self._graphed = decode_path(
+            self.decoder,
+            self._cache,
+            dev,
+            cuda_graphs=cuda_graphs,
+            kernels=kernels,
+            compile=compile,
+            compile_mode=compile_mode,
+            gemv_rows=gemv_rows,
+        )
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
         self._version = weight_version
@@ -178,8 +191,16 @@ class TorchEngine(MultiStepReplays):
         # preempted: rows evicted from a full paged pool (recomputed later)
         # admit_rounds: admissions that prefilled (each then lets a decode step run), admit_us:
         # their time (the prefill and the first tokens' pick, read on the host: on the device too)
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
-                      "decode_ahead": 0, "preempted": 0, "admit_rounds": 0, "admit_us": 0}  # fmt: skip
+        self.stats = {
+            "prefill_tokens": 0,
+            "reused_tokens": 0,
+            "decode_steps": 0,
+            "decode_calls": 0,
+            "decode_ahead": 0,
+            "preempted": 0,
+            "admit_rounds": 0,
+            "admit_us": 0,
+        }
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -362,7 +383,12 @@ class TorchEngine(MultiStepReplays):
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not (self._closing or self._jobs or self._n_active() or (self._waiting and not self._held())):
+                while not (
+                    self._closing
+                    or self._jobs
+                    or self._n_active()
+                    or (self._waiting and not self._held())
+                ):
                     self._cv.wait(self._holds.wait_s())  # a hold's end may let a request in
                 if self._closing:
                     break
@@ -409,7 +435,10 @@ class TorchEngine(MultiStepReplays):
         t0 = time.perf_counter()
         logits: dict[int, torch.Tensor] = {}
         try:
-            for phase in ([b for b in batch if b[1].after is None], [b for b in batch if b[1].after is not None]):
+            for phase in (
+                [b for b in batch if b[1].after is None],
+                [b for b in batch if b[1].after is not None],
+            ):
                 if phase:
                     logits.update(self._prefill(phase))
         finally:
@@ -454,7 +483,10 @@ class TorchEngine(MultiStepReplays):
                 self._blocked = False  # (readmitted only with a block to spare per running row)
                 self._owner[victim.slot] = None
                 self._kv.release(victim.slot, keep=False)
-                victim.slot, victim.next_turn = -1, True  # readmitted before new work, as next turns are
+                victim.slot, victim.next_turn = (
+                    -1,
+                    True,
+                )  # readmitted before new work, as next turns are
                 self.stats["preempted"] += 1
                 with self._cv:
                     self._waiting.appendleft(victim)
@@ -497,7 +529,9 @@ class TorchEngine(MultiStepReplays):
                 for r in live:
                     temps[r.slot], seeds[r.slot] = r.row.temperature, r.row.seed
                 draw = (temps, seeds)
-            self._run_chunk(live, self._graphed.launch_chunk(ids, pos, kv_len + steps - 1, steps, draw))
+            self._run_chunk(
+                live, self._graphed.launch_chunk(ids, pos, kv_len + steps - 1, steps, draw)
+            )
             return
         if self._graphed is not None:
             logits = self._graphed.run(ids, pos, kv_len)
@@ -518,7 +552,9 @@ class TorchEngine(MultiStepReplays):
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
         logits_B_V = mask_logits(logits_B_V, [r.guide for r in reqs])  # constrained rows
-        tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
+        tokens, logprobs = sample_rows(
+            logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels
+        )
         # one device->host transfer (ids < 2**24 are exact in float32)
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
         for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):
@@ -537,7 +573,10 @@ class TorchEngine(MultiStepReplays):
         if tok in r.stop_ids or (r.guide is not None and r.guide.consume(tok)):
             self._finish(r, "stop")
             return True
-        if len(r.output) >= r.params.max_new_tokens or len(r.prompt) + len(r.output) >= self.max_len:
+        if (
+            len(r.output) >= r.params.max_new_tokens
+            or len(r.prompt) + len(r.output) >= self.max_len
+        ):
             self._finish(r, "length")
             return True
         return False

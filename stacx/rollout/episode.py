@@ -120,12 +120,19 @@ class _Steps:
         """Close every call the agent timeout interrupted with its ToolReturned (timed_out), so
         no ToolCalled stays without an answer in the log."""
         for call, started in list(self.open.values()):
-            await self._emit(ToolReturned(
-                run_id=call.run_id, event_id=derive_id(call.event_id, "ToolReturned", "cut"),
-                episode_id=call.episode_id, turn=call.turn, call_id=call.call_id, tool=call.tool,
-                timed_out=True, error=f"cut by the task's agent timeout ({timeout:g} s)",
-                duration_ms=(time.perf_counter() - started) * 1000,
-            ))  # fmt: skip
+            await self._emit(
+                ToolReturned(
+                    run_id=call.run_id,
+                    event_id=derive_id(call.event_id, "ToolReturned", "cut"),
+                    episode_id=call.episode_id,
+                    turn=call.turn,
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    timed_out=True,
+                    error=f"cut by the task's agent timeout ({timeout:g} s)",
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                )
+            )
         self.open.clear()
 
 
@@ -284,8 +291,11 @@ def with_judge(rubric: Rubric, verdict: Verdict, result: JudgeResult) -> Verdict
     if result.score is None:
         raise InfraFailure(FailureKind.JUDGE, result.error)
     reward = combine(rubric.combine, verdict.reward, result.score)
-    parts = {"verifier_reward": verdict.reward, "judge": result.score,
-             **{f"judge.{k}": v for k, v in result.scores.items()}}  # fmt: skip
+    parts = {
+        "verifier_reward": verdict.reward,
+        "judge": result.score,
+        **{f"judge.{k}": v for k, v in result.scores.items()},
+    }
     return msgspec.structs.replace(verdict, reward=reward, metrics={**verdict.metrics, **parts})
 
 

@@ -256,12 +256,16 @@ def policy_gradient_loss(
     if old_logprobs_B_T is not None and (tis_cap is not None or mask_band is not None):
         # the trainer's over the engine's probability of each token
         old_B_T = old_logprobs_B_T.detach().to(logprobs_B_T.dtype)
-        is_ratio_B_T = torch.exp(torch.where(mask, old_B_T - behavior_logprobs_B_T.detach(), zeros_B_T))
+        is_ratio_B_T = torch.exp(
+            torch.where(mask, old_B_T - behavior_logprobs_B_T.detach(), zeros_B_T)
+        )
         if tis_cap is not None:
             weight_B_T = is_ratio_B_T.clamp(max=tis_cap)
             per_token_B_T = per_token_B_T * weight_B_T
         if mask_band is not None:
-            kept_B_T = ((is_ratio_B_T >= mask_band[0]) & (is_ratio_B_T <= mask_band[1])).to(per_token_B_T.dtype)
+            kept_B_T = ((is_ratio_B_T >= mask_band[0]) & (is_ratio_B_T <= mask_band[1])).to(
+                per_token_B_T.dtype
+            )
             per_token_B_T = per_token_B_T * kept_B_T
     loss = masked_mean(per_token_B_T, loss_mask_B_T, normalizer)
     with torch.no_grad():
@@ -278,9 +282,12 @@ def policy_gradient_loss(
 
 
 def _check_pg_options(
-    eps_low: float, eps_high: float, has_old: bool, tis_cap: float | None,
+    eps_low: float,
+    eps_high: float,
+    has_old: bool,
+    tis_cap: float | None,
     mask_band: tuple[float, float] | None,
-) -> None:  # fmt: skip
+) -> None:
     if eps_low < 0 or eps_high < 0 or eps_low >= 1:
         raise LossInputError(
             f"clip eps must satisfy 0 <= eps_low < 1 and eps_high >= 0, got "

@@ -238,6 +238,25 @@ def _flat(parts: list[NDArray[Any]], dtype: type) -> NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
+def _loss_mask(
+    samples: Sequence[Sample], size: int, dest: NDArray[np.int64], at: NDArray[np.int64]
+) -> NDArray[np.bool_]:
+    """The flat loss mask: completion token ``at[k]`` of the samples' concatenated completions
+    (its own ``loss_mask``, else True) at flat index ``dest[k]``."""
+    mask = _flat(
+        [
+            np.ones(len(s.completion_ids), np.bool_)
+            if s.loss_mask is None
+            else np.asarray(s.loss_mask) != 0
+            for s in samples
+        ],
+        np.bool_,
+    )
+    loss_mask = np.zeros(size, np.bool_)
+    loss_mask[dest] = mask[at]
+    return loss_mask
+
+
 def _fill(
     samples: Sequence[Sample],
     names: list[str],
@@ -270,17 +289,7 @@ def _fill(
     c = j - (n_prompt[seq] - 1)
     on = c >= 0
     at_c = ((np.cumsum(n_comp) - n_comp)[seq] + c)[on]
-    mask = _flat(
-        [
-            np.ones(len(s.completion_ids), np.bool_)
-            if s.loss_mask is None
-            else np.asarray(s.loss_mask) != 0
-            for s in samples
-        ],
-        np.bool_,
-    )
-    loss_mask = np.zeros(size, np.bool_)
-    loss_mask[dest[on]] = mask[at_c]
+    loss_mask = _loss_mask(samples, size, dest[on], at_c)
     values = {}
     for name in names:
         flat = _flat([np.asarray(s.token_values[name], np.float32) for s in samples], np.float32)

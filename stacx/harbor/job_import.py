@@ -238,12 +238,7 @@ def trial_events(
     """The events of one Harbor trial as one STACX episode (see the module docstring)."""
     result = json.loads((trial / "result.json").read_text())
     traj_path = trial / "agent" / "trajectory.json"
-    traj = json.loads(traj_path.read_text()) if traj_path.is_file() else {"steps": []}
-    version = traj.get("schema_version")
-    if traj_path.is_file() and version not in ATIF_READS:
-        raise StacxError(
-            f"{traj_path}: schema_version {version!r}: accepted: {', '.join(ATIF_READS)}"
-        )
+    traj = _trajectory(traj_path)
     job = str((result.get("config") or {}).get("job_id") or trial.parent.name)
     trial_name = str(result.get("trial_name") or trial.name)
     task = str(result.get("task_name") or trial_name.split("__")[0])
@@ -284,6 +279,24 @@ def trial_events(
         else StopReason.AGENT_DONE,
         n_turns=turn,
     )
+    yield _outcome(trial, result, run_id, episode, task, end)
+
+
+def _trajectory(path: Path) -> _Doc:
+    """The trial's ATIF trajectory (none: no steps); StacxError on a schema version not read."""
+    if not path.is_file():
+        return {"steps": []}
+    traj = json.loads(path.read_text())
+    version = traj.get("schema_version")
+    if version not in ATIF_READS:
+        raise StacxError(f"{path}: schema_version {version!r}: accepted: {', '.join(ATIF_READS)}")
+    return traj
+
+
+def _outcome(
+    trial: Path, result: _Doc, run_id: str, episode: str, task: str, ts: float
+) -> RewardAssigned | InfraFailed:
+    """The trial's reward (the verifier's ``reward``, else its first), or with none its failure."""
     verifier = result.get("verifier_result") or {}
     rewards = {
         str(k): float(v)
@@ -293,22 +306,21 @@ def trial_events(
     if rewards:
         reward = rewards.get("reward", next(iter(rewards.values())))
         stdout = trial / "verifier" / "test-stdout.txt"
-        yield RewardAssigned(
+        return RewardAssigned(
             run_id=run_id,
-            event_id=eid("reward"),
-            ts=end,
+            event_id=derive_id(run_id, episode, "reward"),
+            ts=ts,
             episode_id=episode,
             reward=reward,
             metrics_json=json.dumps({"reward": reward, **rewards}, sort_keys=True),
             verifier_output=stdout.read_text()[-2000:] if stdout.is_file() else "",
         )
-        return
     exc = result.get("exception_info") or {}
     kind = str(exc.get("exception_type") or "")
-    yield InfraFailed(
+    return InfraFailed(
         run_id=run_id,
-        event_id=eid("failed"),
-        ts=end,
+        event_id=derive_id(run_id, episode, "failed"),
+        ts=ts,
         episode_id=episode,
         task_id=task,
         failure_kind=FailureKind(kind)

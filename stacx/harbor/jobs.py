@@ -226,6 +226,22 @@ def _instruction(path: str | None) -> str:
     return ""
 
 
+def _agent_result(rec: EpisodeRecord, turns: list[Json], finished: Json) -> Json:
+    """A trial's agent_result: the tokens its turns read and wrote, how the episode ended."""
+    return {
+        "n_input_tokens": sum(len(t["prompt_ids"]) for t in turns),  # type: ignore[arg-type,misc]
+        "n_cache_tokens": 0,
+        "n_output_tokens": sum(len(t["output_ids"]) for t in turns),  # type: ignore[arg-type,misc]
+        "cost_usd": None,
+        "metadata": {
+            "stop_reason": finished.get("stop_reason"),
+            "n_turns": finished.get("n_turns"),
+            "stacx_episode_id": rec.episode_id,
+            "stacx_group_id": rec.group_id,
+        },
+    }
+
+
 def _step_results(metrics: dict[str, object], failed: list[Json]) -> list[Json] | None:
     """A multi-step trial's `step_results` (None for a single-step one, as Harbor): each
     verified step's rewards from the ``step.<name>.<key>`` metrics, in order, then the step that
@@ -393,9 +409,6 @@ class _JobWriter:
             json.loads(str(reward.get("metrics_json") or "{}")) if reward else {},
             ev["StepFailed"],
         )
-        turns = whole_turns(ev["TurnGenerated"])
-        n_in = sum(len(t["prompt_ids"]) for t in turns)  # type: ignore[arg-type,misc]
-        n_out = sum(len(t["output_ids"]) for t in turns)  # type: ignore[arg-type,misc]
         model_name, agent_name = self.model_name, self.agent_name
         return {
             "id": str(uuid.UUID(hex=derive_id(self.run_id, rec.episode_id))),
@@ -416,18 +429,7 @@ class _JobWriter:
                 "version": "stacx",
                 "model_info": {"name": model_name, "provider": "stacx"},
             },
-            "agent_result": {
-                "n_input_tokens": n_in,
-                "n_cache_tokens": 0,
-                "n_output_tokens": n_out,
-                "cost_usd": None,
-                "metadata": {
-                    "stop_reason": finished.get("stop_reason"),
-                    "n_turns": finished.get("n_turns"),
-                    "stacx_episode_id": rec.episode_id,
-                    "stacx_group_id": rec.group_id,
-                },
-            },
+            "agent_result": _agent_result(rec, whole_turns(ev["TurnGenerated"]), finished),
             "verifier_result": None,
             "step_results": step_results,
             "exception_info": None,

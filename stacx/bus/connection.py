@@ -237,20 +237,25 @@ async def connect(
         cause = (
             cb.auth or cb.last or failure or TimeoutError(f"no connection within {ceiling_s:g}s")
         )
-        if (
-            not _is_auth(cause)
-            and (nc._server_info or {}).get("auth_required")
-            and isinstance(cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF)
-        ):
-            # it asked for a login and hung up after ours: a refusal whose -ERR was not read
-            cause = nats.errors.AuthorizationError()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(nc.close(), 2.0)
-        kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
-        raise kind(_describe(url, cause))
+        raise await _failed(nc, url, cause)
     cb.connected = True
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on reconnect forever
     return nc
+
+
+async def _failed(nc: NATS, url: str, cause: BaseException) -> NatsUnreachable:
+    """The error of a first connect that failed with `cause`, once `nc` is closed."""
+    if (
+        not _is_auth(cause)
+        and (nc._server_info or {}).get("auth_required")
+        and isinstance(cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF)
+    ):
+        # it asked for a login and hung up after ours: a refusal whose -ERR was not read
+        cause = nats.errors.AuthorizationError()
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(nc.close(), 2.0)
+    kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
+    return kind(_describe(url, cause))
 
 
 async def connect_waiting(

@@ -64,7 +64,7 @@ from stacx.launch.roles import agent_config, docker_environments
 from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.regrade.graders import Grader, Replayed
-from stacx.regrade.judging import judge_plan, open_grader
+from stacx.regrade.judging import JudgePlan, judge_plan, open_grader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
@@ -404,28 +404,41 @@ async def regrade(
     }
     echo(f"regrading {len(chosen)} episode(s) of {run_dir} on the {recipe.sandbox.backend} backend")
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
-        env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
-        async with contextlib.AsyncExitStack() as stack:
-            envs = await stack.enter_async_context(docker_environments(recipe, env))
-            grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
-            regrader = Regrader(
-                run_id=run.run_id,
-                attempt=run.attempt,
-                envs=envs,
-                grader=grader,
-                recipe=recipe,
-                emit=run.emit,
-                artifacts_dir=run.run_dir / "artifacts",
-            )
-
-            async def one(t: Target) -> Outcome:
-                outcome = await regrader.one(t, done)
-                echo(describe(outcome))
-                return outcome
-
-            outcomes = await asyncio.gather(*(one(t) for t in chosen))
+        outcomes = await _regrade_in(run, recipe, plan, chosen, done, echo)
         await run.sync(60)
-    return list(outcomes)
+    return outcomes
+
+
+async def _regrade_in(
+    run: RunContext,
+    recipe: Recipe,
+    plan: JudgePlan,
+    chosen: list[Target],
+    done: set[tuple[str, str]],
+    echo: Callable[[str], None],
+) -> list[Outcome]:
+    """Regrade the `chosen` episodes in `run`'s new attempt: its sandboxes and its grader
+    opened for them and closed after."""
+    env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
+    async with contextlib.AsyncExitStack() as stack:
+        envs = await stack.enter_async_context(docker_environments(recipe, env))
+        grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
+        regrader = Regrader(
+            run_id=run.run_id,
+            attempt=run.attempt,
+            envs=envs,
+            grader=grader,
+            recipe=recipe,
+            emit=run.emit,
+            artifacts_dir=run.run_dir / "artifacts",
+        )
+
+        async def one(t: Target) -> Outcome:
+            outcome = await regrader.one(t, done)
+            echo(describe(outcome))
+            return outcome
+
+        return list(await asyncio.gather(*(one(t) for t in chosen)))
 
 
 def describe(o: Outcome) -> str:

@@ -198,6 +198,22 @@ def _build(
     return handled
 
 
+async def _follow(chunks: AsyncIterator[dict[str, object]], task_id: str, lines: list[str]) -> None:
+    """Read a build's progress to its end, its log's last 60 lines kept in `lines`; TaskError
+    on the build's error."""
+    async for chunk in chunks:
+        if "stream" in chunk:
+            lines.extend(str(chunk["stream"]).splitlines())
+            del lines[:-60]
+        if chunk.get("id") == "moby.buildkit.trace":
+            lines.extend(trace_lines(str(chunk.get("aux") or "")))
+            del lines[:-60]
+        if "error" in chunk:
+            raise TaskError(
+                f"task {task_id}: image build failed: {chunk['error']}\n" + "\n".join(lines[-30:])
+            )
+
+
 async def build_task_image(
     task: Task,
     docker: aiodocker.Docker,
@@ -237,18 +253,8 @@ async def build_task_image(
         lines: list[str] = []
         try:
             async with asyncio.timeout(task.config.environment.build_timeout_sec):
-                async for chunk in _build(docker, context, tag, task.task_id, dockerfile, options):
-                    if "stream" in chunk:
-                        lines.extend(str(chunk["stream"]).splitlines())
-                        del lines[:-60]
-                    if chunk.get("id") == "moby.buildkit.trace":
-                        lines.extend(trace_lines(str(chunk.get("aux") or "")))
-                        del lines[:-60]
-                    if "error" in chunk:
-                        raise TaskError(
-                            f"task {task.task_id}: image build failed: {chunk['error']}\n"
-                            + "\n".join(lines[-30:])
-                        )
+                chunks = _build(docker, context, tag, task.task_id, dockerfile, options)
+                await _follow(chunks, task.task_id, lines)
         except TimeoutError as exc:
             raise TaskError(
                 f"task {task.task_id}: image build passed environment.build_timeout_sec="

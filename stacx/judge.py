@@ -135,6 +135,8 @@ async def _ask(
     if room < 1:
         return {}, f"the judge prompt ({len(prompt)} tokens) does not fit max_len {model.max_len}"
     problem = ""
+    got: dict[str, float]
+    output: list[int]
     for attempt in range(j.retries + 1):
         t0 = time.perf_counter()
         try:
@@ -149,21 +151,10 @@ async def _ask(
                 )
                 output, reply = await _generate(prompt, prefix, model, params)
         except EngineError as exc:
-            problem = f"engine error: {exc}"
-            calls.append(
-                JudgeCall(
-                    call=index,
-                    attempt=attempt,
-                    criteria=names,
-                    prompt_ids=prompt,
-                    output_ids=[],
-                    reply="",
-                    scores={},
-                    error=problem,
-                )
-            )
-            continue
-        got, problem = parse_reply(criteria, reply)
+            output, reply, got, problem, gen_ms = [], "", {}, f"engine error: {exc}", 0.0
+        else:
+            got, problem = parse_reply(criteria, reply)
+            gen_ms = (time.perf_counter() - t0) * 1000
         calls.append(
             JudgeCall(
                 call=index,
@@ -174,7 +165,7 @@ async def _ask(
                 reply=reply,
                 scores=got,
                 error=problem,
-                gen_ms=(time.perf_counter() - t0) * 1000,
+                gen_ms=gen_ms,
             )
         )
         if not problem:

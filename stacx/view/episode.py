@@ -107,6 +107,23 @@ from tool_called c left join tool_returned r using (episode_id, call_id)
 where c.episode_id = ? order by c.turn, c._seq"""
 
 
+SUMMARY = (  # an episode's columns in its page's summary table
+    "task_id",
+    "status",
+    "reward",
+    "stop_reason",
+    "failure_kind",
+    "weight_version",
+    "n_turns",
+    "n_tool_calls",
+    "agent",
+    "policy",
+    "split",
+    "role",
+    "run_id",
+)
+
+
 def episode_page(source: Source, params: Params) -> str:
     eid = params.get("id") or ""
     found = source.query("select * from episodes where episode_id = ?", [eid])
@@ -115,41 +132,8 @@ def episode_page(source: Source, params: Params) -> str:
     ep = found.dicts()[0]
     tok: Decoder | None = source.tokenizer(str(ep["run_id"]), load_tokenizer)  # type: ignore[assignment]
     summary = table(
-        [
-            "task_id",
-            "status",
-            "reward",
-            "stop_reason",
-            "failure_kind",
-            "weight_version",
-            "n_turns",
-            "n_tool_calls",
-            "agent",
-            "policy",
-            "split",
-            "role",
-            "run_id",
-        ],
-        [
-            [
-                ep[k]
-                for k in (
-                    "task_id",
-                    "status",
-                    "reward",
-                    "stop_reason",
-                    "failure_kind",
-                    "weight_version",
-                    "n_turns",
-                    "n_tool_calls",
-                    "agent",
-                    "policy",
-                    "split",
-                    "role",
-                    "run_id",
-                )
-            ]
-        ],
+        SUMMARY,
+        [[ep[k] for k in SUMMARY]],
         cells={"task_id": lambda v: link("/episodes", v, task=v)},
     )
     parts = [f'<p class="mono">{esc(eid)}</p>', summary]
@@ -160,16 +144,22 @@ def episode_page(source: Source, params: Params) -> str:
     parts.append(_events_html(source, eid))
     parts.append(_turns_html(source, eid, tok))
     parts.append(_verifier_html(source, eid))
+    parts.append(_lineage_html(source, eid))
+    return "".join(parts)
+
+
+def _lineage_html(source: Source, eid: str) -> str:
+    """The weight versions trained on the episode (nothing when none was)."""
     fed = source.query(
         "select distinct weight_version from lineage where episode_id = ? order by 1", [eid]
     )
-    if fed.rows:
-        versions = ", ".join(link("/lineage", v[0], version=v[0]) for v in fed.rows)
-        parts.append(
-            f"<section><h2>lineage</h2><p>Trained on by weight versions {versions} "
-            f"({link('/lineage', 'details', episode=eid)}).</p></section>"
-        )
-    return "".join(parts)
+    if not fed.rows:
+        return ""
+    versions = ", ".join(link("/lineage", v[0], version=v[0]) for v in fed.rows)
+    return (
+        f"<section><h2>lineage</h2><p>Trained on by weight versions {versions} "
+        f"({link('/lineage', 'details', episode=eid)}).</p></section>"
+    )
 
 
 def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:

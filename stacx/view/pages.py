@@ -82,7 +82,9 @@ def runs_page(source: Source, params: Params) -> str:
     return "".join(parts)
 
 
-def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) -> str:
+def _run_head(source: Source, run_id: str, run_file: Mapping[str, object]) -> tuple[str, object]:
+    """A run's summary table (recipe, status, start, attempts, samples done) and its resolved
+    config's JSON."""
     ((recipe, config_json, started, attempts),) = source.query(
         "select any_value(recipe), arg_min(config_json, _seq), min(ts), max(attempt) + 1 "
         "from run_started where run_id = ?",
@@ -93,9 +95,6 @@ def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) ->
         [run_id],
     ).rows
     status = str(finished[0][0]) if finished else str(run_file.get("status") or "running")
-    counts = source.query(
-        "select status, count(*) from episodes where run_id = ? group by 1 order by 1", [run_id]
-    ).rows
     ((planned, done),) = source.query(
         "select (select coalesce(sum(n_samples), 0) from task_scheduled where run_id = ?), "
         "(select count(*) from samples where run_id = ? and done)",
@@ -105,6 +104,14 @@ def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) ->
         ["run_id", "recipe", "status", "started", "attempts", "samples done"],
         [[run_id, recipe, status, _ts(started), f"{attempts}", f"{done} / {planned}"]],
     )
+    return head, config_json
+
+
+def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) -> str:
+    head, config_json = _run_head(source, run_id, run_file)
+    counts = source.query(
+        "select status, count(*) from episodes where run_id = ? group by 1 order by 1", [run_id]
+    ).rows
     episodes = " ".join(link("/episodes", f"{s}: {n}", run=run_id, status=s) for s, n in counts)
     rbv = reward_curve(source, run_id)
     charts = [
@@ -469,22 +476,27 @@ def compare_page(source: Source, params: Params) -> str:
         _section("tasks", table(per_task.columns, per_task.rows, cells=cells)),
     ]
     if task:
-        cols = ["episode_id", "status", "reward", "weight_version", "n_turns", "stop_reason"]
-        sides = []
-        for label, rid in (("A", a), ("B", b)):
-            r = source.query(
-                f"select {', '.join(cols)} from episodes where run_id = ? and task_id = ? "
-                "order by started_ts",
-                [rid, task],
-            )
-            sides.append(
-                f"<div><h3>{label}: {esc(rid)}</h3>"
-                + table(
-                    cols,
-                    r.rows,
-                    cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)},
-                )
-                + "</div>"
-            )
-        body.append(_section(f"task {task}", f'<div class="side-by-side">{"".join(sides)}</div>'))
+        body.append(_section(f"task {task}", _task_sides(source, a, b, task)))
     return "".join(body)
+
+
+def _task_sides(source: Source, a: str, b: str, task: str) -> str:
+    """The episodes of `task` in runs `a` and `b`, side by side."""
+    cols = ["episode_id", "status", "reward", "weight_version", "n_turns", "stop_reason"]
+    sides = []
+    for label, rid in (("A", a), ("B", b)):
+        r = source.query(
+            f"select {', '.join(cols)} from episodes where run_id = ? and task_id = ? "
+            "order by started_ts",
+            [rid, task],
+        )
+        sides.append(
+            f"<div><h3>{label}: {esc(rid)}</h3>"
+            + table(
+                cols,
+                r.rows,
+                cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)},
+            )
+            + "</div>"
+        )
+    return f'<div class="side-by-side">{"".join(sides)}</div>'

@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,9 @@ from torch import nn
 
 from stacx.errors import EngineError
 from stacx.inference.kv_cache import KVCache, PagedKVCache, gather_blocks
+
+if TYPE_CHECKING:
+    from stacx.inference.triton_kernels import Partials
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -378,18 +381,7 @@ class Decoder:
             out = tk.decode_attention(
                 q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W
             )
-            if small:
-                x = tk.gemv(out.view(n, -1), *w.o, residual=x)
-                act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
-                x = tk.gemv(act, *w.down, residual=x)
-                continue
-            if mid:
-                x, h = tk.add_rmsnorm(x, tk.gemm_partials(out.view(n, -1), *w.o), *w.post_norm)
-                residual = tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
-                continue
-            x, h = tk.add_rmsnorm(x, F.linear(out.view(n, -1), w.o.weight, w.o.bias), *w.post_norm)
-            act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
-            residual = F.linear(act, w.down.weight, w.down.bias)
+            x, residual = _kernel_mlp(w, x, residual, out.view(n, -1), small, mid)
         if small and type(self.lm_head) is nn.Linear:
             return tk.gemv(x, self.lm_head.weight, self.lm_head.bias, norm=_norm(self.norm))
         _, h = tk.add_rmsnorm(x, residual, *_norm(self.norm))
@@ -617,6 +609,32 @@ def _is_rmsnorm(module: Any) -> bool:
 
 def _eps(norm: Any) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _kernel_mlp(
+    w: KernelLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | Partials | None,
+    attn: torch.Tensor,
+    small: bool,
+    mid: bool,
+) -> tuple[torch.Tensor, torch.Tensor | Partials | None]:
+    """A layer's output projection and MLP after its attention ``attn``, as kernels: the new
+    ``x`` and the residual the next add+RMSNorm adds (None: already added). ``small``: GEMVs
+    with the norm and the residual adds folded in; ``mid``: Triton GEMMs whose partial sums the
+    next add+RMSNorm adds; neither: cuBLAS."""
+    from stacx.inference import triton_kernels as tk
+
+    if small:
+        x = tk.gemv(attn, *w.o, residual=x)
+        act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
+        return tk.gemv(act, *w.down, residual=x), residual
+    if mid:
+        x, h = tk.add_rmsnorm(x, tk.gemm_partials(attn, *w.o), *w.post_norm)
+        return x, tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
+    x, h = tk.add_rmsnorm(x, F.linear(attn, w.o.weight, w.o.bias), *w.post_norm)
+    act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
+    return x, F.linear(act, w.down.weight, w.down.bias)
 
 
 def _norm(norm: Any) -> tuple[torch.Tensor, float]:

@@ -295,6 +295,20 @@ class Gateway:
             close=opening.close,
             grammar=grammar,
         )
+        choices, finals = self._chat_choices(call, prompt, prefill, parse, body, ep)
+        return _envelope("chat.completion", call, choices, model), call, finals
+
+    def _chat_choices(
+        self,
+        call: _Call,
+        prompt: list[int],
+        prefill: str,
+        parse: bool,
+        body: Json,
+        ep: GatewayEpisode | None,
+    ) -> tuple[list[Json], list[str]]:
+        """The ``chat.completion`` choices of a generated call (tool calls parsed when `parse`;
+        each call id remembered by the episode) and each choice's content."""
         choices, finals = [], []
         for i, (gen, generated) in enumerate(call.outputs):
             out_text = prefill + generated  # the assistant message as the model's turn reads
@@ -327,7 +341,7 @@ class Gateway:
                     "weight_version": gen.weight_version,
                 }
             )
-        return _envelope("chat.completion", call, choices, model), call, finals
+        return choices, finals
 
     async def _prefilled(
         self,
@@ -409,24 +423,9 @@ class Gateway:
         for i, (gen, out_text) in enumerate(call.outputs):
             prompt = call.prompts[i]
             text = (self.tok.decode(prompt) if echo else "") + out_text
-            lp = None
-            if n_lp is not None:
-                ids = gen.output_ids
-                values: list[float | None] = list(gen.logprobs or [])
-                if echo:
-                    ids = prompt + ids
-                    values = [None, *(await self.engine.score(prompt[:1], prompt[1:])), *values]
-                tokens = [
-                    f"token_id:{t}" if as_ids else self.tok.decode([t], skip_special_tokens=False)
-                    for t in ids
-                ]
-                offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
-                lp = {
-                    "tokens": tokens,
-                    "token_logprobs": values,
-                    "top_logprobs": None,
-                    "text_offset": offsets,
-                }
+            lp = (
+                None if n_lp is None else await self._completion_logprobs(gen, prompt, echo, as_ids)
+            )
             choices.append(
                 {
                     "index": i,
@@ -443,6 +442,28 @@ class Gateway:
             finals = [text for _, text in call.outputs]
             return await call.streams.finish(choices, finals, out["usage"])
         return web.json_response(shown(out, body))
+
+    async def _completion_logprobs(
+        self, gen: Generation, prompt: list[int], echo: bool, as_ids: bool
+    ) -> Json:
+        """A completion choice's ``logprobs`` (the prompt's too when `echo`: scored by the
+        engine, its first token None); `as_ids`: tokens written ``token_id:<id>``."""
+        ids = gen.output_ids
+        values: list[float | None] = list(gen.logprobs or [])
+        if echo:
+            ids = prompt + ids
+            values = [None, *(await self.engine.score(prompt[:1], prompt[1:])), *values]
+        tokens = [
+            f"token_id:{t}" if as_ids else self.tok.decode([t], skip_special_tokens=False)
+            for t in ids
+        ]
+        offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
 
     # ---- requests -> prompt ids ---------------------------------------------------------------
 
@@ -516,31 +537,8 @@ class Gateway:
 
         texts = [TextStream(decode, stops, parse_tools, held=held) for _ in expanded]
         if body.get("stream"):
-            call.streams = ChoiceStreams(
-                request,
-                {
-                    "id": call.request_id,
-                    "created": call.created,
-                    "model": body.get("model") or self.model_name,
-                    "object": "chat.completion.chunk" if "messages" in body else "text_completion",
-                },
-                texts,
-                chat="messages" in body,
-                usage=include_usage(body),
-                heads=[self.tok.decode(p) for p in expanded] if echo else None,
-                token_ids=bool(body.get("return_token_ids")),
-            )
-        try:
-            gens = await run_choices(
-                self.engine, expanded, params, call.streams, texts if stops else None
-            )
-        except EngineError as exc:
-            err = ApiError(f"the engine refused the request: {exc}")
-            if call.streams is not None and call.streams.resp is not None:  # 200 already sent
-                raise await call.streams.error(err.json()) from exc
-            raise err from exc
-        if call.streams is not None and not call.streams.connected:
-            raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
+            call.streams = self._streams(request, body, call, texts, echo)
+        gens = await self._run(call, params, texts if stops else None)
         for gen in gens:
             gen, text, stopped = cut_at_stop(decode, gen, stops, keep=close)
             call.outputs.append((gen, text))
@@ -554,6 +552,42 @@ class Gateway:
                 request_json=request_json,
             )
         return call
+
+    async def _run(
+        self, call: _Call, params: SamplingParams, texts: list[TextStream] | None
+    ) -> list[Generation]:
+        """The engine's generations of the call's prompts (`texts`: cut at stop strings as they
+        stream). Raises the engine's refusal as an ApiError (into the stream once its 200 is
+        sent), `StreamClosed` when the streaming client left before the end."""
+        try:
+            gens = await run_choices(self.engine, call.prompts, params, call.streams, texts)
+        except EngineError as exc:
+            err = ApiError(f"the engine refused the request: {exc}")
+            if call.streams is not None and call.streams.resp is not None:  # 200 already sent
+                raise await call.streams.error(err.json()) from exc
+            raise err from exc
+        if call.streams is not None and not call.streams.connected:
+            raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
+        return gens
+
+    def _streams(
+        self, request: web.Request, body: Json, call: _Call, texts: list[TextStream], echo: bool
+    ) -> ChoiceStreams:
+        """The chunks of a ``stream: true`` request's choices, sent as their text arrives."""
+        return ChoiceStreams(
+            request,
+            {
+                "id": call.request_id,
+                "created": call.created,
+                "model": body.get("model") or self.model_name,
+                "object": "chat.completion.chunk" if "messages" in body else "text_completion",
+            },
+            texts,
+            chat="messages" in body,
+            usage=include_usage(body),
+            heads=[self.tok.decode(p) for p in call.prompts] if echo else None,
+            token_ids=bool(body.get("return_token_ids")),
+        )
 
     def _sampling(self, body: Json, prompts: list[list[int]], max_key: str) -> SamplingParams:
         """The engine's sampling parameters for a request body (its limits checked: the prompt

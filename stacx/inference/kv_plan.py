@@ -455,17 +455,8 @@ def new_plan(
         tokens = min(full, cap) if cuda else full
     else:
         tokens = kv_tokens if mode == "paged" and kv_tokens is not None else full
-    if cuda and tokens * per_token > (free if budget is not None else 0.8 * free):
-        what = (
-            f"kv_tokens={tokens}"
-            if mode == "paged"
-            else f"max_batch={rows} x max_len={decoder.max_len}"
-        )
-        share = "the" if budget is not None else "80% of the"
-        raise EngineError(
-            f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than "
-            f"{share} {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
-        )
+    if cuda:
+        _check_fits(decoder, mode, rows, tokens, per_token, free, budget is not None)
     if mode == "slots":
         cache = decoder.new_cache()
         if cuda:  # static cache at full size: CUDA graphs need fixed addresses
@@ -477,6 +468,25 @@ def new_plan(
             f"got {block} and {tokens}"
         )
     return PagedKV(decoder.new_paged_cache(rows, -(-tokens // block) + 1, block), rows)
+
+
+def _check_fits(
+    decoder: Decoder, mode: str, rows: int, tokens: int, per_token: int, free: int, budgeted: bool
+) -> None:
+    """EngineError, naming the numbers, for a cache of `tokens` positions over the `free`
+    device memory (over 80% of it without a declared budget)."""
+    if tokens * per_token <= (free if budgeted else 0.8 * free):
+        return
+    what = (
+        f"kv_tokens={tokens}"
+        if mode == "paged"
+        else f"max_batch={rows} x max_len={decoder.max_len}"
+    )
+    share = "the" if budgeted else "80% of the"
+    raise EngineError(
+        f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than "
+        f"{share} {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
+    )
 
 
 def _budget_rows(

@@ -87,7 +87,29 @@ T = TypeVar("T")
 
 
 class TorchEngine(MultiStepReplays):
-    """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
+    """An :class:`~stacx.ports.Engine` running a transformers model in this process.
+
+    ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
+    trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
+    ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
+    default size). None: refused above 80% of the free memory. Ignored on CPU.
+    ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
+    Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
+    many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
+    once per replay (1: one step per replay, sampled on the host side as for other rows);
+    the next replay is launched before the last one's tokens are read, while the batch
+    goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
+    18,656 tok/s at batch 64 against 10,077 with 1.
+    ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
+    ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
+    prefixes; admission control and preemption when full), see kv_plan.py, which also
+    decides the cache's size (`new_plan`).
+    ``hold_s``: how long a row stays held for the next turn of the request that freed it;
+    ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
+    chunk, `Decoder.prefill_chunk`), see engine_admission.py.
+    ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
+    engine_setup.py.
+    """
 
     name = "torch"
     grammars = True  # honours SamplingParams.grammar (stacx.inference.guided)
@@ -116,29 +138,8 @@ class TorchEngine(MultiStepReplays):
         hold_s: float = 0.5,
         prefill_tokens: int | None = None,
     ) -> None:
-        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
-
-        ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
-        trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
-        ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
-        default size). None: refused above 80% of the free memory. Ignored on CPU.
-        ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
-        Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
-        many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
-        once per replay (1: one step per replay, sampled on the host side as for other rows);
-        the next replay is launched before the last one's tokens are read, while the batch
-        goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
-        18,656 tok/s at batch 64 against 10,077 with 1.
-        ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
-        ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
-        prefixes; admission control and preemption when full), see kv_plan.py, which also
-        decides the cache's size (`new_plan`).
-        ``hold_s``: how long a row stays held for the next turn of the request that freed it;
-        ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
-        chunk, `Decoder.prefill_chunk`), see engine_admission.py.
-        ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
-        engine_setup.py.
-        """
+        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module); the
+        options are described on the class."""
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
         self.decode_steps = decode_steps
@@ -151,7 +152,30 @@ class TorchEngine(MultiStepReplays):
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self._guides = Guides(self.tokenizer, self.vocab_size)  # SamplingParams.grammar
-        self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
+        self._plan_cache(kv_cache, max_batch, kv_tokens, kv_block, cache_bytes)
+        self._graphed = decode_path(
+            self.decoder,
+            self._cache,
+            dev,
+            cuda_graphs=cuda_graphs,
+            kernels=kernels,
+            compile=compile,
+            compile_mode=compile_mode,
+            gemv_rows=gemv_rows,
+        )
+        self._version = weight_version
+        self._start(hold_s, prefill_tokens)
+
+    def _plan_cache(
+        self,
+        kv_cache: str,
+        max_batch: int | None,
+        kv_tokens: int | None,
+        kv_block: int,
+        cache_bytes: int | None,
+    ) -> None:
+        """The KV cache (`new_plan`) and the rows it gives."""
+        self.max_batch = max_batch or (64 if self.device.type == "cuda" else 32)
         self._kv: KVPlan = new_plan(
             self.decoder,
             kv_cache,
@@ -163,19 +187,11 @@ class TorchEngine(MultiStepReplays):
         self.max_batch = self._kv.max_rows  # a cache budget can lower it
         self.kv_cache = kv_cache
         self._cache = self._kv.cache
-        self._graphed = decode_path(
-            self.decoder,
-            self._cache,
-            dev,
-            cuda_graphs=cuda_graphs,
-            kernels=kernels,
-            compile=compile,
-            compile_mode=compile_mode,
-            gemv_rows=gemv_rows,
-        )
+
+    def _start(self, hold_s: float, prefill_tokens: int | None) -> None:
+        """The scheduler's state (queue, holds, admission) and its thread."""
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
-        self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
         self._blocked = False  # the paged pool refused the next request: retry after a release
         self._holds = Holds(hold_s, patience=self.max_batch)  # rows held for next turns

@@ -440,6 +440,20 @@ def attention_splits(batch: int, n_kv: int, keys: int) -> int:
     return max(1, min(triton.cdiv(TARGET_PROGRAMS, batch * n_kv), triton.cdiv(keys, BLOCK_N)))
 
 
+def _split_partials(
+    out: torch.Tensor, splits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`decode_attention`'s buffers for its key ranges: each one's partial output, running max
+    and sum (fp32), that `_combine_kernel` merges into `out` [B, H, D]; one range writes `out`
+    directly (the three are `out`, unused)."""
+    if splits <= 1:
+        return out, out, out
+    batch, n_heads, dim = out.shape
+    po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=out.device)
+    pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=out.device)
+    return po, pm, torch.empty_like(pm)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -462,12 +476,7 @@ def decode_attention(
     splits = splits or attention_splits(batch, n_kv, keys)
     chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
     out = torch.empty_like(q)
-    if splits > 1:
-        po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=q.device)
-        pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=q.device)
-        pl = torch.empty_like(pm)
-    else:
-        po = pm = pl = out
+    po, pm, pl = _split_partials(out, splits)
     _decode_attn_kernel[(batch, n_kv, splits)](
         q,
         k_cache,

@@ -510,7 +510,9 @@ class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
     source_run_id: str
     source_event_id: str
     source_path: str = ""
-    origin_run_id: str = ""  # the run that first recorded it, across replay generations (A -> B -> C)
+    origin_run_id: str = (
+        ""  # the run that first recorded it, across replay generations (A -> B -> C)
+    )
 
 
 class ScaffoldExited(_Kind, frozen=True, kw_only=True, tag=True):
@@ -613,6 +615,7 @@ KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}
 
 Emit: TypeAlias = Callable[[Event], Awaitable[None]]
 """How engines publish: an async callable that returns once the event is acknowledged."""
+
 
 def subject(run_id: str, kind: str) -> str:
     """The NATS subject of one kind of one run."""

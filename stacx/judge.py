@@ -103,8 +103,9 @@ async def score(
     for index, criteria in enumerate(groups):
         got, error = await _ask(rubric, criteria, instruction, answers, model, seed, index, calls)
         if error:
-            return JudgeResult(score=None, scores=scores, calls=calls, judge=model.name,
-                               error=error)  # fmt: skip
+            return JudgeResult(
+                score=None, scores=scores, calls=calls, judge=model.name, error=error
+            )
         scores |= got
     return JudgeResult(
         score=aggregate(rubric, scores), scores=scores, calls=calls, judge=model.name
@@ -134,6 +135,8 @@ async def _ask(
     if room < 1:
         return {}, f"the judge prompt ({len(prompt)} tokens) does not fit max_len {model.max_len}"
     problem = ""
+    got: dict[str, float]
+    output: list[int]
     for attempt in range(j.retries + 1):
         t0 = time.perf_counter()
         try:
@@ -148,15 +151,23 @@ async def _ask(
                 )
                 output, reply = await _generate(prompt, prefix, model, params)
         except EngineError as exc:
-            problem = f"engine error: {exc}"
-            calls.append(JudgeCall(call=index, attempt=attempt, criteria=names,
-                                   prompt_ids=prompt, output_ids=[], reply="", scores={},
-                                   error=problem))  # fmt: skip
-            continue
-        got, problem = parse_reply(criteria, reply)
-        calls.append(JudgeCall(call=index, attempt=attempt, criteria=names, prompt_ids=prompt,
-                               output_ids=output, reply=reply, scores=got, error=problem,
-                               gen_ms=(time.perf_counter() - t0) * 1000))  # fmt: skip
+            output, reply, got, problem, gen_ms = [], "", {}, f"engine error: {exc}", 0.0
+        else:
+            got, problem = parse_reply(criteria, reply)
+            gen_ms = (time.perf_counter() - t0) * 1000
+        calls.append(
+            JudgeCall(
+                call=index,
+                attempt=attempt,
+                criteria=names,
+                prompt_ids=prompt,
+                output_ids=output,
+                reply=reply,
+                scores=got,
+                error=problem,
+                gen_ms=gen_ms,
+            )
+        )
         if not problem:
             return got, ""
     return {}, f"judge call {index} ({', '.join(names)}) after {j.retries + 1} attempts: {problem}"

@@ -179,8 +179,10 @@ def _check(r: Rubric, where: str) -> None:
         if c.type == "numeric" and not c.max > c.min:
             out.append(f"{key}.min = {c.min}, max = {c.max}: need min < max")
         if c.type == "numeric" and r.judge.decoding == "choices":
-            out.append(f"{key}.type = 'numeric': judge.decoding = 'choices' picks among the "
-                       "values of binary and likert criteria only (use 'generate')")  # fmt: skip
+            out.append(
+                f"{key}.type = 'numeric': judge.decoding = 'choices' picks among the "
+                "values of binary and likert criteria only (use 'generate')"
+            )
     if len(set(names)) != len(names):
         out.append(f"criterion: names repeat: {names}")
     if r.criterion and sum(c.weight for c in r.criterion) <= 0:

@@ -45,8 +45,12 @@ def _wire_struct(cls: type[Event], packed: dict[str, int]) -> type[Event]:
     n, hints = len(cls.__struct_defaults__), typing.get_type_hints(cls)
     names = cls.__struct_fields__[len(cls.__struct_fields__) - n :]
     defaults = dict(zip(names, cls.__struct_defaults__, strict=True))
-    fields = [(f, hints[f] | msgspec.msgpack.Ext, defaults.get(f, msgspec.NODEFAULT)) for f in packed]
-    wire = msgspec.defstruct(cls.__name__, fields, bases=(cls,), frozen=True, kw_only=True, tag=True)
+    fields = [
+        (f, hints[f] | msgspec.msgpack.Ext, defaults.get(f, msgspec.NODEFAULT)) for f in packed
+    ]
+    wire = msgspec.defstruct(
+        cls.__name__, fields, bases=(cls,), frozen=True, kw_only=True, tag=True
+    )
     return typing.cast(type[Event], wire)
 
 
@@ -102,7 +106,9 @@ def decode_wire(payload: bytes) -> list[Event]:
 
 
 _batch_decoder: msgspec.msgpack.Decoder[list[Event]] = msgspec.msgpack.Decoder(list[_WIRE_EVENT])  # type: ignore[valid-type]
-_raw_list_decoder: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_raw_list_decoder: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.Decoder(
+    list[msgspec.Raw]
+)
 
 
 def encode_batch(payloads: list[bytes]) -> bytes:
@@ -110,8 +116,11 @@ def encode_batch(payloads: list[bytes]) -> bytes:
     the events' own wire forms (``encode``); one event is still sent as its map. Publishers
     batch events of one kind only, so a message's subject names the kind of every event in it."""
     n = len(payloads)
-    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
-                                            else b"\xdd" + n.to_bytes(4, "big"))
+    head = (
+        bytes([0x90 | n])
+        if n < 16
+        else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
+    )
     return head + b"".join(payloads)
 
 

@@ -40,10 +40,25 @@ ROOT = Path(__file__).resolve().parents[1]
 STACX = [sys.executable, "-m", "stacx"]
 
 EVAL = [
-    "--tasks", "basic", "--difficulty", "trivial", "--difficulty", "easy", "--n", "4",
-    "--format", "bash", "--max-turns", "1", "--max-new-tokens", "96", "--temperature", "0.7",
-    "--concurrency", "4",
-]  # fmt: skip
+    "--tasks",
+    "basic",
+    "--difficulty",
+    "trivial",
+    "--difficulty",
+    "easy",
+    "--n",
+    "4",
+    "--format",
+    "bash",
+    "--max-turns",
+    "1",
+    "--max-new-tokens",
+    "96",
+    "--temperature",
+    "0.7",
+    "--concurrency",
+    "4",
+]
 
 # pass rate per eval run: the mean over samples of (reward >= 1), over the scored samples
 GAP_SQL = """SELECT run_id, count(*) AS samples, round(avg((reward >= 1)::INT), 3) AS pass_rate
@@ -92,12 +107,25 @@ def main(argv: list[str] | None = None) -> int:
     teacher = train("teacher", "recipes/imitation/teacher.toml", out, log, [])
     with_teacher = [f"teacher.path='{teacher}'"]
     policies = {"student": "default", "teacher": str(teacher)}
-    policies["dagger"] = str(train("dagger", "recipes/imitation/dagger.toml", out, log, with_teacher))
+    policies["dagger"] = str(
+        train("dagger", "recipes/imitation/dagger.toml", out, log, with_teacher)
+    )
     for n in args.curve:
         model = out / f"dagger-v{n}-model"
         if not (model / "config.json").exists():
-            sh([*STACX, "models", "export", str(out / "dagger"), "-o", str(model),
-                "--version", str(n)], log)  # fmt: skip
+            sh(
+                [
+                    *STACX,
+                    "models",
+                    "export",
+                    str(out / "dagger"),
+                    "-o",
+                    str(model),
+                    "--version",
+                    str(n),
+                ],
+                log,
+            )
         policies[f"dagger-v{n}"] = str(model)
     if not args.no_opd:
         policies["opd"] = str(train("opd", "recipes/imitation/opd.toml", out, log, with_teacher))
@@ -107,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     sql = GAP_SQL
     proc = subprocess.run(
         [*STACX, "sql", *runs, sql, "--format", "json"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     log.append(" ".join(["stacx", "sql", *map(shlex.quote, runs), shlex.quote(sql)]))
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]  # JSON lines
     rates = {str(r["run_id"]): float(r["pass_rate"]) for r in rows}
@@ -121,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         closed[name] = gap
         print(f"| {name} | {rate:.3f} | {'—' if gap is None else f'{gap:.0%}'} |")
     print("\ncommands:\n" + "\n".join(log))
-    print(json.dumps({"pass_rate": by_policy, "gap_closed": closed, "wall_s": round(time.time() - t0)}))
+    print(
+        json.dumps(
+            {"pass_rate": by_policy, "gap_closed": closed, "wall_s": round(time.time() - t0)}
+        )
+    )
     return 0
 
 

@@ -174,18 +174,32 @@ def run_solution(spec: Spec, model: str, data: Path, python: str) -> list[str]:
     """The predictions of tools/mle/solve.py with `model`, run under the sandbox's `python`."""
     out = data / "submission.csv"
     subprocess.run(
-        [python, str(HERE / "mle" / "solve.py"), "--target", spec.target, "--kind", spec.kind,
-         "--model", model, "--data", str(data), "--out", str(out)],
+        [
+            python,
+            str(HERE / "mle" / "solve.py"),
+            "--target",
+            spec.target,
+            "--kind",
+            spec.kind,
+            "--model",
+            model,
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return [str(v) for v in pd.read_csv(out, dtype=str)[spec.target]]
 
 
 def build(spec: Spec, python: str) -> tuple[dict[str, str | bytes], dict[str, object]]:
     """One task's files (relative path -> content) and its config (tests/config.json)."""
     train, test = split(spec, load(spec))
-    config: dict[str, object] = {"metric": "accuracy" if spec.kind == C else "rmse",
-                                 "target": spec.target}  # fmt: skip
+    config: dict[str, object] = {
+        "metric": "accuracy" if spec.kind == C else "rmse",
+        "target": spec.target,
+    }
     if spec.kind == C:
         config["classes"] = sorted({*train[spec.target], *test[spec.target]})
     base = score(spec, config, test, baseline(spec, train)(test))
@@ -193,8 +207,10 @@ def build(spec: Spec, python: str) -> tuple[dict[str, str | bytes], dict[str, ob
         data = Path(tmp)
         train.to_csv(data / "train.csv", index=False)
         test.drop(columns=[spec.target]).to_csv(data / "test.csv", index=False)
-        scores = {m: score(spec, config, test, run_solution(spec, m, data, python))
-                  for m in ("linear", "forest", "boosting")}  # fmt: skip
+        scores = {
+            m: score(spec, config, test, run_solution(spec, m, data, python))
+            for m in ("linear", "forest", "boosting")
+        }
         files: dict[str, str | bytes] = {
             "environment/data/train.csv": (data / "train.csv").read_bytes(),
             "environment/data/test.csv": (data / "test.csv").read_bytes(),
@@ -207,17 +223,19 @@ def build(spec: Spec, python: str) -> tuple[dict[str, str | bytes], dict[str, ob
     gain = best - base if spec.kind == C else (base - best) / base
     config["gain"] = round(gain, 4)
     answers = test[["id", spec.target]].to_csv(index=False)
-    files.update({
-        "instruction.md": instruction(spec, train, test, config),
-        "task.toml": task_toml(spec, config),
-        "environment/Dockerfile": DOCKERFILE,
-        "tests/test.sh": TEST_SH,
-        "tests/grade.py": (HERE / "mle" / "grade.py").read_text(),
-        "tests/config.json": json.dumps(config, indent=1) + "\n",
-        "tests/answers.csv": answers,
-        "solution/solve.sh": SOLVE_SH.format(target=spec.target, kind=spec.kind, model=model),
-        "solution/solve.py": (HERE / "mle" / "solve.py").read_text(),
-    })  # fmt: skip
+    files.update(
+        {
+            "instruction.md": instruction(spec, train, test, config),
+            "task.toml": task_toml(spec, config),
+            "environment/Dockerfile": DOCKERFILE,
+            "tests/test.sh": TEST_SH,
+            "tests/grade.py": (HERE / "mle" / "grade.py").read_text(),
+            "tests/config.json": json.dumps(config, indent=1) + "\n",
+            "tests/answers.csv": answers,
+            "solution/solve.sh": SOLVE_SH.format(target=spec.target, kind=spec.kind, model=model),
+            "solution/solve.py": (HERE / "mle" / "solve.py").read_text(),
+        }
+    )
     return files, config
 
 
@@ -250,13 +268,17 @@ def instruction(spec: Spec, train: pd.DataFrame, test: pd.DataFrame, config: dic
     target, base, ref = spec.target, config["baseline"], config["reference"]
     if spec.kind == C:
         what = f"a class, one of: {', '.join(f'`{c}`' for c in config['classes'])}"
-        metric = (f"**Accuracy** on the test rows (higher is better). Predicting the train set's "
-                  f"majority class scores {base:.4f}; the reference scores {ref:.4f}.")  # fmt: skip
+        metric = (
+            f"**Accuracy** on the test rows (higher is better). Predicting the train set's "
+            f"majority class scores {base:.4f}; the reference scores {ref:.4f}."
+        )
     else:
         what = "a number"
-        metric = (f"**RMSE** (root mean squared error) on the test rows (lower is better). "
-                  f"Predicting the train set's mean scores {base:.4g}; the reference scores "
-                  f"{ref:.4g}.")  # fmt: skip
+        metric = (
+            f"**RMSE** (root mean squared error) on the test rows (lower is better). "
+            f"Predicting the train set's mean scores {base:.4g}; the reference scores "
+            f"{ref:.4g}."
+        )
     return f"""# {spec.title}
 
 A {spec.kind} task: predict `{target}` for every row of the test set.
@@ -349,8 +371,11 @@ def main() -> int:
                 path.write_text(content)
             if rel.endswith(".sh"):
                 path.chmod(0o755)
-        print(f"{task.name}: {config['metric']} baseline {config['baseline']} reference "
-              f"{config['reference']} ({config['model']})", file=sys.stderr)  # fmt: skip
+        print(
+            f"{task.name}: {config['metric']} baseline {config['baseline']} reference "
+            f"{config['reference']} ({config['model']})",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 .venv/bin/ruff check stacx tests tools
+.venv/bin/ruff format --check stacx tests tools
 .venv/bin/mypy stacx
 .venv/bin/lint-imports  # the layer contracts in pyproject.toml
 # the docs site: a broken link or anchor fails the build (mkdocs.yml); built into a temp dir

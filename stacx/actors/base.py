@@ -60,6 +60,7 @@ from stacx.wire import decode, decode_many, split_batch
 
 log = logging.getLogger(__name__)
 
+
 class Watermark:
     """The newest stream sequence one reader has published or been delivered: what the log
     must contain before that reader's next query (causal reads, not the stream's head)."""
@@ -108,8 +109,15 @@ def causal_context(
     async def query_after(sql: str, params: Params = None, /) -> pa.Table:
         return await query(sql, params, after=mark.seq)
 
-    return ActorContext(run_id=run_id, run_dir=run_dir, publish=publish_tracked,
-                        query=query_after, head=head, js=js, watermark=mark)
+    return ActorContext(
+        run_id=run_id,
+        run_dir=run_dir,
+        publish=publish_tracked,
+        query=query_after,
+        head=head,
+        js=js,
+        watermark=mark,
+    )
 
 
 INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.errors.Error)
@@ -118,7 +126,10 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (StacxError, OSError, nats.error
 
 
 CONTROL_FLOW: tuple[type[BaseException], ...] = (
-    asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit,
+    asyncio.CancelledError,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
 )
 """What unwinds a task or the process: passed on, never handled as a failure."""
 
@@ -248,7 +259,9 @@ class Actor:
                     raise
                 except BaseException as exc:  # an Exception, or what a library raises as less
                     delivered = msg.metadata.num_delivered
-                    log.exception("%s: handling %s failed (delivery %d)", self.name, event.kind, delivered)
+                    log.exception(
+                        "%s: handling %s failed (delivery %d)", self.name, event.kind, delivered
+                    )
                     if strict() and is_bug(exc):
                         await msg.nak()  # left in the stream for the next (fixed) run to handle
                         self._bugs.append(exc)
@@ -257,11 +270,15 @@ class Actor:
                         await msg.nak(delay=self.retry_delay * delivered)
                         return
                     gave_up = True  # this event is given up; the rest of its message go on
-                    await self.publish(InfraFailed(
-                        run_id=self.run_id, failure_kind=FailureKind.INTERNAL,
-                        message=f"actor {self.name} gave up on {event.kind} {event.event_id}: {exc!r}",
-                        episode_id=getattr(event, "episode_id", None), attempt=delivered,
-                    ))
+                    await self.publish(
+                        InfraFailed(
+                            run_id=self.run_id,
+                            failure_kind=FailureKind.INTERNAL,
+                            message=f"actor {self.name} gave up on {event.kind} {event.event_id}: {exc!r}",
+                            episode_id=getattr(event, "episode_id", None),
+                            attempt=delivered,
+                        )
+                    )
         finally:
             beat.cancel()
         await (msg.term() if gave_up else msg.ack())
@@ -287,9 +304,14 @@ async def _heartbeat(msg: Msg, every: float) -> None:
             await msg.in_progress()
 
 
-async def keep_running(name: str, body: Callable[[], Awaitable[None]], *,
-                       stop: asyncio.Event | None = None, max_backoff: float = 10.0,
-                       on_crash: Callable[[], None] | None = None) -> None:
+async def keep_running(
+    name: str,
+    body: Callable[[], Awaitable[None]],
+    *,
+    stop: asyncio.Event | None = None,
+    max_backoff: float = 10.0,
+    on_crash: Callable[[], None] | None = None,
+) -> None:
     """Await ``body()`` until it returns or ``stop`` is set; after a crash run it again, with
     capped exponential backoff. A programming error under STACX_STRICT is raised instead."""
     backoff, restarts = 0.1, 0
@@ -302,8 +324,11 @@ async def keep_running(name: str, body: Callable[[], Awaitable[None]], *,
             raise
         except BaseException as exc:
             if strict() and is_bug(exc):
-                log.critical("%s: programming error; STACX_STRICT is set, so it is not "
-                             "restarted", name, exc_info=exc)
+                log.critical(
+                    "%s: programming error; STACX_STRICT is set, so it is not restarted",
+                    name,
+                    exc_info=exc,
+                )
                 raise
             restarts += 1
             if on_crash is not None:
@@ -324,8 +349,13 @@ class Supervisor:
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
-        await keep_running(f"actor {self.actor.name}", self._once, stop=self.stop,
-                           max_backoff=self.max_backoff, on_crash=self._crashed)
+        await keep_running(
+            f"actor {self.actor.name}",
+            self._once,
+            stop=self.stop,
+            max_backoff=self.max_backoff,
+            on_crash=self._crashed,
+        )
 
     def _crashed(self) -> None:
         self.restarts += 1

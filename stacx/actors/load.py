@@ -45,6 +45,8 @@ os.register_at_fork(before=_count_fork)
 def forks() -> int:
     """The Python-level forks of this process so far (os.fork, subprocess with preexec_fn)."""
     return _forks
+
+
 WINDOW_S = 5.0
 SATURATED_MS = 100.0
 
@@ -100,9 +102,7 @@ class ProcessLoadWatch:
                 lags.append(max(0.0, (loop.time() - t - TICK_S) * 1e3))
             await self._publish(lags, time.monotonic() - t0, _cpu_s() - cpu0, forks() - forks0)
 
-    async def _publish(
-        self, lags: list[float], wall_s: float, cpu_s: float, n_forks: int
-    ) -> None:
+    async def _publish(self, lags: list[float], wall_s: float, cpu_s: float, n_forks: int) -> None:
         if wall_s <= 0 or not lags:
             return
         lags.sort()
@@ -121,9 +121,13 @@ class ProcessLoadWatch:
         if event.lag_p99_ms > SATURATED_MS:
             log.warning(
                 "process %s (pid %d) is saturated: event-loop lag p99 %.0f ms over %.1f s "
-                "(CPU %.2f cores)", self.process, event.pid, event.lag_p99_ms, wall_s,
+                "(CPU %.2f cores)",
+                self.process,
+                event.pid,
+                event.lag_p99_ms,
+                wall_s,
                 event.cpu_share,
-            )  # fmt: skip
+            )
         try:
             await self.emit(event)
         except Exception as e:  # the bus is going away at shutdown: load is not worth a crash

@@ -21,11 +21,18 @@ from stacx.bus.client import connect, ensure_stream, stream_replicas
 from stacx.store.recorder import Recorder
 
 
-async def main_async(url: str, run_id: str, run_dir: Path, until_seq: int | None, report: bool,
-                     until_events: int | None = None) -> None:
+async def main_async(
+    url: str,
+    run_id: str,
+    run_dir: Path,
+    until_seq: int | None,
+    report: bool,
+    until_events: int | None = None,
+) -> None:
     nc = await connect(url, name=f"stacx-recorder-{run_id}")
     js = nc.jetstream(timeout=10.0)
     await ensure_stream(js, run_id, replicas=stream_replicas(nc))
+
     def on_commit(seq: int) -> None:
         if report:  # one line per commit: "<seq> <unix time>", for benchmarks
             print(seq, repr(time.time()), flush=True)

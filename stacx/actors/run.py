@@ -69,9 +69,15 @@ def new_run_id(run_dir: Path) -> str:
 
 
 class RunContext:
-    def __init__(self, run_dir: Path | str, *, recipe: str = "adhoc",
-                 config: dict[str, object] | None = None, nats_url: str | None = None,
-                 record: bool = True):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        *,
+        recipe: str = "adhoc",
+        config: dict[str, object] | None = None,
+        nats_url: str | None = None,
+        record: bool = True,
+    ):
         self.run_dir = Path(run_dir).resolve()
         self.recipe = recipe
         self.config = config or {}
@@ -109,29 +115,52 @@ class RunContext:
         self.js = self.nc.jetstream(timeout=10.0)
         await ensure_stream(self.js, self.run_id, replicas=stream_replicas(self.nc))
         self.publisher = Publisher(self.js, self.run_id)
-        db.write_run_file(self.run_dir, {
-            **meta, "run_id": self.run_id, "recipe": self.recipe, "pid": os.getpid(),
-            "host": socket.gethostname(), "status": "running", "attempts": self.attempt + 1,
-            "started": meta.get("started", time.time()), "nats_url": self.nats_url,
-        })
+        db.write_run_file(
+            self.run_dir,
+            {
+                **meta,
+                "run_id": self.run_id,
+                "recipe": self.recipe,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "status": "running",
+                "attempts": self.attempt + 1,
+                "started": meta.get("started", time.time()),
+                "nats_url": self.nats_url,
+            },
+        )
         if self.record:
             self.recorder = Recorder(self.js, self.run_id, self.run_dir)
             await asyncio.to_thread(self.recorder.open)
             self._recorder_sup = asyncio.create_task(self._supervise_recorder())
-        await self.emit(RunStarted(
-            run_id=self.run_id, recipe=self.recipe, config_json=json.dumps(self.config, default=str),
-            stacx_version=__version__, host=socket.gethostname(), attempt=self.attempt,
-        ))
+        await self.emit(
+            RunStarted(
+                run_id=self.run_id,
+                recipe=self.recipe,
+                config_json=json.dumps(self.config, default=str),
+                stacx_version=__version__,
+                host=socket.gethostname(),
+                attempt=self.attempt,
+            )
+        )
         return self
 
     async def _supervise_recorder(self) -> None:
         assert self.recorder is not None
         await supervise_recorder(self.recorder)
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        status = RunStatus.COMPLETED if et is None else (
-            RunStatus.INTERRUPTED if et in (asyncio.CancelledError, KeyboardInterrupt) else RunStatus.FAILED)
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        status = (
+            RunStatus.COMPLETED
+            if et is None
+            else (
+                RunStatus.INTERRUPTED
+                if et in (asyncio.CancelledError, KeyboardInterrupt)
+                else RunStatus.FAILED
+            )
+        )
         await self.stop_actors()
         crash = self.crashes[0] if self.crashes else None
         if crash is not None and status is RunStatus.COMPLETED:
@@ -153,8 +182,16 @@ class RunContext:
         if self.server is not None:
             await self.server.__aexit__(None, None, None)
         meta = db.read_run_file(self.run_dir)
-        db.write_run_file(self.run_dir, {**meta, "status": str(status), "pid": None,
-                                         "finished": time.time(), "problems": problems})
+        db.write_run_file(
+            self.run_dir,
+            {
+                **meta,
+                "status": str(status),
+                "pid": None,
+                "finished": time.time(),
+                "problems": problems,
+            },
+        )
         if crash is not None and et is None:
             raise crash
 
@@ -170,7 +207,9 @@ class RunContext:
                 status = RunStatus.FAILED
         message = repr(error) if error is not None else "; ".join(problems)
         try:
-            seq = await self.publish(RunFinished(run_id=self.run_id, status=status, message=message))
+            seq = await self.publish(
+                RunFinished(run_id=self.run_id, status=status, message=message)
+            )
         except Exception as exc:
             log.exception("run %s: RunFinished(%s) was not published", self.run_id, status)
             return [*problems, f"RunFinished not published: {exc!r}"]
@@ -219,8 +258,9 @@ class RunContext:
         self._recorder_sup.result()  # the recorder's crash (strict mode), if that ended it
         raise StacxError(f"the recorder stopped before committing stream sequence {seq}")
 
-    async def query(self, sql: str, params: Params = None, /, *, after: int | None = None,
-                    barrier: bool = False) -> pa.Table:
+    async def query(
+        self, sql: str, params: Params = None, /, *, after: int | None = None, barrier: bool = False
+    ) -> pa.Table:
         """SQL over the log with bound ``params``, once the recorder has committed ``after``
         (default: the newest event published through this context); ``barrier``: everything
         anyone has published so far."""
@@ -233,9 +273,15 @@ class RunContext:
         """A fresh context for one actor: its queries wait for what it published or was
         delivered, and for everything this context published before it was spawned."""
         assert self.js is not None
-        return causal_context(run_id=self.run_id, run_dir=str(self.run_dir), js=self.js,
-                              publish=self.publish, query=self.query, head=self.last_seq,
-                              start=self._published)
+        return causal_context(
+            run_id=self.run_id,
+            run_dir=str(self.run_dir),
+            js=self.js,
+            publish=self.publish,
+            query=self.query,
+            head=self.last_seq,
+            start=self._published,
+        )
 
     @property
     def crashes(self) -> list[BaseException]:

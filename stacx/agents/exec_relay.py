@@ -88,8 +88,12 @@ class ExecRelay:
                 user=None if req.get("user") is None else str(req["user"]),
                 cwd=req.get("cwd"),
             )
-            return {"stdout": done.stdout, "stderr": done.stderr, "exit_code": done.exit_code,
-                    "timed_out": done.timed_out}  # fmt: skip
+            return {
+                "stdout": done.stdout,
+                "stderr": done.stderr,
+                "exit_code": done.exit_code,
+                "timed_out": done.timed_out,
+            }
         if op == "read":
             return {"data": base64.b64encode(await sandbox.read_file(str(req["path"]))).decode()}
         if op == "write":

@@ -197,11 +197,17 @@ class InstalledAgent:
 
             async def exited(exit_code: int | None, timed_out: bool) -> str:
                 stderr = await _tail(where, f"{LOGS_DIR}/stderr.txt")
-                await emit(ScaffoldExited(
-                    run_id=run_id, event_id=derive_id(episode_id, "scaffold_exited"),
-                    episode_id=episode_id, scaffold=self.spec.name, exit_code=exit_code,
-                    timed_out=timed_out, stderr_tail=stderr,
-                ))  # fmt: skip
+                await emit(
+                    ScaffoldExited(
+                        run_id=run_id,
+                        event_id=derive_id(episode_id, "scaffold_exited"),
+                        episode_id=episode_id,
+                        scaffold=self.spec.name,
+                        exit_code=exit_code,
+                        timed_out=timed_out,
+                        stderr_tail=stderr,
+                    )
+                )
                 return stderr
 
             try:
@@ -249,8 +255,10 @@ def _crashed(scaffold: str, exit_code: int | None, stderr: str) -> InfraFailure:
     program: 127): it never tried the task, so the episode is a SCAFFOLD failure, not a 0."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = f": {lines[-1].strip()}" if lines else " (no stderr)"
-    return InfraFailure(FailureKind.SCAFFOLD,
-                        f"scaffold {scaffold} exited with code {exit_code} before its first model call{last}")  # fmt: skip
+    return InfraFailure(
+        FailureKind.SCAFFOLD,
+        f"scaffold {scaffold} exited with code {exit_code} before its first model call{last}",
+    )
 
 
 STDERR_TAIL = 4000  # characters of a scaffold's stderr kept in its ScaffoldExited event
@@ -275,7 +283,8 @@ def installed_agents(
 
     def make(task: Task, sample_index: int) -> Agent:
         timeout = task.config.agent.timeout_sec or DEFAULT_TIMEOUT_S
-        return InstalledAgent(spec=spec, gateway=gateway, config=config, timeout_s=timeout,
-                              beside=beside)  # fmt: skip
+        return InstalledAgent(
+            spec=spec, gateway=gateway, config=config, timeout_s=timeout, beside=beside
+        )
 
     return make

@@ -134,14 +134,24 @@ async def run_agent(
         if gen is None:
             stop, n_turns = StopReason.AGENT_DONE, turn
             break
-        await emit(turn_generated(gen, run_id=run_id, episode_id=episode_id, turn=turn,
-                                  prompt=prompt, previous_end=previous, actor=policy.actor))  # fmt: skip
+        await emit(
+            turn_generated(
+                gen,
+                run_id=run_id,
+                episode_id=episode_id,
+                turn=turn,
+                prompt=prompt,
+                previous_end=previous,
+                actor=policy.actor,
+            )
+        )
         previous = prompt + gen.output_ids
         log.turn = turn
         observation = await tools.step(gen, chat.decode(gen.output_ids), sandbox, log)
         if observation is None:
-            return AgentResult(stop_reason=StopReason.SUBMITTED, n_turns=turn + 1,
-                               transcript_ids=previous)  # fmt: skip
+            return AgentResult(
+                stop_reason=StopReason.SUBMITTED, n_turns=turn + 1, transcript_ids=previous
+            )
         prompt = previous + chat.close(gen.output_ids) + chat.observation(observation) + prefill
     return AgentResult(stop_reason=stop, n_turns=n_turns, transcript_ids=prompt)
 

@@ -91,8 +91,11 @@ class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def layer_commands(self) -> list[str]:
         """The task layer's shell commands (one RUN each): version checks, then packages."""
-        out = [_version_check(self, tool, want) for tool, want in
-               (("python3", self.min_python), ("node", self.min_node)) if want]  # fmt: skip
+        out = [
+            _version_check(self, tool, want)
+            for tool, want in (("python3", self.min_python), ("node", self.min_node))
+            if want
+        ]
         out += self._packages(self.apt, self.pip)
         if self.npm:
             out.append(f"npm install -g {' '.join(map(shlex.quote, self.npm))}")
@@ -108,11 +111,15 @@ class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def _packages(self, apt: list[str], pip: list[str]) -> list[str]:
         out = []
         if apt:
-            out.append("apt-get update && apt-get install -y --no-install-recommends "
-                       f"{' '.join(map(shlex.quote, apt))} && rm -rf /var/lib/apt/lists/*")  # fmt: skip
+            out.append(
+                "apt-get update && apt-get install -y --no-install-recommends "
+                f"{' '.join(map(shlex.quote, apt))} && rm -rf /var/lib/apt/lists/*"
+            )
         if pip:
-            out.append(f"python3 -m venv {self.venv} && {self.venv}/bin/pip install --no-cache-dir "
-                       f"--disable-pip-version-check {' '.join(map(shlex.quote, pip))}")  # fmt: skip
+            out.append(
+                f"python3 -m venv {self.venv} && {self.venv}/bin/pip install --no-cache-dir "
+                f"--disable-pip-version-check {' '.join(map(shlex.quote, pip))}"
+            )
         return out
 
     def run_env(self) -> dict[str, str]:
@@ -125,14 +132,17 @@ class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 def _version_check(spec: ScaffoldSpec, tool: str, want: str) -> str:
     parts = tuple(int(p) for p in want.split("."))
     need = f"scaffold {spec.name} needs {tool} >= {want} in the task image" + (
-        f" (base image {spec.base_image})" if spec.base_image else "")  # fmt: skip
+        f" (base image {spec.base_image})" if spec.base_image else ""
+    )
     if tool == "python3":
         probe = f"python3 -c 'import sys; sys.exit(sys.version_info[:{len(parts)}] < {parts!r})'"
     else:  # node: the first differing part decides
-        probe = ("node -e 'const v = process.versions.node.split(\".\").map(Number); "
-                 f"const w = [{', '.join(map(str, parts))}]; "
-                 "for (let i = 0; i < w.length; i++) if ((v[i] || 0) !== w[i]) "
-                 "process.exit((v[i] || 0) > w[i] ? 0 : 1);'")  # fmt: skip
+        probe = (
+            'node -e \'const v = process.versions.node.split(".").map(Number); '
+            f"const w = [{', '.join(map(str, parts))}]; "
+            "for (let i = 0; i < w.length; i++) if ((v[i] || 0) !== w[i]) "
+            "process.exit((v[i] || 0) > w[i] ? 0 : 1);'"
+        )
     return f"{probe} || {{ echo {shlex.quote(need + '; it has:')} $({tool} --version 2>&1) >&2; exit 1; }}"
 
 
@@ -164,13 +174,25 @@ def checked(spec: ScaffoldSpec, where: str) -> ScaffoldSpec:
     try:
         _render_check(spec)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"{key('run')}: unknown placeholder {exc}; accepted: "
-                          f"{', '.join(sorted(PLACEHOLDERS))}") from exc  # fmt: skip
+        raise ConfigError(
+            f"{key('run')}: unknown placeholder {exc}; accepted: {', '.join(sorted(PLACEHOLDERS))}"
+        ) from exc
     return spec
 
 
-PLACEHOLDERS = {"instruction_file", "model", "base_url", "api_key", "max_turns", "temperature",
-                "top_p", "max_tokens", "timeout", "logs_dir", "venv"}  # fmt: skip
+PLACEHOLDERS = {
+    "instruction_file",
+    "model",
+    "base_url",
+    "api_key",
+    "max_turns",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "timeout",
+    "logs_dir",
+    "venv",
+}
 
 
 def _render_check(spec: ScaffoldSpec) -> None:
@@ -203,5 +225,7 @@ def resolve(name_or_path: str) -> ScaffoldSpec:
         if not path.is_file():
             raise ConfigError(f"agent.scaffold = {name_or_path!r}: no such spec file")
         return load_spec(path)
-    raise ConfigError(f"agent.scaffold = {name_or_path!r}: accepted: {', '.join(specs)}, or a "
-                      "path to a scaffold spec (.toml)")  # fmt: skip
+    raise ConfigError(
+        f"agent.scaffold = {name_or_path!r}: accepted: {', '.join(specs)}, or a "
+        "path to a scaffold spec (.toml)"
+    )

@@ -40,11 +40,19 @@ def inbox(user: str) -> str:
 
 def _js(stream: str) -> list[str]:
     api = "$JS.API"
-    return [f"{api}.INFO", f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.CREATE.{stream}",
-            f"{api}.STREAM.MSG.GET.{stream}", f"{api}.CONSUMER.CREATE.{stream}",
-            f"{api}.CONSUMER.CREATE.{stream}.>", f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
-            f"{api}.CONSUMER.INFO.{stream}.>", f"{api}.CONSUMER.DELETE.{stream}.>",
-            f"{api}.CONSUMER.MSG.NEXT.{stream}.>", f"$JS.ACK.{stream}.>"]  # fmt: skip
+    return [
+        f"{api}.INFO",
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.CREATE.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"{api}.CONSUMER.INFO.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    ]
 
 
 def worker(user: str, password: str, run_id: str) -> dict[str, object]:
@@ -53,11 +61,17 @@ def worker(user: str, password: str, run_id: str) -> dict[str, object]:
         "user": user,
         "password": password,
         "permissions": {
-            "publish": {"allow": [f"stacx.{run_id}.>", *_js(stream), f"{SANDBOX}.discover",
-                                  f"{SANDBOX}.svc.*.run.{_token(run_id)}"]},
+            "publish": {
+                "allow": [
+                    f"stacx.{run_id}.>",
+                    *_js(stream),
+                    f"{SANDBOX}.discover",
+                    f"{SANDBOX}.svc.*.run.{_token(run_id)}",
+                ]
+            },
             "subscribe": {"allow": [f"{inbox(user)}.>", f"{SANDBOX}.advert"]},
         },
-    }  # fmt: skip
+    }
 
 
 def service(user: str, password: str, service_id: str) -> dict[str, object]:
@@ -66,11 +80,16 @@ def service(user: str, password: str, service_id: str) -> dict[str, object]:
         "password": password,
         "permissions": {
             "publish": {"allow": [f"{SANDBOX}.advert"]},
-            "subscribe": {"allow": [f"{SANDBOX}.svc.{_token(service_id)}.>", f"{SANDBOX}.discover",
-                                    f"{inbox(user)}.>"]},
+            "subscribe": {
+                "allow": [
+                    f"{SANDBOX}.svc.{_token(service_id)}.>",
+                    f"{SANDBOX}.discover",
+                    f"{inbox(user)}.>",
+                ]
+            },
             "allow_responses": True,
         },
-    }  # fmt: skip
+    }
 
 
 def admin(user: str, password: str) -> dict[str, object]:

@@ -55,8 +55,10 @@ def stream_replicas(nc: NATS) -> int:
     if not 1 <= n <= 5:
         raise StacxError(f"{ENV_REPLICAS}={raw!r}: accepted values are 1 to 5 (JetStream replicas)")
     if n > known:
-        raise StacxError(f"{ENV_REPLICAS}={n}: the NATS deployment shows only {known} server(s); "
-                         f"a stream cannot have more replicas than servers")
+        raise StacxError(
+            f"{ENV_REPLICAS}={n}: the NATS deployment shows only {known} server(s); "
+            f"a stream cannot have more replicas than servers"
+        )
     return n
 
 
@@ -116,8 +118,16 @@ class Publisher:
     the publish fails with ``PublishError``.
     """
 
-    def __init__(self, js: JetStreamContext, run_id: str, *, max_pending: int = 4096,
-                 ack_timeout: float = 30.0, batch_events: int = 256, batch_bytes: int = 256 * 1024):
+    def __init__(
+        self,
+        js: JetStreamContext,
+        run_id: str,
+        *,
+        max_pending: int = 4096,
+        ack_timeout: float = 30.0,
+        batch_events: int = 256,
+        batch_bytes: int = 256 * 1024,
+    ):
         self.js = js
         self.run_id = run_id
         self.ack_timeout = ack_timeout
@@ -139,10 +149,14 @@ class Publisher:
         """Publish and wait for the ack; return the stream sequence of its message."""
         fut = await self._add(event, awaited=True)
         try:
-            ack = await asyncio.wait_for(asyncio.shield(fut), self.ack_timeout + self.attempt_timeout)
+            ack = await asyncio.wait_for(
+                asyncio.shield(fut), self.ack_timeout + self.attempt_timeout
+            )
         except Exception as exc:  # any transport/timeout/JetStream error: the caller must see it
-            raise PublishError(f"publish of {event.kind} {event.event_id} to "
-                               f"{subject(self.run_id, event.kind)} not acknowledged: {exc!r}") from exc
+            raise PublishError(
+                f"publish of {event.kind} {event.event_id} to "
+                f"{subject(self.run_id, event.kind)} not acknowledged: {exc!r}"
+            ) from exc
         return int(ack.seq)
 
     async def submit(self, event: Event) -> asyncio.Future[PubAck]:
@@ -163,7 +177,9 @@ class Publisher:
             await self._send(batch)
             batch = None
         if batch is None:
-            batch = self._open[event.kind] = _Batch(event.kind, asyncio.get_running_loop().create_future())
+            batch = self._open[event.kind] = _Batch(
+                event.kind, asyncio.get_running_loop().create_future()
+            )
         batch.events.append(event)
         batch.payloads.append(payload)
         batch.size += len(payload)
@@ -187,7 +203,9 @@ class Publisher:
             b.payload, b.msg_id = b.payloads[0], b.events[0].event_id
         else:
             b.payload = encode_batch(b.payloads)
-            digest = hashlib.blake2b("\n".join(e.event_id for e in b.events).encode(), digest_size=16)
+            digest = hashlib.blake2b(
+                "\n".join(e.event_id for e in b.events).encode(), digest_size=16
+            )
             b.msg_id = f"batch-{digest.hexdigest()}"
         b.first_try = time.monotonic()
         self._pending.add(b.future)
@@ -199,8 +217,9 @@ class Publisher:
         server de-duplicates it) until ``ack_timeout`` has passed since the first."""
         b.attempts += 1
         try:
-            fut = await self.js.publish_async(subject(self.run_id, b.kind), b.payload,
-                                              headers={"Nats-Msg-Id": b.msg_id})
+            fut = await self.js.publish_async(
+                subject(self.run_id, b.kind), b.payload, headers={"Nats-Msg-Id": b.msg_id}
+            )
         except asyncio.CancelledError:
             self._failed(b, PublishError(f"publish of {len(b.events)} {b.kind} cancelled"))
             raise
@@ -214,9 +233,13 @@ class Publisher:
     def _retry_or_fail(self, b: _Batch, exc: BaseException) -> None:
         waited = time.monotonic() - b.first_try
         if waited + self.retry_wait(b.attempts) >= self.ack_timeout:
-            self._failed(b, PublishError(
-                f"publish of {len(b.events)} {b.kind} not acknowledged after {b.attempts} "
-                f"tries in {waited:.1f}s: {exc!r}"))
+            self._failed(
+                b,
+                PublishError(
+                    f"publish of {len(b.events)} {b.kind} not acknowledged after {b.attempts} "
+                    f"tries in {waited:.1f}s: {exc!r}"
+                ),
+            )
             return
         self.retries += 1
         task = asyncio.get_running_loop().create_task(self._again(b))
@@ -225,7 +248,7 @@ class Publisher:
 
     @staticmethod
     def retry_wait(attempts: int) -> float:
-        return min(0.05 * 2 ** attempts, 1.0)
+        return min(0.05 * 2**attempts, 1.0)
 
     async def _again(self, b: _Batch) -> None:
         await asyncio.sleep(self.retry_wait(b.attempts))

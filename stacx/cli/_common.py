@@ -55,7 +55,9 @@ def require_free_port(host: str, port: int) -> None:
             raise StacxError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
 
-def render(columns: Sequence[str], rows: Sequence[Sequence[object]], fmt: str, title: str | None = None) -> str:
+def render(
+    columns: Sequence[str], rows: Sequence[Sequence[object]], fmt: str, title: str | None = None
+) -> str:
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")

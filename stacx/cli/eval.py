@@ -39,8 +39,9 @@ def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
     name, _, spec = value.partition(":")
     if name == "installed" and spec.endswith(".toml"):
         return f"installed:{Path(spec).expanduser().resolve()}"
-    raise click.BadParameter(f"{value!r}: accepted: {', '.join(AGENTS)}, or "
-                             "installed:PATH.toml (a scaffold spec file)")  # fmt: skip
+    raise click.BadParameter(
+        f"{value!r}: accepted: {', '.join(AGENTS)}, or installed:PATH.toml (a scaffold spec file)"
+    )
 
 
 def resolve_tasks(spec: str) -> Path:
@@ -97,12 +98,27 @@ def resolve_tasks(spec: str) -> Path:
     show_default=True,
     help="Episodes at once.",
 )
-@click.option("--max-turns", type=click.IntRange(min=1), default=6, show_default=True,
-              help="Model turns per episode (the agent loop's, or an installed scaffold's {max_turns}).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Tokens the model may write per turn.")
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.7, show_default=True,
-              help="Sampling temperature of the model (0: greedy).")
+@click.option(
+    "--max-turns",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="Model turns per episode (the agent loop's, or an installed scaffold's {max_turns}).",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Tokens the model may write per turn.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.7,
+    show_default=True,
+    help="Sampling temperature of the model (0: greedy).",
+)
 @click.option(
     "--format",
     "action_format",
@@ -131,8 +147,13 @@ def resolve_tasks(spec: str) -> Path:
     default=None,
     help="Default: runs/eval-<UTC timestamp>.",
 )
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Sampling seed of the agent's model calls (not used by installed scaffolds).")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sampling seed of the agent's model calls (not used by installed scaffolds).",
+)
 @click.option(
     "--sandbox",
     "backend",
@@ -194,7 +215,9 @@ def cli(
     if overrides:
         from stacx.launch.loader import apply_overrides, convert, to_dict
 
-        recipe = convert(apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set")
+        recipe = convert(
+            apply_overrides(to_dict(recipe), list(overrides)), source="stacx eval --set"
+        )
     run_dir = run_dir or Path("runs") / f"eval-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
@@ -220,9 +243,12 @@ def _report(result: EvalResult, run_dir: Path, wall: float) -> None:
     crashed = next((rows for title, (_, _, rows) in result.tables if title == SCAFFOLD_TITLE), [])
     if crashed:
         n = sum(int(r[2]) for r in crashed)  # type: ignore[call-overload]
-        click.echo(f"the scaffold exited before its first model call in {n} episode(s) (table above; "
-                   f"its stderr: stacx view {run_dir}, or stacx sql {run_dir} "
-                   '"select * from scaffold_failures")', err=True)  # fmt: skip
+        click.echo(
+            f"the scaffold exited before its first model call in {n} episode(s) (table above; "
+            f"its stderr: stacx view {run_dir}, or stacx sql {run_dir} "
+            '"select * from scaffold_failures")',
+            err=True,
+        )
     if result.unscored:
         click.echo(f"{result.unscored} sample(s) ended with infrastructure failures only", err=True)
         raise SystemExit(1)

@@ -16,7 +16,9 @@ from stacx.store import db
 from stacx.store.schema import TABLES
 
 
-def _rows(run_dir: Path, kinds: list[str], after: int, limit: int | None) -> list[dict[str, object]]:
+def _rows(
+    run_dir: Path, kinds: list[str], after: int, limit: int | None
+) -> list[dict[str, object]]:
     con = db.connect_run(run_dir)
     try:
         out: list[dict[str, object]] = []
@@ -42,8 +44,11 @@ async def _follow_live(url: str, run_id: str, kinds: list[str]) -> None:
     from stacx.wire import decode_many
 
     nc = await connect(url, name="stacx-events")
-    subs = [f"stacx.{run_id}.{k}" for k in kinds] if len(kinds) < len(KINDS) else [f"stacx.{run_id}.>"]
+    subs = (
+        [f"stacx.{run_id}.{k}" for k in kinds] if len(kinds) < len(KINDS) else [f"stacx.{run_id}.>"]
+    )
     queue: asyncio.Queue[bytes] = asyncio.Queue()
+
     async def on_msg(m: Msg) -> None:
         queue.put_nowait(m.data)
 
@@ -65,7 +70,9 @@ def cli(run_dir: Path, kinds: tuple[str, ...], follow: bool, limit: int | None) 
     db.require_run(run_dir)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
-        raise StacxError(f"unknown kind(s) {', '.join(unknown)}; accepted: {', '.join(sorted(KINDS))}")
+        raise StacxError(
+            f"unknown kind(s) {', '.join(unknown)}; accepted: {', '.join(sorted(KINDS))}"
+        )
     chosen = list(kinds) or sorted(KINDS)
     seen = 0
     for row in _rows(run_dir, chosen, 0, limit):

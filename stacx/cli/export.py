@@ -38,7 +38,10 @@ def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:
 
         tok = AutoTokenizer.from_pretrained(resolve_model(spec or "default"))
     except Exception as exc:  # messages are a convenience; token ids are the contract
-        click.echo(f"stacx: note: no tokenizer for {spec or 'default'} ({exc}); messages left empty", err=True)
+        click.echo(
+            f"stacx: note: no tokenizer for {spec or 'default'} ({exc}); messages left empty",
+            err=True,
+        )
         return None
     return lambda ids: str(tok.decode(ids, skip_special_tokens=False))
 
@@ -60,8 +63,13 @@ def cli() -> None:
 
 @cli.command("harbor")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The job directory to write.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The job directory to write.",
+)
 @click.option("--tokenizer", default=None, help="Model dir for decoding messages; 'none' to skip.")
 @friendly_errors
 def harbor(run_dir: Path, output: Path, tokenizer: str | None) -> None:
@@ -75,13 +83,24 @@ def harbor(run_dir: Path, output: Path, tokenizer: str | None) -> None:
 
 @cli.command("episodes")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--where", default=None, help="SQL predicate over the episodes view, e.g. \"reward > 0\".")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Output file (default: RUN_DIR/export/episodes.<format>).")
+@click.option(
+    "--where", default=None, help='SQL predicate over the episodes view, e.g. "reward > 0".'
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Output file (default: RUN_DIR/export/episodes.<format>).",
+)
 @click.option("--tokenizer", default=None, help="Model dir for decoding messages; 'none' to skip.")
 @friendly_errors
-def episodes(run_dir: Path, where: str | None, fmt: str, output: Path | None, tokenizer: str | None) -> None:
+def episodes(
+    run_dir: Path, where: str | None, fmt: str, output: Path | None, tokenizer: str | None
+) -> None:
     """Export RUN_DIR's episodes (chat messages + token ids, loss masks, rewards)."""
     db.require_run(run_dir)
     records = read_records(run_dir, where)

@@ -56,5 +56,7 @@ def ls(aliases_file: str | None) -> None:
     table = [(p, t, "yours") for p, t in amap.user.items()]
     table += [(p, t, "default") for p, t in amap.defaults.items()]
     click.echo(render(["FROM pattern", "base", "from"], table, "table"))
-    click.echo("The most specific matching pattern wins (yours before the defaults); a base "
-               "is built the first time a task needs it.")  # fmt: skip
+    click.echo(
+        "The most specific matching pattern wins (yours before the defaults); a base "
+        "is built the first time a task needs it."
+    )

@@ -24,10 +24,19 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("job_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--into", "run_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The STACX run directory to record into (created).")
-@click.option("--tokenizer", default="default", show_default=True,
-              help="Model whose chat template re-tokenizes text-only trajectories.")
+@click.option(
+    "--into",
+    "run_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The STACX run directory to record into (created).",
+)
+@click.option(
+    "--tokenizer",
+    default="default",
+    show_default=True,
+    help="Model whose chat template re-tokenizes text-only trajectories.",
+)
 @friendly_errors
 def harbor(job_dirs: tuple[Path, ...], run_dir: Path, tokenizer: str) -> None:
     """Turn Harbor job dirs (or trial dirs) into a STACX run's log."""
@@ -45,8 +54,10 @@ def harbor(job_dirs: tuple[Path, ...], run_dir: Path, tokenizer: str) -> None:
 
     async def record() -> tuple[str, int]:
         config: dict[str, object] = {
-            "import": "harbor", "job_dirs": [str(p) for p in job_dirs], "model": {"path": tokenizer}
-        }  # fmt: skip
+            "import": "harbor",
+            "job_dirs": [str(p) for p in job_dirs],
+            "model": {"path": tokenizer},
+        }
         async with RunContext(run_dir, recipe="harbor-import", config=config) as run:
             assert run.publisher is not None
             n = 0

@@ -46,12 +46,16 @@ def path(spec: str) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="New directory.")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), required=True, help="New directory."
+)
 @click.option("--version", type=int, default=None, help="Weight version (default: the latest).")
 @click.option("--base", default=None, help="Base model (default: the run's recipe model.path).")
 @click.option("--merged", is_flag=True, help="LoRA runs: the base with the adapter merged in.")
 @friendly_errors
-def export(run_dir: Path, output: Path, version: int | None, base: str | None, merged: bool) -> None:
+def export(
+    run_dir: Path, output: Path, version: int | None, base: str | None, merged: bool
+) -> None:
     """Write a run's checkpoint as a standalone HF model directory.
 
     Partial checkpoints (trainer.trainable) are laid over the base model, so the output loads

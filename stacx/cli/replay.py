@@ -24,18 +24,45 @@ from stacx.errors import StacxError
 
 
 @click.command()
-@click.option("--from", "sources", multiple=True, required=True, type=click.Path(exists=True, path_type=Path),
-              help="A run dir or an export file (.jsonl/.parquet); repeatable.")
-@click.option("--where", default=None, help='SQL predicate over the episodes view, e.g. "reward > 0".')
-@click.option("--into", "recipe_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The recipe to train with.")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The new run's directory (default: runs/<recipe name>-replay); rerun to resume.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a recipe key, e.g. --set trainer.lr=1e-5 (repeatable).")
+@click.option(
+    "--from",
+    "sources",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="A run dir or an export file (.jsonl/.parquet); repeatable.",
+)
+@click.option(
+    "--where", default=None, help='SQL predicate over the episodes view, e.g. "reward > 0".'
+)
+@click.option(
+    "--into",
+    "recipe_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The recipe to train with.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The new run's directory (default: runs/<recipe name>-replay); rerun to resume.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a recipe key, e.g. --set trainer.lr=1e-5 (repeatable).",
+)
 @friendly_errors
-def cli(sources: tuple[Path, ...], where: str | None, recipe_file: Path, run_dir: Path | None,
-        overrides: tuple[str, ...]) -> None:
+def cli(
+    sources: tuple[Path, ...],
+    where: str | None,
+    recipe_file: Path,
+    run_dir: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
     """Feed past rollouts (SRC episodes matching --where) into a new training run."""
     from stacx.actors.run import RunContext
     from stacx.launch.launcher import launch
@@ -48,9 +75,13 @@ def cli(sources: tuple[Path, ...], where: str | None, recipe_file: Path, run_dir
     recipe = load_recipe(recipe_file, list(overrides))
     records = read_sources(list(sources), where)
     if not records:
-        raise StacxError(f"no episodes in {', '.join(map(str, sources))} match {where or 'anything'}")
+        raise StacxError(
+            f"no episodes in {', '.join(map(str, sources))} match {where or 'anything'}"
+        )
     run_dir = run_dir or Path("runs") / f"{recipe.name}-replay"
-    click.echo(f"replaying {len(records)} episodes from {len(sources)} source(s) into {run_dir}", err=True)
+    click.echo(
+        f"replaying {len(records)} episodes from {len(sources)} source(s) into {run_dir}", err=True
+    )
 
     async def import_events(run: RunContext) -> None:
         n = 0
@@ -67,8 +98,10 @@ def cli(sources: tuple[Path, ...], where: str | None, recipe_file: Path, run_dir
             launch(recipe, run_dir, prepare=import_events, echo=lambda s: click.echo(s, err=True))
         )
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",
-                   err=True)
+        click.echo(
+            f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",
+            err=True,
+        )
         sys.exit(130)
     click.echo(f"done in {time.perf_counter() - t0:.0f} s: run {outcome.run_id}")
     click.echo(f"run dir: {outcome.run_dir}")

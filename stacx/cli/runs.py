@@ -44,7 +44,17 @@ def cli(root: Path, fmt: str) -> None:
         except (duckdb.Error, StacxError) as exc:
             counts = (f"unreadable: {exc}",)
         rows.append((str(run), meta.get("run_id", "?"), meta.get("recipe", "?"), status, *counts))
-    cols = ["run_dir", "run_id", "recipe", "status", "episodes", "scored", "mean_reward",
-            "infra_failures", "weight_version", "events"]
+    cols = [
+        "run_dir",
+        "run_id",
+        "recipe",
+        "status",
+        "episodes",
+        "scored",
+        "mean_reward",
+        "infra_failures",
+        "weight_version",
+        "events",
+    ]
     rows = [tuple(r) + (None,) * (len(cols) - len(r)) for r in rows]
     click.echo(render(cols, rows, fmt))

@@ -192,7 +192,9 @@ def serve(
 @friendly_errors
 def hosts(url: str | None, wait: float, fmt: str) -> None:
     """Every live sandbox service: slots used/free, cpus, memory, images, age."""
-    adverts = run_interruptible(_with_nats(str(_url(url, required=True)), lambda nc: _hosts(nc, wait)))
+    adverts = run_interruptible(
+        _with_nats(str(_url(url, required=True)), lambda nc: _hosts(nc, wait))
+    )
     now = time.time()
     rows = [
         (
@@ -286,7 +288,9 @@ def stop(sandbox_id: str, run_id: str, url: str | None) -> None:
     if not sandbox_id and not run_id:
         raise ConfigError("stop: name a SANDBOX_ID (a prefix) or --run-id")
     make = AdminStop(run_id="", token=admin_token(), sandbox_id=sandbox_id, of_run=run_id)
-    rows = run_interruptible(_with_nats(str(_url(url, required=True)), lambda nc: _each(nc, 1.0, make)))
+    rows = run_interruptible(
+        _with_nats(str(_url(url, required=True)), lambda nc: _each(nc, 1.0, make))
+    )
     click.echo(f"stopped {len(rows)} sandbox(es)")
     if rows:
         click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))

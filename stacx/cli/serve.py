@@ -38,8 +38,16 @@ from stacx.errors import StacxError
     "--model value and the checkpoint's path and directory name are always served.",
 )
 @friendly_errors
-def cli(model: str, host: str, port: int, device: str, max_batch: int | None, max_len: int,
-        threads: int | None, aliases: tuple[str, ...]) -> None:  # fmt: skip
+def cli(
+    model: str,
+    host: str,
+    port: int,
+    device: str,
+    max_batch: int | None,
+    max_len: int,
+    threads: int | None,
+    aliases: tuple[str, ...],
+) -> None:
     """Serve a model over HTTP: SGLang's native POST /generate, /update_weights_from_disk,
     /flush_cache, GET /health, /get_model_info; the OpenAI API (/v1/models[/{id}],
     /v1/completions, /v1/chat/completions: tools, tool_choice, response_format, streaming) and

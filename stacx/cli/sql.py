@@ -14,8 +14,13 @@ from stacx.store import db
 
 @click.command()
 @click.argument("args", nargs=-1, required=True, metavar="RUN_DIR... QUERY")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-              show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
 @friendly_errors
 def cli(args: tuple[str, ...], fmt: str) -> None:
     """Run QUERY over RUN_DIR(s): `stacx sql RUN_DIR [RUN_DIR...] "SELECT ..."`.

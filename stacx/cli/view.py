@@ -10,10 +10,21 @@ from stacx.cli._common import PORT, friendly_errors, require_free_port, run_inte
 
 
 @click.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
 @click.option("--port", type=PORT, default=0, help="Port on 127.0.0.1 (default: a free one).")
-@click.option("--sql-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              metavar="SECONDS", help="A query typed in the SQL box is interrupted after this long.")  # fmt: skip
+@click.option(
+    "--sql-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A query typed in the SQL box is interrupted after this long.",
+)
 @friendly_errors
 def cli(run_dirs: tuple[Path, ...], port: int, sql_timeout: float) -> None:
     """Serve RUN_DIR(s) on 127.0.0.1: runs, episodes (decoded, token by token), lineage, drift
@@ -24,7 +35,12 @@ def cli(run_dirs: tuple[Path, ...], port: int, sql_timeout: float) -> None:
     require_free_port("127.0.0.1", port)
     source = Source(list(run_dirs), sql_timeout_s=sql_timeout)
     try:
-        run_interruptible(serve(source, port or free_port(),
-                                ready=lambda url: click.echo(f"stacx view: {url}  (Ctrl-C stops)")))  # fmt: skip
+        run_interruptible(
+            serve(
+                source,
+                port or free_port(),
+                ready=lambda url: click.echo(f"stacx view: {url}  (Ctrl-C stops)"),
+            )
+        )
     except KeyboardInterrupt:
         pass

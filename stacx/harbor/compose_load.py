@@ -46,8 +46,19 @@ FILES = ("docker-compose.yaml", "docker-compose.yml")
 # compose-spec/compose-spec, schema/compose-spec.json at commit
 # a08f8d51631b7127ddac3d2c65537db429d0f1d0 (2025-10-28), vendored unmodified.
 SCHEMA_FILE = Path(__file__).with_name("compose_spec.json")
-_KEYS = {"image", "build", "environment", "command", "entrypoint", "healthcheck", "depends_on",
-         "working_dir", "user", "container_name", "volumes"}  # fmt: skip
+_KEYS = {
+    "image",
+    "build",
+    "environment",
+    "command",
+    "entrypoint",
+    "healthcheck",
+    "depends_on",
+    "working_dir",
+    "user",
+    "container_name",
+    "volumes",
+}
 _MAIN_KEYS = {"build", "environment", "depends_on", "image", "container_name", "volumes"}
 _TOP_KEYS = {"services", "version", "name", "volumes"}
 _MOUNT_KEYS = {"type", "source", "target", "read_only"}
@@ -149,8 +160,10 @@ def _lookup(name: str, env: Mapping[str, str], where: str, notes: list[str]) -> 
 def _braced(inner: str, env: Mapping[str, str], where: str, notes: list[str]) -> str:
     m = _BRACED.match(inner)
     if m is None:
-        raise TaskError(f"{where}: invalid interpolation format ${{{inner}}}: a variable "
-                        "name, optionally followed by :-, -, :?, ?, :+ or + and a word")  # fmt: skip
+        raise TaskError(
+            f"{where}: invalid interpolation format ${{{inner}}}: a variable "
+            "name, optionally followed by :-, -, :?, ?, :+ or + and a word"
+        )
     name, op, arg = m.group(1), m.group(2), m.group(3) or ""
     is_set = name in env
     filled = is_set and env[name] != ""
@@ -161,8 +174,10 @@ def _braced(inner: str, env: Mapping[str, str], where: str, notes: list[str]) ->
         return env[name] if present else interpolate(arg, env, where, notes)
     if op in (":?", "?"):
         if not present:
-            raise TaskError(f"{where}: required variable {name} is missing a value"
-                            + (f": {arg}" if arg else ""))  # fmt: skip
+            raise TaskError(
+                f"{where}: required variable {name} is missing a value"
+                + (f": {arg}" if arg else "")
+            )
         return env[name]
     return interpolate(arg, env, where, notes) if present else ""  # :+ and +
 
@@ -201,8 +216,11 @@ def validate(data: object, name: str) -> None:
         # jsonschema names the extension pattern (^x-) only; say which keys were meant
         extra = sorted(set(error.instance) - set(known))
         close = [m for k in extra for m in difflib.get_close_matches(str(k), known, n=1)]
-        message = (f"unknown key(s) {extra}" + (f" (did you mean {close}?)" if close else "")
-                   + f"; accepted: {', '.join(sorted(known))} and x-* extensions")  # fmt: skip
+        message = (
+            f"unknown key(s) {extra}"
+            + (f" (did you mean {close}?)" if close else "")
+            + f"; accepted: {', '.join(sorted(known))} and x-* extensions"
+        )
     elif error.validator in ("oneOf", "anyOf") and isinstance(error.validator_value, list):
         message = f"{error.instance!r} is not valid; expected {_expected(error.validator_value)}"
     raise TaskError(f"{name}: {path}: {message} (Compose specification)")
@@ -258,13 +276,17 @@ def healthcheck(raw: object, where: str) -> dict[str, JSONValue] | None:
         return {"Test": ["NONE"]}
     test = raw.get("test")
     if test is None:  # only timings: the image's test with these timings is not supported
-        raise TaskError(f"{where}.healthcheck.test: required (STACX does not merge the "
-                        "image's HEALTHCHECK with compose timings)")  # fmt: skip
+        raise TaskError(
+            f"{where}.healthcheck.test: required (STACX does not merge the "
+            "image's HEALTHCHECK with compose timings)"
+        )
     if isinstance(test, str):
         test = ["CMD-SHELL", test]
     if not test or test[0] not in ("CMD", "CMD-SHELL", "NONE"):
-        raise TaskError(f"{where}.healthcheck.test: a list must start with CMD, CMD-SHELL or "
-                        f"NONE (got {test!r})")  # fmt: skip
+        raise TaskError(
+            f"{where}.healthcheck.test: a list must start with CMD, CMD-SHELL or "
+            f"NONE (got {test!r})"
+        )
     if test[0] == "NONE":
         return {"Test": ["NONE"]}
     at = f"{where}.healthcheck"
@@ -307,8 +329,10 @@ def depends_on(raw: object, where: str, names: set[str], notes: list[str]) -> di
         spec = spec or {}
         condition = str(spec.get("condition", "service_started"))
         if condition not in CONDITIONS:
-            raise TaskError(f"{where}.depends_on.{dep}.condition = {condition!r}; accepted: "
-                            f"{', '.join(CONDITIONS)}")  # fmt: skip
+            raise TaskError(
+                f"{where}.depends_on.{dep}.condition = {condition!r}; accepted: "
+                f"{', '.join(CONDITIONS)}"
+            )
         if dep not in names:
             if not _truthy(spec.get("required", True)):
                 notes.append(f"{where}.depends_on.{dep}: optional service absent, skipped")
@@ -335,17 +359,23 @@ def build_spec(raw: object, where: str, env_dir: Path, env: Mapping[str, str]) -
     spec: dict[str, object] = {"context": raw} if isinstance(raw, str) else dict(raw)  # type: ignore[call-overload]
     context = (env_dir / str(spec.get("context", "."))).resolve()
     if not context.is_dir():
-        raise TaskError(f"{where}.build.context = {str(spec.get('context'))!r}: no such "
-                        f"directory ({context})")  # fmt: skip
+        raise TaskError(
+            f"{where}.build.context = {str(spec.get('context'))!r}: no such directory ({context})"
+        )
     dockerfile = str(spec.get("dockerfile") or "Dockerfile")
     path = (context / dockerfile).resolve()
     if not path.is_file() or not path.is_relative_to(context):
-        raise TaskError(f"{where}.build.dockerfile = {dockerfile!r}: no such file in the build "
-                        f"context {context}")  # fmt: skip
+        raise TaskError(
+            f"{where}.build.dockerfile = {dockerfile!r}: no such file in the build "
+            f"context {context}"
+        )
     target = spec.get("target")
-    return BuildSpec(build_dir=str(context), dockerfile=path.relative_to(context).as_posix(),
-                     build_args=environment(spec.get("args"), env),
-                     build_target=None if target is None else str(target))  # fmt: skip
+    return BuildSpec(
+        build_dir=str(context),
+        dockerfile=path.relative_to(context).as_posix(),
+        build_args=environment(spec.get("args"), env),
+        build_target=None if target is None else str(target),
+    )
 
 
 def read_file(path: Path) -> tuple[dict[str, object], dict[str, str], list[str]]:
@@ -362,8 +392,11 @@ def read_file(path: Path) -> tuple[dict[str, object], dict[str, str], list[str]]
     assert isinstance(data, dict)  # the schema's top level is an object
     if not isinstance(data.get("services"), dict):
         raise TaskError(f"{path}: no `services:` table")
-    notes += [f"{path.name}: top-level {k!r} ignored" for k in data
-              if k not in _TOP_KEYS and not str(k).startswith("x-")]  # fmt: skip
+    notes += [
+        f"{path.name}: top-level {k!r} ignored"
+        for k in data
+        if k not in _TOP_KEYS and not str(k).startswith("x-")
+    ]
     return data, env, notes
 
 
@@ -377,8 +410,10 @@ def _mounts(raw: object, where: str, env_dir: Path, declared: dict[str, object])
         if isinstance(entry, str):
             parts = entry.split(":")
             if len(parts) < 2 or len(parts) > 3:
-                raise TaskError(f"{at} = {entry!r}: SOURCE:TARGET[:ro|rw] is required "
-                                "(anonymous volumes are not supported)")  # fmt: skip
+                raise TaskError(
+                    f"{at} = {entry!r}: SOURCE:TARGET[:ro|rw] is required "
+                    "(anonymous volumes are not supported)"
+                )
             source, target, mode = parts[0], parts[1], parts[2] if len(parts) == 3 else "rw"
             if mode not in ("ro", "rw"):
                 raise TaskError(f"{at} = {entry!r}: mode {mode!r}; accepted: ro, rw")
@@ -387,8 +422,10 @@ def _mounts(raw: object, where: str, env_dir: Path, declared: dict[str, object])
         elif isinstance(entry, dict):
             extra = sorted(set(entry) - _MOUNT_KEYS)
             if extra:
-                raise TaskError(f"{at}.{extra[0]}: not supported; accepted keys: "
-                                f"{', '.join(sorted(_MOUNT_KEYS))}")  # fmt: skip
+                raise TaskError(
+                    f"{at}.{extra[0]}: not supported; accepted keys: "
+                    f"{', '.join(sorted(_MOUNT_KEYS))}"
+                )
             kind = str(entry.get("type", "volume"))
             if kind not in ("volume", "bind"):
                 raise TaskError(f"{at}.type = {kind!r}; accepted: bind, volume")
@@ -400,14 +437,17 @@ def _mounts(raw: object, where: str, env_dir: Path, declared: dict[str, object])
             raise TaskError(f"{at}: target {target!r} is not an absolute container path")
         if kind == "volume":
             if source not in declared:
-                raise TaskError(f"{at}: volume {source!r} is not declared under the top-level "
-                                "`volumes:`")  # fmt: skip
+                raise TaskError(
+                    f"{at}: volume {source!r} is not declared under the top-level `volumes:`"
+                )
             out.append(Mount(source=source, target=target, read_only=read_only, volume=True))
             continue
         host = (env_dir / source).resolve()
         if source.startswith("~") or not host.is_relative_to(env_dir.resolve()):
-            raise TaskError(f"{at}: host path {source!r} is outside the task's environment dir "
-                            f"({env_dir}): refused")  # fmt: skip
+            raise TaskError(
+                f"{at}: host path {source!r} is outside the task's environment dir "
+                f"({env_dir}): refused"
+            )
         if not host.exists():
             raise TaskError(f"{at}: host path {source!r} does not exist under {env_dir}")
         out.append(Mount(source=str(host), target=target, read_only=read_only))
@@ -423,8 +463,10 @@ def _declared_volumes(raw: object, name: str) -> dict[str, object]:
     for volume, options in raw.items():
         if options:
             key = next(iter(options)) if isinstance(options, dict) else ""
-            raise TaskError(f"{name}: volumes.{volume}.{key}: volume options are not "
-                            "supported (a volume is created empty for each episode)")  # fmt: skip
+            raise TaskError(
+                f"{name}: volumes.{volume}.{key}: volume options are not "
+                "supported (a volume is created empty for each episode)"
+            )
     return dict(raw)
 
 
@@ -439,7 +481,8 @@ def load_compose(path: Path) -> tuple[dict[str, Service], list[str]]:
     data, env, notes = read_file(path)
     declared = _declared_volumes(data.get("volumes"), path.name)
     services_raw: dict[str, dict[str, object]] = {
-        str(k): v or {} for k, v in data["services"].items()  # type: ignore[attr-defined]
+        str(k): v or {}
+        for k, v in data["services"].items()  # type: ignore[attr-defined]
     }
     services: dict[str, Service] = {}
     for name, spec in services_raw.items():
@@ -450,16 +493,20 @@ def load_compose(path: Path) -> tuple[dict[str, Service], list[str]]:
         if name != MAIN and build is None and not spec.get("image"):
             raise TaskError(f"{where}: neither image nor build")
         services[name] = Service(
-            name=name, image=None if spec.get("image") is None else str(spec["image"]),
-            **(msgspec.structs.asdict(build) if build else {}), environment=environment(spec.get("environment"), env),
-            command=argv(spec.get("command")), entrypoint=argv(spec.get("entrypoint")),
+            name=name,
+            image=None if spec.get("image") is None else str(spec["image"]),
+            **(msgspec.structs.asdict(build) if build else {}),
+            environment=environment(spec.get("environment"), env),
+            command=argv(spec.get("command")),
+            entrypoint=argv(spec.get("entrypoint")),
             healthcheck=healthcheck(spec.get("healthcheck"), where),
             depends_on=depends_on(spec.get("depends_on"), where, set(services_raw), notes),
             working_dir=None if spec.get("working_dir") is None else str(spec["working_dir"]),
             user=None if spec.get("user") is None else str(spec.get("user")),
             mounts=_mounts(spec["volumes"], where, path.parent, declared)
-            if "volumes" in spec else [],
-        )  # fmt: skip
+            if "volumes" in spec
+            else [],
+        )
     if MAIN not in services:
         services[MAIN] = Service(name=MAIN)
     return services, notes

@@ -42,6 +42,7 @@ from stacx.events import (
 
 ATIF_READS = ("ATIF-v1.4", "ATIF-v1.5", "ATIF-v1.6", "ATIF-v1.7")
 
+
 def _ts(iso: object, default: float) -> float:
     if not isinstance(iso, str):
         return default
@@ -54,8 +55,9 @@ def _ts(iso: object, default: float) -> float:
 class ChatTemplate(Protocol):
     """What re-tokenizing a text trajectory needs from a tokenizer (transformers' has it)."""
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object:
-        ...
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], **kwargs: object
+    ) -> object: ...
 
 
 _FAILURES = {
@@ -97,7 +99,9 @@ class _Steps:
     """An ATIF step list as an episode's turn and tool events (one trial's, or one embedded
     sub-agent's: each list is its own conversation, so its own chain of prompts)."""
 
-    def __init__(self, run_id: str, episode: str, path: Path, tokenizer: ChatTemplate | None) -> None:
+    def __init__(
+        self, run_id: str, episode: str, path: Path, tokenizer: ChatTemplate | None
+    ) -> None:
         self.run_id, self.episode, self.path, self.tokenizer = run_id, episode, path, tokenizer
 
     def eid(self, *parts: object) -> str:
@@ -113,25 +117,39 @@ class _Steps:
             ts = _ts(step.get("timestamp"), ts)
             text = _text(step.get("message"))
             if step.get("source") != "agent":
-                messages.append({"role": "system" if step.get("source") == "system" else "user",
-                                 "content": text})  # fmt: skip
+                messages.append(
+                    {
+                        "role": "system" if step.get("source") == "system" else "user",
+                        "content": text,
+                    }
+                )
                 continue
             whole, out_ids, logprobs = self._ids(step, messages, text)
             prefix_len, new_ids = prompt_split(whole, seen)
             seen = whole + out_ids
             extra = (step.get("extra") or {}).get("stacx") or {}
             yield TurnGenerated(
-                run_id=self.run_id, event_id=self.eid("turn", turn), ts=ts, episode_id=self.episode,
-                turn=turn, prompt_ids=new_ids, prefix_len=prefix_len, output_ids=out_ids,
-                logprobs=logprobs, weight_version=extra.get("weight_version"),
+                run_id=self.run_id,
+                event_id=self.eid("turn", turn),
+                ts=ts,
+                episode_id=self.episode,
+                turn=turn,
+                prompt_ids=new_ids,
+                prefix_len=prefix_len,
+                output_ids=out_ids,
+                logprobs=logprobs,
+                weight_version=extra.get("weight_version"),
                 finish_reason=str(extra.get("finish_reason") or "stop"),
                 actor=TurnActor(extra.get("actor") or TurnActor.STUDENT),
-                engine=f"harbor:{step.get('model_name') or ''}", retokenized=not _has_ids(step),
+                engine=f"harbor:{step.get('model_name') or ''}",
+                retokenized=not _has_ids(step),
                 segment=segment,
-            )  # fmt: skip
+            )
             messages.append({"role": "assistant", "content": text})
-            results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get(
-                "results", [])}  # fmt: skip
+            results = {
+                r.get("source_call_id"): r
+                for r in (step.get("observation") or {}).get("results", [])
+            }
             for i, call in enumerate(step.get("tool_calls") or []):
                 yield from self._tool(turn, i, call, results, ts)
             for r in results.values():
@@ -139,40 +157,65 @@ class _Steps:
             turn += 1
         return turn, ts
 
-    def _ids(self, step: _Doc, messages: list[dict[str, str]], text: str) -> tuple[list[int], list[int], list[float] | None]:
+    def _ids(
+        self, step: _Doc, messages: list[dict[str, str]], text: str
+    ) -> tuple[list[int], list[int], list[float] | None]:
         """The step's prompt and output ids (recorded, or made by the chat template) and logprobs."""
         metrics = step.get("metrics") or {}
         if _has_ids(step):
             logprobs = metrics.get("logprobs")
-            return ([int(i) for i in metrics["prompt_token_ids"]], [int(i) for i in metrics["completion_token_ids"]],
-                    [float(x) for x in logprobs] if logprobs is not None else None)  # fmt: skip
+            return (
+                [int(i) for i in metrics["prompt_token_ids"]],
+                [int(i) for i in metrics["completion_token_ids"]],
+                [float(x) for x in logprobs] if logprobs is not None else None,
+            )
         if self.tokenizer is None:
             raise StacxError(
                 f"{self.path}: step {step.get('step_id')} has no token ids; give --tokenizer "
                 "to re-tokenize its text through the model's chat template"
             )
-        prompt = _ids(self.tokenizer, messages or [{"role": "user", "content": ""}], add_generation_prompt=True)
+        prompt = _ids(
+            self.tokenizer,
+            messages or [{"role": "user", "content": ""}],
+            add_generation_prompt=True,
+        )
         full = _ids(self.tokenizer, [*messages, {"role": "assistant", "content": text}])
-        return prompt, full[len(prompt):] if full[: len(prompt)] == prompt else full[-1:], None
+        return prompt, full[len(prompt) :] if full[: len(prompt)] == prompt else full[-1:], None
 
-    def _tool(self, turn: int, i: int, call: _Doc, results: dict[object, _Doc], ts: float) -> Iterator[Event]:
+    def _tool(
+        self, turn: int, i: int, call: _Doc, results: dict[object, _Doc], ts: float
+    ) -> Iterator[Event]:
         call_id = str(call.get("tool_call_id") or f"{turn}-{i}")
         tool = str(call.get("function_name") or "")
         raw = ((call.get("extra") or {}).get("stacx") or {}).get("arguments_json")
         yield ToolCalled(
-            run_id=self.run_id, event_id=self.eid("call", turn, i), ts=ts, episode_id=self.episode,
-            turn=turn, call_id=call_id, tool=tool, arguments_json=raw or json.dumps(call.get("arguments") or {}),
-        )  # fmt: skip
+            run_id=self.run_id,
+            event_id=self.eid("call", turn, i),
+            ts=ts,
+            episode_id=self.episode,
+            turn=turn,
+            call_id=call_id,
+            tool=tool,
+            arguments_json=raw or json.dumps(call.get("arguments") or {}),
+        )
         result = results.get(call_id) or {}
         kept = (result.get("extra") or {}).get("stacx") or {}  # what export kept (v1.7 `extra`)
         error, content = str(kept.get("error") or ""), _text(result.get("content"))
         yield ToolReturned(
-            run_id=self.run_id, event_id=self.eid("return", turn, i), ts=ts, episode_id=self.episode,
-            turn=turn, call_id=call_id, tool=tool, output="" if error and content == error else content,
-            exit_code=kept.get("exit_code"), timed_out=bool(kept.get("timed_out")),
-            truncated=bool(kept.get("truncated")), error=error,
+            run_id=self.run_id,
+            event_id=self.eid("return", turn, i),
+            ts=ts,
+            episode_id=self.episode,
+            turn=turn,
+            call_id=call_id,
+            tool=tool,
+            output="" if error and content == error else content,
+            exit_code=kept.get("exit_code"),
+            timed_out=bool(kept.get("timed_out")),
+            truncated=bool(kept.get("truncated")),
+            error=error,
             duration_ms=float(kept.get("duration_ms") or 0.0),
-        )  # fmt: skip
+        )
 
 
 def _has_ids(step: _Doc) -> bool:
@@ -195,10 +238,7 @@ def trial_events(
     """The events of one Harbor trial as one STACX episode (see the module docstring)."""
     result = json.loads((trial / "result.json").read_text())
     traj_path = trial / "agent" / "trajectory.json"
-    traj = json.loads(traj_path.read_text()) if traj_path.is_file() else {"steps": []}
-    version = traj.get("schema_version")
-    if traj_path.is_file() and version not in ATIF_READS:
-        raise StacxError(f"{traj_path}: schema_version {version!r}: accepted: {', '.join(ATIF_READS)}")
+    traj = _trajectory(traj_path)
     job = str((result.get("config") or {}).get("job_id") or trial.parent.name)
     trial_name = str(result.get("trial_name") or trial.name)
     task = str(result.get("task_name") or trial_name.split("__")[0])
@@ -210,42 +250,84 @@ def trial_events(
 
     agent_info = result.get("agent_info") or {}
     yield EpisodeStarted(
-        run_id=run_id, event_id=eid("start"), ts=t0, episode_id=episode, task_id=task,
-        group_id=derive_id("harbor", job, task), sample_index=index,
-        agent=str(agent_info.get("name") or "harbor"), policy=RollIn.STUDENT,
-    )  # fmt: skip
+        run_id=run_id,
+        event_id=eid("start"),
+        ts=t0,
+        episode_id=episode,
+        task_id=task,
+        group_id=derive_id("harbor", job, task),
+        sample_index=index,
+        agent=str(agent_info.get("name") or "harbor"),
+        policy=RollIn.STUDENT,
+    )
     steps = _Steps(run_id, episode, traj_path, tokenizer)
     turn, last_ts = yield from steps.events(traj.get("steps", []), turn=0, segment=0, ts=t0)
     for i, sub in enumerate(traj.get("subagent_trajectories") or []):  # ATIF v1.7
-        turn, last_ts = yield from steps.events(sub.get("steps", []), turn=turn, segment=i + 1, ts=last_ts)
+        turn, last_ts = yield from steps.events(
+            sub.get("steps", []), turn=turn, segment=i + 1, ts=last_ts
+        )
     end = _ts(result.get("finished_at"), last_ts)
     meta = (result.get("agent_result") or {}).get("metadata") or {}
     stop = meta.get("stop_reason") or StopReason.AGENT_DONE
     yield EpisodeFinished(
-        run_id=run_id, event_id=eid("finish"), ts=end, episode_id=episode,
-        stop_reason=StopReason(stop) if stop in StopReason._value2member_map_ else
-        StopReason.AGENT_DONE, n_turns=turn,
-    )  # fmt: skip
+        run_id=run_id,
+        event_id=eid("finish"),
+        ts=end,
+        episode_id=episode,
+        stop_reason=StopReason(stop)
+        if stop in StopReason._value2member_map_
+        else StopReason.AGENT_DONE,
+        n_turns=turn,
+    )
+    yield _outcome(trial, result, run_id, episode, task, end)
+
+
+def _trajectory(path: Path) -> _Doc:
+    """The trial's ATIF trajectory (none: no steps); StacxError on a schema version not read."""
+    if not path.is_file():
+        return {"steps": []}
+    traj = json.loads(path.read_text())
+    version = traj.get("schema_version")
+    if version not in ATIF_READS:
+        raise StacxError(f"{path}: schema_version {version!r}: accepted: {', '.join(ATIF_READS)}")
+    return traj
+
+
+def _outcome(
+    trial: Path, result: _Doc, run_id: str, episode: str, task: str, ts: float
+) -> RewardAssigned | InfraFailed:
+    """The trial's reward (the verifier's ``reward``, else its first), or with none its failure."""
     verifier = result.get("verifier_result") or {}
-    rewards = {str(k): float(v) for k, v in (verifier.get("rewards") or {}).items()
-               if isinstance(v, int | float)}  # fmt: skip
+    rewards = {
+        str(k): float(v)
+        for k, v in (verifier.get("rewards") or {}).items()
+        if isinstance(v, int | float)
+    }
     if rewards:
         reward = rewards.get("reward", next(iter(rewards.values())))
         stdout = trial / "verifier" / "test-stdout.txt"
-        yield RewardAssigned(
-            run_id=run_id, event_id=eid("reward"), ts=end, episode_id=episode, reward=reward,
+        return RewardAssigned(
+            run_id=run_id,
+            event_id=derive_id(run_id, episode, "reward"),
+            ts=ts,
+            episode_id=episode,
+            reward=reward,
             metrics_json=json.dumps({"reward": reward, **rewards}, sort_keys=True),
             verifier_output=stdout.read_text()[-2000:] if stdout.is_file() else "",
-        )  # fmt: skip
-        return
+        )
     exc = result.get("exception_info") or {}
     kind = str(exc.get("exception_type") or "")
-    yield InfraFailed(
-        run_id=run_id, event_id=eid("failed"), ts=end, episode_id=episode, task_id=task,
-        failure_kind=FailureKind(kind) if kind in FailureKind._value2member_map_
+    return InfraFailed(
+        run_id=run_id,
+        event_id=derive_id(run_id, episode, "failed"),
+        ts=ts,
+        episode_id=episode,
+        task_id=task,
+        failure_kind=FailureKind(kind)
+        if kind in FailureKind._value2member_map_
         else _FAILURES.get(kind, FailureKind.INTERNAL),
         message=f"{kind}: {exc.get('exception_message') or 'no verifier result'}",
-    )  # fmt: skip
+    )
 
 
 def needs_tokenizer(paths: list[Path]) -> bool:

@@ -58,7 +58,6 @@ def _iso(ts: object) -> str | None:
     return datetime.fromtimestamp(float(ts), UTC).isoformat()
 
 
-
 def _write(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -95,12 +94,17 @@ def _agent_step(
             "completion_token_ids": output,
             "logprobs": t.get("logprobs"),
         },
-        "extra": {"stacx": {
-            "turn": int(t["turn"]), "actor": t.get("actor"),  # type: ignore[call-overload]
-            "weight_version": t.get("weight_version"), "finish_reason": t.get("finish_reason"),
-            "engine": t.get("engine"), "segment": t.get("segment") or 0,
-        }},
-    }  # fmt: skip
+        "extra": {
+            "stacx": {
+                "turn": int(t["turn"]),  # type: ignore[call-overload]
+                "actor": t.get("actor"),
+                "weight_version": t.get("weight_version"),
+                "finish_reason": t.get("finish_reason"),
+                "engine": t.get("engine"),
+                "segment": t.get("segment") or 0,
+            }
+        },
+    }
 
 
 def trajectory(
@@ -119,9 +123,14 @@ def trajectory(
         calls[int(c["turn"])].append(c)  # type: ignore[call-overload]
     for r in ev["ToolReturned"]:
         returns[int(r["turn"])].append(r)  # type: ignore[call-overload]
-    steps: list[Json] = [{
-        "step_id": 1, "timestamp": _iso(start.get("ts")), "source": "user", "message": instruction,
-    }]  # fmt: skip
+    steps: list[Json] = [
+        {
+            "step_id": 1,
+            "timestamp": _iso(start.get("ts")),
+            "source": "user",
+            "message": instruction,
+        }
+    ]
     total_prompt = total_completion = 0
     for t in whole_turns(ev["TurnGenerated"]):
         step = _agent_step(t, len(steps) + 1, model_name, decode)
@@ -137,13 +146,18 @@ def trajectory(
         "schema_version": ATIF_VERSION,
         "session_id": rec.episode_id,
         "trajectory_id": rec.episode_id,
-        "agent": {"name": str(start.get("agent") or "stacx"), "version": "stacx",
-                  "model_name": model_name},
+        "agent": {
+            "name": str(start.get("agent") or "stacx"),
+            "version": "stacx",
+            "model_name": model_name,
+        },
         "steps": steps,
-        "final_metrics": {"total_prompt_tokens": total_prompt,
-                          "total_completion_tokens": total_completion,
-                          "total_steps": len(steps)},
-    }  # fmt: skip
+        "final_metrics": {
+            "total_prompt_tokens": total_prompt,
+            "total_completion_tokens": total_completion,
+            "total_steps": len(steps),
+        },
+    }
 
 
 # what ATIF's tool call and observation result cannot say, kept in their `extra.stacx` (v1.7)
@@ -156,16 +170,22 @@ def _tool_call(c: Json) -> Json:
         arguments = json.loads(raw)
     except ValueError:
         arguments = None
-    call: Json = {"tool_call_id": c["call_id"], "function_name": c["tool"],
-                  "arguments": arguments if isinstance(arguments, dict) else {}}  # fmt: skip
+    call: Json = {
+        "tool_call_id": c["call_id"],
+        "function_name": c["tool"],
+        "arguments": arguments if isinstance(arguments, dict) else {},
+    }
     if not isinstance(arguments, dict):  # a malformed call: ATIF wants an object; keep the text
         call["extra"] = {"stacx": {"arguments_json": raw}}
     return call
 
 
 def _tool_result(r: Json) -> Json:
-    return {"source_call_id": r["call_id"], "content": r.get("output") or r.get("error") or "",
-            "extra": {"stacx": {k: r.get(k) for k in RESULT_EXTRA}}}  # fmt: skip
+    return {
+        "source_call_id": r["call_id"],
+        "content": r.get("output") or r.get("error") or "",
+        "extra": {"stacx": {k: r.get(k) for k in RESULT_EXTRA}},
+    }
 
 
 def pass_at_k(successes: dict[str, list[bool]]) -> dict[str, float]:
@@ -189,8 +209,11 @@ def _run_meta(run_dir: Path) -> tuple[Json, dict[str, str]]:
     con = db.connect_run(run_dir)
     try:
         row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
-        paths = dict(con.execute(
-            "select task_id, any_value(task_path) from task_scheduled group by 1").fetchall())  # fmt: skip
+        paths = dict(
+            con.execute(
+                "select task_id, any_value(task_path) from task_scheduled group by 1"
+            ).fetchall()
+        )
     finally:
         con.close()
     config = json.loads(row[0]) if row else {}
@@ -203,6 +226,22 @@ def _instruction(path: str | None) -> str:
     return ""
 
 
+def _agent_result(rec: EpisodeRecord, turns: list[Json], finished: Json) -> Json:
+    """A trial's agent_result: the tokens its turns read and wrote, how the episode ended."""
+    return {
+        "n_input_tokens": sum(len(t["prompt_ids"]) for t in turns),  # type: ignore[arg-type,misc]
+        "n_cache_tokens": 0,
+        "n_output_tokens": sum(len(t["output_ids"]) for t in turns),  # type: ignore[arg-type,misc]
+        "cost_usd": None,
+        "metadata": {
+            "stop_reason": finished.get("stop_reason"),
+            "n_turns": finished.get("n_turns"),
+            "stacx_episode_id": rec.episode_id,
+            "stacx_group_id": rec.group_id,
+        },
+    }
+
+
 def _step_results(metrics: dict[str, object], failed: list[Json]) -> list[Json] | None:
     """A multi-step trial's `step_results` (None for a single-step one, as Harbor): each
     verified step's rewards from the ``step.<name>.<key>`` metrics, in order, then the step that
@@ -210,17 +249,25 @@ def _step_results(metrics: dict[str, object], failed: list[Json]) -> list[Json] 
     per_step: dict[str, dict[str, object]] = {}
     for key, value in metrics.items():
         if key.startswith("step.") and key.count(".") >= 2:
-            name, _, metric = key[len("step."):].rpartition(".")
+            name, _, metric = key[len("step.") :].rpartition(".")
             per_step.setdefault(name, {})[metric] = value
-    out: list[Json] = [{"step_name": name, "verifier_result": {"rewards": rewards},
-                        "exception_info": None} for name, rewards in per_step.items()]  # fmt: skip
+    out: list[Json] = [
+        {"step_name": name, "verifier_result": {"rewards": rewards}, "exception_info": None}
+        for name, rewards in per_step.items()
+    ]
     for f in failed:
-        out.append({"step_name": f["step"], "verifier_result": None, "exception_info": {
-            "exception_type": str(f.get("exception_type") or ""),
-            "exception_message": str(f.get("message") or ""),
-            "exception_traceback": "",
-            "occurred_at": _iso(f.get("ts")),
-        }})  # fmt: skip
+        out.append(
+            {
+                "step_name": f["step"],
+                "verifier_result": None,
+                "exception_info": {
+                    "exception_type": str(f.get("exception_type") or ""),
+                    "exception_message": str(f.get("message") or ""),
+                    "exception_traceback": "",
+                    "occurred_at": _iso(f.get("ts")),
+                },
+            }
+        )
     return out or None
 
 
@@ -307,9 +354,15 @@ class _JobWriter:
         _write(tdir / "result.json", result)
         _write(tdir / "config.json", result["config"])
         _copy_artifacts(self.run_dir / "artifacts" / rec.episode_id, tdir)
-        _write(tdir / "agent" / "trajectory.json", trajectory(
-            rec, instruction=_instruction(task_path), model_name=self.model_name,
-            decode=self.decode))  # fmt: skip
+        _write(
+            tdir / "agent" / "trajectory.json",
+            trajectory(
+                rec,
+                instruction=_instruction(task_path),
+                model_name=self.model_name,
+                decode=self.decode,
+            ),
+        )
 
     def _verifier(self, reward: Json | None, task_id: str, trial: str, tdir: Path) -> Json | None:
         """The trial's verifier result (and its verifier/ files); None without a reward."""
@@ -356,9 +409,6 @@ class _JobWriter:
             json.loads(str(reward.get("metrics_json") or "{}")) if reward else {},
             ev["StepFailed"],
         )
-        turns = whole_turns(ev["TurnGenerated"])
-        n_in = sum(len(t["prompt_ids"]) for t in turns)  # type: ignore[arg-type,misc]
-        n_out = sum(len(t["output_ids"]) for t in turns)  # type: ignore[arg-type,misc]
         model_name, agent_name = self.model_name, self.agent_name
         return {
             "id": str(uuid.UUID(hex=derive_id(self.run_id, rec.episode_id))),
@@ -368,16 +418,18 @@ class _JobWriter:
             "task_id": {"path": task_path or rec.task_id},
             "source": self.dataset,
             "task_checksum": "",
-            "config": {"task": {"path": task_path}, "trial_name": trial, "job_id": self.run_id,
-                       "agent": {"name": agent_name, "model_name": model_name}},
-            "agent_info": {"name": agent_name, "version": "stacx",
-                           "model_info": {"name": model_name, "provider": "stacx"}},
-            "agent_result": {"n_input_tokens": n_in, "n_cache_tokens": 0,
-                             "n_output_tokens": n_out, "cost_usd": None,
-                             "metadata": {"stop_reason": finished.get("stop_reason"),
-                                          "n_turns": finished.get("n_turns"),
-                                          "stacx_episode_id": rec.episode_id,
-                                          "stacx_group_id": rec.group_id}},
+            "config": {
+                "task": {"path": task_path},
+                "trial_name": trial,
+                "job_id": self.run_id,
+                "agent": {"name": agent_name, "model_name": model_name},
+            },
+            "agent_info": {
+                "name": agent_name,
+                "version": "stacx",
+                "model_info": {"name": model_name, "provider": "stacx"},
+            },
+            "agent_result": _agent_result(rec, whole_turns(ev["TurnGenerated"]), finished),
             "verifier_result": None,
             "step_results": step_results,
             "exception_info": None,
@@ -387,36 +439,57 @@ class _JobWriter:
             "agent_setup": None,
             "agent_execution": _timing(sandbox.get("ts") or start.get("ts"), finished.get("ts")),
             "verifier": _timing(finished.get("ts"), reward.get("ts") if reward else None)
-            if finished else None,
-        }  # fmt: skip
+            if finished
+            else None,
+        }
 
     def finish(self, n_trials: int) -> None:
         """The job's config.json and result.json (totals over every trial written)."""
         n_errors = sum(len(v) for v in self.exception_stats.values())
         key = f"{self.agent_name}__{Path(self.model_name).name}__{Path(self.dataset).name}"
         tasks_cfg = self.tasks_cfg
-        _write(self.job_dir / "config.json", {
-            "job_name": self.job_dir.name, "jobs_dir": str(self.job_dir.parent),
-            "n_attempts": int(tasks_cfg.get("group_size", 1)) if isinstance(tasks_cfg, dict) else 1,
-            "agents": [{"name": self.agent_name, "model_name": self.model_name}],
-            "datasets": [{"path": self.dataset}], "tasks": [],
-            "stacx": {"run_id": self.run_id, "run_dir": str(self.run_dir.resolve()),
-                      "recipe": self.config},
-        })  # fmt: skip
+        _write(
+            self.job_dir / "config.json",
+            {
+                "job_name": self.job_dir.name,
+                "jobs_dir": str(self.job_dir.parent),
+                "n_attempts": int(tasks_cfg.get("group_size", 1))
+                if isinstance(tasks_cfg, dict)
+                else 1,
+                "agents": [{"name": self.agent_name, "model_name": self.model_name}],
+                "datasets": [{"path": self.dataset}],
+                "tasks": [],
+                "stacx": {
+                    "run_id": self.run_id,
+                    "run_dir": str(self.run_dir.resolve()),
+                    "recipe": self.config,
+                },
+            },
+        )
         rewards = self.rewards
-        _write(self.job_dir / "result.json", {
-            "id": str(uuid.UUID(hex=derive_id("job", self.run_id))),
-            "started_at": _iso(min(self.starts) if self.starts else None),
-            "finished_at": _iso(max(self.ends) if self.ends else None),
-            "n_total_trials": n_trials,
-            "stats": {"n_trials": n_trials, "n_errors": n_errors, "evals": {key: {
-                "n_trials": n_trials, "n_errors": n_errors,
-                "metrics": [{"mean": sum(rewards) / len(rewards) if rewards else 0.0}],
-                "pass_at_k": pass_at_k(self.successes),
-                "reward_stats": {k: dict(v) for k, v in self.reward_stats.items()},
-                "exception_stats": dict(self.exception_stats),
-            }}},
-        })  # fmt: skip
+        _write(
+            self.job_dir / "result.json",
+            {
+                "id": str(uuid.UUID(hex=derive_id("job", self.run_id))),
+                "started_at": _iso(min(self.starts) if self.starts else None),
+                "finished_at": _iso(max(self.ends) if self.ends else None),
+                "n_total_trials": n_trials,
+                "stats": {
+                    "n_trials": n_trials,
+                    "n_errors": n_errors,
+                    "evals": {
+                        key: {
+                            "n_trials": n_trials,
+                            "n_errors": n_errors,
+                            "metrics": [{"mean": sum(rewards) / len(rewards) if rewards else 0.0}],
+                            "pass_at_k": pass_at_k(self.successes),
+                            "reward_stats": {k: dict(v) for k, v in self.reward_stats.items()},
+                            "exception_stats": dict(self.exception_stats),
+                        }
+                    },
+                },
+            },
+        )
 
 
 # ---- import -----------------------------------------------------------------------------------

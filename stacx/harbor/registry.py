@@ -83,12 +83,14 @@ def load_registry(source: str) -> list[Dataset]:
         except tomllib.TOMLDecodeError as exc:
             raise StacxError(f"{where}: not valid TOML: {exc}") from exc
         head = raw.get("dataset", raw)
-        data: object = [{
-            "name": head.get("name", ""),
-            "version": str(head.get("version", "head")),
-            "description": head.get("description", ""),
-            "tasks": raw.get("tasks", []),
-        }]  # fmt: skip
+        data: object = [
+            {
+                "name": head.get("name", ""),
+                "version": str(head.get("version", "head")),
+                "description": head.get("description", ""),
+                "tasks": raw.get("tasks", []),
+            }
+        ]
     else:
         try:
             data = json.loads(text)
@@ -161,8 +163,10 @@ def fetch_task(task: RegistryTask, cache: Path) -> tuple[Path, bool]:
     try:
         archive = subprocess.run(
             ["git", "archive", "--format=tar", commit, *([sub] if sub else [])],
-            cwd=repo, capture_output=True, check=False,
-        )  # fmt: skip
+            cwd=repo,
+            capture_output=True,
+            check=False,
+        )
         if archive.returncode != 0:
             raise StacxError(
                 f"task {task.name or sub}: {task.path!r} is not in {task.git_url} at {commit}: "

@@ -197,16 +197,20 @@ def step_verifier(task: VerifierConfig, step: VerifierConfig) -> VerifierConfig:
     phase = step if step.network_mode is not None else task
     return msgspec.structs.replace(
         task,
-        timeout_sec=task.timeout_sec if step.timeout_sec == VerifierConfig().timeout_sec
+        timeout_sec=task.timeout_sec
+        if step.timeout_sec == VerifierConfig().timeout_sec
         else step.timeout_sec,
         env={**task.env, **step.env},
         user=task.user if step.user is None else step.user,
         network_mode=phase.network_mode,
         allowed_hosts=phase.allowed_hosts,
         environment_mode=own_mode or task.environment_mode,
-        environment=step.environment if step.environment is not None
-        else None if own_mode == "shared" else task.environment,
-    )  # fmt: skip
+        environment=step.environment
+        if step.environment is not None
+        else None
+        if own_mode == "shared"
+        else task.environment,
+    )
 
 
 def verifier_separate(config: TaskConfig) -> bool:
@@ -218,17 +222,23 @@ def verifier_separate(config: TaskConfig) -> bool:
 def task_notes(task_dir: Path, config: TaskConfig, unknown: dict[str, object]) -> list[str]:
     """The task.toml keys (and files) this STACX does not honour, one line each: unknown keys,
     and known keys set to something the Docker backend does not do."""
-    notes = [f"{key}: unknown key, ignored" + (f" (did you mean {near!r}?)" if near else "")
-             for key in sorted(unknown) for near in [did_you_mean(key)]]  # fmt: skip
+    notes = [
+        f"{key}: unknown key, ignored" + (f" (did you mean {near!r}?)" if near else "")
+        for key in sorted(unknown)
+        for near in [did_you_mean(key)]
+    ]
     env = config.environment
     for key, cond, why in (
         ("environment.gpus", env.gpus > 0, "no GPUs are given to sandboxes"),
         ("environment.gpu_types", bool(env.gpu_types), "no GPUs are given to sandboxes"),
         ("environment.tpu", env.tpu is not None, "no TPUs"),
         ("environment.skills_dir", env.skills_dir is not None, "no STACX agent reads skills"),
-        ("environment.mcp_servers", bool(env.mcp_servers),
-         f"{[m.name for m in env.mcp_servers]} not started (no STACX agent talks MCP)"),
-    ):  # fmt: skip
+        (
+            "environment.mcp_servers",
+            bool(env.mcp_servers),
+            f"{[m.name for m in env.mcp_servers]} not started (no STACX agent talks MCP)",
+        ),
+    ):
         if cond:
             notes.append(f"{key}: ignored ({why})")
     for a in config.artifacts:
@@ -333,7 +343,10 @@ def _multi_step_task(
         view = Task(
             task_id=task_dir.name, path=str(task_dir), instruction="", config=config, step=step.name
         )
-        if not (view.tests_dir / "test.sh").is_file() and not (task_dir / "tests" / "test.sh").is_file():
+        if (
+            not (view.tests_dir / "test.sh").is_file()
+            and not (task_dir / "tests" / "test.sh").is_file()
+        ):
             raise TaskError(
                 f"{task_dir}: step {step.name!r}: missing steps/{step.name}/tests/test.sh "
                 "(and the task has no tests/test.sh)"
@@ -352,9 +365,7 @@ def _multi_step_task(
             msgspec.structs.replace(
                 view,
                 instruction=instruction.read_text(),
-                config=msgspec.structs.replace(
-                    config, agent=agent, verifier=verifier, steps=None
-                ),
+                config=msgspec.structs.replace(config, agent=agent, verifier=verifier, steps=None),
                 has_solution=(view.solution_dir / "solve.sh").is_file(),
             )
         )
@@ -400,8 +411,10 @@ def discover_all(tasks_dir: str | Path) -> tuple[list[Task], list[Unloadable]]:
     if (root / "task.toml").is_file():
         return [load_task(root)], []
     # A steps/<name>/ folder is part of its task, never a task of its own.
-    dirs = sorted({p.parent for p in root.rglob("task.toml")} - {
-        p.parent for p in root.rglob("steps/*/task.toml")})  # fmt: skip
+    dirs = sorted(
+        {p.parent for p in root.rglob("task.toml")}
+        - {p.parent for p in root.rglob("steps/*/task.toml")}
+    )
     jsonl = sorted(root.glob("*.jsonl"))
     if not dirs and not jsonl:
         raise TaskError(f"{root}: no task.toml found below it, nor a .jsonl (not a task set)")

@@ -331,7 +331,8 @@ class BranchActor(Actor):
         if done >= self.config.branches:
             return  # a redelivery: every branch already has its outcome
         recorded = [
-            msgspec.convert(row, RecordedTurn) for row in (await self.query(RECORDED_SQL, at)).to_pylist()
+            msgspec.convert(row, RecordedTurn)
+            for row in (await self.query(RECORDED_SQL, at)).to_pylist()
         ]
         if not recorded:
             return

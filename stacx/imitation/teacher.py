@@ -143,7 +143,8 @@ class TeacherActor(Actor):
             return known
         # A restarted actor resumes after the EpisodeStarted it already acknowledged: ask the log.
         table = await self.query(
-            "SELECT policy, iteration FROM episode_started WHERE episode_id = ? LIMIT 1", [episode_id]
+            "SELECT policy, iteration FROM episode_started WHERE episode_id = ? LIMIT 1",
+            [episode_id],
         )
         if table.num_rows == 0:
             return ("", 0)

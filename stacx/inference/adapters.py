@@ -91,8 +91,11 @@ class LoraMerge:
             w = params.get(name)
             if w is None:
                 raise EngineError(f"adapter: {name} is not a parameter of this model")
-            if a.ndim != 2 or b.ndim != 2 or (b.shape[0], a.shape[1]) != tuple(w.shape) or (
-                a.shape[0] != b.shape[1]
+            if (
+                a.ndim != 2
+                or b.ndim != 2
+                or (b.shape[0], a.shape[1]) != tuple(w.shape)
+                or (a.shape[0] != b.shape[1])
             ):
                 raise EngineError(
                     f"adapter: {name} is {tuple(w.shape)}; A {tuple(a.shape)} and B "

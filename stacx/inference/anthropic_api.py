@@ -40,15 +40,40 @@ from aiohttp import web
 from stacx.inference.openai_api import ApiError, Handler, Json
 
 KEYS = {
-    "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
-    "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "output_config",
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "tools",
+    "tool_choice",
+    "metadata",
+    "thinking",
+    "output_config",
     # hints with no effect on what is generated here
-    "service_tier", "cache_control", "container", "diagnostics", "inference_geo", "speed",
-    "user_profile_id", "workspace_id",
-}  # fmt: skip
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-               500: "api_error", 529: "overloaded_error"}  # fmt: skip
+    "service_tier",
+    "cache_control",
+    "container",
+    "diagnostics",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 
 
@@ -56,8 +81,10 @@ def chat_body(raw: Json) -> Json:
     """The OpenAI chat request of an Anthropic Messages request (ApiError naming the field)."""
     unknown = sorted(set(raw) - KEYS)
     if unknown:
-        raise ApiError(f"{unknown[0]}: Extra inputs are not permitted; accepted: "
-                       f"{', '.join(sorted(KEYS))}", param=unknown[0])  # fmt: skip
+        raise ApiError(
+            f"{unknown[0]}: Extra inputs are not permitted; accepted: {', '.join(sorted(KEYS))}",
+            param=unknown[0],
+        )
     max_tokens = raw.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise ApiError("max_tokens: a positive integer is required", param="max_tokens")
@@ -66,12 +93,12 @@ def chat_body(raw: Json) -> Json:
         raise ApiError("thinking: only {'type': 'disabled'} is supported", param="thinking")
     output = raw.get("output_config")
     if output is not None and (not isinstance(output, dict) or output.get("format") is not None):
-        raise ApiError("output_config.format (structured output) is not supported",
-                       param="output_config")  # fmt: skip
+        raise ApiError(
+            "output_config.format (structured output) is not supported", param="output_config"
+        )
     stops = raw.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise ApiError("stop_sequences must be a list of non-empty strings",
-                       param="stop_sequences")  # fmt: skip
+        raise ApiError("stop_sequences must be a list of non-empty strings", param="stop_sequences")
     messages = [*_system(raw.get("system"))]
     if not isinstance(raw.get("messages"), list) or not raw["messages"]:
         raise ApiError("messages: a non-empty list is required", param="messages")
@@ -106,10 +133,14 @@ def _text(content: object, where: str) -> str:
         return content
     parts = []
     for k, block in enumerate(_list(content, where)):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
-                block.get("text"), str):  # fmt: skip
-            raise ApiError(f"{where}.{k}: only text blocks are supported here",
-                           param=f"{where}.{k}")  # fmt: skip
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            raise ApiError(
+                f"{where}.{k}: only text blocks are supported here", param=f"{where}.{k}"
+            )
         parts.append(block["text"])
     return "".join(parts)
 
@@ -138,20 +169,32 @@ def _turn(m: object, where: str) -> list[Json]:
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
-                raise ApiError(f"{at}: a tool_use block needs name and input (an object)",
-                               param=at)  # fmt: skip
-            calls.append({"id": str(block.get("id") or ""), "type": "function", "function": {
-                "name": block["name"], "arguments": json.dumps(block["input"])}})  # fmt: skip
+                raise ApiError(f"{at}: a tool_use block needs name and input (an object)", param=at)
+            calls.append(
+                {
+                    "id": str(block.get("id") or ""),
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": json.dumps(block["input"])},
+                }
+            )
         elif kind == "tool_result" and role == "user":
             text = _text(block.get("content") or "", f"{at}.content")
             if block.get("is_error"):
                 text = f"Error: {text}"
-            results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
-                            "content": text})  # fmt: skip
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(block.get("tool_use_id") or ""),
+                    "content": text,
+                }
+            )
         else:
-            raise ApiError(f"{at}: a {role} message's blocks may be text"
-                           + (", tool_use" if role == "assistant" else ", tool_result")
-                           + f"; got {kind!r}", param=at)  # fmt: skip
+            raise ApiError(
+                f"{at}: a {role} message's blocks may be text"
+                + (", tool_use" if role == "assistant" else ", tool_result")
+                + f"; got {kind!r}",
+                param=at,
+            )
     out = list(results)
     if calls:
         out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
@@ -164,8 +207,14 @@ def _tool(t: object, where: str) -> Json:
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
         raise ApiError(f"{where}: a tool needs a name and an input_schema", param=where)
     schema = t.get("input_schema") or {"type": "object", "properties": {}}
-    return {"type": "function", "function": {"name": t["name"],
-            "description": t.get("description") or "", "parameters": schema}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": t["name"],
+            "description": t.get("description") or "",
+            "parameters": schema,
+        },
+    }
 
 
 def _tool_choice(choice: object) -> object:
@@ -176,8 +225,11 @@ def _tool_choice(choice: object) -> object:
         return "required"
     if kind == "tool" and isinstance(choice, dict) and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise ApiError("tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', "
-                   f"'name': ...}}; got {choice!r}", param="tool_choice")  # fmt: skip
+    raise ApiError(
+        "tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', "
+        f"'name': ...}}; got {choice!r}",
+        param="tool_choice",
+    )
 
 
 def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> Json:
@@ -187,8 +239,14 @@ def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> 
     msg = choice["message"]
     blocks: list[Json] = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
     for c in msg.get("tool_calls") or []:
-        blocks.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                       "input": json.loads(c["function"]["arguments"])})  # fmt: skip
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": c["id"],
+                "name": c["function"]["name"],
+                "input": json.loads(c["function"]["arguments"]),
+            }
+        )
     reason, matched = STOP_REASONS[choice["finish_reason"]], None
     if reason == "end_turn" and stops:
         text = decode(choice["token_ids"])
@@ -196,49 +254,70 @@ def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> 
         if hits:
             reason, matched = "stop_sequence", hits[0][1]
     usage = out["usage"]
-    return {"id": "msg_" + out["id"].removeprefix("chatcmpl-"), "type": "message",
-            "role": "assistant", "model": out["model"], "content": blocks,
-            "stop_reason": reason, "stop_sequence": matched,
-            "usage": {"input_tokens": usage["prompt_tokens"],
-                      "output_tokens": usage["completion_tokens"]}}  # fmt: skip
+    return {
+        "id": "msg_" + out["id"].removeprefix("chatcmpl-"),
+        "type": "message",
+        "role": "assistant",
+        "model": out["model"],
+        "content": blocks,
+        "stop_reason": reason,
+        "stop_sequence": matched,
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+        },
+    }
 
 
 def stream_events(msg: Json) -> list[tuple[str, Json]]:
     """A whole message as Anthropic's stream events, in their order."""
-    head = {**msg, "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {**msg["usage"], "output_tokens": 0}}  # fmt: skip
+    head = {
+        **msg,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**msg["usage"], "output_tokens": 0},
+    }
     events: list[tuple[str, Json]] = [("message_start", {"message": head}), ("ping", {})]
     for i, block in enumerate(msg["content"]):
         start: Json
         if block["type"] == "text":
-            start, delta = {"type": "text", "text": ""}, {"type": "text_delta",
-                                                           "text": block["text"]}
+            start, delta = (
+                {"type": "text", "text": ""},
+                {"type": "text_delta", "text": block["text"]},
+            )
         else:
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        events += [("content_block_start", {"index": i, "content_block": start}),
-                   ("content_block_delta", {"index": i, "delta": delta}),
-                   ("content_block_stop", {"index": i})]  # fmt: skip
+        events += [
+            ("content_block_start", {"index": i, "content_block": start}),
+            ("content_block_delta", {"index": i, "delta": delta}),
+            ("content_block_stop", {"index": i}),
+        ]
     events += [
-        ("message_delta", {"delta": {"stop_reason": msg["stop_reason"],
-                                     "stop_sequence": msg["stop_sequence"]},
-                           "usage": {"output_tokens": msg["usage"]["output_tokens"]}}),
+        (
+            "message_delta",
+            {
+                "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": msg["stop_sequence"]},
+                "usage": {"output_tokens": msg["usage"]["output_tokens"]},
+            },
+        ),
         ("message_stop", {}),
-    ]  # fmt: skip
+    ]
     return events
 
 
 async def send_stream(request: web.Request, msg: Json) -> web.StreamResponse:
     """Send `msg` as an SSE stream of Anthropic's events."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})  # fmt: skip
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await resp.prepare(request)
     for name, data in stream_events(msg):
         payload = json.dumps({"type": name, **data})
         await resp.write(f"event: {name}\ndata: {payload}\n\n".encode())
     await resp.write_eof()
     return resp
-
 
 
 def anthropic_errors(handler: Handler) -> Handler:
@@ -248,9 +327,11 @@ def anthropic_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ApiError as e:
-            kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500
-                                   else "api_error")  # fmt: skip
-            return web.json_response({"type": "error", "error": {"type": kind,
-                                      "message": e.message}}, status=e.status)  # fmt: skip
+            kind = ERROR_TYPES.get(
+                e.status, "invalid_request_error" if e.status < 500 else "api_error"
+            )
+            return web.json_response(
+                {"type": "error", "error": {"type": kind, "message": e.message}}, status=e.status
+            )
 
     return route

@@ -51,11 +51,18 @@ def response_grammar(fmt: object) -> str:
     if kind == "json_object":
         return json_grammar({"type": "object"})
     spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
-    if kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict):
+    if (
+        kind == "json_schema"
+        and isinstance(spec, dict)
+        and isinstance(spec.get("schema", {}), dict)
+    ):
         return json_grammar(spec.get("schema") or {})
-    raise ApiError("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
-                   "{'type': 'json_schema', 'json_schema': {'name': N, 'schema': {...}}}; "
-                   f"got {fmt!r}", param="response_format")  # fmt: skip
+    raise ApiError(
+        "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+        "{'type': 'json_schema', 'json_schema': {'name': N, 'schema': {...}}}; "
+        f"got {fmt!r}",
+        param="response_format",
+    )
 
 
 class Opening(NamedTuple):
@@ -96,14 +103,20 @@ class ToolChoice:
         named = choice.get("function") if isinstance(choice, dict) else None
         if choice == "required":  # the calls a constrained decoder allows: one of each tool
             chosen = names
-        elif isinstance(choice, dict) and isinstance(named, dict) \
-                and choice.get("type") == "function" and named.get("name") in names:  # fmt: skip
+        elif (
+            isinstance(choice, dict)
+            and isinstance(named, dict)
+            and choice.get("type") == "function"
+            and named.get("name") in names
+        ):
             chosen = [named["name"]]
         else:
-            raise ApiError("tool_choice must be 'auto', 'none', 'required' or {'type': "
-                           "'function', 'function': {'name': N}} with N one of the tools "
-                           f"({', '.join(names) or 'none given'}); got {choice!r}",
-                           param="tool_choice")  # fmt: skip
+            raise ApiError(
+                "tool_choice must be 'auto', 'none', 'required' or {'type': "
+                "'function', 'function': {'name': N}} with N one of the tools "
+                f"({', '.join(names) or 'none given'}); got {choice!r}",
+                param="tool_choice",
+            )
         if not tools:
             raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
         for name in chosen:
@@ -121,24 +134,47 @@ class ToolChoice:
         else:
             user = [{"role": "user", "content": "u"}]
             head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-            full = self.tok.apply_chat_template([*user, {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "id": "call_0", "function": {
-                    "name": name, "arguments": args}}]}], tokenize=False)  # fmt: skip
+            full = self.tok.apply_chat_template(
+                [
+                    *user,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "type": "function",
+                                "id": "call_0",
+                                "function": {"name": name, "arguments": args},
+                            }
+                        ],
+                    },
+                ],
+                tokenize=False,
+            )
             if not full.startswith(head):
-                raise ApiError("tool_choice: this model's chat template does not render an "
-                               "assistant tool call after its generation prompt",
-                               param="tool_choice")  # fmt: skip
+                raise ApiError(
+                    "tool_choice: this model's chat template does not render an "
+                    "assistant tool call after its generation prompt",
+                    param="tool_choice",
+                )
             text = full[len(head) :]
         at = text.find(json.dumps(mark))
         close = text[at:].partition("}")[2].strip().lstrip("}").strip()
         brace = text.rfind("{", 0, at)
         if at < 0 or not close or brace < 0:
-            raise ApiError("tool_choice: cannot find where this model's tool call opens and "
-                           "closes", param="tool_choice")  # fmt: skip
+            raise ApiError(
+                "tool_choice: cannot find where this model's tool call opens and closes",
+                param="tool_choice",
+            )
         end = text.index("}", at) + 1  # the arguments' object ends
         prefill = text[:brace].rstrip()
-        return Opening(prefill=prefill, close=close, name=name, lead=text[len(prefill) : brace],
-                       tail=text[end : text.index(close, end) + len(close)])  # fmt: skip
+        return Opening(
+            prefill=prefill,
+            close=close,
+            name=name,
+            lead=text[len(prefill) : brace],
+            tail=text[end : text.index(close, end) + len(close)],
+        )
 
 
 def pick_function(scores: list[float], temperature: float, seed: int | None) -> int:
@@ -169,8 +205,11 @@ def template_messages(
             raise ApiError(f"{where} must be an object", param=where)
         role = m.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise ApiError(f"{where}.role must be one of system, developer, user, assistant, "
-                           f"tool; got {role!r}", param=f"{where}.role")  # fmt: skip
+            raise ApiError(
+                f"{where}.role must be one of system, developer, user, assistant, "
+                f"tool; got {role!r}",
+                param=f"{where}.role",
+            )
         content = content_text(m.get("content"), f"{where}.content", role)
         if role == "assistant" and m.get("tool_calls"):
             calls = assistant_calls(m["tool_calls"], f"{where}.tool_calls")
@@ -178,20 +217,27 @@ def template_messages(
             if raw_text is not None:  # exactly what the model wrote
                 out.append({"role": "assistant", "content": raw_text})
             elif native_tools:
-                out.append({"role": "assistant", "content": content, "tool_calls": [
-                    {"type": "function", "id": cid, "function": {"name": name,
-                                                                 "arguments": args}}
-                    for cid, name, args in calls
-                ]})  # fmt: skip
+                out.append(
+                    {
+                        "role": "assistant",
+                        "content": content,
+                        "tool_calls": [
+                            {
+                                "type": "function",
+                                "id": cid,
+                                "function": {"name": name, "arguments": args},
+                            }
+                            for cid, name, args in calls
+                        ],
+                    }
+                )
             else:
                 text = "\n".join(render_tool_call(name, args) for _, name, args in calls)
                 out.append(
                     {"role": "assistant", "content": f"{content}\n{text}" if content else text}
                 )
         elif role == "tool" and not native_tools:
-            out.append(
-                {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
-            )
+            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
         else:
             msg: Json = {"role": "system" if role == "developer" else role, "content": content}
             if role == "tool" and "tool_call_id" in m:
@@ -213,8 +259,9 @@ def turn_stop_ids(tok: ChatTokenizer) -> list[int]:
     try:
         text = tok.apply_chat_template(
             [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}],
-            tokenize=False, add_generation_prompt=False,
-        )  # fmt: skip
+            tokenize=False,
+            add_generation_prompt=False,
+        )
     except Exception:  # a template that cannot render this pair: EOS alone ends a reply
         return sorted(stops)
     close = text[text.index(marker) + len(marker) :] if marker in text else ""

@@ -72,7 +72,9 @@ class GraphedDecode:
         self.seed = torch.zeros(cache.slots, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # (batch, keys, steps, sampled) -> graph
-        self.greedy: dict[tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.greedy: dict[
+            tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]
+        ] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self._host: dict[tuple[int, int], list[torch.Tensor]] = {}  # pinned outputs, 2 per shape
 
@@ -141,8 +143,15 @@ class GraphedDecode:
         self.cache.sync_table()  # a paged cache: the blocks reserved for this chunk
         return self._replay(key, chunk.rows)
 
-    def _chunk_key(self, n: int, kv_len: int, steps: int, sampled: bool) -> tuple[int, int, int, bool]:
-        return min(bucket(n, BATCH_BUCKETS), self.cache.slots), self._kv_bucket(kv_len), steps, sampled
+    def _chunk_key(
+        self, n: int, kv_len: int, steps: int, sampled: bool
+    ) -> tuple[int, int, int, bool]:
+        return (
+            min(bucket(n, BATCH_BUCKETS), self.cache.slots),
+            self._kv_bucket(kv_len),
+            steps,
+            sampled,
+        )
 
     def _replay(self, key: tuple[int, int, int, bool], n: int) -> Chunk:
         b, _, steps, sampled = key
@@ -191,7 +200,9 @@ class GraphedDecode:
     def _capture_greedy(
         self, b: int, t: int, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with CUDA_EXCLUSIVE.capture():  # a trainer thread sharing the GPU must not run beside a capture
+        with (
+            CUDA_EXCLUSIVE.capture()
+        ):  # a trainer thread sharing the GPU must not run beside a capture
             return self._capture_greedy_once(b, t, steps, sampled)
 
     def _capture_greedy_once(
@@ -222,7 +233,9 @@ class GraphedDecode:
             return self._capture_once(b, t)
 
     def _capture_once(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with CUDA_EXCLUSIVE.capture():  # a trainer thread sharing the GPU must not run beside a capture
+        with (
+            CUDA_EXCLUSIVE.capture()
+        ):  # a trainer thread sharing the GPU must not run beside a capture
             return self._capture_locked(b, t)
 
     def _capture_locked(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,9 @@ from torch import nn
 
 from stacx.errors import EngineError
 from stacx.inference.kv_cache import KVCache, PagedKVCache, gather_blocks
+
+if TYPE_CHECKING:
+    from stacx.inference.triton_kernels import Partials
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -94,7 +97,11 @@ class Decoder:
         self.kernels = False  # see enable_kernels
         self.gemm_rows = 0  # see enable_kernels
         self._kl: list[KernelLayer] = []
-        self.qkv_split = (self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
+        self.qkv_split = (
+            self.n_heads * self.head_dim,
+            self.n_kv * self.head_dim,
+            self.n_kv * self.head_dim,
+        )
         self.fused_qkv: list[Fused | None] = []
         self.fused_gate_up: list[Fused | None] = []
         for layer in self.layers:
@@ -110,8 +117,17 @@ class Decoder:
 
     def new_paged_cache(self, rows: int, blocks: int, block: int) -> PagedKVCache:
         """A pool of `blocks` blocks of `block` positions read by `rows` decode rows."""
-        return PagedKVCache(len(self.layers), self.n_kv, self.head_dim, self.dtype, self.device,
-                            rows=rows, max_len=self.max_len, blocks=blocks, block=block)  # fmt: skip
+        return PagedKVCache(
+            len(self.layers),
+            self.n_kv,
+            self.head_dim,
+            self.dtype,
+            self.device,
+            rows=rows,
+            max_len=self.max_len,
+            blocks=blocks,
+            block=block,
+        )
 
     def _rope_tables(self, model: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Same arithmetic as transformers' rotary modules: fp32 freqs, cat(freqs, freqs),
@@ -160,7 +176,9 @@ class Decoder:
             return self._linear(h, module.weight, module.bias)
         return module(h)  # type: ignore[no-any-return]
 
-    def _linear(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear(
+        self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """``F.linear``; while compiling a decode step of at most ``gemv_rows`` rows, written as
         a multiply-and-sum that inductor turns into one bandwidth-bound reduction kernel (a
         GEMV, fp32 accumulation as in cuBLAS) which also absorbs neighbouring pointwise ops (H200,
@@ -188,7 +206,9 @@ class Decoder:
         self.gemv_rows, self.compiled = gemv_rows, True
         self._decode_fn = torch.compile(self._decode_impl, mode=mode)
         self._decode_small = (
-            torch.compile(self._decode_impl, mode=mode, dynamic=False) if gemv_rows else self._decode_fn
+            torch.compile(self._decode_impl, mode=mode, dynamic=False)
+            if gemv_rows
+            else self._decode_fn
         )
 
     def disable_compile(self) -> None:
@@ -234,12 +254,19 @@ class Decoder:
             attn, mlp = layer.self_attn, layer.mlp
             qkv, gate_up = self.fused_qkv[i], self.fused_gate_up[i]
             assert qkv is not None and gate_up is not None  # kernels_unsupported checked
-            self._kl.append(KernelLayer(
-                _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), qkv,
-                (attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)) if self.qk_norm else None,
-                Fused(attn.o_proj.weight, attn.o_proj.bias), gate_up,
-                Fused(mlp.down_proj.weight, mlp.down_proj.bias),
-            ))  # fmt: skip
+            self._kl.append(
+                KernelLayer(
+                    _norm(layer.input_layernorm),
+                    _norm(layer.post_attention_layernorm),
+                    qkv,
+                    (attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm))
+                    if self.qk_norm
+                    else None,
+                    Fused(attn.o_proj.weight, attn.o_proj.bias),
+                    gate_up,
+                    Fused(mlp.down_proj.weight, mlp.down_proj.bias),
+                )
+            )
         self.kernels, self.gemv_rows = True, gemv_rows
         from stacx.inference.triton_kernels import GEMM_ROWS
 
@@ -292,7 +319,10 @@ class Decoder:
             if table_B_W is None:
                 keys, values = kc[:n, :, :kv_len], vc[:n, :, :kv_len]
             else:
-                keys, values = gather_blocks(kc, table_B_W, kv_len), gather_blocks(vc, table_B_W, kv_len)
+                keys, values = (
+                    gather_blocks(kc, table_B_W, kv_len),
+                    gather_blocks(vc, table_B_W, kv_len),
+                )
             qg = q.view(n, self.n_kv, self.rep, self.head_dim)
             scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
             scores = scores.masked_fill(~visible_B_T[:, None, None, :], float("-inf"))
@@ -335,21 +365,23 @@ class Decoder:
             else:
                 x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
                 qkv = tk.gemm(h, *w.qkv) if mid else F.linear(h, w.qkv.weight, w.qkv.bias)
-            q = tk.rope_cache(qkv, pos_B, slot_B, k_cache[i], v_cache[i], self.cos, self.sin,
-                              self.n_heads, self.n_kv, w.qk_norm, cell=cell_B)  # fmt: skip
-            out = tk.decode_attention(q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W)
-            if small:
-                x = tk.gemv(out.view(n, -1), *w.o, residual=x)
-                act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
-                x = tk.gemv(act, *w.down, residual=x)
-                continue
-            if mid:
-                x, h = tk.add_rmsnorm(x, tk.gemm_partials(out.view(n, -1), *w.o), *w.post_norm)
-                residual = tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
-                continue
-            x, h = tk.add_rmsnorm(x, F.linear(out.view(n, -1), w.o.weight, w.o.bias), *w.post_norm)
-            act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
-            residual = F.linear(act, w.down.weight, w.down.bias)
+            q = tk.rope_cache(
+                qkv,
+                pos_B,
+                slot_B,
+                k_cache[i],
+                v_cache[i],
+                self.cos,
+                self.sin,
+                self.n_heads,
+                self.n_kv,
+                w.qk_norm,
+                cell=cell_B,
+            )
+            out = tk.decode_attention(
+                q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W
+            )
+            x, residual = _kernel_mlp(w, x, residual, out.view(n, -1), small, mid)
         if small and type(self.lm_head) is nn.Linear:
             return tk.gemv(x, self.lm_head.weight, self.lm_head.bias, norm=_norm(self.norm))
         _, h = tk.add_rmsnorm(x, residual, *_norm(self.norm))
@@ -428,7 +460,9 @@ class Decoder:
         # attention reads the rows' keys back from the cache: a slice (a view) when the slots
         # are consecutive, else a gather
         rows: slice | torch.Tensor = (
-            slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else slot_idx
+            slice(slots[0], slots[0] + n)
+            if slots == list(range(slots[0], slots[0] + n))
+            else slot_idx
         )
         budget = token_budget or self.prefill_chunk
         chunk = max(16, budget // n)
@@ -474,7 +508,9 @@ class Decoder:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
             kc, vc = cache.k[i], cache.v[i]
-            kc[where[0], :, where[1]] = k  # [n, c, Hkv, D] into (slot, pos) cells (paged: block, offset)
+            kc[where[0], :, where[1]] = (
+                k  # [n, c, Hkv, D] into (slot, pos) cells (paged: block, offset)
+            )
             vc[where[0], :, where[1]] = v
             if fresh:
                 keys, values = k.transpose(1, 2), v.transpose(1, 2)
@@ -516,8 +552,19 @@ class Decoder:
             x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
             qkv = F.linear(h, w.qkv.weight, w.qkv.bias).view(n * c, -1)
             kc, vc = cache.k[i], cache.v[i]
-            q = tk.rope_cache(qkv, pos.reshape(-1), slots, kc, vc, self.cos, self.sin,
-                              self.n_heads, self.n_kv, w.qk_norm, cell=cells)  # fmt: skip
+            q = tk.rope_cache(
+                qkv,
+                pos.reshape(-1),
+                slots,
+                kc,
+                vc,
+                self.cos,
+                self.sin,
+                self.n_heads,
+                self.n_kv,
+                w.qk_norm,
+                cell=cells,
+            )
             out = F.scaled_dot_product_attention(
                 q.view(n, c, self.n_heads, self.head_dim).transpose(1, 2),
                 cache.keys(kc, rows, kv_len),
@@ -553,13 +600,41 @@ class KernelLayer(NamedTuple):
 
 def _is_rmsnorm(module: Any) -> bool:
     """transformers' Llama-style RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``."""
-    return type(module).__name__.endswith("RMSNorm") and isinstance(
-        getattr(module, "weight", None), torch.Tensor
-    ) and isinstance(getattr(module, "variance_epsilon", getattr(module, "eps", None)), float)
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and isinstance(getattr(module, "variance_epsilon", getattr(module, "eps", None)), float)
+    )
 
 
 def _eps(norm: Any) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _kernel_mlp(
+    w: KernelLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | Partials | None,
+    attn: torch.Tensor,
+    small: bool,
+    mid: bool,
+) -> tuple[torch.Tensor, torch.Tensor | Partials | None]:
+    """A layer's output projection and MLP after its attention ``attn``, as kernels: the new
+    ``x`` and the residual the next add+RMSNorm adds (None: already added). ``small``: GEMVs
+    with the norm and the residual adds folded in; ``mid``: Triton GEMMs whose partial sums the
+    next add+RMSNorm adds; neither: cuBLAS."""
+    from stacx.inference import triton_kernels as tk
+
+    if small:
+        x = tk.gemv(attn, *w.o, residual=x)
+        act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
+        return tk.gemv(act, *w.down, residual=x), residual
+    if mid:
+        x, h = tk.add_rmsnorm(x, tk.gemm_partials(attn, *w.o), *w.post_norm)
+        return x, tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
+    x, h = tk.add_rmsnorm(x, F.linear(attn, w.o.weight, w.o.bias), *w.post_norm)
+    act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
+    return x, F.linear(act, w.down.weight, w.down.bias)
 
 
 def _norm(norm: Any) -> tuple[torch.Tensor, float]:

@@ -47,10 +47,12 @@ class MultiStepReplays(Admission):
         """Requests wait that a free row may take now (not while the paged pool refuses them,
         nor while the free rows are held for next turns: until a row ends, a hold ends or a
         next turn comes, the batch goes on in multi-step replays)."""
-        return (bool(self._waiting) and self._n_active() < self.max_batch and not self._blocked
-                and not self._held())  # fmt: skip
-
-
+        return (
+            bool(self._waiting)
+            and self._n_active() < self.max_batch
+            and not self._blocked
+            and not self._held()
+        )
 
     def _take(self, r: Request, tok: int, lp: float) -> bool:
         raise NotImplementedError
@@ -62,10 +64,16 @@ class MultiStepReplays(Admission):
         multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
         all while requests wait that a free row can take (they are admitted between replays). Steps: see
         `_chunk_steps`."""
-        if self._graphed is None or self.decode_steps == 1 or any(r.guide is not None for r in live):
+        if (
+            self._graphed is None
+            or self.decode_steps == 1
+            or any(r.guide is not None for r in live)
+        ):
             return 1, False  # (a constrained row's tokens are masked one step at a time)
         sampled = any(r.row.temperature > 0 for r in live)
-        if sampled and (not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)):
+        if sampled and (
+            not self.decoder.kernels or any(r.row.truncated(self.vocab_size) for r in live)
+        ):
             return 1, False
         if self._admissible():
             return 1, False
@@ -75,8 +83,16 @@ class MultiStepReplays(Admission):
         """A power of two (few graph shapes), no more than the most tokens any row may still
         produce, nor than the cache has room for, once each row has made `ahead` more."""
         room = self._cache.capacity - 1 - max(r.cached for r in reqs) - ahead
-        left = max(min(r.params.max_new_tokens - len(r.output), self.max_len - len(r.prompt) - len(r.output))
-                   for r in reqs) - ahead  # fmt: skip
+        left = (
+            max(
+                min(
+                    r.params.max_new_tokens - len(r.output),
+                    self.max_len - len(r.prompt) - len(r.output),
+                )
+                for r in reqs
+            )
+            - ahead
+        )
         k = 1
         while k * 2 <= min(self.decode_steps, left, room):
             k *= 2
@@ -91,7 +107,9 @@ class MultiStepReplays(Admission):
         self._ahead = self._continuation(reqs, chunk)
         self._accept_chunk(reqs, chunk)
 
-    def _continuation(self, reqs: list[Request], chunk: Chunk) -> tuple[list[Request], Chunk] | None:
+    def _continuation(
+        self, reqs: list[Request], chunk: Chunk
+    ) -> tuple[list[Request], Chunk] | None:
         """Launch the chunk after `chunk` over the same rows from the inputs it left on the
         device, before its tokens are read (None: the batch may change, so the next step is
         planned on the host). Rows that stop inside `chunk` go on in the continuation; their
@@ -133,4 +151,3 @@ class MultiStepReplays(Admission):
                 if r.slot not in done and self._take(r, int(toks[r.slot]), lps[r.slot]):
                     done.add(r.slot)
         hand_over(reqs, self._owner)
-

@@ -42,7 +42,9 @@ class Request:
     # weight version change points: output[version_starts[i]:] came from versions[i] onwards
     version_starts: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    guide: Guide | None = None  # its grammar's state (SamplingParams.grammar; stacx.inference.guided)
+    guide: Guide | None = (
+        None  # its grammar's state (SamplingParams.grammar; stacx.inference.guided)
+    )
 
     @property
     def cached(self) -> int:
@@ -97,7 +99,12 @@ def hand_over(reqs: list[Request], owner: list[Request | None]) -> None:
     """Post each streamed, unfinished request's new ids to its loop (a finished one's come
     with its Generation); `owner`: the engine's rows (a request not in its row has ended)."""
     for r in reqs:
-        if r.on_tokens is not None and 0 <= r.slot and owner[r.slot] is r and len(r.output) > r.streamed:
+        if (
+            r.on_tokens is not None
+            and 0 <= r.slot
+            and owner[r.slot] is r
+            and len(r.output) > r.streamed
+        ):
             ids, lps = r.output[r.streamed :], r.logprobs[r.streamed :]
             r.streamed = len(r.output)
             try:

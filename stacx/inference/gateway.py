@@ -205,11 +205,18 @@ class Gateway:
     async def model(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}`` (the client's ``models.retrieve``): the card, or 404."""
         self._episode_of(request)
-        return web.json_response(self._model_card(self.served_model(request.match_info["model_id"])))
+        return web.json_response(
+            self._model_card(self.served_model(request.match_info["model_id"]))
+        )
 
     def _model_card(self, name: str) -> Json:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "stacx",
-                "max_model_len": self.max_len}  # fmt: skip
+        return {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "stacx",
+            "max_model_len": self.max_len,
+        }
 
     def served_model(self, name: object) -> str:
         """The model name a request asked for (absent: the served name); 404 model_not_found,
@@ -217,9 +224,13 @@ class Gateway:
         if name is None:
             return self.model_name
         if name not in self.model_names:
-            raise ApiError(f"The model `{name}` does not exist; this gateway serves "
-                           f"{', '.join(map(repr, self.model_names))}", param="model",
-                           status=404, code="model_not_found")  # fmt: skip
+            raise ApiError(
+                f"The model `{name}` does not exist; this gateway serves "
+                f"{', '.join(map(repr, self.model_names))}",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
         return str(name)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -244,13 +255,18 @@ class Gateway:
         choice_mode = body.get("tool_choice") or "auto"
         options = self.tool_choice.prefills(choice_mode, tools)
         if opt(body, "top_logprobs", int, 0, 20, 0):
-            raise ApiError("top_logprobs > 0 is not supported: the engine returns the sampled "
-                           "token's logprob only", param="top_logprobs")  # fmt: skip
+            raise ApiError(
+                "top_logprobs > 0 is not supported: the engine returns the sampled "
+                "token's logprob only",
+                param="top_logprobs",
+            )
         grammar = response_grammar(body.get("response_format"))
         if grammar and (options[0].prefill or not self.grammars):
-            raise ApiError("response_format json_object / json_schema needs an engine that constrains "
-                           "decoding (the torch engine) and no forced tool_choice",
-                           param="response_format")  # fmt: skip
+            raise ApiError(
+                "response_format json_object / json_schema needs an engine that constrains "
+                "decoding (the torch engine) and no forced tool_choice",
+                param="response_format",
+            )
         messages = template_messages(self.native_tools, body.get("messages"), tools, ep)
         kwargs: Json = {"tools": tools} if tools and self.native_tools else {}
         try:
@@ -258,17 +274,41 @@ class Gateway:
                 messages, tokenize=False, add_generation_prompt=True, **kwargs
             )
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
-            raise ApiError(f"the chat template rejected the messages: {exc}",
-                           param="messages") from exc  # fmt: skip
+            raise ApiError(
+                f"the chat template rejected the messages: {exc}", param="messages"
+            ) from exc
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         prompt, opening = await self._prefilled(text, options, body, max_key, ep)
         prefill = opening.prefill
         if opening.name and self.grammars:  # the arguments under the tool's schema
             grammar = opening.grammar(tools)
         parse = bool(tools) and choice_mode != "none"
-        call = await self._generate(body, [prompt], max_key, ep, request_json=_debug_json(body),
-                                    request=request, parse_tools=parse, held=bool(prefill),
-                                    close=opening.close, grammar=grammar)  # fmt: skip
+        call = await self._generate(
+            body,
+            [prompt],
+            max_key,
+            ep,
+            request_json=_debug_json(body),
+            request=request,
+            parse_tools=parse,
+            held=bool(prefill),
+            close=opening.close,
+            grammar=grammar,
+        )
+        choices, finals = self._chat_choices(call, prompt, prefill, parse, body, ep)
+        return _envelope("chat.completion", call, choices, model), call, finals
+
+    def _chat_choices(
+        self,
+        call: _Call,
+        prompt: list[int],
+        prefill: str,
+        parse: bool,
+        body: Json,
+        ep: GatewayEpisode | None,
+    ) -> tuple[list[Json], list[str]]:
+        """The ``chat.completion`` choices of a generated call (tool calls parsed when `parse`;
+        each call id remembered by the episode) and each choice's content."""
         choices, finals = [], []
         for i, (gen, generated) in enumerate(call.outputs):
             out_text = prefill + generated  # the assistant message as the model's turn reads
@@ -278,20 +318,30 @@ class Gateway:
             finish = _finish(gen, call.stopped[i])
             if calls:
                 message["tool_calls"] = [
-                    {"id": f"call_{new_id()[:24]}", "type": "function",
-                     "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                    {
+                        "id": f"call_{new_id()[:24]}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
                     for c in calls
-                ]  # fmt: skip
+                ]
                 message["content"] = content or None
                 finish = "tool_calls"
                 if ep is not None:
                     ep.remember(tuple(c["id"] for c in message["tool_calls"]), out_text)
             lp = self._chat_logprobs(gen) if body.get("logprobs") else None
-            choices.append({"index": i, "message": message, "logprobs": lp,
-                            "finish_reason": finish, "token_ids": gen.output_ids,
-                            "prompt_token_ids": prompt,
-                            "weight_version": gen.weight_version})  # fmt: skip
-        return _envelope("chat.completion", call, choices, model), call, finals
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                    "token_ids": gen.output_ids,
+                    "prompt_token_ids": prompt,
+                    "weight_version": gen.weight_version,
+                }
+            )
+        return choices, finals
 
     async def _prefilled(
         self,
@@ -304,9 +354,12 @@ class Gateway:
         """The prompt ids of the rendered `text` + a forced prefill, and its `Opening`: the only option, or for "required" of several tools the one whose call
         the model scores likeliest (`pick_function`; one extra scoring pass per tool), sampled
         with the request's own temperature and seed."""
-        prompts = [ep.prompt_ids(text + p, self.tok) if ep is not None
-                   else list(self.tok.encode(text + p, add_special_tokens=False))
-                   for p, *_ in options]  # fmt: skip
+        prompts = [
+            ep.prompt_ids(text + p, self.tok)
+            if ep is not None
+            else list(self.tok.encode(text + p, add_special_tokens=False))
+            for p, *_ in options
+        ]
         if len(options) == 1:
             return prompts[0], options[0]
         params = self._sampling(body, prompts, max_key)  # the request's limits, checked once
@@ -320,11 +373,17 @@ class Gateway:
         return prompts[k], options[k]
 
     def _chat_logprobs(self, gen: Generation) -> Json:
-        return {"content": [
-            {"token": (s := self.tok.decode([t], skip_special_tokens=False)),
-             "logprob": v, "bytes": list(s.encode()), "top_logprobs": []}
-            for t, v in zip(gen.output_ids, gen.logprobs or [], strict=True)
-        ]}  # fmt: skip
+        return {
+            "content": [
+                {
+                    "token": (s := self.tok.decode([t], skip_special_tokens=False)),
+                    "logprob": v,
+                    "bytes": list(s.encode()),
+                    "top_logprobs": [],
+                }
+                for t, v in zip(gen.output_ids, gen.logprobs or [], strict=True)
+            ]
+        }
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages``, translated to the chat path (and back) by
@@ -348,8 +407,15 @@ class Gateway:
         echo = opt(body, "echo", bool, None, None, False)
         prompts = self._completion_prompts(body.get("prompt"))
         try:
-            call = await self._generate(body, prompts, "max_tokens", ep, request=request,
-                                        request_json=_debug_json(body), echo=echo)  # fmt: skip
+            call = await self._generate(
+                body,
+                prompts,
+                "max_tokens",
+                ep,
+                request=request,
+                request_json=_debug_json(body),
+                echo=echo,
+            )
         except StreamClosed as closed:
             return closed.resp or web.Response(status=499)  # nobody reads it
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -357,36 +423,60 @@ class Gateway:
         for i, (gen, out_text) in enumerate(call.outputs):
             prompt = call.prompts[i]
             text = (self.tok.decode(prompt) if echo else "") + out_text
-            lp = None
-            if n_lp is not None:
-                ids = gen.output_ids
-                values: list[float | None] = list(gen.logprobs or [])
-                if echo:
-                    ids = prompt + ids
-                    values = [None, *(await self.engine.score(prompt[:1], prompt[1:])), *values]
-                tokens = [f"token_id:{t}" if as_ids else self.tok.decode(
-                    [t], skip_special_tokens=False) for t in ids]  # fmt: skip
-                offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
-                lp = {"tokens": tokens, "token_logprobs": values, "top_logprobs": None,
-                      "text_offset": offsets}  # fmt: skip
-            choices.append({"index": i, "text": text, "logprobs": lp,
-                            "finish_reason": _finish(gen, call.stopped[i]),
-                            "token_ids": gen.output_ids, "prompt_token_ids": prompt,
-                            "weight_version": gen.weight_version})  # fmt: skip
+            lp = (
+                None if n_lp is None else await self._completion_logprobs(gen, prompt, echo, as_ids)
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "text": text,
+                    "logprobs": lp,
+                    "finish_reason": _finish(gen, call.stopped[i]),
+                    "token_ids": gen.output_ids,
+                    "prompt_token_ids": prompt,
+                    "weight_version": gen.weight_version,
+                }
+            )
         out = _envelope("text_completion", call, choices, model)
         if call.streams is not None:
             finals = [text for _, text in call.outputs]
             return await call.streams.finish(choices, finals, out["usage"])
         return web.json_response(shown(out, body))
 
+    async def _completion_logprobs(
+        self, gen: Generation, prompt: list[int], echo: bool, as_ids: bool
+    ) -> Json:
+        """A completion choice's ``logprobs`` (the prompt's too when `echo`: scored by the
+        engine, its first token None); `as_ids`: tokens written ``token_id:<id>``."""
+        ids = gen.output_ids
+        values: list[float | None] = list(gen.logprobs or [])
+        if echo:
+            ids = prompt + ids
+            values = [None, *(await self.engine.score(prompt[:1], prompt[1:])), *values]
+        tokens = [
+            f"token_id:{t}" if as_ids else self.tok.decode([t], skip_special_tokens=False)
+            for t in ids
+        ]
+        offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
     # ---- requests -> prompt ids ---------------------------------------------------------------
 
     def _episode_of(self, request: web.Request) -> GatewayEpisode | None:
         ep = self._episodes.get(_credential(request))
         if ep is None and self.require_episode:
-            raise ApiError("unknown credential: use the key (or the /e/<key>/v1 base URL) of a "
-                           "running episode", status=401, type="invalid_api_key",
-                           code="invalid_api_key")  # fmt: skip
+            raise ApiError(
+                "unknown credential: use the key (or the /e/<key>/v1 base URL) of a "
+                "running episode",
+                status=401,
+                type="invalid_api_key",
+                code="invalid_api_key",
+            )
         return ep
 
     def _completion_prompts(self, raw: object) -> list[list[int]]:
@@ -396,11 +486,17 @@ class Gateway:
             return [list(self.tok.encode(p)) for p in raw]
         if isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
             return [list(raw)]
-        if (isinstance(raw, list) and raw and all(isinstance(p, list) and p and all(
-                isinstance(t, int) for t in p) for p in raw)):  # fmt: skip
+        if (
+            isinstance(raw, list)
+            and raw
+            and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in raw)
+        ):
             return [list(p) for p in raw]
-        raise ApiError("prompt must be a string, a list of strings, a list of token ids or a list "
-                       "of lists of token ids", param="prompt")  # fmt: skip
+        raise ApiError(
+            "prompt must be a string, a list of strings, a list of token ids or a list "
+            "of lists of token ids",
+            param="prompt",
+        )
 
     # ---- generation and recording -------------------------------------------------------------
 
@@ -432,25 +528,39 @@ class Gateway:
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
         kind = "chatcmpl" if "messages" in body else "cmpl"  # OpenAI's id prefixes
-        call = _Call(prompts=expanded, n=n, request_id=f"{kind}-{new_id()}", created=int(time.time()))
+        call = _Call(
+            prompts=expanded, n=n, request_id=f"{kind}-{new_id()}", created=int(time.time())
+        )
 
         def decode(ids: list[int]) -> str:
             return self.tok.decode(ids, skip_special_tokens=skip_special)
 
         texts = [TextStream(decode, stops, parse_tools, held=held) for _ in expanded]
         if body.get("stream"):
-            call.streams = ChoiceStreams(
-                request,
-                {"id": call.request_id, "created": call.created,
-                 "model": body.get("model") or self.model_name,
-                 "object": "chat.completion.chunk" if "messages" in body else "text_completion"},
-                texts, chat="messages" in body, usage=include_usage(body),
-                heads=[self.tok.decode(p) for p in expanded] if echo else None,
-                token_ids=bool(body.get("return_token_ids")),
-            )  # fmt: skip
+            call.streams = self._streams(request, body, call, texts, echo)
+        gens = await self._run(call, params, texts if stops else None)
+        for gen in gens:
+            gen, text, stopped = cut_at_stop(decode, gen, stops, keep=close)
+            call.outputs.append((gen, text))
+            call.stopped.append(stopped)
+        if ep is not None:
+            await ep.record(
+                [g for g, _ in call.outputs],
+                call.prompts,
+                engine=f"gateway:{self.engine.name}",
+                request_id=call.request_id,
+                request_json=request_json,
+            )
+        return call
+
+    async def _run(
+        self, call: _Call, params: SamplingParams, texts: list[TextStream] | None
+    ) -> list[Generation]:
+        """The engine's generations of the call's prompts (`texts`: cut at stop strings as they
+        stream). Raises the engine's refusal as an ApiError (into the stream once its 200 is
+        sent), `StreamClosed` when the streaming client left before the end."""
         try:
-            gens = await run_choices(self.engine, expanded, params, call.streams,
-                                    texts if stops else None)  # fmt: skip
+            gens = await run_choices(self.engine, call.prompts, params, call.streams, texts)
         except EngineError as exc:
             err = ApiError(f"the engine refused the request: {exc}")
             if call.streams is not None and call.streams.resp is not None:  # 200 already sent
@@ -458,30 +568,46 @@ class Gateway:
             raise err from exc
         if call.streams is not None and not call.streams.connected:
             raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
-        for gen in gens:
-            gen, text, stopped = cut_at_stop(decode, gen, stops, keep=close)
-            call.outputs.append((gen, text))
-            call.stopped.append(stopped)
-        if ep is not None:
-            await ep.record([g for g, _ in call.outputs], call.prompts,
-                            engine=f"gateway:{self.engine.name}", request_id=call.request_id,
-                            request_json=request_json)  # fmt: skip
-        return call
+        return gens
+
+    def _streams(
+        self, request: web.Request, body: Json, call: _Call, texts: list[TextStream], echo: bool
+    ) -> ChoiceStreams:
+        """The chunks of a ``stream: true`` request's choices, sent as their text arrives."""
+        return ChoiceStreams(
+            request,
+            {
+                "id": call.request_id,
+                "created": call.created,
+                "model": body.get("model") or self.model_name,
+                "object": "chat.completion.chunk" if "messages" in body else "text_completion",
+            },
+            texts,
+            chat="messages" in body,
+            usage=include_usage(body),
+            heads=[self.tok.decode(p) for p in call.prompts] if echo else None,
+            token_ids=bool(body.get("return_token_ids")),
+        )
 
     def _sampling(self, body: Json, prompts: list[list[int]], max_key: str) -> SamplingParams:
         """The engine's sampling parameters for a request body (its limits checked: the prompt
         within the context, unsupported penalties refused)."""
         longest = max(len(p) for p in prompts)
         if longest >= self.max_len:
-            raise ApiError(f"the prompt is {longest} tokens; this model's context is "
-                           f"{self.max_len}", param="messages" if "messages" in body else "prompt",
-                           code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                f"the prompt is {longest} tokens; this model's context is {self.max_len}",
+                param="messages" if "messages" in body else "prompt",
+                code="context_length_exceeded",
+            )
         max_new = opt(body, max_key, int, 1, None, None)
         if max_new is not None and longest + max_new > self.max_len:  # as vLLM and OpenAI answer
-            raise ApiError(f"{max_key} is {max_new} and the prompt {longest} tokens: {longest + max_new} "
-                           f"in all, beyond this model's context of {self.max_len} tokens "
-                           f"({max_key} <= {self.max_len - longest} here)", param=max_key,
-                           code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                f"{max_key} is {max_new} and the prompt {longest} tokens: {longest + max_new} "
+                f"in all, beyond this model's context of {self.max_len} tokens "
+                f"({max_key} <= {self.max_len - longest} here)",
+                param=max_key,
+                code="context_length_exceeded",
+            )
         extra_stops = opt(body, "stop_token_ids", list, None, None, [])
         if not all(isinstance(t, int) for t in extra_stops):
             raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
@@ -518,10 +644,15 @@ def _finish(gen: Generation, stopped: bool) -> str:
 def _envelope(kind: str, call: _Call, choices: list[Json], model: str) -> Json:
     n_in = sum(len(p) for p in call.prompts[:: call.n])  # each prompt once, not once per choice
     n_out = sum(len(g.output_ids) for g, _ in call.outputs)
-    return {"id": call.request_id, "object": kind, "created": call.created, "model": model,
-            "choices": choices, "system_fingerprint": None,
-            "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                      "total_tokens": n_in + n_out}}  # fmt: skip
+    return {
+        "id": call.request_id,
+        "object": kind,
+        "created": call.created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+    }
 
 
 def _credential(request: web.Request) -> str:

@@ -31,12 +31,19 @@ class GatewayEpisode:
     async def refused(self, route: str, status: int, error: dict[str, Any]) -> None:
         """Record an error answer to one of this episode's calls (`GatewayRefused`)."""
         n, self.n_refused = self.n_refused, self.n_refused + 1
-        await self.emit(GatewayRefused(
-            run_id=self.run_id, event_id=derive_id(self.episode_id, "refused", n),
-            episode_id=self.episode_id, route=route, status=status,
-            error_type=str(error.get("type") or ""), code=str(error.get("code") or ""),
-            param=str(error.get("param") or ""), message=str(error.get("message") or ""),
-        ))  # fmt: skip
+        await self.emit(
+            GatewayRefused(
+                run_id=self.run_id,
+                event_id=derive_id(self.episode_id, "refused", n),
+                episode_id=self.episode_id,
+                route=route,
+                status=status,
+                error_type=str(error.get("type") or ""),
+                code=str(error.get("code") or ""),
+                param=str(error.get("param") or ""),
+                message=str(error.get("message") or ""),
+            )
+        )
 
     def remember(self, call_ids: tuple[str, ...], text: str) -> None:
         """The text the model wrote for the tool calls it returned with these ids."""
@@ -85,12 +92,21 @@ class GatewayEpisode:
             previous = self._ends[-1] if self._ends else []
             events, ends = [], []
             for i, (gen, prompt) in enumerate(zip(gens, prompts, strict=True)):
-                events.append(turn_generated(
-                    gen, run_id=self.run_id, episode_id=self.episode_id, turn=self.n_turns,
-                    prompt=prompt, previous_end=previous, engine=engine, segment=self.segment,
-                    request_id=request_id, choice_index=i,
-                    request_json=request_json if i == 0 else "",
-                ))  # fmt: skip
+                events.append(
+                    turn_generated(
+                        gen,
+                        run_id=self.run_id,
+                        episode_id=self.episode_id,
+                        turn=self.n_turns,
+                        prompt=prompt,
+                        previous_end=previous,
+                        engine=engine,
+                        segment=self.segment,
+                        request_id=request_id,
+                        choice_index=i,
+                        request_json=request_json if i == 0 else "",
+                    )
+                )
                 self.n_turns += 1
                 previous = prompt + gen.output_ids
                 ends.append(previous)

@@ -116,7 +116,9 @@ class PagedKVCache(KVCache):
     ) -> None:
         super().__init__(n_layers, n_kv, head_dim, dtype, device)
         if block < 1 or blocks < 2:
-            raise ValueError(f"a paged cache needs block >= 1 and blocks >= 2, got {block}, {blocks}")
+            raise ValueError(
+                f"a paged cache needs block >= 1 and blocks >= 2, got {block}, {blocks}"
+            )
         self.block, self.blocks, self.max_len = block, blocks, max_len
         width = max_len // block + 1  # covers the scratch position max_len
         self.host_table = torch.zeros(rows, width, dtype=torch.int32)
@@ -171,7 +173,9 @@ class PagedKVCache(KVCache):
             self._dirty = False
             return
         if len(self._stages) < 2:
-            self._stages.append((torch.empty_like(self.host_table).pin_memory(), torch.cuda.Event()))
+            self._stages.append(
+                (torch.empty_like(self.host_table).pin_memory(), torch.cuda.Event())
+            )
         stage, done = self._stages.pop(0)
         done.synchronize()  # two uploads ago: long done by now (a no-op before its first record)
         stage.copy_(self.host_table)

@@ -143,8 +143,13 @@ class KVPlan:
         """Positions the cache holds (``pool_tokens``), those in use now (``used_tokens``:
         running rows and cached prefixes), those running rows held at the peak since
         `reset_peak` (``peak_tokens``), the bytes allocated and the bytes per position."""
-        return {"pool_tokens": 0, "used_tokens": 0, "peak_tokens": 0, "bytes": self.cache.nbytes(),
-                "token_bytes": self.cache.token_bytes()}  # fmt: skip
+        return {
+            "pool_tokens": 0,
+            "used_tokens": 0,
+            "peak_tokens": 0,
+            "bytes": self.cache.nbytes(),
+            "token_bytes": self.cache.token_bytes(),
+        }
 
     def reset_peak(self) -> None:
         """Start a new peak of `usage`."""
@@ -207,8 +212,10 @@ class SlotKV(KVPlan):
             return self._add_row()
 
         def wanted(i: int) -> bool:
-            return any(common_prefix(self.tokens[i], p, MIN_PREFIX_REUSE) >= MIN_PREFIX_REUSE
-                       for p in upcoming)  # fmt: skip
+            return any(
+                common_prefix(self.tokens[i], p, MIN_PREFIX_REUSE) >= MIN_PREFIX_REUSE
+                for p in upcoming
+            )
 
         by_age = sorted(free, key=lambda i: self.used[i])
         return next((i for i in by_age if not wanted(i)), by_age[0])
@@ -224,16 +231,28 @@ class SlotKV(KVPlan):
     def first(self, prompts: list[list[int]]) -> list[int]:
         """Prompts that extend a cached prefix first (stable): admitted after another request,
         they could find their row handed to it (more episodes than rows)."""
-        keys = {tuple(self.tokens[i][:MIN_PREFIX_REUSE]) for i, ok in enumerate(self.live)
-                if not ok and len(self.tokens[i]) >= MIN_PREFIX_REUSE and self.row_epoch[i] == self.epoch}  # fmt: skip
+        keys = {
+            tuple(self.tokens[i][:MIN_PREFIX_REUSE])
+            for i, ok in enumerate(self.live)
+            if not ok
+            and len(self.tokens[i]) >= MIN_PREFIX_REUSE
+            and self.row_epoch[i] == self.epoch
+        }
         if not keys:
             return list(range(len(prompts)))
-        return sorted(range(len(prompts)), key=lambda i: tuple(prompts[i][:MIN_PREFIX_REUSE]) not in keys)
+        return sorted(
+            range(len(prompts)), key=lambda i: tuple(prompts[i][:MIN_PREFIX_REUSE]) not in keys
+        )
 
     def usage(self) -> dict[str, int]:
         held = self.cache.slots * max(self.cache.capacity - 1, 0)  # a slot holds max_len whatever
-        return {"pool_tokens": held, "used_tokens": held, "peak_tokens": held, "bytes": self.cache.nbytes(),
-                "token_bytes": self.cache.token_bytes()}  # fmt: skip
+        return {
+            "pool_tokens": held,
+            "used_tokens": held,
+            "peak_tokens": held,
+            "bytes": self.cache.nbytes(),
+            "token_bytes": self.cache.token_bytes(),
+        }
 
 
 @dataclass
@@ -377,9 +396,13 @@ class PagedKV(KVPlan):
 
     def usage(self) -> dict[str, int]:
         b = self.block
-        return {"pool_tokens": (self.pool.blocks - 1) * b, "used_tokens": self.used_blocks * b,
-                "peak_tokens": self.peak * b, "bytes": self.pool.nbytes(),
-                "token_bytes": self.pool.token_bytes()}  # fmt: skip
+        return {
+            "pool_tokens": (self.pool.blocks - 1) * b,
+            "used_tokens": self.used_blocks * b,
+            "peak_tokens": self.peak * b,
+            "bytes": self.pool.nbytes(),
+            "token_bytes": self.pool.token_bytes(),
+        }
 
     def reset_peak(self) -> None:
         self.peak = self.held
@@ -432,22 +455,38 @@ def new_plan(
         tokens = min(full, cap) if cuda else full
     else:
         tokens = kv_tokens if mode == "paged" and kv_tokens is not None else full
-    if cuda and tokens * per_token > (free if budget is not None else 0.8 * free):
-        what = f"kv_tokens={tokens}" if mode == "paged" else f"max_batch={rows} x max_len={decoder.max_len}"
-        share = "the" if budget is not None else "80% of the"
-        raise EngineError(
-            f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than "
-            f"{share} {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
-        )
+    if cuda:
+        _check_fits(decoder, mode, rows, tokens, per_token, free, budget is not None)
     if mode == "slots":
         cache = decoder.new_cache()
         if cuda:  # static cache at full size: CUDA graphs need fixed addresses
             cache.grow(rows, decoder.max_len + 1)
         return SlotKV(cache, rows)
     if block < 1 or tokens < block:
-        raise EngineError(f"a paged KV cache needs kv_block >= 1 and kv_tokens >= kv_block, "
-                          f"got {block} and {tokens}")  # fmt: skip
+        raise EngineError(
+            f"a paged KV cache needs kv_block >= 1 and kv_tokens >= kv_block, "
+            f"got {block} and {tokens}"
+        )
     return PagedKV(decoder.new_paged_cache(rows, -(-tokens // block) + 1, block), rows)
+
+
+def _check_fits(
+    decoder: Decoder, mode: str, rows: int, tokens: int, per_token: int, free: int, budgeted: bool
+) -> None:
+    """EngineError, naming the numbers, for a cache of `tokens` positions over the `free`
+    device memory (over 80% of it without a declared budget)."""
+    if tokens * per_token <= (free if budgeted else 0.8 * free):
+        return
+    what = (
+        f"kv_tokens={tokens}"
+        if mode == "paged"
+        else f"max_batch={rows} x max_len={decoder.max_len}"
+    )
+    share = "the" if budgeted else "80% of the"
+    raise EngineError(
+        f"the KV cache for {what} needs {tokens * per_token / 2**30:.1f} GiB, more than "
+        f"{share} {free / 2**30:.1f} GiB free on {decoder.device}; lower it"
+    )
 
 
 def _budget_rows(

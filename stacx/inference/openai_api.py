@@ -16,20 +16,53 @@ from aiohttp import web
 Json = dict[str, Any]
 MAX_N = 16
 CHAT_KEYS = {
-    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "n", "stop",
-    "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "logprobs",
-    "top_logprobs", "stream", "stream_options", "user", "metadata", "store",
-    "frequency_penalty", "presence_penalty", "response_format", "top_k", "stop_token_ids",
-    "ignore_eos", "logit_bias", "skip_special_tokens",
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "n",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "store",
+    "frequency_penalty",
+    "presence_penalty",
+    "response_format",
+    "top_k",
+    "stop_token_ids",
+    "ignore_eos",
+    "logit_bias",
+    "skip_special_tokens",
     # vLLM's extension: each choice carries token_ids and prompt_token_ids (`shown`)
     "return_token_ids",
     # opaque hints with no effect on what is generated (OpenHands sends prompt_cache_key)
-    "prompt_cache_key", "safety_identifier",
-}  # fmt: skip
-COMPLETION_KEYS = (CHAT_KEYS - {"messages", "tools", "tool_choice", "parallel_tool_calls",
-                                  "max_completion_tokens", "top_logprobs", "response_format",
-                                  "store", "metadata"}) | {"prompt", "echo", "suffix", "best_of",
-                                  "return_tokens_as_token_ids"}  # fmt: skip
+    "prompt_cache_key",
+    "safety_identifier",
+}
+COMPLETION_KEYS = (
+    CHAT_KEYS
+    - {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_completion_tokens",
+        "top_logprobs",
+        "response_format",
+        "store",
+        "metadata",
+    }
+) | {"prompt", "echo", "suffix", "best_of", "return_tokens_as_token_ids"}
 
 
 TOKEN_ID_KEYS = ("token_ids", "prompt_token_ids")
@@ -40,7 +73,10 @@ def shown(out: Json, body: Json) -> Json:
     the request asked (``return_token_ids``, as vLLM names it); the gateway keeps them inside."""
     if body.get("return_token_ids"):
         return out
-    return {**out, "choices": [{k: v for k, v in c.items() if k not in TOKEN_ID_KEYS} for c in out["choices"]]}
+    return {
+        **out,
+        "choices": [{k: v for k, v in c.items() if k not in TOKEN_ID_KEYS} for c in out["choices"]],
+    }
 
 
 class ApiError(Exception):
@@ -57,12 +93,22 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = (
-            message, param, status, type, code,
-        )  # fmt: skip
+            message,
+            param,
+            status,
+            type,
+            code,
+        )
 
     def json(self) -> Json:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 async def json_object(request: web.Request) -> Json:
@@ -80,8 +126,10 @@ async def request_body(request: web.Request, accepted: set[str]) -> Json:
     body = await json_object(request)
     unknown = sorted(set(body) - accepted)
     if unknown:
-        raise ApiError(f"unrecognized request argument: {unknown[0]}; accepted: "
-                       f"{', '.join(sorted(accepted))}", param=unknown[0])  # fmt: skip
+        raise ApiError(
+            f"unrecognized request argument: {unknown[0]}; accepted: {', '.join(sorted(accepted))}",
+            param=unknown[0],
+        )
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise ApiError("model must be a string", param="model")
     opt(body, "stream", bool, None, None, False)
@@ -108,10 +156,12 @@ def stop_strings(raw: object) -> list[str]:
     if raw is None:
         return []
     stops = [raw] if isinstance(raw, str) else raw
-    if not isinstance(stops, list) or len(stops) > 4 or not all(
-            isinstance(s, str) and s for s in stops):  # fmt: skip
-        raise ApiError("stop must be a non-empty string or a list of up to 4 of them",
-                       param="stop")  # fmt: skip
+    if (
+        not isinstance(stops, list)
+        or len(stops) > 4
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise ApiError("stop must be a non-empty string or a list of up to 4 of them", param="stop")
     return stops
 
 
@@ -123,10 +173,18 @@ def request_tools(body: Json) -> list[Json]:
         raise ApiError("tools must be a list", param="tools")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str) or not fn["name"]:  # fmt: skip
-            raise ApiError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
-                           "'parameters': {...}}}}", param=f"tools[{i}]")  # fmt: skip
+        if (
+            not isinstance(t, dict)
+            or t.get("type") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not fn["name"]
+        ):
+            raise ApiError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                "'parameters': {...}}}}",
+                param=f"tools[{i}]",
+            )
     return tools
 
 
@@ -140,10 +198,16 @@ def content_text(content: object, where: str, role: str) -> str:
     if isinstance(content, list):
         parts = []
         for k, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(
-                    p.get("text"), str):  # fmt: skip
-                raise ApiError(f"{where}[{k}]: only text parts ({{'type': 'text', 'text': ...}}) "
-                               "are supported", param=f"{where}[{k}]")  # fmt: skip
+            if (
+                not isinstance(p, dict)
+                or p.get("type") != "text"
+                or not isinstance(p.get("text"), str)
+            ):
+                raise ApiError(
+                    f"{where}[{k}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                    "are supported",
+                    param=f"{where}[{k}]",
+                )
             parts.append(p["text"])
         return "".join(parts)
     raise ApiError(f"{where} must be a string or a list of text parts", param=where)
@@ -156,17 +220,23 @@ def assistant_calls(raw: object, where: str) -> list[tuple[str, str, dict[str, o
     for k, c in enumerate(raw):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ApiError(f"{where}[{k}] must hold function.name and function.arguments",
-                           param=f"{where}[{k}]")  # fmt: skip
+            raise ApiError(
+                f"{where}[{k}] must hold function.name and function.arguments",
+                param=f"{where}[{k}]",
+            )
         args = fn.get("arguments") or "{}"
         try:
             parsed = json.loads(args) if isinstance(args, str) else args
         except json.JSONDecodeError as exc:
-            raise ApiError(f"{where}[{k}].function.arguments is not JSON: {exc}",
-                           param=f"{where}[{k}].function.arguments") from exc  # fmt: skip
+            raise ApiError(
+                f"{where}[{k}].function.arguments is not JSON: {exc}",
+                param=f"{where}[{k}].function.arguments",
+            ) from exc
         if not isinstance(parsed, dict):
-            raise ApiError(f"{where}[{k}].function.arguments must be a JSON object",
-                           param=f"{where}[{k}].function.arguments")  # fmt: skip
+            raise ApiError(
+                f"{where}[{k}].function.arguments must be a JSON object",
+                param=f"{where}[{k}].function.arguments",
+            )
         calls.append((str(c.get("id") or ""), fn["name"], parsed))
     return calls
 
@@ -191,6 +261,5 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except ApiError as e:
         return web.json_response(e.json(), status=e.status)
     except web.HTTPNotFound:
-        err = ApiError(f"no route {request.method} {request.path}", status=404,
-                       code="not_found")  # fmt: skip
+        err = ApiError(f"no route {request.method} {request.path}", status=404, code="not_found")
         return web.json_response(err.json(), status=404)

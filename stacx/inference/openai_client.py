@@ -61,8 +61,10 @@ class OpenAIEngine:
         self, prompt: list[int], params: SamplingParams, **extra: object
     ) -> dict[str, object]:
         if params.grammar:
-            raise EngineError("constrained decoding (SamplingParams.grammar) is not supported by "
-                              "the OpenAI client engine")  # fmt: skip
+            raise EngineError(
+                "constrained decoding (SamplingParams.grammar) is not supported by "
+                "the OpenAI client engine"
+            )
         body: dict[str, object] = {
             "model": self.model,
             "prompt": self.tokenizer.decode(prompt, skip_special_tokens=False)

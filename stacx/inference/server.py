@@ -44,12 +44,28 @@ from stacx.ports import ChatTokenizer, Generation, SamplingParams
 Json = dict[str, Any]
 # sampling_params keys accepted without effect when they hold their neutral value
 _NEUTRAL = {
-    "n": 1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "stop": None, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "no_stop_trim": False, "min_new_tokens": 0,
-}  # fmt: skip
-_KNOWN = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
-          "sampling_seed", "seed", "ebnf"}  # fmt: skip
+    "n": 1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "stop": None,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "min_new_tokens": 0,
+}
+_KNOWN = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_token_ids",
+    "ignore_eos",
+    "sampling_seed",
+    "seed",
+    "ebnf",
+}
 
 
 class BadRequest(EngineError):
@@ -297,7 +313,6 @@ class Server:
 
     async def weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.weight_version)})
-
 
 
 @web.middleware

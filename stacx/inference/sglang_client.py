@@ -340,7 +340,9 @@ class SGLangEngine:
         ``state`` is not sent), then every generation names it in ``lora_path``; the previous
         adapter is unloaded after (SGLang lets requests in flight on it finish first)."""
         name = lora_name(version)
-        answer = await self.http.request("POST", "/load_lora_adapter", lora_load_request(path, version))
+        answer = await self.http.request(
+            "POST", "/load_lora_adapter", lora_load_request(path, version)
+        )
         if isinstance(answer, dict) and not answer.get("success", False):
             raise EngineError(f"load_lora_adapter refused: {answer.get('error_message')}")
         old, self._lora, self._version = self._lora, name, version

@@ -85,9 +85,17 @@ def start_sglang_server(
     port = port or free_port(host)
     log = Path(log_dir or ".") / f"sglang-{port}.log"
     cmd = [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", model,
-        "--host", host, "--port", str(port), *extra_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://{host}:{port}"

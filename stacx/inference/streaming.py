@@ -58,15 +58,21 @@ async def stream_generations(
                 yield d
         return
     for i, gen in enumerate(await engine.generate(prompts, params)):
-        yield GenerationDelta(index=i, output_ids=gen.output_ids, logprobs=gen.logprobs,
-                              generation=gen)  # fmt: skip
+        yield GenerationDelta(
+            index=i, output_ids=gen.output_ids, logprobs=gen.logprobs, generation=gen
+        )
 
 
 class TextStream:
     """One choice's text as its ids arrive; `push` returns what may be sent now."""
 
     def __init__(
-        self, decode: Callable[[list[int]], str], stops: list[str], tools: bool, *, held: bool = False
+        self,
+        decode: Callable[[list[int]], str],
+        stops: list[str],
+        tools: bool,
+        *,
+        held: bool = False,
     ) -> None:
         """`held`: nothing goes out as it comes (a reply that continues a prefilled tool call:
         its text is all part of the call, sent whole at the end)."""
@@ -136,9 +142,16 @@ class ChoiceStreams:
     connection is seen closed (checked at every engine delta, so within one decode step)."""
 
     def __init__(
-        self, request: web.Request, base: Json, texts: list[TextStream], *, chat: bool,
-        usage: bool, heads: list[str] | None = None, token_ids: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        request: web.Request,
+        base: Json,
+        texts: list[TextStream],
+        *,
+        chat: bool,
+        usage: bool,
+        heads: list[str] | None = None,
+        token_ids: bool = False,
+    ) -> None:
         """`token_ids`: each choice's last chunk carries its ``token_ids`` (the request's
         ``return_token_ids``)."""
         self.request, self.base, self.texts, self.chat = request, base, texts, chat
@@ -154,8 +167,9 @@ class ChoiceStreams:
         if self.resp is None:
             if not self.connected:
                 raise StreamClosed(None)
-            self.resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                    "Cache-Control": "no-cache"})  # fmt: skip
+            self.resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
             await self.resp.prepare(self.request)
             for i in range(len(self.texts)):
                 head = self.heads[i] if self.heads else ""
@@ -215,11 +229,13 @@ class ChoiceStreams:
 
     async def _send(self, index: int, piece: Json | str) -> None:
         if isinstance(piece, str):
-            await self._chunk([{"index": index, "text": piece, "logprobs": None,
-                                "finish_reason": None}])  # fmt: skip
+            await self._chunk(
+                [{"index": index, "text": piece, "logprobs": None, "finish_reason": None}]
+            )
         else:
-            await self._chunk([{"index": index, "delta": piece, "logprobs": None,
-                                "finish_reason": None}])  # fmt: skip
+            await self._chunk(
+                [{"index": index, "delta": piece, "logprobs": None, "finish_reason": None}]
+            )
 
     async def _chunk(self, choices: list[Json], **extra: object) -> None:
         chunk = {
@@ -269,9 +285,17 @@ async def run_choices(
             if texts and all(t.stopped for t in pending):
                 break  # leaving the stream aborts the engine's unfinished requests
     ms = (time.monotonic() - t0) * 1e3
-    return [g or Generation(output_ids=ids, logprobs=lps, finish_reason="stop",
-                            weight_version=engine.weight_version, gen_ms=ms)
-            for g, (ids, lps) in zip(gens, parts, strict=True)]  # fmt: skip
+    return [
+        g
+        or Generation(
+            output_ids=ids,
+            logprobs=lps,
+            finish_reason="stop",
+            weight_version=engine.weight_version,
+            gen_ms=ms,
+        )
+        for g, (ids, lps) in zip(gens, parts, strict=True)
+    ]
 
 
 def cut_at_stop(

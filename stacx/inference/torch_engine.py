@@ -87,7 +87,29 @@ T = TypeVar("T")
 
 
 class TorchEngine(MultiStepReplays):
-    """An :class:`~stacx.ports.Engine` running a transformers model in this process."""
+    """An :class:`~stacx.ports.Engine` running a transformers model in this process.
+
+    ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
+    trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
+    ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
+    default size). None: refused above 80% of the free memory. Ignored on CPU.
+    ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
+    Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
+    many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
+    once per replay (1: one step per replay, sampled on the host side as for other rows);
+    the next replay is launched before the last one's tokens are read, while the batch
+    goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
+    18,656 tok/s at batch 64 against 10,077 with 1.
+    ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
+    ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
+    prefixes; admission control and preemption when full), see kv_plan.py, which also
+    decides the cache's size (`new_plan`).
+    ``hold_s``: how long a row stays held for the next turn of the request that freed it;
+    ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
+    chunk, `Decoder.prefill_chunk`), see engine_admission.py.
+    ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
+    engine_setup.py.
+    """
 
     name = "torch"
     grammars = True  # honours SamplingParams.grammar (stacx.inference.guided)
@@ -116,29 +138,8 @@ class TorchEngine(MultiStepReplays):
         hold_s: float = 0.5,
         prefill_tokens: int | None = None,
     ) -> None:
-        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module).
-
-        ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
-        trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
-        ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
-        default size). None: refused above 80% of the free memory. Ignored on CPU.
-        ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
-        Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
-        many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
-        once per replay (1: one step per replay, sampled on the host side as for other rows);
-        the next replay is launched before the last one's tokens are read, while the batch
-        goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
-        18,656 tok/s at batch 64 against 10,077 with 1.
-        ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
-        ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
-        prefixes; admission control and preemption when full), see kv_plan.py, which also
-        decides the cache's size (`new_plan`).
-        ``hold_s``: how long a row stays held for the next turn of the request that freed it;
-        ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
-        chunk, `Decoder.prefill_chunk`), see engine_admission.py.
-        ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
-        engine_setup.py.
-        """
+        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module); the
+        options are described on the class."""
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
         self.decode_steps = decode_steps
@@ -151,18 +152,46 @@ class TorchEngine(MultiStepReplays):
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.decoder.embed.num_embeddings)
         self._guides = Guides(self.tokenizer, self.vocab_size)  # SamplingParams.grammar
-        self.max_batch = max_batch or (64 if dev.type == "cuda" else 32)
-        self._kv: KVPlan = new_plan(self.decoder, kv_cache, self.max_batch, kv_tokens=kv_tokens,
-                                    block=kv_block, cache_bytes=cache_bytes)  # fmt: skip
+        self._plan_cache(kv_cache, max_batch, kv_tokens, kv_block, cache_bytes)
+        self._graphed = decode_path(
+            self.decoder,
+            self._cache,
+            dev,
+            cuda_graphs=cuda_graphs,
+            kernels=kernels,
+            compile=compile,
+            compile_mode=compile_mode,
+            gemv_rows=gemv_rows,
+        )
+        self._version = weight_version
+        self._start(hold_s, prefill_tokens)
+
+    def _plan_cache(
+        self,
+        kv_cache: str,
+        max_batch: int | None,
+        kv_tokens: int | None,
+        kv_block: int,
+        cache_bytes: int | None,
+    ) -> None:
+        """The KV cache (`new_plan`) and the rows it gives."""
+        self.max_batch = max_batch or (64 if self.device.type == "cuda" else 32)
+        self._kv: KVPlan = new_plan(
+            self.decoder,
+            kv_cache,
+            self.max_batch,
+            kv_tokens=kv_tokens,
+            block=kv_block,
+            cache_bytes=cache_bytes,
+        )
         self.max_batch = self._kv.max_rows  # a cache budget can lower it
         self.kv_cache = kv_cache
         self._cache = self._kv.cache
-        self._graphed = decode_path(self.decoder, self._cache, dev, cuda_graphs=cuda_graphs,
-                                    kernels=kernels, compile=compile, compile_mode=compile_mode,
-                                    gemv_rows=gemv_rows)  # fmt: skip
+
+    def _start(self, hold_s: float, prefill_tokens: int | None) -> None:
+        """The scheduler's state (queue, holds, admission) and its thread."""
         self._ahead: tuple[list[Request], Chunk] | None = None  # see _continuation
         self._owner: list[Request | None] = [None] * len(self._kv.tokens)  # per row
-        self._version = weight_version
         self._waiting: collections.deque[Request] = collections.deque()
         self._blocked = False  # the paged pool refused the next request: retry after a release
         self._holds = Holds(hold_s, patience=self.max_batch)  # rows held for next turns
@@ -178,8 +207,16 @@ class TorchEngine(MultiStepReplays):
         # preempted: rows evicted from a full paged pool (recomputed later)
         # admit_rounds: admissions that prefilled (each then lets a decode step run), admit_us:
         # their time (the prefill and the first tokens' pick, read on the host: on the device too)
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_calls": 0,
-                      "decode_ahead": 0, "preempted": 0, "admit_rounds": 0, "admit_us": 0}  # fmt: skip
+        self.stats = {
+            "prefill_tokens": 0,
+            "reused_tokens": 0,
+            "decode_steps": 0,
+            "decode_calls": 0,
+            "decode_ahead": 0,
+            "preempted": 0,
+            "admit_rounds": 0,
+            "admit_us": 0,
+        }
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 
@@ -362,7 +399,12 @@ class TorchEngine(MultiStepReplays):
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not (self._closing or self._jobs or self._n_active() or (self._waiting and not self._held())):
+                while not (
+                    self._closing
+                    or self._jobs
+                    or self._n_active()
+                    or (self._waiting and not self._held())
+                ):
                     self._cv.wait(self._holds.wait_s())  # a hold's end may let a request in
                 if self._closing:
                     break
@@ -409,7 +451,10 @@ class TorchEngine(MultiStepReplays):
         t0 = time.perf_counter()
         logits: dict[int, torch.Tensor] = {}
         try:
-            for phase in ([b for b in batch if b[1].after is None], [b for b in batch if b[1].after is not None]):
+            for phase in (
+                [b for b in batch if b[1].after is None],
+                [b for b in batch if b[1].after is not None],
+            ):
                 if phase:
                     logits.update(self._prefill(phase))
         finally:
@@ -454,7 +499,10 @@ class TorchEngine(MultiStepReplays):
                 self._blocked = False  # (readmitted only with a block to spare per running row)
                 self._owner[victim.slot] = None
                 self._kv.release(victim.slot, keep=False)
-                victim.slot, victim.next_turn = -1, True  # readmitted before new work, as next turns are
+                victim.slot, victim.next_turn = (
+                    -1,
+                    True,
+                )  # readmitted before new work, as next turns are
                 self.stats["preempted"] += 1
                 with self._cv:
                     self._waiting.appendleft(victim)
@@ -497,7 +545,9 @@ class TorchEngine(MultiStepReplays):
                 for r in live:
                     temps[r.slot], seeds[r.slot] = r.row.temperature, r.row.seed
                 draw = (temps, seeds)
-            self._run_chunk(live, self._graphed.launch_chunk(ids, pos, kv_len + steps - 1, steps, draw))
+            self._run_chunk(
+                live, self._graphed.launch_chunk(ids, pos, kv_len + steps - 1, steps, draw)
+            )
             return
         if self._graphed is not None:
             logits = self._graphed.run(ids, pos, kv_len)
@@ -518,7 +568,9 @@ class TorchEngine(MultiStepReplays):
     def _accept(self, reqs: list[Request], logits_B_V: torch.Tensor) -> None:
         positions = [len(r.prompt) + len(r.output) - 1 for r in reqs]  # of the token each follows
         logits_B_V = mask_logits(logits_B_V, [r.guide for r in reqs])  # constrained rows
-        tokens, logprobs = sample_rows(logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels)
+        tokens, logprobs = sample_rows(
+            logits_B_V, [r.row for r in reqs], positions, self.decoder.kernels
+        )
         # one device->host transfer (ids < 2**24 are exact in float32)
         tok_list, lp_list = torch.stack([tokens.float(), logprobs]).tolist()
         for r, tok_f, lp in zip(reqs, tok_list, lp_list, strict=True):
@@ -537,7 +589,10 @@ class TorchEngine(MultiStepReplays):
         if tok in r.stop_ids or (r.guide is not None and r.guide.consume(tok)):
             self._finish(r, "stop")
             return True
-        if len(r.output) >= r.params.max_new_tokens or len(r.prompt) + len(r.output) >= self.max_len:
+        if (
+            len(r.output) >= r.params.max_new_tokens
+            or len(r.prompt) + len(r.output) >= self.max_len
+        ):
             self._finish(r, "length")
             return True
         return False

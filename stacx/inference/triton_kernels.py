@@ -53,9 +53,21 @@ TARGET_PROGRAMS = 4096
 
 @triton.jit
 def _add_rmsnorm_kernel(
-    X, R, RB, W, Y, XO, n_cols, stride, part_stride, eps,
-    HAS_RES: tl.constexpr, PARTS: tl.constexpr, HAS_RB: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    X,
+    R,
+    RB,
+    W,
+    Y,
+    XO,
+    n_cols,
+    stride,
+    part_stride,
+    eps,
+    HAS_RES: tl.constexpr,
+    PARTS: tl.constexpr,
+    HAS_RB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -102,20 +114,49 @@ def add_rmsnorm(
     r = x if residual is None else (parts.parts if parts is not None else residual)
     rb = parts.bias if parts is not None and parts.bias is not None else weight
     _add_rmsnorm_kernel[(rows,)](
-        x, r, rb, weight, y, xo, n_cols, n_cols, rows * n_cols, eps,
-        HAS_RES=residual is not None, PARTS=0 if parts is None else parts.parts.shape[0],
-        HAS_RB=parts is not None and parts.bias is not None, BLOCK=triton.next_power_of_2(n_cols),
-    )  # fmt: skip
+        x,
+        r,
+        rb,
+        weight,
+        y,
+        xo,
+        n_cols,
+        n_cols,
+        rows * n_cols,
+        eps,
+        HAS_RES=residual is not None,
+        PARTS=0 if parts is None else parts.parts.shape[0],
+        HAS_RB=parts is not None and parts.bias is not None,
+        BLOCK=triton.next_power_of_2(n_cols),
+    )
     return xo, y
 
 
 @triton.jit
 def _rope_cache_kernel(
-    QKV, Q, KC, VC, COS, SIN, POS, SLOT, CELL, QNW, KNW,
-    qkv_stride, kc_slot, kc_head, kc_pos, eps,
-    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-    ROW_SLOTS: tl.constexpr, HEADS: tl.constexpr,
-):  # fmt: skip
+    QKV,
+    Q,
+    KC,
+    VC,
+    COS,
+    SIN,
+    POS,
+    SLOT,
+    CELL,
+    QNW,
+    KNW,
+    qkv_stride,
+    kc_slot,
+    kc_head,
+    kc_pos,
+    eps,
+    N_HEADS: tl.constexpr,
+    N_KV: tl.constexpr,
+    HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROW_SLOTS: tl.constexpr,
+    HEADS: tl.constexpr,
+):
     t = tl.program_id(0)
     # HEADS of token t's heads: [0, H) q heads, [H, H + Hkv) k heads, then the v heads
     j = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -196,17 +237,51 @@ def rope_cache(
     # many tokens (a prefill): one program per token; few (a decode step): more programs
     heads = heads or min(triton.next_power_of_2(total), 32 if tokens > 256 else 4)
     _rope_cache_kernel[(tokens, triton.cdiv(total, heads))](
-        qkv, q, k_cache, v_cache, cos, sin, pos, pos if slot is None else slot, cell, qw, kw,
-        qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
-        N_HEADS=n_heads, N_KV=n_kv, HALF=dim // 2, QK_NORM=q_norm is not None,
-        ROW_SLOTS=slot is None, HEADS=heads,
-    )  # fmt: skip
+        qkv,
+        q,
+        k_cache,
+        v_cache,
+        cos,
+        sin,
+        pos,
+        pos if slot is None else slot,
+        cell,
+        qw,
+        kw,
+        qkv.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        eps,
+        N_HEADS=n_heads,
+        N_KV=n_kv,
+        HALF=dim // 2,
+        QK_NORM=q_norm is not None,
+        ROW_SLOTS=slot is None,
+        HEADS=heads,
+    )
     return q
 
 
 @triton.jit
-def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, TBL, kc_slot,
-                 BLOCK: tl.constexpr, F32_DOT: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+def _attend_tile(
+    q,
+    kbase,
+    vbase,
+    start,
+    hi,
+    kc_pos,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    d,
+    TBL,
+    kc_slot,
+    BLOCK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    PAGE: tl.constexpr,
+):
     """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax; PAGE > 0:
     key n lives in block ``TBL[n // PAGE]`` at offset ``n % PAGE`` (a paged cache)."""
     n = start + tl.arange(0, BLOCK)
@@ -236,19 +311,41 @@ def _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i, acc, d, TB
 
 @triton.jit
 def _decode_attn_kernel(
-    Q, KC, VC, POS, OUT, PO, PM, PL, TABLE, keys, scale,
-    kc_slot, kc_head, kc_pos, table_stride,
-    N_HEADS: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, DIM: tl.constexpr,
-    BLOCK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, F32_DOT: tl.constexpr,
-    INTERPRETED: tl.constexpr, PAGE: tl.constexpr,
-):  # fmt: skip
+    Q,
+    KC,
+    VC,
+    POS,
+    OUT,
+    PO,
+    PM,
+    PL,
+    TABLE,
+    keys,
+    scale,
+    kc_slot,
+    kc_head,
+    kc_pos,
+    table_stride,
+    N_HEADS: tl.constexpr,
+    REP: tl.constexpr,
+    REP_PAD: tl.constexpr,
+    DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    PAGE: tl.constexpr,
+):
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
     r = tl.arange(0, REP_PAD)
     d = tl.arange(0, DIM)
     heads = g * REP + r
-    q = tl.load(Q + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=(r < REP)[:, None], other=0.0)
+    q = tl.load(
+        Q + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=(r < REP)[:, None], other=0.0
+    )
     pos = tl.load(POS + b)
     length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
     lo = s * CHUNK
@@ -263,16 +360,52 @@ def _decode_attn_kernel(
     if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past the length
         for start in range(0, CHUNK, BLOCK):
             if lo + start < hi:
-                m_i, l_i, acc = _attend_tile(q, kbase, vbase, lo + start, hi, kc_pos, scale, m_i, l_i,
-                                             acc, d, tbl, kc_slot, BLOCK, F32_DOT, PAGE)  # fmt: skip
+                m_i, l_i, acc = _attend_tile(
+                    q,
+                    kbase,
+                    vbase,
+                    lo + start,
+                    hi,
+                    kc_pos,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    d,
+                    tbl,
+                    kc_slot,
+                    BLOCK,
+                    F32_DOT,
+                    PAGE,
+                )
     else:
         for start in range(lo, hi, BLOCK):
-            m_i, l_i, acc = _attend_tile(q, kbase, vbase, start, hi, kc_pos, scale, m_i, l_i,
-                                         acc, d, tbl, kc_slot, BLOCK, F32_DOT, PAGE)  # fmt: skip
+            m_i, l_i, acc = _attend_tile(
+                q,
+                kbase,
+                vbase,
+                start,
+                hi,
+                kc_pos,
+                scale,
+                m_i,
+                l_i,
+                acc,
+                d,
+                tbl,
+                kc_slot,
+                BLOCK,
+                F32_DOT,
+                PAGE,
+            )
     rmask = (r < REP)[:, None]
     if SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], out.to(OUT.dtype.element_ty), mask=rmask)
+        tl.store(
+            OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=rmask,
+        )
     else:
         part = (b * N_HEADS + heads) * SPLITS + s  # [B, H, SPLITS] partials
         tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
@@ -281,7 +414,9 @@ def _decode_attn_kernel(
 
 
 @triton.jit
-def _combine_kernel(PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr):
+def _combine_kernel(
+    PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr
+):
     bh = tl.program_id(0)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, DIM)
@@ -292,7 +427,9 @@ def _combine_kernel(PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.conste
     top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys (a padded row): zeros
     w = tl.exp(m - top)
     total = tl.sum(l_s * w, axis=0)
-    acc = tl.load(PO + (bh * SPLITS + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0)
+    acc = tl.load(
+        PO + (bh * SPLITS + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
+    )
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
 
@@ -301,6 +438,20 @@ def attention_splits(batch: int, n_kv: int, keys: int) -> int:
     """How many key ranges each (row, kv head) is split into for a step reading at most `keys`
     keys: enough for ~TARGET_PROGRAMS programs, at least one tile of keys each."""
     return max(1, min(triton.cdiv(TARGET_PROGRAMS, batch * n_kv), triton.cdiv(keys, BLOCK_N)))
+
+
+def _split_partials(
+    out: torch.Tensor, splits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`decode_attention`'s buffers for its key ranges: each one's partial output, running max
+    and sum (fp32), that `_combine_kernel` merges into `out` [B, H, D]; one range writes `out`
+    directly (the three are `out`, unused)."""
+    if splits <= 1:
+        return out, out, out
+    batch, n_heads, dim = out.shape
+    po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=out.device)
+    pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=out.device)
+    return po, pm, torch.empty_like(pm)
 
 
 def decode_attention(
@@ -325,20 +476,35 @@ def decode_attention(
     splits = splits or attention_splits(batch, n_kv, keys)
     chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
     out = torch.empty_like(q)
-    if splits > 1:
-        po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=q.device)
-        pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=q.device)
-        pl = torch.empty_like(pm)
-    else:
-        po = pm = pl = out
+    po, pm, pl = _split_partials(out, splits)
     _decode_attn_kernel[(batch, n_kv, splits)](
-        q, k_cache, v_cache, pos, out, po, pm, pl, pos if table is None else table, keys, scale,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 0 if table is None else table.stride(0),
-        N_HEADS=n_heads, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), DIM=dim,
-        BLOCK=BLOCK_N, SPLITS=splits, CHUNK=chunk, F32_DOT=q.dtype == torch.float32 or INTERPRET,
-        INTERPRETED=INTERPRET, PAGE=0 if table is None else k_cache.shape[2],
+        q,
+        k_cache,
+        v_cache,
+        pos,
+        out,
+        po,
+        pm,
+        pl,
+        pos if table is None else table,
+        keys,
+        scale,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        0 if table is None else table.stride(0),
+        N_HEADS=n_heads,
+        REP=rep,
+        REP_PAD=max(16, triton.next_power_of_2(rep)),
+        DIM=dim,
+        BLOCK=BLOCK_N,
+        SPLITS=splits,
+        CHUNK=chunk,
+        F32_DOT=q.dtype == torch.float32 or INTERPRET,
+        INTERPRETED=INTERPRET,
+        PAGE=0 if table is None else k_cache.shape[2],
         num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
-    )  # fmt: skip
+    )
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](
             po, pm, pl, out, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
@@ -370,10 +536,25 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _gemv_kernel(
-    X, W, BIAS, RES, Y, NW, rows, n_out, x_stride, eps,
-    N_IN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
-):  # fmt: skip
+    X,
+    W,
+    BIAS,
+    RES,
+    Y,
+    NW,
+    rows,
+    n_out,
+    x_stride,
+    eps,
+    N_IN: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    GLU: tl.constexpr,
+):
     dt = Y.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = n < n_out
@@ -383,7 +564,9 @@ def _gemv_kernel(
         sq = tl.zeros([ROWS, BLOCK_K], tl.float32)
         for k0 in range(0, N_IN, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mrow & (k < N_IN)[None, :], other=0.0)
+            xk = tl.load(
+                X + m[:, None] * x_stride + k[None, :], mask=mrow & (k < N_IN)[None, :], other=0.0
+            )
             sq += xk.to(tl.float32) * xk.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / N_IN + eps)
     acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
@@ -443,11 +626,25 @@ def gemv(
     block_k = min(1024, triton.next_power_of_2(n_in), 8192 // (pad * block_n))
     nw, eps = norm if norm is not None else (weight, 0.0)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, bias if bias is not None else weight, residual if residual is not None else y,
-        y, nw, rows, n_out, x.stride(0), eps,
-        N_IN=n_in, ROWS=pad, BLOCK_N=block_n, BLOCK_K=block_k,
-        NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, GLU=glu,
-    )  # fmt: skip
+        x,
+        weight,
+        bias if bias is not None else weight,
+        residual if residual is not None else y,
+        y,
+        nw,
+        rows,
+        n_out,
+        x.stride(0),
+        eps,
+        N_IN=n_in,
+        ROWS=pad,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None,
+        GLU=glu,
+    )
     return y
 
 
@@ -456,10 +653,23 @@ GEMM_ROWS = 64  # the Triton GEMM's one tile of rows; more rows: cuBLAS
 
 @triton.jit
 def _gemm_kernel(
-    X, W, B, Y, rows, n_out, n_in, x_stride,
-    K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, F32_DOT: tl.constexpr,
-):  # fmt: skip
+    X,
+    W,
+    B,
+    Y,
+    rows,
+    n_out,
+    n_in,
+    x_stride,
+    K_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GLU: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    F32_DOT: tl.constexpr,
+):
     pn = tl.program_id(0)
     s = tl.program_id(1)  # key range [s * K_SPLIT, (s + 1) * K_SPLIT) of a split-K GEMM
     m = tl.arange(0, BLOCK_M)
@@ -480,7 +690,9 @@ def _gemm_kernel(
         if GLU:  # the up rows sit n_out rows below the gate rows
             u = tl.load(W + (n + n_out)[:, None] * n_in + k[None, :], mask=nmask & kmask, other=0.0)
             if F32_DOT:
-                acc_up = tl.dot(x.to(tl.float32), tl.trans(u.to(tl.float32)), acc_up, input_precision="ieee")
+                acc_up = tl.dot(
+                    x.to(tl.float32), tl.trans(u.to(tl.float32)), acc_up, input_precision="ieee"
+                )
             else:
                 acc_up = tl.dot(x, tl.trans(u), acc_up)
     omask = mmask & (n < n_out)[None, :]
@@ -500,8 +712,9 @@ def _gemm_kernel(
         tl.store(Y + (s * rows + m)[:, None] * n_out + n[None, :], acc, mask=omask)
 
 
-def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, glu: bool,
-          split_k: bool) -> torch.Tensor:  # fmt: skip
+def _gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, glu: bool, split_k: bool
+) -> torch.Tensor:
     rows, n_in = x.shape
     if rows > GEMM_ROWS:
         raise ValueError(f"gemm: {rows} rows, at most {GEMM_ROWS}")
@@ -522,11 +735,24 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, glu:
     else:
         y = torch.empty(split, rows, n_out, dtype=torch.float32, device=x.device)
     _gemm_kernel[(triton.cdiv(n_out, block_n), split)](
-        x, weight, bias if bias is not None else weight, y, rows, n_out, n_in, x.stride(0),
-        K_SPLIT=k_split, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split, GLU=glu, HAS_BIAS=bias is not None and split == 1,
-        F32_DOT=f32 or INTERPRET, num_stages=3 if f32 else 5,
-    )  # fmt: skip
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        rows,
+        n_out,
+        n_in,
+        x.stride(0),
+        K_SPLIT=k_split,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT=split,
+        GLU=glu,
+        HAS_BIAS=bias is not None and split == 1,
+        F32_DOT=f32 or INTERPRET,
+        num_stages=3 if f32 else 5,
+    )
     return y
 
 

@@ -18,9 +18,22 @@ PICK_BLOCK = 1024
 
 @triton.jit
 def _pick_partial_kernel(
-    LOGITS, TEMP, SEED, POS, PMAX, PSUM, PBEST, PIDX, PVAL, vocab, stride,
-    SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SAMPLE: tl.constexpr,
-):  # fmt: skip
+    LOGITS,
+    TEMP,
+    SEED,
+    POS,
+    PMAX,
+    PSUM,
+    PBEST,
+    PIDX,
+    PVAL,
+    vocab,
+    stride,
+    SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SAMPLE: tl.constexpr,
+):
     row = tl.program_id(0)
     s = tl.program_id(1)
     m = tl.full([], float("-inf"), tl.float32)  # the raw logits' max and sum of exp: the logprob
@@ -34,7 +47,9 @@ def _pick_partial_kernel(
         counter = tl.load(POS + row).to(tl.int64) * 4294967296  # (position, token id) counters
     for start in range(0, CHUNK, BLOCK):
         cols = s * CHUNK + start + tl.arange(0, BLOCK)
-        x = tl.load(LOGITS + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = tl.load(LOGITS + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(
+            tl.float32
+        )
         top = tl.max(x, axis=0)
         new = tl.maximum(m, top)
         safe = tl.where(new == float("-inf"), 0.0, new)
@@ -61,8 +76,18 @@ def _pick_partial_kernel(
 
 
 @triton.jit
-def _pick_combine_kernel(PMAX, PSUM, PBEST, PIDX, PVAL, TOK, OUT_TOK, OUT_LP, SPLITS: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr):  # fmt: skip
+def _pick_combine_kernel(
+    PMAX,
+    PSUM,
+    PBEST,
+    PIDX,
+    PVAL,
+    TOK,
+    OUT_TOK,
+    OUT_LP,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
     row = tl.program_id(0)
     sp = tl.arange(0, SPLITS_PAD)
     live = sp < SPLITS
@@ -96,19 +121,44 @@ def pick(
     the batch and repeats for the same seed. Writes the token (as float32) to ``out_tok``
     [B] and its logprob to ``out_lp`` [B]; returns the tokens as int64 [B]."""
     rows, vocab = logits.shape
-    splits = max(1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows)))
+    splits = max(
+        1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows))
+    )
     chunk = triton.cdiv(triton.cdiv(vocab, splits), PICK_BLOCK) * PICK_BLOCK
     dev = logits.device
-    pmax, psum, pbest, pval = (torch.empty(rows, splits, dtype=torch.float32, device=dev) for _ in range(4))
+    pmax, psum, pbest, pval = (
+        torch.empty(rows, splits, dtype=torch.float32, device=dev) for _ in range(4)
+    )
     pidx = torch.empty(rows, splits, dtype=torch.int32, device=dev)
     tok = torch.empty(rows, dtype=torch.int64, device=dev)
     temp, seed, pos = sample if sample is not None else (pmax, pidx, pidx)
     _pick_partial_kernel[(rows, splits)](
-        logits, temp, seed, pos.contiguous(), pmax, psum, pbest, pidx, pval, vocab, logits.stride(0),
-        SPLITS=splits, CHUNK=chunk, BLOCK=PICK_BLOCK, SAMPLE=sample is not None,
-    )  # fmt: skip
+        logits,
+        temp,
+        seed,
+        pos.contiguous(),
+        pmax,
+        psum,
+        pbest,
+        pidx,
+        pval,
+        vocab,
+        logits.stride(0),
+        SPLITS=splits,
+        CHUNK=chunk,
+        BLOCK=PICK_BLOCK,
+        SAMPLE=sample is not None,
+    )
     _pick_combine_kernel[(rows,)](
-        pmax, psum, pbest, pidx, pval, tok, out_tok, out_lp,
-        SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
-    )  # fmt: skip
+        pmax,
+        psum,
+        pbest,
+        pidx,
+        pval,
+        tok,
+        out_tok,
+        out_lp,
+        SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits),
+    )
     return tok

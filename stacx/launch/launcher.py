@@ -107,10 +107,12 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
         loaded, broken = load_task_set(resolve_tasks(t.path))
         every = sorted([x.task_id for x in loaded] + [b.task_id for b in broken])
         broken = [
-            b for b in broken
+            b
+            for b in broken
             if (not t.include or matches(b.task_id, t.include))
-            and not matches(b.task_id, t.exclude) and not t.difficulty
-        ]  # fmt: skip
+            and not matches(b.task_id, t.exclude)
+            and not t.difficulty
+        ]
         # a pattern that names only tasks that do not load selects those (they fail alone)
         ids = [x.task_id for x in loaded]
         include = [p for p in t.include if any(fnmatchcase(i, p) for i in ids)]
@@ -118,11 +120,14 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
         for key, patterns in (("include", t.include), ("exclude", t.exclude)):
             loose = [p for p in patterns if not any(fnmatchcase(i, p) for i in every)]
             if loose:
-                raise TaskError(f"tasks.{key}: {loose} match no task id; "
-                                f"accepted: {', '.join(every)}")  # fmt: skip
-        chosen = [x for x in loaded
-                  if (not t.include or matches(x.task_id, include))
-                  and not matches(x.task_id, exclude)]  # fmt: skip
+                raise TaskError(
+                    f"tasks.{key}: {loose} match no task id; accepted: {', '.join(every)}"
+                )
+        chosen = [
+            x
+            for x in loaded
+            if (not t.include or matches(x.task_id, include)) and not matches(x.task_id, exclude)
+        ]
         tasks = select(chosen, difficulty=t.difficulty, limit=t.limit) if chosen else []
     except TaskError as exc:
         raise ConfigError(f"{exc} (in {t.path})") from None
@@ -166,9 +171,13 @@ def eval_plan(recipe: Recipe) -> EvalPlan | None:
     if ev.every == 0:
         return None
     tasks = msgspec.structs.replace(
-        recipe.tasks, path=ev.path or recipe.tasks.path, include=ev.include,
-        exclude=ev.exclude, difficulty=ev.difficulty, limit=ev.limit,
-    )  # fmt: skip
+        recipe.tasks,
+        path=ev.path or recipe.tasks.path,
+        include=ev.include,
+        exclude=ev.exclude,
+        difficulty=ev.difficulty,
+        limit=ev.limit,
+    )
     refs = selection(msgspec.structs.replace(recipe, tasks=tasks))[0]
     versions = eval_versions(ev.every, recipe.trainer.steps, at_start=ev.at_start)
     return EvalPlan(tasks=refs, samples=ev.samples, versions=versions)

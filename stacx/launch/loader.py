@@ -191,7 +191,9 @@ def _trainer_keys(data: ConfigDict, algo: object) -> dict[str, tuple[object, str
         ),
     }
     # the keys the algorithm derives (DAgger's label_actors, OPD's knobs, ...)
-    fixed.update(algorithms.get(str(algo)).trainer_keys(lambda key, default: _get(data, key, default)))
+    fixed.update(
+        algorithms.get(str(algo)).trainer_keys(lambda key, default: _get(data, key, default))
+    )
     return fixed
 
 

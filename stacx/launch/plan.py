@@ -113,9 +113,7 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
         if recipe.scripted_agent
         else _engine_detail(recipe.engine, recipe.model.path, recipe.model.dtype)
     )
-    rollout_detail = (
-        f"{engine}; {recipe.sandbox.backend} sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
-    )
+    rollout_detail = f"{engine}; {recipe.sandbox.backend} sandboxes x{recipe.sandbox.concurrency}; agent {recipe.agent.name}"
     algo = recipe.algorithm.algo
     if algo.roll_in:
         rollout_detail += (
@@ -178,7 +176,11 @@ def describe(recipe: Recipe, roles: list[RoleSpec]) -> list[tuple[str, str, str,
             "-",
             "launcher process: NATS, DuckDB recorder, scheduler, "
             "progress, metrics"
-            + (", SQL query service for the roles' processes" if recipe.placement_mode != "local" else ""),
+            + (
+                ", SQL query service for the roles' processes"
+                if recipe.placement_mode != "local"
+                else ""
+            ),
         )
     ]
     for r in roles:

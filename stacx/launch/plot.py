@@ -133,8 +133,10 @@ def _read(
     try:
         if tuple(metrics) == DEFAULT_METRICS and con.execute(METRICS["eval"][2]).fetchall():
             metrics = (*DEFAULT_METRICS, "eval")
-        data = {m: con.execute(METRICS[m][2].replace("{PERIODIC}", PERIODIC)).fetchall()
-                for m in metrics}  # fmt: skip
+        data = {
+            m: con.execute(METRICS[m][2].replace("{PERIODIC}", PERIODIC)).fetchall()
+            for m in metrics
+        }
     finally:
         con.close()
     return metrics, data

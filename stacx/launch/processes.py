@@ -70,12 +70,14 @@ class RoleProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log_file:  # the child keeps its own descriptor
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "stacx.launch.processes",
+                sys.executable,
+                "-m",
+                "stacx.launch.processes",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
                 start_new_session=True,  # a Ctrl-C to the launcher's group is the launcher's
-            )  # fmt: skip
+            )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(msgspec.json.encode(self.spec) + b"\n")
         await self.proc.stdin.drain()
@@ -178,8 +180,11 @@ class ProcessPlacement:
             child.restarts += 1
             log.warning(
                 "role %s was killed by signal %d; starting it again (%d/%d)",
-                child.label, -status, child.restarts, MAX_RESTARTS,
-            )  # fmt: skip
+                child.label,
+                -status,
+                child.restarts,
+                MAX_RESTARTS,
+            )
             await child.start()
 
     async def stop(self) -> None:
@@ -212,6 +217,7 @@ async def _child_main() -> None:
         stop.set()
 
     watcher = asyncio.create_task(until_eof())
+
     def ready() -> None:
         control.write(READY)
 

@@ -302,8 +302,10 @@ def _eval_problems(r: Recipe) -> list[str]:
             out.append("[eval]: set eval.every (weight versions between evals) to evaluate")
         return out
     if r.is_eval:
-        out.append("eval.every: periodic eval is for training runs (algorithm.name = 'eval' "
-                   "already evaluates every task)")  # fmt: skip
+        out.append(
+            "eval.every: periodic eval is for training runs (algorithm.name = 'eval' "
+            "already evaluates every task)"
+        )
     if r.algorithm.algo.roll_in:
         out.append(
             f"eval.every with algorithm.name = {r.algorithm.name!r}: not supported (its roll-in "
@@ -358,15 +360,19 @@ def _judge_problems(r: Recipe) -> list[str]:
         out.append(f"judge.use = 'student': agent.name = {r.agent.name!r} runs no model")
     if j.use == "own" and j.enabled:
         if j.backend == "openai" and not (j.path and j.url):
-            out.append("judge.path, judge.url: backend 'openai' needs both (the model, whose "
-                       "tokenizer frames the prompt, and the server)")  # fmt: skip
+            out.append(
+                "judge.path, judge.url: backend 'openai' needs both (the model, whose "
+                "tokenizer frames the prompt, and the server)"
+            )
         if j.backend == "torch" and j.url:
             out.append("judge.url: backend 'torch' runs in the worker's process; set judge.path")
         if j.backend == "sglang" and not j.path:
             out.append("judge.path: backend 'sglang' needs the model (its tokenizer)")
     if j.enabled and r.algorithm.algo.roll_in:
-        out.append(f"[judge] with algorithm.name = {r.algorithm.name!r}: not supported (its "
-                   f"roll-in and branch episodes are not judged); use {_without('roll_in')}")  # fmt: skip
+        out.append(
+            f"[judge] with algorithm.name = {r.algorithm.name!r}: not supported (its "
+            f"roll-in and branch episodes are not judged); use {_without('roll_in')}"
+        )
     if j.rubric and not j.enabled:
         out.append("judge.rubric: needs a judge model: set judge.path, judge.url or judge.use")
     try:
@@ -384,8 +390,10 @@ def scaffold_of(agent: AgentSection) -> ScaffoldSpec:
     if agent.scaffold_spec is None:
         return resolve(agent.scaffold)
     if agent.scaffold:
-        raise ConfigError(f"agent.scaffold = {agent.scaffold!r} and agent.scaffold_spec: one "
-                          "or the other; remove one")  # fmt: skip
+        raise ConfigError(
+            f"agent.scaffold = {agent.scaffold!r} and agent.scaffold_spec: one "
+            "or the other; remove one"
+        )
     return checked(agent.scaffold_spec, "agent.scaffold_spec")
 
 

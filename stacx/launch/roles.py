@@ -106,8 +106,11 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 scripted_executors(recipe.agent.name, chat, get_format(recipe.agent.format)),
             )
             judge = await open_judge(stack, recipe, env)
-            yield [RolloutWorker(config=rollout_config(recipe), envs=envs, make_agent=make_agent,
-                                 judge=judge)]  # fmt: skip
+            yield [
+                RolloutWorker(
+                    config=rollout_config(recipe), envs=envs, make_agent=make_agent, judge=judge
+                )
+            ]
             return
         sync: Actor
         if env.engine_url:  # the engine role serves every rollout worker (mode "processes")
@@ -140,8 +143,11 @@ async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
                 chat, agent_config(recipe), lambda _t, _i: always(student)
             )
             judge = await open_judge(stack, recipe, env, (engine, tokenizer))
-            workers = [RolloutWorker(config=config, envs=envs, make_agent=make_agent,
-                                     serves=serves, judge=judge)]  # fmt: skip
+            workers = [
+                RolloutWorker(
+                    config=config, envs=envs, make_agent=make_agent, serves=serves, judge=judge
+                )
+            ]
         yield [sync, *workers]
 
 
@@ -205,11 +211,15 @@ async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[lis
         label = f"engine-{index}"
         if student.weight_version > 0:  # started on a durable version (a restart): say so, as
             # WeightSync would have, so that rollout workers waiting on it (ServedVersion) see it
-            await env.emit(WeightsLoaded(
-                run_id=env.run_id,
-                event_id=derive_id(env.run_id, "WeightsLoaded", label, student.weight_version),
-                version=student.weight_version, engine=label, transport="file",
-            ))  # fmt: skip
+            await env.emit(
+                WeightsLoaded(
+                    run_id=env.run_id,
+                    event_id=derive_id(env.run_id, "WeightsLoaded", label, student.weight_version),
+                    version=student.weight_version,
+                    engine=label,
+                    transport="file",
+                )
+            )
         server = Server(student, model_name=recipe.model.path)
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
@@ -263,8 +273,14 @@ def imitation_workers(
     imitation = recipe.algorithm.imitation
     teacher_policy = EnginePolicy(teacher_engine, TurnActor.TEACHER)
     roll_in = MixtureRollIn(student, teacher_policy, imitation, env.run_id)
-    manager = MixtureWorker(roll_in=roll_in, config=rollout_config(recipe), envs=envs,
-                            chat=chat, agent=agent_config(recipe), serves=serves)  # fmt: skip
+    manager = MixtureWorker(
+        roll_in=roll_in,
+        config=rollout_config(recipe),
+        envs=envs,
+        chat=chat,
+        agent=agent_config(recipe),
+        serves=serves,
+    )
     workers: list[Actor] = [manager]
     if recipe.algorithm.algo.branches:
         from stacx.imitation.aggrevate import BranchActor

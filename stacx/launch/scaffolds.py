@@ -115,8 +115,9 @@ class DockerBeside:
             from stacx.sandbox.pool import SandboxPool
 
             self._docker = await self._stack.enter_async_context(aiodocker.Docker())
-            self._pool = SandboxPool(size=0, run_id=self.env.run_id, emit=self.env.emit,
-                                     docker=self._docker)  # fmt: skip
+            self._pool = SandboxPool(
+                size=0, run_id=self.env.run_id, emit=self.env.emit, docker=self._docker
+            )
             self._stack.push_async_callback(self._pool.close)
         return self
 
@@ -157,7 +158,6 @@ class DockerBeside:
                 # STACX's own offline base: built here when missing, as for any task (the
                 # alias map never depends on which bases exist)
                 await asyncio.to_thread(ensure_base, base)
-                layer = ImageLayer(name=f"{self.spec.name}-beside",
-                                   run=self.spec.beside_commands())  # fmt: skip
+                layer = ImageLayer(name=f"{self.spec.name}-beside", run=self.spec.beside_commands())
                 self._image = await layered_image(self._docker, base, layer)
         return self._image

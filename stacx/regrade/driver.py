@@ -64,7 +64,7 @@ from stacx.launch.roles import agent_config, docker_environments
 from stacx.launch.scripted import SOLVE_COMMAND, run_solution
 from stacx.ports import Environments, InfraFailure, Sandbox, Task, Verdict
 from stacx.regrade.graders import Grader, Replayed
-from stacx.regrade.judging import judge_plan, open_grader
+from stacx.regrade.judging import JudgePlan, judge_plan, open_grader
 from stacx.regrade.replay import RecordedCall, RunCall, recorded_calls, replay
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, select_episodes
@@ -122,22 +122,30 @@ def read_run(
     if previous is None:
         raise ConfigError(f"{run_dir}: its log has no RunStarted; nothing to regrade")
     try:  # an imported run (`stacx import harbor`) has no recipe: the defaults (Docker, SWE tools)
-        recorded: ConfigDict = {"name": "import"} if "import" in previous.config else previous.config
+        recorded: ConfigDict = (
+            {"name": "import"} if "import" in previous.config else previous.config
+        )
         recipe = convert(recorded, source=f"{run_dir}'s recorded recipe")
     except ConfigError as exc:
-        raise ConfigError(f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}") from exc
+        raise ConfigError(
+            f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}"
+        ) from exc
     con = db.connect_run(run_dir)
     try:
         try:
             con.execute(f"select count(*) from episodes where {where}").fetchall()
         except duckdb.Error as exc:
-            raise StacxError(f"--episodes: {where} is not a valid predicate over the episodes "
-                             f"view: {exc}") from exc  # fmt: skip
+            raise StacxError(
+                f"--episodes: {where} is not a valid predicate over the episodes view: {exc}"
+            ) from exc
         if limit is not None:  # the first N by start, before their events are read
             ids = [r[1] for r in select_episodes(con, where)[:limit]]
             where = "episode_id IN (" + ", ".join(f"'{i}'" for i in ids) + ")" if ids else "false"
-        paths = dict(con.execute(
-            "select group_id, any_value(task_path) from task_scheduled group by 1").fetchall())
+        paths = dict(
+            con.execute(
+                "select group_id, any_value(task_path) from task_scheduled group by 1"
+            ).fetchall()
+        )
     finally:
         con.close()
     return previous.config, recipe, read_records(run_dir, where), paths
@@ -147,18 +155,23 @@ def done_before(run_dir: Path) -> set[tuple[str, str]]:
     """(episode, grader) pairs already graded, or reported as diverged / not replayable."""
     con = db.connect_run(run_dir)
     try:
-        return {(str(e), str(g)) for e, g in con.execute(
-            "select episode_id, to_json(r)->>'grader' from reward_assigned r "
-            "where coalesce(to_json(r)->>'grader', '') <> '' "
-            "union all select episode_id, grader from episode_not_regraded where issue <> 'infra'"
-        ).fetchall()}  # fmt: skip
+        return {
+            (str(e), str(g))
+            for e, g in con.execute(
+                "select episode_id, to_json(r)->>'grader' from reward_assigned r "
+                "where coalesce(to_json(r)->>'grader', '') <> '' "
+                "union all select episode_id, grader from episode_not_regraded where issue <> 'infra'"
+            ).fetchall()
+        }
     except duckdb.Error:  # a log older than the grader field and EpisodeNotRegraded: none
         return set()
     finally:
         con.close()
 
 
-def targets(records: list[EpisodeRecord], paths: dict[str, str], tasks: Path | None) -> list[Target]:
+def targets(
+    records: list[EpisodeRecord], paths: dict[str, str], tasks: Path | None
+) -> list[Target]:
     """Each episode with its tasks (see the module docstring, step 1)."""
     recorded: dict[str, Task | None] = {}
     for path in {paths[r.group_id] for r in records if r.group_id in paths}:
@@ -175,13 +188,26 @@ def targets(records: list[EpisodeRecord], paths: dict[str, str], tasks: Path | N
         start = next((e for e in r.events if e["kind"] == "EpisodeStarted"), {})
         ran = recorded.get(paths.get(r.group_id, ""))
         task = ran if given is None else given.get(r.task_id)
-        missing = "" if task is not None else (
-            f"task {r.task_id!r} is not in --tasks {tasks}" if given is not None
-            else f"task {r.task_id!r}: its recorded path {paths.get(r.group_id, '(none: imported episode)')} "
-                 "does not load; give --tasks"
-        )  # fmt: skip
-        out.append(Target(record=r, agent=str(start.get("agent", "")), policy=str(start.get("policy", "")),
-                          task=task, recorded_task=ran or task, missing=missing))  # fmt: skip
+        missing = (
+            ""
+            if task is not None
+            else (
+                f"task {r.task_id!r} is not in --tasks {tasks}"
+                if given is not None
+                else f"task {r.task_id!r}: its recorded path {paths.get(r.group_id, '(none: imported episode)')} "
+                "does not load; give --tasks"
+            )
+        )
+        out.append(
+            Target(
+                record=r,
+                agent=str(start.get("agent", "")),
+                policy=str(start.get("policy", "")),
+                task=task,
+                recorded_task=ran or task,
+                missing=missing,
+            )
+        )
     return out
 
 
@@ -191,10 +217,19 @@ def run_call(target: Target, tools: Tools) -> RunCall:
 
     async def run(call: RecordedCall, sandbox: Sandbox) -> Observation | None:
         solution = target.recorded_task
-        if (target.policy == "oracle" and solution is not None and isinstance(tools, SweTools)
-                and call.tool == "bash" and call.arguments.get("command") == SOLVE_COMMAND):  # fmt: skip
-            return await execute(ToolCall(name="bash", arguments=call.arguments), sandbox,
-                                 tools.limits, run_solution(solution))  # fmt: skip
+        if (
+            target.policy == "oracle"
+            and solution is not None
+            and isinstance(tools, SweTools)
+            and call.tool == "bash"
+            and call.arguments.get("command") == SOLVE_COMMAND
+        ):
+            return await execute(
+                ToolCall(name="bash", arguments=call.arguments),
+                sandbox,
+                tools.limits,
+                run_solution(solution),
+            )
         return await tools.replay(call.tool, call.arguments, sandbox)
 
     return run
@@ -203,8 +238,10 @@ def run_call(target: Target, tools: Tools) -> RunCall:
 def not_replayable(target: Target) -> str:
     """Why the episode's actions cannot be replayed, or ''."""
     if target.agent == "installed":
-        return ("an installed scaffold's episode: its tool executions ran inside the scaffold, "
-                "and the log holds its model calls, not its actions")  # fmt: skip
+        return (
+            "an installed scaffold's episode: its tool executions ran inside the scaffold, "
+            "and the log holds its model calls, not its actions"
+        )
     if target.task is not None and target.task.step_tasks:
         return "a multi-step task: replaying its steps is not supported"
     return ""
@@ -213,8 +250,17 @@ def not_replayable(target: Target) -> str:
 class Regrader:
     """One regrade: the graders' events published through `emit` (the run's context)."""
 
-    def __init__(self, *, run_id: str, attempt: int, envs: Environments, grader: Grader,
-                 recipe: Recipe, emit: Emit, artifacts_dir: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        attempt: int,
+        envs: Environments,
+        grader: Grader,
+        recipe: Recipe,
+        emit: Emit,
+        artifacts_dir: Path,
+    ) -> None:
         self.run_id, self.attempt, self.envs, self.grader = run_id, attempt, envs, grader
         self.artifacts_dir = artifacts_dir  # <run>/artifacts: what episodes left, by episode id
         self.recipe = recipe
@@ -229,7 +275,9 @@ class Regrader:
         grader = self.grader.name(target.task)
         base = msgspec.structs.replace(base, grader=grader)
         if (r.episode_id, grader) in done:
-            return msgspec.structs.replace(base, issue="skipped", message="already regraded by this grader")
+            return msgspec.structs.replace(
+                base, issue="skipped", message="already regraded by this grader"
+            )
         left = self.artifacts_dir / r.episode_id
         kept = left if self.grader.from_artifacts(target.task, left) else None
         why = not_replayable(target)
@@ -239,49 +287,80 @@ class Regrader:
             try:
                 verdict = await self._replay_and_grade(target, base, kept)
             except (InfraFailure, SandboxError, EngineError, TaskError, OSError) as exc:
-                return await self._not_regraded(base, RegradeIssue.INFRA, f"{type(exc).__name__}: {exc}")
+                return await self._not_regraded(
+                    base, RegradeIssue.INFRA, f"{type(exc).__name__}: {exc}"
+                )
         if isinstance(verdict, Outcome):
             return verdict
-        await self.emit(RewardAssigned(
-            run_id=self.run_id, event_id=derive_id(r.episode_id, "RewardAssigned", grader),
-            episode_id=r.episode_id, reward=verdict.reward,
-            metrics_json=json.dumps({"reward": verdict.reward, **verdict.metrics}),
-            verifier_ms=verdict.verifier_ms, verifier_output=verdict.output, grader=grader,
-        ))  # fmt: skip
+        await self.emit(
+            RewardAssigned(
+                run_id=self.run_id,
+                event_id=derive_id(r.episode_id, "RewardAssigned", grader),
+                episode_id=r.episode_id,
+                reward=verdict.reward,
+                metrics_json=json.dumps({"reward": verdict.reward, **verdict.metrics}),
+                verifier_ms=verdict.verifier_ms,
+                verifier_output=verdict.output,
+                grader=grader,
+            )
+        )
         how = "from its artifacts" if kept is not None else "replayed"
         return msgspec.structs.replace(base, new_reward=verdict.reward, message=how)
 
-    async def _replay_and_grade(self, target: Target, base: Outcome, kept: Path | None) -> Verdict | Outcome:
+    async def _replay_and_grade(
+        self, target: Target, base: Outcome, kept: Path | None
+    ) -> Verdict | Outcome:
         task = target.task
         assert task is not None
         record = target.record
         sandbox_id = derive_id(record.episode_id, "regrade", base.grader)
         if not self.grader.replays or kept is not None:
-            return await self.grader.grade(Replayed(record=record, task=task, sandbox=None,
-                                                    sandbox_id=sandbox_id, artifacts=kept))  # fmt: skip
+            return await self.grader.grade(
+                Replayed(
+                    record=record, task=task, sandbox=None, sandbox_id=sandbox_id, artifacts=kept
+                )
+            )
         tools = agent_config(self.recipe).tools.for_task(task)
         async with self.envs.sandbox(task, episode_id=sandbox_id) as sandbox:
             diverged = await replay(recorded_calls(record), sandbox, run_call(target, tools))
             if diverged is not None:
                 c, got = diverged.call, diverged.replayed
-                await self.emit(EpisodeNotRegraded(
-                    run_id=self.run_id, event_id=derive_id(record.episode_id, "EpisodeNotRegraded", base.grader),
-                    episode_id=record.episode_id, grader=base.grader, issue=RegradeIssue.DIVERGED,
-                    message=diverged.message, turn=c.turn, tool=c.tool,
-                    recorded_exit_code=c.exit_code, replayed_exit_code=got.exit_code,
-                    recorded_output=(c.output or "")[:4000], replayed_output=got.output[:4000],
-                ))  # fmt: skip
-                return msgspec.structs.replace(base, issue=RegradeIssue.DIVERGED, message=diverged.message)
-            return await self.grader.grade(Replayed(record=record, task=task, sandbox=sandbox,
-                                                    sandbox_id=sandbox_id))  # fmt: skip
+                await self.emit(
+                    EpisodeNotRegraded(
+                        run_id=self.run_id,
+                        event_id=derive_id(record.episode_id, "EpisodeNotRegraded", base.grader),
+                        episode_id=record.episode_id,
+                        grader=base.grader,
+                        issue=RegradeIssue.DIVERGED,
+                        message=diverged.message,
+                        turn=c.turn,
+                        tool=c.tool,
+                        recorded_exit_code=c.exit_code,
+                        replayed_exit_code=got.exit_code,
+                        recorded_output=(c.output or "")[:4000],
+                        replayed_output=got.output[:4000],
+                    )
+                )
+                return msgspec.structs.replace(
+                    base, issue=RegradeIssue.DIVERGED, message=diverged.message
+                )
+            return await self.grader.grade(
+                Replayed(record=record, task=task, sandbox=sandbox, sandbox_id=sandbox_id)
+            )
 
     async def _not_regraded(self, base: Outcome, issue: RegradeIssue, message: str) -> Outcome:
         # an infra failure gets an id per attempt: the next regrade retries it
         key = (self.attempt,) if issue is RegradeIssue.INFRA else ()
-        await self.emit(EpisodeNotRegraded(
-            run_id=self.run_id, event_id=derive_id(base.episode_id, "EpisodeNotRegraded", base.grader, *key),
-            episode_id=base.episode_id, grader=base.grader, issue=issue, message=message[:4000],
-        ))  # fmt: skip
+        await self.emit(
+            EpisodeNotRegraded(
+                run_id=self.run_id,
+                event_id=derive_id(base.episode_id, "EpisodeNotRegraded", base.grader, *key),
+                episode_id=base.episode_id,
+                grader=base.grader,
+                issue=issue,
+                message=message[:4000],
+            )
+        )
         return msgspec.structs.replace(base, issue=str(issue), message=message)
 
 
@@ -305,30 +384,61 @@ async def regrade(
     chosen = await asyncio.to_thread(targets, records, paths, tasks)
     done = await asyncio.to_thread(done_before, run_dir)
     judged: ConfigDict = {"name": "import"} if "import" in recorded else recorded  # its [judge]
-    plan = await asyncio.to_thread(judge_plan, judged, [t.task for t in chosen if t.task is not None],
-                                   rubric, list(judge_sets or []))  # fmt: skip
+    plan = await asyncio.to_thread(
+        judge_plan,
+        judged,
+        [t.task for t in chosen if t.task is not None],
+        rubric,
+        list(judge_sets or []),
+    )
     # this attempt's RunStarted: the run's recipe, and what this regrade did
-    config = {**recorded, "regrade": {"tasks": str(tasks or ""), "episodes": where,
-                                      "limit": limit, "rubric": str(rubric or ""),
-                                      "judge_sets": list(judge_sets or [])}}  # fmt: skip
+    config = {
+        **recorded,
+        "regrade": {
+            "tasks": str(tasks or ""),
+            "episodes": where,
+            "limit": limit,
+            "rubric": str(rubric or ""),
+            "judge_sets": list(judge_sets or []),
+        },
+    }
     echo(f"regrading {len(chosen)} episode(s) of {run_dir} on the {recipe.sandbox.backend} backend")
     async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
-        env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
-        async with contextlib.AsyncExitStack() as stack:
-            envs = await stack.enter_async_context(docker_environments(recipe, env))
-            grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
-            regrader = Regrader(run_id=run.run_id, attempt=run.attempt, envs=envs,
-                                grader=grader, recipe=recipe, emit=run.emit,
-                                artifacts_dir=run.run_dir / "artifacts")  # fmt: skip
-
-            async def one(t: Target) -> Outcome:
-                outcome = await regrader.one(t, done)
-                echo(describe(outcome))
-                return outcome
-
-            outcomes = await asyncio.gather(*(one(t) for t in chosen))
+        outcomes = await _regrade_in(run, recipe, plan, chosen, done, echo)
         await run.sync(60)
-    return list(outcomes)
+    return outcomes
+
+
+async def _regrade_in(
+    run: RunContext,
+    recipe: Recipe,
+    plan: JudgePlan,
+    chosen: list[Target],
+    done: set[tuple[str, str]],
+    echo: Callable[[str], None],
+) -> list[Outcome]:
+    """Regrade the `chosen` episodes in `run`'s new attempt: its sandboxes and its grader
+    opened for them and closed after."""
+    env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
+    async with contextlib.AsyncExitStack() as stack:
+        envs = await stack.enter_async_context(docker_environments(recipe, env))
+        grader = await open_grader(stack, envs, env, plan, attempt=run.attempt)
+        regrader = Regrader(
+            run_id=run.run_id,
+            attempt=run.attempt,
+            envs=envs,
+            grader=grader,
+            recipe=recipe,
+            emit=run.emit,
+            artifacts_dir=run.run_dir / "artifacts",
+        )
+
+        async def one(t: Target) -> Outcome:
+            outcome = await regrader.one(t, done)
+            echo(describe(outcome))
+            return outcome
+
+        return list(await asyncio.gather(*(one(t) for t in chosen)))
 
 
 def describe(o: Outcome) -> str:

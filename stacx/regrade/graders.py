@@ -97,13 +97,20 @@ class VerifierGrader:
         return f"verifier:{task.tests_dir}@{verifier_digest(task)}"
 
     def from_artifacts(self, task: Task, kept: Path) -> bool:
-        return (bool(task.config.artifacts) and verifier_separate(task.config)
-                and kept.is_dir() and isinstance(self.envs, VerifiesArtifacts))  # fmt: skip
+        return (
+            bool(task.config.artifacts)
+            and verifier_separate(task.config)
+            and kept.is_dir()
+            and isinstance(self.envs, VerifiesArtifacts)
+        )
 
     async def grade(self, replayed: Replayed) -> Verdict:
         if replayed.artifacts is not None:
             assert isinstance(self.envs, VerifiesArtifacts)
-            return await self.envs.verify_artifacts(replayed.task, replayed.artifacts,
-                                                    episode_id=replayed.sandbox_id)  # fmt: skip
+            return await self.envs.verify_artifacts(
+                replayed.task, replayed.artifacts, episode_id=replayed.sandbox_id
+            )
         assert replayed.sandbox is not None, "a verifier grades the replayed sandbox"
-        return await self.envs.verify(replayed.sandbox, replayed.task, episode_id=replayed.sandbox_id)
+        return await self.envs.verify(
+            replayed.sandbox, replayed.task, episode_id=replayed.sandbox_id
+        )

@@ -62,16 +62,20 @@ def judge_recipe(recorded: ConfigDict, sets: list[str], *, asked: bool) -> Recip
     be opened (``judge.use = "off"`` and no ``--rubric``). `sets`: ``judge.KEY=VALUE`` items."""
     for item in sets:
         if not item.startswith("judge."):
-            raise ConfigError(f"--set {item!r}: stacx regrade takes judge.KEY=VALUE only "
-                              "(the judge engine; the run's other settings are as recorded)")  # fmt: skip
+            raise ConfigError(
+                f"--set {item!r}: stacx regrade takes judge.KEY=VALUE only "
+                "(the judge engine; the run's other settings are as recorded)"
+            )
     data = apply_overrides(recorded, sets)
     recipe = convert(data, source="the recorded recipe with --set")
     j = recipe.judge
     if j.use == "off" and not asked:
         return None
     if j.use == "student":
-        raise ConfigError("judge.use = 'student': a regrade runs no student engine; "
-                          "--set judge.use=own --set judge.path=... (or judge.url=...)")  # fmt: skip
+        raise ConfigError(
+            "judge.use = 'student': a regrade runs no student engine; "
+            "--set judge.use=own --set judge.path=... (or judge.url=...)"
+        )
     if not j.enabled or j.use == "off":  # no judge recorded: the default model
         data = apply_overrides(data, ["judge.use=own", 'judge.path="default"'])
         recipe = convert(data, source="the recorded recipe with the default judge")
@@ -83,8 +87,17 @@ class JudgeGrader:
 
     replays = True
 
-    def __init__(self, verifier: VerifierGrader, judge: JudgeModel, label: str, *,
-                 rubric: Rubric | None, run_id: str, attempt: int, emit: Emit) -> None:  # fmt: skip
+    def __init__(
+        self,
+        verifier: VerifierGrader,
+        judge: JudgeModel,
+        label: str,
+        *,
+        rubric: Rubric | None,
+        run_id: str,
+        attempt: int,
+        emit: Emit,
+    ) -> None:
         self.verifier, self.judge, self.label, self.rubric = verifier, judge, label, rubric
         self.run_id, self.attempt, self.emit = run_id, attempt, emit
 
@@ -130,8 +143,9 @@ class JudgePlan(msgspec.Struct, frozen=True, kw_only=True):
     recipe: Recipe | None
 
 
-def judge_plan(recorded: ConfigDict, tasks: list[Task], rubric: Path | None,
-               judge_sets: list[str]) -> JudgePlan:  # fmt: skip
+def judge_plan(
+    recorded: ConfigDict, tasks: list[Task], rubric: Path | None, judge_sets: list[str]
+) -> JudgePlan:
     """The plan for `tasks` (the selected episodes'): a ConfigError naming ``--rubric`` or the
     ``--set`` item when one is wrong."""
     given = None
@@ -147,9 +161,13 @@ def judge_plan(recorded: ConfigDict, tasks: list[Task], rubric: Path | None,
 
 
 async def open_grader(
-    stack: contextlib.AsyncExitStack, envs: Environments, env: ActorEnv, plan: JudgePlan,
-    *, attempt: int,
-) -> Grader:  # fmt: skip
+    stack: contextlib.AsyncExitStack,
+    envs: Environments,
+    env: ActorEnv,
+    plan: JudgePlan,
+    *,
+    attempt: int,
+) -> Grader:
     """The regrade's grader: `JudgeGrader` (its judge engine closed with `stack`) when the plan
     names a judge, else `VerifierGrader`."""
     verifier = VerifierGrader(envs)
@@ -157,5 +175,12 @@ async def open_grader(
         return verifier
     judge = await open_judge(stack, plan.recipe, env)
     assert judge is not None  # judge_recipe always names one
-    return JudgeGrader(verifier, judge, judge_label(plan.recipe), rubric=plan.rubric,
-                       run_id=env.run_id, attempt=attempt, emit=env.emit)  # fmt: skip
+    return JudgeGrader(
+        verifier,
+        judge,
+        judge_label(plan.recipe),
+        rubric=plan.rubric,
+        run_id=env.run_id,
+        attempt=attempt,
+        emit=env.emit,
+    )

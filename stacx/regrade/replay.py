@@ -63,12 +63,17 @@ def recorded_calls(record: EpisodeRecord) -> list[RecordedCall]:
             continue
         turn = int(e["turn"])  # type: ignore[call-overload]
         r = returned.get((turn, str(e["call_id"])))
-        calls.append(RecordedCall(
-            turn=turn, tool=str(e["tool"]), arguments=json.loads(str(e["arguments_json"] or "{}")),
-            output=None if r is None else str(r["output"] or ""),
-            exit_code=None if r is None else r["exit_code"],  # type: ignore[arg-type]
-            timed_out=bool(r and r["timed_out"]), error="" if r is None else str(r["error"] or ""),
-        ))  # fmt: skip
+        calls.append(
+            RecordedCall(
+                turn=turn,
+                tool=str(e["tool"]),
+                arguments=json.loads(str(e["arguments_json"] or "{}")),
+                output=None if r is None else str(r["output"] or ""),
+                exit_code=None if r is None else r["exit_code"],  # type: ignore[arg-type]
+                timed_out=bool(r and r["timed_out"]),
+                error="" if r is None else str(r["error"] or ""),
+            )
+        )
     return sorted(calls, key=lambda c: c.turn)
 
 
@@ -88,7 +93,9 @@ def difference(call: RecordedCall, obs: Observation) -> str:
     return f"turn {call.turn} ({call.tool}): " + "; ".join(parts) if parts else ""
 
 
-async def replay(calls: list[RecordedCall], sandbox: Sandbox, run_call: RunCall) -> Divergence | None:
+async def replay(
+    calls: list[RecordedCall], sandbox: Sandbox, run_call: RunCall
+) -> Divergence | None:
     """Run `calls` in `sandbox` in order; the first divergence, or None when every observation
     matched (the sandbox then holds the state the episode's verifier saw, as far as the
     observations can tell). Sandbox transport errors propagate (infrastructure)."""

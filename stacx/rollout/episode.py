@@ -120,12 +120,19 @@ class _Steps:
         """Close every call the agent timeout interrupted with its ToolReturned (timed_out), so
         no ToolCalled stays without an answer in the log."""
         for call, started in list(self.open.values()):
-            await self._emit(ToolReturned(
-                run_id=call.run_id, event_id=derive_id(call.event_id, "ToolReturned", "cut"),
-                episode_id=call.episode_id, turn=call.turn, call_id=call.call_id, tool=call.tool,
-                timed_out=True, error=f"cut by the task's agent timeout ({timeout:g} s)",
-                duration_ms=(time.perf_counter() - started) * 1000,
-            ))  # fmt: skip
+            await self._emit(
+                ToolReturned(
+                    run_id=call.run_id,
+                    event_id=derive_id(call.event_id, "ToolReturned", "cut"),
+                    episode_id=call.episode_id,
+                    turn=call.turn,
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    timed_out=True,
+                    error=f"cut by the task's agent timeout ({timeout:g} s)",
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                )
+            )
         self.open.clear()
 
 
@@ -192,7 +199,6 @@ async def run_episode(
     the agent of each later one; each step is verified before the next starts, a step's
     min_reward can stop the rest, and the steps' verdicts combine by the task's
     multi_step_reward_strategy (`combine_steps`)."""
-    episode_id = spec.episode_id
     await _started(spec, emit)
     steps = spec.task.step_tasks or [spec.task]
     t0 = time.perf_counter()
@@ -201,15 +207,13 @@ async def run_episode(
     failed: StepFailed | None = None
     result = AgentResult(stop_reason=StopReason.STEP_FAILED, n_turns=0, transcript_ids=[])
     n_turns = 0
-    rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
-    rubric = rubric if spec.judged else None
+    rubric = _rubric(spec, judge)
     answers: dict[str, str] = {}
     try:
-        async with envs.sandbox(spec.task, episode_id=episode_id) as sandbox:
+        async with envs.sandbox(spec.task, episode_id=spec.episode_id) as sandbox:
             ran = _Steps(emit)
             for k, step in enumerate(steps):
                 phase = FailureKind.EXEC_TRANSPORT
-                ran.next_step(step.step or "")
                 acting = agent if k == 0 or step_agent is None else step_agent(step)
                 result = await _act(spec, step, acting, sandbox, ran)
                 n_turns += result.n_turns
@@ -218,13 +222,7 @@ async def run_episode(
                 if rubric is not None:  # what the agent left, before the verifier runs
                     answers = await read_answers(sandbox, rubric)
                 phase = FailureKind.VERIFIER_ERROR
-                try:  # the backend then starts the next step: StepFailed if it cannot
-                    verdict = await envs.verify(sandbox, step, episode_id=episode_id)
-                except StepFailed as exc:
-                    if exc.verified is not None:
-                        verdicts.append((step.step or "", exc.verified))
-                    raise
-                verdicts.append((step.step or "", verdict))
+                verdict = await _verify(envs, sandbox, step, spec.episode_id, verdicts)
                 if step.step and not spec.task.step_passes(step.step, verdict):
                     break
             if len(steps) > 1:
@@ -241,6 +239,32 @@ async def run_episode(
     if rubric is not None and failed is None:
         verdict = await _judged(spec, emit, judge, rubric, answers, verdict)
     return await _score(spec, emit, result, n_turns, t0, verdict, failed)
+
+
+def _rubric(spec: EpisodeSpec, judge: JudgeModel | None) -> Rubric | None:
+    """The rubric that judges the episode: the task's own, else the recipe's (`judge.rubric`);
+    None for an episode not judged."""
+    rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
+    return rubric if spec.judged else None
+
+
+async def _verify(
+    envs: Environments,
+    sandbox: Sandbox,
+    step: Task,
+    episode_id: str,
+    verdicts: list[tuple[str, Verdict]],
+) -> Verdict:
+    """The step's verdict, added to `verdicts`; a step that fails after its verifier ran
+    (StepFailed: the backend could not start the next step) adds the verdict it had."""
+    try:
+        verdict = await envs.verify(sandbox, step, episode_id=episode_id)
+    except StepFailed as exc:
+        if exc.verified is not None:
+            verdicts.append((step.step or "", exc.verified))
+        raise
+    verdicts.append((step.step or "", verdict))
+    return verdict
 
 
 async def read_answers(sandbox: Sandbox, rubric: Rubric) -> dict[str, str]:
@@ -284,8 +308,11 @@ def with_judge(rubric: Rubric, verdict: Verdict, result: JudgeResult) -> Verdict
     if result.score is None:
         raise InfraFailure(FailureKind.JUDGE, result.error)
     reward = combine(rubric.combine, verdict.reward, result.score)
-    parts = {"verifier_reward": verdict.reward, "judge": result.score,
-             **{f"judge.{k}": v for k, v in result.scores.items()}}  # fmt: skip
+    parts = {
+        "verifier_reward": verdict.reward,
+        "judge": result.score,
+        **{f"judge.{k}": v for k, v in result.scores.items()},
+    }
     return msgspec.structs.replace(verdict, reward=reward, metrics={**verdict.metrics, **parts})
 
 
@@ -396,7 +423,9 @@ async def _score(
 async def _act(
     spec: EpisodeSpec, step: Task, agent: Agent, sandbox: Sandbox, ran: _Steps
 ) -> AgentResult:
-    """One agent run on `step` under its timeout (an agent timeout is a StopReason)."""
+    """One agent run on `step`, the next of `ran`'s steps, under its timeout (an agent timeout
+    is a StopReason)."""
+    ran.next_step(step.step or "")
     timeout = spec.timeout_s or step.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
     before_turns = len(ran.turns)
     loop = agent.run(

@@ -201,7 +201,9 @@ class AliasMap:
             if tag.split("-")[0] in (suite, release) or (repo, tag) == ("ubuntu", "latest"):
                 return None
             return f"{image} runs on {target} ({distro} {suite}, not {tag})"
-        return f"{image} runs on {target} ({distro} {suite}, not {repo}: packages and versions differ)"
+        return (
+            f"{image} runs on {target} ({distro} {suite}, not {repo}: packages and versions differ)"
+        )
 
 
 _DEBIAN_SUITES = ("buster", "bullseye", "bookworm", "trixie", "alpine")
@@ -214,18 +216,25 @@ def _python_fidelity(image: str, tag: str, target: str, base_minor: str) -> str 
     if m and m.group(1) != base_minor:
         asked = m.group(1)
         older = tuple(map(int, asked.split("."))) < tuple(map(int, base_minor.split(".")))
-        hint = (f"wheels pinned for {asked} may not exist for {base_minor}" if older
-                else f"code written for {asked} may use what {base_minor} lacks")  # fmt: skip
-        why.append(f"asks for Python {asked}; it runs on {target} with Python {base_minor} "
-                   f"({hint})")  # fmt: skip
+        hint = (
+            f"wheels pinned for {asked} may not exist for {base_minor}"
+            if older
+            else f"code written for {asked} may use what {base_minor} lacks"
+        )
+        why.append(
+            f"asks for Python {asked}; it runs on {target} with Python {base_minor} ({hint})"
+        )
     elif not m and target != TRIXIE_IMAGE:
         why.append(f"means the newest Python; it runs on {target} (Python {base_minor})")
     suite = target.rsplit(":", 1)[-1]
     named = next((s for s in _DEBIAN_SUITES if s in tag), None)
     distro = DISTRO[suite]
     if named is not None and named != suite:
-        why.append(f"{distro} {suite}, not {named}" if why else f"runs on {target} ({distro} "
-                   f"{suite}, not {named})")  # fmt: skip
+        why.append(
+            f"{distro} {suite}, not {named}"
+            if why
+            else f"runs on {target} ({distro} {suite}, not {named})"
+        )
     return f"{image} " + "; ".join(why) if why else None
 
 

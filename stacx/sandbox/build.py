@@ -37,7 +37,9 @@ from stacx.sandbox.standins import ensure_standin, standin_base
 
 Log = Callable[[str], None]
 # one build per tag at a time; asyncio locks belong to one event loop, so key by loop too
-_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class BuildOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,8 +141,9 @@ async def _ensure(docker: aiodocker.Docker, aliases: AliasMap, target: str, task
         on = None if base is None else aliases.resolve(base, task=task)
         if on is not None:
             await asyncio.to_thread(ensure_base, on)
-        await ensure_standin(docker, target, on, prelude=python_shim(base) if base else "",
-                             task=task)  # fmt: skip
+        await ensure_standin(
+            docker, target, on, prelude=python_shim(base) if base else "", task=task
+        )
     await asyncio.to_thread(ensure_base, target)
 
 
@@ -160,26 +163,55 @@ def _context_tar(env_dir: Path, dockerfile: str, files: list[Path], name: str) -
 
 
 def _build(
-    docker: aiodocker.Docker, context: bytes, tag: str, task_id: str, dockerfile: str,
+    docker: aiodocker.Docker,
+    context: bytes,
+    tag: str,
+    task_id: str,
+    dockerfile: str,
     options: BuildOptions = PLAIN,
 ) -> AsyncIterator[dict[str, object]]:
     """The engine's build stream: BuildKit (API version 2) when the Dockerfile needs it
     (stacx.sandbox.buildkit), the classic builder otherwise."""
     labels = {"stacx.task": task_id}
     # aiodocker's build() has no `version` or `target` parameter: the engine's request itself
-    params = {"t": tag, "rm": "1", "forcerm": "1", "labels": json.dumps(labels),
-              "dockerfile": options.dockerfile, "buildargs": json.dumps(options.args)}  # fmt: skip
+    params = {
+        "t": tag,
+        "rm": "1",
+        "forcerm": "1",
+        "labels": json.dumps(labels),
+        "dockerfile": options.dockerfile,
+        "buildargs": json.dumps(options.args),
+    }
     if options.target is not None:
         params["target"] = options.target
     if needs_buildkit(dockerfile):
         params["version"] = "2"
     cm = docker._query(
-        "build", "POST", params=params,
+        "build",
+        "POST",
+        params=params,
         headers={"content-type": "application/x-tar", "Content-Encoding": "gzip"},
-        data=context, timeout=docker._resolve_long_running_timeout(SENTINEL),
-    )  # fmt: skip
+        data=context,
+        timeout=docker._resolve_long_running_timeout(SENTINEL),
+    )
     handled: AsyncIterator[dict[str, object]] = docker.images._handle_response(cm, True)
     return handled
+
+
+async def _follow(chunks: AsyncIterator[dict[str, object]], task_id: str, lines: list[str]) -> None:
+    """Read a build's progress to its end, its log's last 60 lines kept in `lines`; TaskError
+    on the build's error."""
+    async for chunk in chunks:
+        if "stream" in chunk:
+            lines.extend(str(chunk["stream"]).splitlines())
+            del lines[:-60]
+        if chunk.get("id") == "moby.buildkit.trace":
+            lines.extend(trace_lines(str(chunk.get("aux") or "")))
+            del lines[:-60]
+        if "error" in chunk:
+            raise TaskError(
+                f"task {task_id}: image build failed: {chunk['error']}\n" + "\n".join(lines[-30:])
+            )
 
 
 async def build_task_image(
@@ -204,7 +236,9 @@ async def build_task_image(
     if not (env_dir / options.dockerfile).is_file():
         image = docker_image or task.config.environment.docker_image
         if not image:
-            raise TaskError(f"task {task.task_id}: no {env_dir.name}/Dockerfile and no docker_image")
+            raise TaskError(
+                f"task {task.task_id}: no {env_dir.name}/Dockerfile and no docker_image"
+            )
         return await local_image(docker, aliases, image, task=task.task_id)
     tag, dockerfile, files = await plan(task, docker, aliases, env_dir, variant, options)
     async with _locks.setdefault(asyncio.get_running_loop(), {}).setdefault(tag, asyncio.Lock()):
@@ -219,18 +253,8 @@ async def build_task_image(
         lines: list[str] = []
         try:
             async with asyncio.timeout(task.config.environment.build_timeout_sec):
-                async for chunk in _build(docker, context, tag, task.task_id, dockerfile, options):
-                    if "stream" in chunk:
-                        lines.extend(str(chunk["stream"]).splitlines())
-                        del lines[:-60]
-                    if chunk.get("id") == "moby.buildkit.trace":
-                        lines.extend(trace_lines(str(chunk.get("aux") or "")))
-                        del lines[:-60]
-                    if "error" in chunk:
-                        raise TaskError(
-                            f"task {task.task_id}: image build failed: {chunk['error']}\n"
-                            + "\n".join(lines[-30:])
-                        )
+                chunks = _build(docker, context, tag, task.task_id, dockerfile, options)
+                await _follow(chunks, task.task_id, lines)
         except TimeoutError as exc:
             raise TaskError(
                 f"task {task.task_id}: image build passed environment.build_timeout_sec="

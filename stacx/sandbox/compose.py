@@ -49,8 +49,10 @@ __all__ = ["FILES", "MAIN", "Mount", "Service", "compose_file", "load_compose"]
 def binds(service: Service, volumes: dict[str, str]) -> dict[str, str]:
     """Docker's Binds for the service, as source -> target[:ro] (the form of Limits.mounts),
     its named volumes by their episode's Docker names (`volumes`: compose name -> Docker name)."""
-    return {(volumes[m.source] if m.volume else m.source): m.target + (":ro" if m.read_only else "")
-            for m in service.mounts}  # fmt: skip
+    return {
+        (volumes[m.source] if m.volume else m.source): m.target + (":ro" if m.read_only else "")
+        for m in service.mounts
+    }
 
 
 def start_order(services: dict[str, Service]) -> list[str]:
@@ -103,10 +105,15 @@ class Sidecars:
         }
         if service.mounts:
             config["HostConfig"]["Binds"] = [  # type: ignore[index]
-                f"{src}:{dst}" for src, dst in binds(service, volumes or {}).items()]  # fmt: skip
-        for key, value in (("Cmd", service.command), ("Entrypoint", service.entrypoint),
-                           ("Healthcheck", service.healthcheck),
-                           ("WorkingDir", service.working_dir), ("User", service.user)):  # fmt: skip
+                f"{src}:{dst}" for src, dst in binds(service, volumes or {}).items()
+            ]
+        for key, value in (
+            ("Cmd", service.command),
+            ("Entrypoint", service.entrypoint),
+            ("Healthcheck", service.healthcheck),
+            ("WorkingDir", service.working_dir),
+            ("User", service.user),
+        ):
             if value is not None:
                 config[key] = value  # type: ignore[assignment]
         try:
@@ -130,14 +137,20 @@ class Sidecars:
             if condition == "service_completed_successfully" and state.get("Status") == "exited":
                 if state.get("ExitCode") == 0:
                     return
-                raise SandboxError(f"compose service {name} exited {state.get('ExitCode')}: "
-                                   f"{await self._log(container)}")  # fmt: skip
+                raise SandboxError(
+                    f"compose service {name} exited {state.get('ExitCode')}: "
+                    f"{await self._log(container)}"
+                )
             if state.get("Status") == "exited" and condition != "service_completed_successfully":
-                raise SandboxError(f"compose service {name} exited {state.get('ExitCode')}: "
-                                   f"{await self._log(container)}")  # fmt: skip
+                raise SandboxError(
+                    f"compose service {name} exited {state.get('ExitCode')}: "
+                    f"{await self._log(container)}"
+                )
             if health == "unhealthy" or time.monotonic() > deadline:
-                raise SandboxError(f"compose service {name} is not {condition} "
-                                   f"(health {health}): {await self._log(container)}")  # fmt: skip
+                raise SandboxError(
+                    f"compose service {name} is not {condition} "
+                    f"(health {health}): {await self._log(container)}"
+                )
             await asyncio.sleep(0.2)
 
     async def _log(self, container: DockerContainer) -> str:

@@ -63,7 +63,11 @@ DEFAULT_OUTPUT_LIMIT = 1 << 20
 DEFAULT_FLOOD_LIMIT = 64 << 20
 KILL_GRACE_S = 2.0  # TERM, then KILL this much later (coreutils timeout -k)
 DEADLINE_GRACE_S = 8.0  # the host stops waiting this long after the in-container KILL
-LOG_DIRS = ("/logs/verifier", "/logs/agent", "/logs/artifacts")  # artifacts: Harbor's convention dir
+LOG_DIRS = (
+    "/logs/verifier",
+    "/logs/agent",
+    "/logs/artifacts",
+)  # artifacts: Harbor's convention dir
 
 
 def owner_labels(run_id: str, episode_id: str | None = None) -> dict[str, str]:
@@ -241,9 +245,11 @@ class DockerSandbox:
             have = ", ".join(sorted((await self.docker.system.info()).get("Runtimes") or {}))
         except aiodocker.DockerError:
             have = "?"
-        return (f"the Docker engine has no OCI runtime {runtime!r} (sandbox.runtime or "
-                f"${RUNTIME_ENV}); it has: {have}. Install it and register it in the engine's "
-                f"daemon.json, or choose one of those ({exc.message})")  # fmt: skip
+        return (
+            f"the Docker engine has no OCI runtime {runtime!r} (sandbox.runtime or "
+            f"${RUNTIME_ENV}); it has: {have}. Install it and register it in the engine's "
+            f"daemon.json, or choose one of those ({exc.message})"
+        )
 
     async def __aenter__(self) -> Self:
         if self._container is None:

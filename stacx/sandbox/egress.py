@@ -41,8 +41,14 @@ READY_TIMEOUT_S = 30.0
 def proxy_env() -> dict[str, str]:
     url = f"http://{ALIAS}:{PORT}"
     no_proxy = "localhost,127.0.0.1,::1"
-    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": no_proxy, "no_proxy": no_proxy}  # fmt: skip
+    return {
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
 
 
 class Egress:
@@ -64,16 +70,25 @@ class Egress:
             # Internal alone still routes to the host's own addresses (a service on docker0
             # would answer); with no IPv4 address on the bridge there is nothing to route to.
             await docker.networks.create(
-                {"Name": name, "Internal": True, "Labels": labels, "CheckDuplicate": True,
-                 "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"}}
-            )  # fmt: skip
+                {
+                    "Name": name,
+                    "Internal": True,
+                    "Labels": labels,
+                    "CheckDuplicate": True,
+                    "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+                }
+            )
             egress.proxy = await docker.containers.create(
                 {
                     "Image": BASE_IMAGE,
                     "Cmd": ["python3", "-c", PROXY_SOURCE.read_text(), json.dumps(hosts)],
                     "Labels": {**labels, "stacx.service": "egress-proxy"},
-                    "HostConfig": {"NetworkMode": "bridge", "Init": True, "Memory": 128 << 20,
-                                   **security_options()},
+                    "HostConfig": {
+                        "NetworkMode": "bridge",
+                        "Init": True,
+                        "Memory": 128 << 20,
+                        **security_options(),
+                    },
                 },
                 name=f"{name}-proxy",
             )

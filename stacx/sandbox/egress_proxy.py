@@ -62,8 +62,9 @@ def address_allowed(address: str, host: str, allowed: Sequence[str]) -> bool:
     if ip.is_global:
         return True
     literal = host.strip("[]").lower()
-    return literal == str(ip) and host_allowed(host, 0, [e.rsplit(":", 1)[0] if e.count(":") == 1
-                                                         else e for e in allowed])
+    return literal == str(ip) and host_allowed(
+        host, 0, [e.rsplit(":", 1)[0] if e.count(":") == 1 else e for e in allowed]
+    )
 
 
 async def _vetted_address(host: str, port: int, allowed: Sequence[str]) -> str | None:
@@ -101,8 +102,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 async def _refuse(writer: asyncio.StreamWriter, code: int, why: str) -> None:
     body = f"stacx egress proxy: {why}\n".encode()
-    writer.write(f"HTTP/1.1 {code} {why}\r\nContent-Length: {len(body)}\r\n"
-                 "Connection: close\r\n\r\n".encode() + body)  # fmt: skip
+    writer.write(
+        f"HTTP/1.1 {code} {why}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     writer.close()
 
@@ -140,8 +144,11 @@ async def _serve(
         await _refuse(writer, 502, f"Bad Gateway ({exc})")
         return
     if address is None:
-        await _refuse(writer, 403, f"Forbidden (host {host} resolves to a loopback, link-local "
-                                   "or private address)")
+        await _refuse(
+            writer,
+            403,
+            f"Forbidden (host {host} resolves to a loopback, link-local or private address)",
+        )
         return
     try:
         up_reader, up_writer = await asyncio.open_connection(address, port)
@@ -152,8 +159,14 @@ async def _serve(
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
     else:  # origin form to the server, one request per connection
-        kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith(
-            ("proxy-connection:", "proxy-authorization:", "connection:"))]  # fmt: skip
+        kept = [
+            ln
+            for ln in lines[1:]
+            if ln
+            and not ln.lower().startswith(
+                ("proxy-connection:", "proxy-authorization:", "connection:")
+            )
+        ]
         request = [f"{method} {path} {version}", *kept, "Connection: close"]
         up_writer.write(("\r\n".join(request) + "\r\n\r\n").encode("latin-1"))
     await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))

@@ -109,7 +109,9 @@ class DockerEnvironments:
         runtime: str = "",
     ) -> None:
         self.run_id = run_id
-        self.runtime = runtime  # sandbox.runtime: the OCI runtime ("": runc, or $STACX_SANDBOX_RUNTIME)
+        self.runtime = (
+            runtime  # sandbox.runtime: the OCI runtime ("": runc, or $STACX_SANDBOX_RUNTIME)
+        )
         self.artifacts_dir = artifacts_dir  # where artifacts go (<run dir>/artifacts)
         # an installed scaffold's layer over every task image: network none, its socket mounted
         self.layer = layer
@@ -124,7 +126,10 @@ class DockerEnvironments:
     async def __aenter__(self) -> Self:
         self._docker = aiodocker.Docker()
         self._pool = SandboxPool(
-            size=self.warm, run_id=self.run_id, emit=self.emit, docker=self._docker,
+            size=self.warm,
+            run_id=self.run_id,
+            emit=self.emit,
+            docker=self._docker,
             runtime=self.runtime,
         )
         return self
@@ -150,9 +155,11 @@ class DockerEnvironments:
         try:
             if any(s.mounts for s in plan.services.values()):
                 volumes = await create_volumes(
-                    self._docker, plan.services, f"stacx-{episode_id[:16]}-{new_id()[:6]}",
+                    self._docker,
+                    plan.services,
+                    f"stacx-{episode_id[:16]}-{new_id()[:6]}",
                     owner_labels(self.run_id, episode_id),
-                )  # fmt: skip
+                )
                 main_mounts = binds(plan.services[MAIN], volumes)
                 plan.fresh = bool(main_mounts)
                 plan.limits = msgspec.structs.replace(
@@ -211,8 +218,14 @@ class DockerEnvironments:
             except (TaskError, aiodocker.DockerError) as exc:
                 raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
             limits = layered_limits(limits, self.layer)
-        return _Plan(image=image, limits=limits, services=services, order=sidecar_order,
-                     hosts=hosts, switching=switching)  # fmt: skip
+        return _Plan(
+            image=image,
+            limits=limits,
+            services=services,
+            order=sidecar_order,
+            hosts=hosts,
+            switching=switching,
+        )
 
     async def _start(
         self, task: Task, plan: _Plan, episode_id: str, volumes: dict[str, str]
@@ -226,22 +239,29 @@ class DockerEnvironments:
         try:
             if plan.hosts is not None:
                 egress = await Egress.start(
-                    self._docker, f"stacx-{episode_id[:16]}-{new_id()[:6]}-egress", plan.hosts,
+                    self._docker,
+                    f"stacx-{episode_id[:16]}-{new_id()[:6]}-egress",
+                    plan.hosts,
                     owner_labels(self.run_id, episode_id),
-                )  # fmt: skip
+                )
                 self._egress[episode_id] = egress
-            sandbox = await self._pool.acquire(plan.image, plan.limits, episode_id=episode_id,
-                                              fresh=plan.fresh)  # fmt: skip
+            sandbox = await self._pool.acquire(
+                plan.image, plan.limits, episode_id=episode_id, fresh=plan.fresh
+            )
         except (SandboxError, aiodocker.DockerError) as exc:
             await self._close_egress(episode_id)
             raise InfraFailure(FailureKind.START, str(exc)) from exc
         try:
             if plan.order:
-                sidecars = await self._start_services(task, plan.services, plan.order, sandbox,
-                                                      episode_id, volumes)  # fmt: skip
+                sidecars = await self._start_services(
+                    task, plan.services, plan.order, sandbox, episode_id, volumes
+                )
             if plan.switching:
-                await _switch(sandbox, network_mode(task.step_tasks[0] if task.step_tasks
-                                                    else task, "agent"), egress)  # fmt: skip
+                await _switch(
+                    sandbox,
+                    network_mode(task.step_tasks[0] if task.step_tasks else task, "agent"),
+                    egress,
+                )
         except (SandboxError, TaskError, aiodocker.DockerError) as exc:
             await self._pool.release(sandbox, reason="services failed")
             await self._close_egress(episode_id)
@@ -251,8 +271,9 @@ class DockerEnvironments:
             if healthcheck is not None:
                 await wait_healthy(sandbox, healthcheck)
             if task.step_tasks:
-                await self._start_step(sandbox, task, task.step_tasks[0].step or "",
-                                       None, episode_id)  # fmt: skip
+                await self._start_step(
+                    sandbox, task, task.step_tasks[0].step or "", None, episode_id
+                )
         except (SandboxError, aiodocker.DockerError, StepFailed) as exc:
             await self._pool.release(sandbox, reason="unhealthy")
             if sidecars is not None:
@@ -288,9 +309,14 @@ class DockerEnvironments:
         # where any host service listening on 0.0.0.0 answers); with no IPv4 address on the
         # bridge the services reach each other and nothing else.
         network = await self._docker.networks.create(
-            {"Name": name, "Internal": True, "Labels": labels, "CheckDuplicate": True,
-             "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"}}
-        )  # fmt: skip
+            {
+                "Name": name,
+                "Internal": True,
+                "Labels": labels,
+                "CheckDuplicate": True,
+                "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+            }
+        )
         sidecars = Sidecars(self._docker, name)
         timeout = SERVICE_TIMEOUT_S
         try:
@@ -298,16 +324,23 @@ class DockerEnvironments:
                 service = services[service_name]
                 if service.build_dir is not None:
                     image = await build_task_image(
-                        task, self._docker, self.aliases, env_dir=Path(service.build_dir),
-                        variant=service_name, options=BuildOptions(
-                            dockerfile=service.dockerfile, args=service.build_args,
-                            target=service.build_target),
-                    )  # fmt: skip
+                        task,
+                        self._docker,
+                        self.aliases,
+                        env_dir=Path(service.build_dir),
+                        variant=service_name,
+                        options=BuildOptions(
+                            dockerfile=service.dockerfile,
+                            args=service.build_args,
+                            target=service.build_target,
+                        ),
+                    )
                 else:
                     assert service.image is not None
                     aliases = self.aliases or AliasMap.from_env()
-                    image = await local_image(self._docker, aliases, service.image,
-                                              task=task.task_id)  # fmt: skip
+                    image = await local_image(
+                        self._docker, aliases, service.image, task=task.task_id
+                    )
                 await sidecars.start(service, image, labels, timeout, volumes)
             for dep, condition in services[MAIN].depends_on.items():
                 await sidecars.wait(dep, condition, timeout)
@@ -324,7 +357,9 @@ class DockerEnvironments:
         dockerfile = task.environment_dir / "Dockerfile"
         aliases = self.aliases or AliasMap.from_env()
         try:
-            messages = dockerfile_warnings(dockerfile.read_text(), aliases) if dockerfile.is_file() else []
+            messages = (
+                dockerfile_warnings(dockerfile.read_text(), aliases) if dockerfile.is_file() else []
+            )
         except SandboxError:  # no Docker engine to ask: the build that follows reports it
             messages = []
         emit = self.emit
@@ -386,7 +421,9 @@ class DockerEnvironments:
         if not verifier_separate(task.config):
             raise TaskError(f"task {task.task_id}: its verifier is not separate; replay instead")
         try:
-            return verdict(await self._verify_separate(task, kept_artifacts(task, kept), episode_id))
+            return verdict(
+                await self._verify_separate(task, kept_artifacts(task, kept), episode_id)
+            )
         except SandboxError as exc:
             raise InfraFailure(FailureKind.EXEC_TRANSPORT, str(exc)) from exc
 
@@ -399,8 +436,11 @@ class DockerEnvironments:
             await start_step(sandbox, multi, name, verified)
         except StepFailed:
             step = next(s for s in multi.config.steps or [] if s.name == name)
-            await self._collect(sandbox, [*multi.config.artifacts, *step.artifacts],
-                                self._artifacts_root(episode_id, name))  # fmt: skip
+            await self._collect(
+                sandbox,
+                [*multi.config.artifacts, *step.artifacts],
+                self._artifacts_root(episode_id, name),
+            )
             raise
 
     def _artifacts_root(self, episode_id: str, step: str | None) -> Path:
@@ -448,9 +488,13 @@ class DockerEnvironments:
         try:
             if (task.tests_dir / "Dockerfile").is_file() or (own and own.docker_image):
                 image = await build_task_image(
-                    task, self._docker, self.aliases, env_dir=task.tests_dir,
-                    docker_image=own.docker_image if own else None, variant="verifier",
-                )  # fmt: skip
+                    task,
+                    self._docker,
+                    self.aliases,
+                    env_dir=task.tests_dir,
+                    docker_image=own.docker_image if own else None,
+                    variant="verifier",
+                )
             else:
                 image = await build_task_image(task, self._docker, self.aliases)
         except (TaskError, aiodocker.DockerError) as exc:
@@ -462,9 +506,10 @@ class DockerEnvironments:
         limits = task_limits(vtask)
         egress = self._egress.get(episode_id) if mode == "allowlist" else None
         limits = msgspec.structs.replace(
-            limits, allow_internet=mode == "public" or egress is not None,  # then switched
+            limits,
+            allow_internet=mode == "public" or egress is not None,  # then switched
             env={**proxy_env(), **limits.env} if egress is not None else limits.env,
-        )  # fmt: skip
+        )
         try:
             vsandbox = await self._pool.acquire(image, limits, episode_id=episode_id)
         except (SandboxError, aiodocker.DockerError) as exc:
@@ -517,10 +562,14 @@ async def _fetch(sandbox: DockerSandbox, source: str, into: Path, exclude: list[
             return False
         raise SandboxError(f"artifact {source}: {exc}") from exc
     with tar:
-        members = [m for m in tar.getmembers()
-                   if not any(fnmatch.fnmatch(m.name, p) or
-                              fnmatch.fnmatch(m.name.split("/", 1)[-1], p)
-                              for p in exclude)]  # fmt: skip
+        members = [
+            m
+            for m in tar.getmembers()
+            if not any(
+                fnmatch.fnmatch(m.name, p) or fnmatch.fnmatch(m.name.split("/", 1)[-1], p)
+                for p in exclude
+            )
+        ]
         tar.extractall(into, members=members, filter="data")
     return True
 
@@ -535,8 +584,11 @@ def kept_artifacts(task: Task, kept: Path) -> list[tuple[str, Path]]:
         if dest.exists():
             declared.append((a.source, dest))
     named = {host for _, host in declared}
-    convention = [(f"{CONVENTION}/{item.name}", item) for item in sorted(kept.iterdir())
-                  if item not in named and item.name != "steps"]  # fmt: skip
+    convention = [
+        (f"{CONVENTION}/{item.name}", item)
+        for item in sorted(kept.iterdir())
+        if item not in named and item.name != "steps"
+    ]
     return convention + declared
 
 

@@ -37,4 +37,3 @@ async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> int:
                 f"(exit {result.exit_code}, timed out: {result.timed_out}): {tail}"
             )
         await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
-

@@ -95,6 +95,8 @@ def host_mirrors(paths: tuple[Path, ...] = APT_SOURCES) -> tuple[str | None, str
     security = next((u for u in uris if "security" in u), None)
     debian = next((u for u in uris if "security" not in u and "debian" in u), None)
     return debian, security
+
+
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_EXTRA_CERTS = Path("/usr/local/share/ca-certificates")
 
@@ -286,7 +288,13 @@ def _debootstrap_command(suite: str, root: Path, mirror: str, tmp: Path, log: Lo
     # debootstrap older than noble has no script of that name; every Ubuntu suite since
     # gutsy is the same script (debootstrap's own noble is a link to it)
     script = Path("/usr/share/debootstrap/scripts") / suite
-    return [*cmd, suite, str(root), mirror, str(script if script.exists() else script.parent / "gutsy")]
+    return [
+        *cmd,
+        suite,
+        str(root),
+        mirror,
+        str(script if script.exists() else script.parent / "gutsy"),
+    ]
 
 
 def ubuntu_keyring(mirror: str, tmp: Path, log: Log) -> Path:
@@ -310,8 +318,11 @@ def ubuntu_keyring(mirror: str, tmp: Path, log: Log) -> Path:
 
 def archive_answers(suite: str, timeout: float = 10.0) -> str | None:
     """None when the archive `suite` is built from answers; else why not (for a test's skip)."""
-    mirror = (os.environ.get("STACX_UBUNTU_MIRROR") or UBUNTU_ARCHIVE if DISTRO[suite] == "Ubuntu"
-              else os.environ.get("STACX_DEBIAN_MIRROR") or host_mirrors()[0])  # fmt: skip
+    mirror = (
+        os.environ.get("STACX_UBUNTU_MIRROR") or UBUNTU_ARCHIVE
+        if DISTRO[suite] == "Ubuntu"
+        else os.environ.get("STACX_DEBIAN_MIRROR") or host_mirrors()[0]
+    )
     if not mirror:
         return "the host's apt sources name no Debian mirror"
     url = f"{mirror.rstrip('/')}/dists/{suite}/Release"
@@ -339,8 +350,10 @@ def ensure_base(tag: str, log: Log = _stderr) -> None:
     with _building:
         if image_exists(tag):
             return
-        log(f"building base image {tag} ({DISTRO[suite]} {suite}, Python {PYTHON_MINOR[tag]}) "
-            "on first use; later tasks reuse it")  # fmt: skip
+        log(
+            f"building base image {tag} ({DISTRO[suite]} {suite}, Python {PYTHON_MINOR[tag]}) "
+            "on first use; later tasks reuse it"
+        )
         start = time.monotonic()
         try:
             bootstrap_base_image(tag=tag, suite=suite)
@@ -354,12 +367,20 @@ def base_table() -> list[dict[str, str]]:
     rows = []
     for suite in SUITES:
         tag = f"stacx/base:{suite}"
-        proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}} {{.Created}}", tag],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Size}} {{.Created}}", tag],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         size, _, created = proc.stdout.strip().partition(" ")
-        rows.append({
-            "base": tag, "distribution": f"{DISTRO[suite]} {suite}", "python": PYTHON_MINOR[tag],
-            "built": created[:19] if proc.returncode == 0 else "no (built on first use)",
-            "size": f"{int(size) / 1e6:.0f} MB" if proc.returncode == 0 else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "base": tag,
+                "distribution": f"{DISTRO[suite]} {suite}",
+                "python": PYTHON_MINOR[tag],
+                "built": created[:19] if proc.returncode == 0 else "no (built on first use)",
+                "size": f"{int(size) / 1e6:.0f} MB" if proc.returncode == 0 else "",
+            }
+        )
     return rows

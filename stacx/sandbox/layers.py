@@ -72,9 +72,14 @@ async def _build(
     try:
         async with asyncio.timeout(BUILD_TIMEOUT_S):
             async for chunk in docker.images.build(
-                fileobj=io.BytesIO(buf.getvalue()), encoding="gzip", tag=tag, rm=True, forcerm=True,
-                labels={"stacx.scaffold": layer.name, "stacx.base": base}, stream=True,
-            ):  # fmt: skip
+                fileobj=io.BytesIO(buf.getvalue()),
+                encoding="gzip",
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                labels={"stacx.scaffold": layer.name, "stacx.base": base},
+                stream=True,
+            ):
                 if "stream" in chunk:
                     lines.extend(str(chunk["stream"]).splitlines())
                     del lines[:-60]

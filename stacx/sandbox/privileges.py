@@ -43,8 +43,14 @@ from stacx.harbor.model import StacxEnvironment
 from stacx.ports import Limits
 
 DEFAULT_CAPS = (
-    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
-)  # fmt: skip
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+)
 RUNTIMES = ("runc", "runsc")  # Docker's default, gVisor
 # Writable even with a read-only root: Harbor's upload and log paths, and scratch space.
 READ_ONLY_WRITABLE = ("/tmp", "/var/tmp", "/run", "/logs", "/tests", "/solution")

@@ -114,9 +114,13 @@ class _Child:
     than the kernel's OOM killer)."""
 
     def __init__(
-        self, pid: int, status: asyncio.Future[int], fds: tuple[int, int], output_limit: int,
+        self,
+        pid: int,
+        status: asyncio.Future[int],
+        fds: tuple[int, int],
+        output_limit: int,
         flood_limit: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pid, self.status, self.fds = pid, status, fds
         self.out, self.err = OutputCapture(output_limit), OutputCapture(output_limit)
         self.stderr_tail = bytearray()  # the last bytes of stderr, for the flag patterns

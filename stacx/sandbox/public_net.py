@@ -56,11 +56,15 @@ async def ensure_public_network(docker: aiodocker.Docker) -> str:
         await docker.networks.get(name)
     except aiodocker.DockerError:
         try:
-            await docker.networks.create({
-                # shared by every run: no owner labels, so `stacx sandbox gc` leaves it
-                "Name": name, "CheckDuplicate": True, "Labels": {"stacx.network": "public"},
-                "Options": {"com.docker.network.bridge.name": BRIDGE},
-            })  # fmt: skip
+            await docker.networks.create(
+                {
+                    # shared by every run: no owner labels, so `stacx sandbox gc` leaves it
+                    "Name": name,
+                    "CheckDuplicate": True,
+                    "Labels": {"stacx.network": "public"},
+                    "Options": {"com.docker.network.bridge.name": BRIDGE},
+                }
+            )
         except aiodocker.DockerError as exc:
             if exc.status != 409:  # another process or episode made it meanwhile
                 raise SandboxError(f"cannot create the network {name}: {exc}") from exc
@@ -87,7 +91,8 @@ def _install_rules() -> None:
         check = subprocess.run(["iptables", "-C", chain, *rule], capture_output=True, check=False)
         if check.returncode == 0:
             continue
-        add = subprocess.run(["iptables", "-I", chain, "1", *rule], capture_output=True,
-                             text=True, check=False)  # fmt: skip
+        add = subprocess.run(
+            ["iptables", "-I", chain, "1", *rule], capture_output=True, text=True, check=False
+        )
         if add.returncode != 0:
             raise SandboxConfigError(f"iptables -I {chain} {' '.join(rule)}: {add.stderr.strip()}")

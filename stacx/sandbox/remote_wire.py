@@ -294,8 +294,12 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 def step_failed_reply(exc: StepFailed) -> Reply:
-    failure = StepFailure(step=exc.step, exception_type=exc.exception_type,
-                          message=exc.step_message, verified=exc.verified)  # fmt: skip
+    failure = StepFailure(
+        step=exc.step,
+        exception_type=exc.exception_type,
+        message=exc.step_message,
+        verified=exc.verified,
+    )
     return Reply(error="step_failed", message=exc.message, step_failed=failure)
 
 

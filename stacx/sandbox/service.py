@@ -102,7 +102,9 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 60.0
     idle_run_s: float = 60.0  # a run with no sandbox here for this long: its warm pool is closed
     gc_interval_s: float = 60.0
-    runtime: str = ""  # OCI runtime of its sandboxes: runc, runsc; "": $STACX_SANDBOX_RUNTIME or runc
+    runtime: str = (
+        ""  # OCI runtime of its sandboxes: runc, runsc; "": $STACX_SANDBOX_RUNTIME or runc
+    )
 
 
 def default_capacity() -> tuple[float, int]:

@@ -36,9 +36,12 @@ Rlimits = list[tuple[int, int, int]]  # (resource, soft, hard)
 
 
 def program(
-    control: str, root: str = "", sweep_uid: int | None = None, loopback: bool = False,
+    control: str,
+    root: str = "",
+    sweep_uid: int | None = None,
+    loopback: bool = False,
     binds: list[str] | tuple[str, ...] = (),
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The spawner's command line (see stacx.sandbox.spawner_main); `control` "-" probes."""
     uid = "" if sweep_uid is None else str(sweep_uid)
     args = [control, root, uid, "1" if loopback else "0", *binds]
@@ -65,9 +68,13 @@ class Spawner:
 
     @classmethod
     async def start(
-        cls, prefix: list[str], root: str = "", sweep_uid: int | None = None,
-        loopback: bool = False, binds: list[str] | tuple[str, ...] = (),
-    ) -> Spawner:  # fmt: skip
+        cls,
+        prefix: list[str],
+        root: str = "",
+        sweep_uid: int | None = None,
+        loopback: bool = False,
+        binds: list[str] | tuple[str, ...] = (),
+    ) -> Spawner:
         """Start one: `prefix` (`unshare ... --`, or empty) runs the spawner program, which
         binds `binds` into `root`, brings loopback up, chroots into `root` ("": none)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -75,9 +82,12 @@ class Spawner:
         try:
             # no preexec_fn, no user/group: Python vforks (STYLE 21)
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True,
-            )  # fmt: skip
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
         except OSError as exc:
             mine.close()
             raise SandboxError(f"cannot start a process sandbox's spawner: {exc}") from exc
@@ -99,9 +109,13 @@ class Spawner:
         return spawner
 
     async def spawn(
-        self, argv: list[str], env: dict[str, str], cwd: str, ids: tuple[int, int] | None,
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        ids: tuple[int, int] | None,
         rlimits: Rlimits,
-    ) -> tuple[int, asyncio.Future[int], int, int]:  # fmt: skip
+    ) -> tuple[int, asyncio.Future[int], int, int]:
         """Start a command: (pid, its exit status to come as a returncode, the read ends of
         its stdout and stderr)."""
         out_r, out_w = os.pipe()

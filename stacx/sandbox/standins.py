@@ -93,19 +93,29 @@ async def ensure_standin(
     with tempfile.TemporaryDirectory() as tmp:
         binaries = await asyncio.to_thread(_uv_binaries, version, Path(tmp), task)
         dest = "/usr/local/bin/" if base else "/"
-        steps = [f"FROM {base or 'scratch'}", *([prelude] if prelude else []), f"COPY uv uvx {dest}"]
+        steps = [
+            f"FROM {base or 'scratch'}",
+            *([prelude] if prelude else []),
+            f"COPY uv uvx {dest}",
+        ]
         dockerfile = "\n".join(steps) + "\n"
         context = _context(dockerfile, binaries)
     lines: list[str] = []
     try:
         async for chunk in docker.images.build(
-            fileobj=io.BytesIO(context), encoding="gzip", tag=tag, rm=True, forcerm=True,
-            labels={"stacx.standin": f"{UV_REPO}:{tag.rpartition(':')[2]}"}, stream=True,
-        ):  # fmt: skip
+            fileobj=io.BytesIO(context),
+            encoding="gzip",
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            labels={"stacx.standin": f"{UV_REPO}:{tag.rpartition(':')[2]}"},
+            stream=True,
+        ):
             lines.extend(str(chunk.get("stream", "")).splitlines())
             if "error" in chunk:
-                raise TaskError(f"task {task}: stand-in {tag}: {chunk['error']}\n"
-                                + "\n".join(lines[-20:]))  # fmt: skip
+                raise TaskError(
+                    f"task {task}: stand-in {tag}: {chunk['error']}\n" + "\n".join(lines[-20:])
+                )
     except aiodocker.DockerError as exc:
         raise TaskError(f"task {task}: stand-in {tag}: {exc}\n" + "\n".join(lines[-20:])) from exc
 
@@ -116,11 +126,28 @@ def _uv_binaries(version: str | None, into: Path, task: str) -> dict[str, bytes]
     arch = _WHEEL_ARCH.get(platform.machine().lower())
     if arch is None:
         raise TaskError(f"task {task}: no uv stand-in for machine {platform.machine()}")
-    spec = "uv" if version is None else f"uv=={version}" if version.count(".") == 2 \
-        else f"uv=={version}.*"  # fmt: skip
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--platform", f"musllinux_1_1_{arch}", "--disable-pip-version-check", "-q",
-            "-d", str(into), spec]  # fmt: skip
+    spec = (
+        "uv"
+        if version is None
+        else f"uv=={version}"
+        if version.count(".") == 2
+        else f"uv=={version}.*"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--platform",
+        f"musllinux_1_1_{arch}",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(into),
+        spec,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
     wheels = sorted(into.glob("uv-*.whl"))
     if done.returncode != 0 or not wheels:
@@ -142,8 +169,10 @@ def _uv_binaries(version: str | None, into: Path, task: str) -> dict[str, bytes]
 def _context(dockerfile: str, binaries: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for name, data, mode in [("Dockerfile", dockerfile.encode(), 0o644),
-                                 *((n, b, 0o755) for n, b in binaries.items())]:  # fmt: skip
+        for name, data, mode in [
+            ("Dockerfile", dockerfile.encode(), 0o644),
+            *((n, b, 0o755) for n, b in binaries.items()),
+        ]:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))

@@ -52,9 +52,15 @@ async def start_step(
                     user=None if user is None else str(user),
                 )
                 if done.exit_code != 0:  # Harbor's message and exception type
-                    raise StepFailed(step, "RuntimeError", (
-                        f"Step '{step}' setup.sh exited with code {done.exit_code}: "
-                        f"{(done.stderr or done.stdout).strip()[-500:]}"), verified)  # fmt: skip
+                    raise StepFailed(
+                        step,
+                        "RuntimeError",
+                        (
+                            f"Step '{step}' setup.sh exited with code {done.exit_code}: "
+                            f"{(done.stderr or done.stdout).strip()[-500:]}"
+                        ),
+                        verified,
+                    )
         if config.healthcheck is not None:
             try:
                 await wait_healthy(sandbox, config.healthcheck)

@@ -132,8 +132,10 @@ async def _stage_tests(sandbox: Sandbox, task: Task) -> str:
         cwd="/",
     )
     if wiped.exit_code != 0:
-        return (f"cannot prepare /tests (exit {wiped.exit_code}): "
-                f"{(wiped.stderr or wiped.stdout).strip()[:500]}")  # fmt: skip
+        return (
+            f"cannot prepare /tests (exit {wiped.exit_code}): "
+            f"{(wiped.stderr or wiped.stdout).strip()[:500]}"
+        )
     # A step's tests go over the task's shared tests/ (helpers next to its test.sh)
     shared = task.dir / "tests"
     if task.step and task.tests_dir != shared and shared.is_dir():
@@ -215,4 +217,3 @@ def verdict(outcome: VerifierOutcome) -> Verdict:
         verifier_ms=outcome.duration_ms,
         output=outcome.output,
     )
-

@@ -298,8 +298,10 @@ async def read_state(query: Query, plan: Plan) -> LogState:
         # one query, so one snapshot: read apart, a teacher label recorded between the two
         # reads made a run look starved (nothing waiting, yet a unit short) and roll out a
         # refill iteration that no step would train on
-        sql = (f"SELECT (SELECT count(*) FROM ({units.ready_units_sql(cfg)})) AS ready, "
-               f"({units.waiting_sql(cfg)}) AS waiting")
+        sql = (
+            f"SELECT (SELECT count(*) FROM ({units.ready_units_sql(cfg)})) AS ready, "
+            f"({units.waiting_sql(cfg)}) AS waiting"
+        )
         got = (await query(sql, units.params(cfg, sql, version))).to_pylist()[0]
         ready, waiting = int(got["ready"]), int(got["waiting"])
     return LogState(

@@ -102,7 +102,9 @@ def open_writer(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
-    con.execute(f"ATTACH ? AS {WRITER_DB} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})", [str(db_path(run_dir))])
+    con.execute(
+        f"ATTACH ? AS {WRITER_DB} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})", [str(db_path(run_dir))]
+    )
     con.execute(f"USE {WRITER_DB}")
     create_all(con)
     load_views(con)
@@ -191,8 +193,12 @@ def attach_files(files: Sequence[Path]) -> duckdb.DuckDBPyConnection:
 
 def _union_views(con: duckdb.DuckDBPyConnection, n_runs: int) -> None:
     names = [f"r{i}" for i in range(n_runs)]
-    tables = [r[0] for r in con.execute(
-        "select distinct table_name from duckdb_tables() where database_name = 'r0'").fetchall()]
+    tables = [
+        r[0]
+        for r in con.execute(
+            "select distinct table_name from duckdb_tables() where database_name = 'r0'"
+        ).fetchall()
+    ]
     for t in tables:
         union = " UNION ALL BY NAME ".join(f"SELECT * FROM {n}.{quote_ident(t)}" for n in names)
         con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(t)} AS {union}")

@@ -26,8 +26,11 @@ from stacx.events import KINDS, Event, EventImported, derive_id, full_prompts
 from stacx.store import db
 from stacx.store.schema import TABLES
 
-EPISODE_KINDS = [k for k, t in TABLES.items() if any(c.name == "episode_id" for c in t.columns)
-                 and k not in ("InfraFailed",)] + ["InfraFailed"]
+EPISODE_KINDS = [
+    k
+    for k, t in TABLES.items()
+    if any(c.name == "episode_id" for c in t.columns) and k not in ("InfraFailed",)
+] + ["InfraFailed"]
 
 
 class EpisodeRecord(msgspec.Struct, kw_only=True):
@@ -41,7 +44,9 @@ class EpisodeRecord(msgspec.Struct, kw_only=True):
     source_path: str = ""
 
 
-def select_episodes(con: duckdb.DuckDBPyConnection, where: str | None) -> list[tuple[str, str, str, str, float | None, str]]:
+def select_episodes(
+    con: duckdb.DuckDBPyConnection, where: str | None
+) -> list[tuple[str, str, str, str, float | None, str]]:
     """(run_id, episode_id, task_id, group_id, reward, status) of the episodes matching `where`."""
     sql = "select run_id, episode_id, task_id, group_id, reward, status from episodes"
     if where:
@@ -49,7 +54,9 @@ def select_episodes(con: duckdb.DuckDBPyConnection, where: str | None) -> list[t
     try:
         return [tuple(r) for r in con.execute(sql + " order by started_ts, episode_id").fetchall()]  # type: ignore[misc]
     except duckdb.Error as exc:
-        raise StacxError(f"--where {where!r} is not a valid predicate over the episodes view: {exc}") from exc
+        raise StacxError(
+            f"--where {where!r} is not a valid predicate over the episodes view: {exc}"
+        ) from exc
 
 
 def read_records(run_dir: Path, where: str | None = None) -> list[EpisodeRecord]:
@@ -60,18 +67,25 @@ def read_records(run_dir: Path, where: str | None = None) -> list[EpisodeRecord]
         if not chosen:
             return []
         ids = [c[1] for c in chosen]
-        con.execute("create or replace temp table _chosen as select unnest(?::varchar[]) as episode_id", [ids])
+        con.execute(
+            "create or replace temp table _chosen as select unnest(?::varchar[]) as episode_id",
+            [ids],
+        )
         per_episode: dict[str, list[tuple[int, dict[str, object]]]] = {i: [] for i in ids}
         # events that were themselves imported keep their first origin (replay of a replay)
-        origins = dict(con.execute(
-            "select imported_event_id, coalesce(nullif(origin_run_id, ''), source_run_id) from event_imported"
-        ).fetchall())
+        origins = dict(
+            con.execute(
+                "select imported_event_id, coalesce(nullif(origin_run_id, ''), source_run_id) from event_imported"
+            ).fetchall()
+        )
         present = {r[0] for r in con.execute("select table_name from duckdb_tables()").fetchall()}
         for kind in EPISODE_KINDS:
             t = TABLES[kind].name
             if t not in present:  # a log older than this event kind
                 continue
-            cur = con.execute(f'select * from "{t}" where episode_id in (select episode_id from _chosen)')
+            cur = con.execute(
+                f'select * from "{t}" where episode_id in (select episode_id from _chosen)'
+            )
             cols = [d[0] for d in cur.description or []]
             for row in cur.fetchall():
                 d = dict(zip(cols, row, strict=True))
@@ -81,9 +95,16 @@ def read_records(run_dir: Path, where: str | None = None) -> list[EpisodeRecord]
                     d["_origin_run_id"] = origins[d["event_id"]]
                 per_episode[str(d["episode_id"])].append((seq, d))
         return [
-            EpisodeRecord(run_id=r, episode_id=e, task_id=t, group_id=g, reward=rw, status=st,
-                          events=[d for _, d in sorted(per_episode[e], key=lambda x: x[0])],
-                          source_path=str(run_dir))
+            EpisodeRecord(
+                run_id=r,
+                episode_id=e,
+                task_id=t,
+                group_id=g,
+                reward=rw,
+                status=st,
+                events=[d for _, d in sorted(per_episode[e], key=lambda x: x[0])],
+                source_path=str(run_dir),
+            )
             for (r, e, t, g, rw, st) in chosen
         ]
     finally:
@@ -99,9 +120,15 @@ def read_export(path: Path, where: str | None = None) -> list[EpisodeRecord]:
     if path.suffix not in (".jsonl", ".json", ".parquet"):
         raise StacxError(f"{path}: unknown export format (accepted: .jsonl, .parquet)")
     # the selection predicate runs over the same columns as the episodes view offers
-    sql = (f"select events_json, source_path from {reader}('{path}', "
-           + ("format='newline_delimited', maximum_object_size=1073741824" if reader == "read_json_auto" else "union_by_name=true")
-           + ") as episodes")
+    sql = (
+        f"select events_json, source_path from {reader}('{path}', "
+        + (
+            "format='newline_delimited', maximum_object_size=1073741824"
+            if reader == "read_json_auto"
+            else "union_by_name=true"
+        )
+        + ") as episodes"
+    )
     if where:
         sql += f" where {where}"
     try:
@@ -112,11 +139,21 @@ def read_export(path: Path, where: str | None = None) -> list[EpisodeRecord]:
     for events_json, source_path in rows:
         events = json.loads(events_json)
         start = next((e for e in events if e["kind"] == "EpisodeStarted"), events[0])
-        reward = next((e["reward"] for e in reversed(events) if e["kind"] == "RewardAssigned"), None)
-        out.append(EpisodeRecord(run_id=start["run_id"], episode_id=start["episode_id"],
-                                 task_id=start.get("task_id", ""), group_id=start.get("group_id", ""),
-                                 reward=reward, status="scored" if reward is not None else "unknown",
-                                 events=events, source_path=source_path or str(path)))
+        reward = next(
+            (e["reward"] for e in reversed(events) if e["kind"] == "RewardAssigned"), None
+        )
+        out.append(
+            EpisodeRecord(
+                run_id=start["run_id"],
+                episode_id=start["episode_id"],
+                task_id=start.get("task_id", ""),
+                group_id=start.get("group_id", ""),
+                reward=reward,
+                status="scored" if reward is not None else "unknown",
+                events=events,
+                source_path=source_path or str(path),
+            )
+        )
     return out
 
 
@@ -136,21 +173,29 @@ def reimport(records: list[EpisodeRecord], run_id: str) -> Iterator[Event]:
         for d in rec.events:
             kind = str(d["kind"])
             if kind not in KINDS:
-                raise StacxError(f"episode {rec.episode_id} from {rec.source_path}: unknown event kind {kind!r}")
+                raise StacxError(
+                    f"episode {rec.episode_id} from {rec.source_path}: unknown event kind {kind!r}"
+                )
             src_id = str(d["event_id"])
             fields = {k: v for k, v in d.items() if not k.startswith("_") and k != "kind"}
             fields["run_id"] = run_id
             fields["event_id"] = derive_id(run_id, "import", rec.run_id, src_id)
             event = msgspec.convert(fields, KINDS[kind])
             yield event
-            yield EventImported(run_id=run_id, event_id=derive_id(run_id, "provenance", rec.run_id, src_id),
-                                ts=event.ts,  # deterministic: the same import twice is the same event
-                                imported_event_id=event.event_id, source_run_id=rec.run_id,
-                                source_event_id=src_id, source_path=rec.source_path,
-                                origin_run_id=str(d.get("_origin_run_id") or rec.run_id))
+            yield EventImported(
+                run_id=run_id,
+                event_id=derive_id(run_id, "provenance", rec.run_id, src_id),
+                ts=event.ts,  # deterministic: the same import twice is the same event
+                imported_event_id=event.event_id,
+                source_run_id=rec.run_id,
+                source_event_id=src_id,
+                source_path=rec.source_path,
+                origin_run_id=str(d.get("_origin_run_id") or rec.run_id),
+            )
 
 
 # ---- export ---------------------------------------------------------------------------------
+
 
 def _chatml_messages(text: str) -> list[dict[str, str]]:
     """Split ChatML text (`<|im_start|>role\\n...<|im_end|>`) into messages; [] if not ChatML."""
@@ -166,15 +211,23 @@ def whole_turns(turns: list[dict[str, object]]) -> list[dict[str, object]]:
     turn stored linearly holds only the ids after its ``prefix_len``; see
     ``stacx.events.full_prompts``). ValueError on a chain with a turn missing."""
     ordered = sorted(turns, key=lambda t: int(t["turn"]))  # type: ignore[call-overload]
-    prompts = full_prompts([
-        (int(t["turn"]), int(t.get("prefix_len") or 0),  # type: ignore[call-overload]
-         list(t["prompt_ids"]), list(t["output_ids"]))  # type: ignore[call-overload]
-        for t in ordered
-    ])  # fmt: skip
+    prompts = full_prompts(
+        [
+            (
+                int(t["turn"]),  # type: ignore[call-overload]
+                int(t.get("prefix_len") or 0),  # type: ignore[call-overload]
+                list(t["prompt_ids"]),  # type: ignore[call-overload]
+                list(t["output_ids"]),  # type: ignore[call-overload]
+            )
+            for t in ordered
+        ]
+    )
     return [{**t, "prompt_ids": p, "prefix_len": 0} for t, p in zip(ordered, prompts, strict=True)]
 
 
-def export_row(rec: EpisodeRecord, decode: Callable[[list[int]], str] | None = None) -> dict[str, object]:
+def export_row(
+    rec: EpisodeRecord, decode: Callable[[list[int]], str] | None = None
+) -> dict[str, object]:
     """One export row: the episode's token trajectory with a loss mask, its reward, its events.
 
     `input_ids` is the last turn's prompt followed by its output; when every turn's prompt
@@ -192,7 +245,7 @@ def export_row(rec: EpisodeRecord, decode: Callable[[list[int]], str] | None = N
         lps = t.get("logprobs") or [None] * len(out)
         if input_ids and prompt[: len(input_ids)] != input_ids:
             contiguous = False
-        new = prompt[len(input_ids):] if contiguous else prompt
+        new = prompt[len(input_ids) :] if contiguous else prompt
         if not contiguous:
             input_ids, loss_mask, logprobs = [], [], []
         input_ids += new + out
@@ -200,11 +253,19 @@ def export_row(rec: EpisodeRecord, decode: Callable[[list[int]], str] | None = N
         logprobs += [None] * len(new) + list(lps)  # type: ignore[call-overload]
     messages = _chatml_messages(decode(input_ids)) if decode and input_ids else []
     return {
-        "run_id": rec.run_id, "episode_id": rec.episode_id, "task_id": rec.task_id,
-        "group_id": rec.group_id, "reward": rec.reward, "status": rec.status,
-        "n_turns": len(turns), "contiguous": contiguous,
-        "messages": json.dumps(messages), "input_ids": input_ids, "loss_mask": loss_mask,
-        "logprobs": logprobs, "events_json": json.dumps(rec.events, default=str),
+        "run_id": rec.run_id,
+        "episode_id": rec.episode_id,
+        "task_id": rec.task_id,
+        "group_id": rec.group_id,
+        "reward": rec.reward,
+        "status": rec.status,
+        "n_turns": len(turns),
+        "contiguous": contiguous,
+        "messages": json.dumps(messages),
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "logprobs": logprobs,
+        "events_json": json.dumps(rec.events, default=str),
         "source_path": rec.source_path,
     }
 

@@ -73,8 +73,9 @@ class QueryRequest(msgspec.Struct, frozen=True, kw_only=True):
 class ServedQuery(Protocol):
     """What the service answers with: ``RunContext.query``."""
 
-    def __call__(self, sql: str, params: Params = None, /, *, after: int | None = None,
-                 barrier: bool = False) -> Awaitable[pa.Table]: ...
+    def __call__(
+        self, sql: str, params: Params = None, /, *, after: int | None = None, barrier: bool = False
+    ) -> Awaitable[pa.Table]: ...
 
 
 def query_subject(run_id: str) -> str:
@@ -117,7 +118,9 @@ class QueryService:
             return
         try:
             req = msgspec.msgpack.decode(msg.data, type=QueryRequest)
-            table = await self.query(req.sql, req.params, after=req.after, barrier=req.after is None)
+            table = await self.query(
+                req.sql, req.params, after=req.after, barrier=req.after is None
+            )
             data = to_ipc(table)
         except Exception as exc:  # the caller must see why; the service keeps serving
             await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": _one_line(repr(exc))})
@@ -132,7 +135,9 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:4000]
 
 
-def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S) -> QueryAfter:
+def remote_query(
+    nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S
+) -> QueryAfter:
     """A query function for a remote actor: sends the SQL, its parameters and the sequence the
     answer must include (``after``; None: everything published when it is served), and
     reassembles the chunked Arrow reply."""
@@ -159,7 +164,11 @@ def remote_query(nc: nats.aio.client.Client, run_id: str, *, timeout: float = TI
 
         sub = await nc.subscribe(inbox, cb=on_reply)
         try:
-            wire = None if params is None else (dict(params) if isinstance(params, Mapping) else list(params))
+            wire = (
+                None
+                if params is None
+                else (dict(params) if isinstance(params, Mapping) else list(params))
+            )
             request = msgspec.msgpack.encode(QueryRequest(sql=sql, params=wire, after=after))
             await nc.publish(query_subject(run_id), request, reply=inbox)
             try:

@@ -102,11 +102,20 @@ class _Batch:
 class Recorder:
     """Records one run's stream into ``<run_dir>/trace.duckdb``."""
 
-    def __init__(self, js: JetStreamContext, run_id: str, run_dir: Path, *,
-                 batch: int = 200, fetch_timeout: float = 0.25, drain_s: float = 0.002,
-                 checkpoint_bytes: int = 16 << 20, idle_checkpoint_bytes: int = 1 << 20,
-                 compact_after: int = 16,
-                 on_commit: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        js: JetStreamContext,
+        run_id: str,
+        run_dir: Path,
+        *,
+        batch: int = 200,
+        fetch_timeout: float = 0.25,
+        drain_s: float = 0.002,
+        checkpoint_bytes: int = 16 << 20,
+        idle_checkpoint_bytes: int = 1 << 20,
+        compact_after: int = 16,
+        on_commit: Callable[[int], None] | None = None,
+    ):
         self.js = js
         self.run_id = run_id
         self.run_dir = Path(run_dir)
@@ -152,7 +161,9 @@ class Recorder:
             self.con.execute("SET threads = 1")
         self.con.execute("SET checkpoint_threshold = '1TB'")  # see "Checkpoints" above
         self.con.execute("SET max_vacuum_tasks = 0")
-        row = self.con.execute("select seq from _position where stream = ?", [self.stream]).fetchone()
+        row = self.con.execute(
+            "select seq from _position where stream = ?", [self.stream]
+        ).fetchone()
         if row is None:  # one row per stream from the start, so a commit is a plain UPDATE
             self.con.execute("INSERT INTO _position VALUES (?, 0)", [self.stream])
         self.position = self._taken = int(row[0]) if row else 0
@@ -252,7 +263,9 @@ class Recorder:
         A consumer that is gone counts too; an unanswered query (a cluster electing its leader)
         does not: the next idle poll asks again."""
         try:
-            info = await self.js.consumer_info(self.stream, DURABLE, timeout=max(1.0, 4 * self.fetch_timeout))
+            info = await self.js.consumer_info(
+                self.stream, DURABLE, timeout=max(1.0, 4 * self.fetch_timeout)
+            )
         except NotFoundError:
             log.warning("recorder %s: its consumer is gone; rebuilding it", self.stream)
             return True
@@ -265,9 +278,14 @@ class Recorder:
         if self._suspect != delivered:
             self._suspect = delivered  # ask again at the next idle poll
             return False
-        log.warning("recorder %s: the consumer delivered up to stream sequence %d, nothing after "
-                    "%d arrived; re-reading from %d", self.stream, delivered, self.position,
-                    self.position + 1)
+        log.warning(
+            "recorder %s: the consumer delivered up to stream sequence %d, nothing after "
+            "%d arrived; re-reading from %d",
+            self.stream,
+            delivered,
+            self.position,
+            self.position + 1,
+        )
         self.lost += 1
         return True
 
@@ -281,14 +299,20 @@ class Recorder:
         if first <= expect:
             return
         try:
-            nxt = await self.js.get_msg(self.stream, seq=expect, subject=f"stacx.{self.run_id}.>", next=True)
+            nxt = await self.js.get_msg(
+                self.stream, seq=expect, subject=f"stacx.{self.run_id}.>", next=True
+            )
         except NotFoundError:
             return  # (the delivered one is there: a lookup that finds nothing decides nothing)
         except (TimeoutError, nats.errors.Error):
             return  # unanswered: the gap check re-reads, and this is asked again
         if int(nxt.seq or 0) >= first:
-            log.info("recorder %s: stream sequences %d-%d hold none of the run's messages",
-                     self.stream, expect, first - 1)
+            log.info(
+                "recorder %s: stream sequences %d-%d hold none of the run's messages",
+                self.stream,
+                expect,
+                first - 1,
+            )
             self._taken = first - 1
 
     def _gap(self, msgs: list[Msg]) -> bool:
@@ -302,8 +326,13 @@ class Recorder:
             if seq < expect:
                 continue  # a redelivery of what is committed
             if seq > expect:
-                log.warning("recorder %s: stream sequence %d delivered, %d expected; "
-                            "re-reading from %d", self.stream, seq, expect, self.position + 1)
+                log.warning(
+                    "recorder %s: stream sequence %d delivered, %d expected; re-reading from %d",
+                    self.stream,
+                    seq,
+                    expect,
+                    self.position + 1,
+                )
                 self.gaps += 1
                 return True
             expect = seq + 1
@@ -318,16 +347,19 @@ class Recorder:
         position in DuckDB is the truth, so the consumer is rebuilt from it on every start."""
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.stream, DURABLE)
-        await self.js.add_consumer(self.stream, ConsumerConfig(
-            durable_name=DURABLE,
-            filter_subject=f"stacx.{self.run_id}.>",
-            ack_policy=AckPolicy.ALL,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.position + 1,
-            ack_wait=300.0,
-            max_ack_pending=-1,
-            max_waiting=16,
-        ))
+        await self.js.add_consumer(
+            self.stream,
+            ConsumerConfig(
+                durable_name=DURABLE,
+                filter_subject=f"stacx.{self.run_id}.>",
+                ack_policy=AckPolicy.ALL,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.position + 1,
+                ack_wait=300.0,
+                max_ack_pending=-1,
+                max_waiting=16,
+            ),
+        )
         return await self.js.pull_subscribe_bind(DURABLE, stream=self.stream)
 
     # ---- the batch transaction -----------------------------------------------------------
@@ -359,13 +391,17 @@ class Recorder:
                 batch_ids.add(ev.event_id)
                 by_kind[ev.kind].append(ev)
                 seqs[ev.kind].append(seq)
-                index.append((seq, ev.event_id, ev.kind, ev.run_id, ev.ts, getattr(ev, "episode_id", None)))
+                index.append(
+                    (seq, ev.event_id, ev.kind, ev.run_id, ev.ts, getattr(ev, "episode_id", None))
+                )
         if last_seq <= self._taken:
             return None
         self._taken = last_seq
         assert self.seen is not None
         hashes = self.seen.hashes([r[1] for r in index])
-        maybe_seen = [r[1] for r, hit in zip(index, self.seen.maybe_seen(hashes), strict=True) if hit]
+        maybe_seen = [
+            r[1] for r, hit in zip(index, self.seen.maybe_seen(hashes), strict=True) if hit
+        ]
         self.seen.add(hashes)
         tables = {TABLES[k].name: to_arrow(k, evs, seqs[k]) for k, evs in by_kind.items()}
         if index:
@@ -376,7 +412,13 @@ class Recorder:
         if batch is not None:
             async with self._lock:
                 written = await asyncio.to_thread(
-                    self._commit, batch.tables, batch.index, batch.dead, batch.maybe_seen, batch.last_seq)
+                    self._commit,
+                    batch.tables,
+                    batch.index,
+                    batch.dead,
+                    batch.maybe_seen,
+                    batch.last_seq,
+                )
             kept = {r[1] for r in written}
             repeats = batch.repeats + [(r[1], r[0]) for r in batch.index if r[1] not in kept]
             if repeats:
@@ -435,12 +477,24 @@ class Recorder:
 
     def _skipped(self, event_id: str, seq: int, n: int) -> None:
         self.duplicates += n
-        log.warning("recorder %s: %d event(s) with an already recorded event_id skipped "
-                    "(e.g. %s at stream sequence %d); %d so far", self.stream, n, event_id, seq,
-                    self.duplicates)
+        log.warning(
+            "recorder %s: %d event(s) with an already recorded event_id skipped "
+            "(e.g. %s at stream sequence %d); %d so far",
+            self.stream,
+            n,
+            event_id,
+            seq,
+            self.duplicates,
+        )
 
-    def _commit(self, tables: dict[str, pa.Table], index: list[IndexRow], dead: list[DeadRow],
-                maybe_seen: list[str], last_seq: int) -> list[IndexRow]:
+    def _commit(
+        self,
+        tables: dict[str, pa.Table],
+        index: list[IndexRow],
+        dead: list[DeadRow],
+        maybe_seen: list[str],
+        last_seq: int,
+    ) -> list[IndexRow]:
         """One transaction: rows, index, dead letters, position. Returns the index rows
         actually written (without the events whose id was recorded before)."""
         con = self.con
@@ -449,18 +503,34 @@ class Recorder:
         try:
             if maybe_seen:
                 ids = pa.table({"event_id": pa.array(maybe_seen, pa.string())})
-                old = pa.array([r[0] for r in _from_arrow(
-                    con, "SELECT DISTINCT event_id FROM _events WHERE event_id IN (SELECT event_id FROM arrow_rows)",
-                    ids).fetchall()], pa.string())
+                old = pa.array(
+                    [
+                        r[0]
+                        for r in _from_arrow(
+                            con,
+                            "SELECT DISTINCT event_id FROM _events WHERE event_id IN (SELECT event_id FROM arrow_rows)",
+                            ids,
+                        ).fetchall()
+                    ],
+                    pa.string(),
+                )
                 if len(old):
                     recorded = set(old.to_pylist())
                     index = [r for r in index if r[1] not in recorded]
-                    tables = {k: t.filter(pc.invert(pc.is_in(t["event_id"], value_set=old)))
-                              for k, t in tables.items()}
+                    tables = {
+                        k: t.filter(pc.invert(pc.is_in(t["event_id"], value_set=old)))
+                        for k, t in tables.items()
+                    }
             for name, rows in tables.items():
-                _from_arrow(con, f"INSERT INTO {db.quote_ident(name)} SELECT * FROM arrow_rows", rows)
+                _from_arrow(
+                    con, f"INSERT INTO {db.quote_ident(name)} SELECT * FROM arrow_rows", rows
+                )
             if dead:
-                _from_arrow(con, "INSERT INTO _dead_letters SELECT * FROM arrow_rows", _rows(dead, DEAD_SCHEMA))
+                _from_arrow(
+                    con,
+                    "INSERT INTO _dead_letters SELECT * FROM arrow_rows",
+                    _rows(dead, DEAD_SCHEMA),
+                )
             con.execute("UPDATE _position SET seq = ? WHERE stream = ?", [last_seq, self.stream])
             con.execute("COMMIT")
         except BaseException:
@@ -475,7 +545,9 @@ class Recorder:
         async with self._advanced:
             await asyncio.wait_for(self._advanced.wait_for(lambda: self.position >= seq), timeout)
 
-    async def query(self, sql: str, params: Sequence[object] | Mapping[str, object] | None = None) -> pa.Table:
+    async def query(
+        self, sql: str, params: Sequence[object] | Mapping[str, object] | None = None
+    ) -> pa.Table:
         """Run SQL (views included) on the writer's connection, between batches."""
         return await self.read(lambda con: con.sql(sql, params=params).to_arrow_table())
 
@@ -490,10 +562,17 @@ class Recorder:
 
 def _rows(rows: Sequence[tuple[object, ...]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(zip(*rows, strict=True), schema, strict=True)], schema=schema)
+        [
+            pa.array(col, type=f.type)
+            for col, f in zip(zip(*rows, strict=True), schema, strict=True)
+        ],
+        schema=schema,
+    )
 
 
-def _from_arrow(con: duckdb.DuckDBPyConnection, sql: str, arrow_rows: pa.Table) -> duckdb.DuckDBPyConnection:
+def _from_arrow(
+    con: duckdb.DuckDBPyConnection, sql: str, arrow_rows: pa.Table
+) -> duckdb.DuckDBPyConnection:
     """Run `sql`, which reads the Arrow table ``arrow_rows``: DuckDB finds it by that name among
     this frame's locals (its replacement scan). ~0.4 ms per statement here against ~0.7 ms for
     register + INSERT + unregister; the commit's fixed cost is what limits the latency."""

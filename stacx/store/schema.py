@@ -105,12 +105,23 @@ BOOKKEEPING = [
     "CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
 ]
 EVENTS_SCHEMA = pa.schema(
-    [("_seq", pa.int64()), ("event_id", pa.string()), ("kind", pa.string()),
-     ("run_id", pa.string()), ("ts", pa.float64()), ("episode_id", pa.string())]
+    [
+        ("_seq", pa.int64()),
+        ("event_id", pa.string()),
+        ("kind", pa.string()),
+        ("run_id", pa.string()),
+        ("ts", pa.float64()),
+        ("episode_id", pa.string()),
+    ]
 )
 DEAD_SCHEMA = pa.schema(
-    [("_seq", pa.int64()), ("subject", pa.string()), ("reason", pa.string()),
-     ("payload", pa.binary()), ("recorded_ts", pa.float64())]
+    [
+        ("_seq", pa.int64()),
+        ("subject", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.binary()),
+        ("recorded_ts", pa.float64()),
+    ]
 )
 
 
@@ -120,9 +131,12 @@ def create_all(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(stmt)
     for t in TABLES.values():
         con.execute(t.ddl())
-        have = {r[0] for r in con.execute(
-            "select column_name from information_schema.columns where table_name = ?", [t.name]
-        ).fetchall()}
+        have = {
+            r[0]
+            for r in con.execute(
+                "select column_name from information_schema.columns where table_name = ?", [t.name]
+            ).fetchall()
+        }
         for c in t.columns:
             if c.name not in have:
                 con.execute(f'ALTER TABLE "{t.name}" ADD COLUMN "{c.name}" {c.sql_type}')

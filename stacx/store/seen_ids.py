@@ -32,9 +32,13 @@ class SeenIds:
 
     def __init__(self, con: duckdb.DuckDBPyConnection):
         """Seed from the ``_events`` of `con` (the writer's connection)."""
-        self._hasher = duckdb.connect()  # the same hash() as the file's, off the writer's connection
+        self._hasher = (
+            duckdb.connect()
+        )  # the same hash() as the file's, off the writer's connection
         self._hasher.execute("SET threads = 1")
-        seeded = con.execute("SELECT hash(event_id) AS h FROM _events WHERE event_id IS NOT NULL").fetchnumpy()["h"]
+        seeded = con.execute(
+            "SELECT hash(event_id) AS h FROM _events WHERE event_id IS NOT NULL"
+        ).fetchnumpy()["h"]
         self._sorted: Hashes = np.unique(np.asarray(seeded, dtype=np.uint64))
         self._recent: set[int] = set()
 
@@ -53,7 +57,9 @@ class SeenIds:
             at = np.searchsorted(self._sorted, hashes).clip(max=len(self._sorted) - 1)
             hit = self._sorted[at] == hashes
         if self._recent:
-            hit |= np.fromiter((int(h) in self._recent for h in hashes), dtype=bool, count=len(hashes))
+            hit |= np.fromiter(
+                (int(h) in self._recent for h in hashes), dtype=bool, count=len(hashes)
+            )
         return hit
 
     def add(self, hashes: Hashes) -> None:

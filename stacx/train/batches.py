@@ -100,8 +100,11 @@ def _lengths_of(
 
 def _scalars(table: pa.Table, name: str) -> NDArray[np.float64]:
     col = table.column(name)
-    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
-            or pa.types.is_decimal(col.type)):  # fmt: skip
+    if not (
+        pa.types.is_integer(col.type)
+        or pa.types.is_floating(col.type)
+        or pa.types.is_decimal(col.type)
+    ):
         raise BatchError(f"column {name!r} is {col.type}, not a number")
     if col.null_count:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
@@ -165,8 +168,9 @@ def samples_from_table(
     ]
 
 
-def samples_for(cfg: TrainerConfig, table: pa.Table, *, prompt: str | None = "prompt_ids"
-                ) -> list[Sample]:  # fmt: skip
+def samples_for(
+    cfg: TrainerConfig, table: pa.Table, *, prompt: str | None = "prompt_ids"
+) -> list[Sample]:
     """Training samples from the source view's rows, per the algorithm's column layout."""
     return cfg.algo.samples(cfg, table, prompt=prompt)
 
@@ -203,8 +207,9 @@ def chain_prompts(
             raise BatchError(f"episode {key[0]}: a prompt was read with its chain")
         chain = chains.get(key)
         if chain is None or n is None or n > len(chain):
-            raise BatchError(f"episode {key[0]} chain at turn {key[1]}: not in turn_chains "
-                             f"with {n} prompt ids")  # fmt: skip
+            raise BatchError(
+                f"episode {key[0]} chain at turn {key[1]}: not in turn_chains with {n} prompt ids"
+            )
         prompts.append((chain, int(n), key))
     return prompts
 
@@ -256,8 +261,7 @@ class _Sequence:
     def sample(self) -> Sample:
         ids = _cat(self.ids, np.int64)
         values = {k: _cat(v, np.float32) for k, v in self.values.items()}
-        return Sample(ids[: self.n_prompt], ids[self.n_prompt :], values,
-                      _cat(self.mask, np.int8))  # fmt: skip
+        return Sample(ids[: self.n_prompt], ids[self.n_prompt :], values, _cat(self.mask, np.int8))
 
 
 def _merge(
@@ -346,7 +350,9 @@ async def step_batch(
         samples = chain_sequences(samples, keys, n_prompt, chains)
     else:
         prompts = chain_prompts(samples, keys, n_prompt, chains)
-        samples = [replace(s, prompt_ids=ids[:n]) for s, (ids, n, _) in zip(samples, prompts, strict=True)]
+        samples = [
+            replace(s, prompt_ids=ids[:n]) for s, (ids, n, _) in zip(samples, prompts, strict=True)
+        ]
     return StepBatch(table, samples, n_rows, _n_ids(stored, "ids"))
 
 
@@ -359,7 +365,11 @@ TOKEN_VERSIONS_SQL: Final = (
 
 
 def with_token_versions(
-    cfg: TrainerConfig, table: pa.Table, samples: list[Sample], versions: pa.Table, version: int | None
+    cfg: TrainerConfig,
+    table: pa.Table,
+    samples: list[Sample],
+    versions: pa.Table,
+    version: int | None,
 ) -> list[Sample]:
     """`samples` (one per row of `table`) with the ``weight_version`` of each completion token
     (numpy views of `versions`' Arrow buffers) and, given the trainer's `version`, loss mask 0 on
@@ -368,8 +378,11 @@ def with_token_versions(
     rewrote the output), takes its row's ``weight_version`` for every token."""
     offsets, flat, _ = list_buffers(versions, "token_versions")
     flat = flat.astype(np.float64)
-    keys = zip(versions.column("episode_id").to_numpy(zero_copy_only=False),
-               versions.column("turn").to_numpy(zero_copy_only=False), strict=True)  # fmt: skip
+    keys = zip(
+        versions.column("episode_id").to_numpy(zero_copy_only=False),
+        versions.column("turn").to_numpy(zero_copy_only=False),
+        strict=True,
+    )
     by_turn = {(e, int(t)): flat[offsets[i] : offsets[i + 1]] for i, (e, t) in enumerate(keys)}
     episodes = table.column(cfg.algo.episode_column).to_numpy(zero_copy_only=False)
     turns = table.column("turn").to_numpy(zero_copy_only=False)
@@ -390,6 +403,7 @@ def with_token_versions(
         values = {**sample.token_values, "weight_version": tv}
         out.append(replace(sample, token_values=values, loss_mask=mask))
     return out
+
 
 def _n_ids(table: pa.Table, name: str) -> int:
     if name not in table.column_names:

@@ -383,8 +383,9 @@ def _dcp_errors(doing: str, where: Path) -> Iterator[None]:
         ranks = "; ".join(f"rank {r}: {error!r}" for r, (error, _) in exc.failures.items())
         probe = next((p for p in (where, *where.parents) if p.exists()), None)
         free = f", {shutil.disk_usage(probe).free / 2**30:.1f} GiB free there" if probe else ""
-        raise CheckpointError(f"{doing} the sharded optimizer state at {where} failed "
-                              f"({ranks}{free})") from exc  # fmt: skip
+        raise CheckpointError(
+            f"{doing} the sharded optimizer state at {where} failed ({ranks}{free})"
+        ) from exc
 
 
 def versions(run_dir: Path | str) -> list[int]:

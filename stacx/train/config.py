@@ -219,7 +219,11 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if cfg.tis_cap is not None and not cfg.tis_cap > 0:
         raise _fail("tis_cap", cfg.tis_cap, "a float > 0, or omitted for no TIS correction")
     if cfg.is_mask_band is not None and not 0 < cfg.is_mask_band[0] < 1 < cfg.is_mask_band[1]:
-        raise _fail("is_mask_band", list(cfg.is_mask_band), "[low, high] with 0 < low < 1 < high, e.g. [0.5, 2.0], or omitted")
+        raise _fail(
+            "is_mask_band",
+            list(cfg.is_mask_band),
+            "[low, high] with 0 < low < 1 < high, e.g. [0.5, 2.0], or omitted",
+        )
     if cfg.source and not _IDENT.match(cfg.source):
         raise _fail("source", cfg.source, "the name of a view or table (letters, digits, _)")
     if ";" in cfg.filter:
@@ -245,8 +249,17 @@ def _check_ranges(cfg: TrainerConfig) -> None:
         value = getattr(cfg, key)
         if value not in accepted:
             raise _fail(key, value, " | ".join(accepted))
-    positive = ("steps", "checkpoint_every", "batch_groups", "batch_episodes",
-                "grad_accumulation", "max_tokens", "steps_per_iteration", "branches", "world_size")  # fmt: skip
+    positive = (
+        "steps",
+        "checkpoint_every",
+        "batch_groups",
+        "batch_episodes",
+        "grad_accumulation",
+        "max_tokens",
+        "steps_per_iteration",
+        "branches",
+        "world_size",
+    )
     for key in positive:
         if getattr(cfg, key) < 1:
             raise _fail(key, getattr(cfg, key), "an integer >= 1")

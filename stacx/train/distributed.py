@@ -295,8 +295,9 @@ class RankGroup:
                 parts.append(checkpoint.config_part(language_model(self.model)))
         if state and next(iter(state.values())).is_cuda:
             torch.cuda.current_stream().synchronize()  # the clones are complete for the writer
-        return checkpoint.Snapshot(version=version, weights=state, parts=tuple(parts),
-                                   meta=meta, tmp=tmp)  # fmt: skip
+        return checkpoint.Snapshot(
+            version=version, weights=state, parts=tuple(parts), meta=meta, tmp=tmp
+        )
 
     def save(
         self, run_dir: Path | str, version: int, meta: dict[str, object]

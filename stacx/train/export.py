@@ -66,7 +66,9 @@ def export_hf(
     if (source / ADAPTER_CONFIG).is_file():
         return _export_adapter(source, out, base_dir, version, merged=merged)
     if merged:
-        raise CheckpointError(f"checkpoint v{version} is not a LoRA adapter: --merged applies to LoRA runs")
+        raise CheckpointError(
+            f"checkpoint v{version} is not a LoRA adapter: --merged applies to LoRA runs"
+        )
     state = read_safetensors(base_dir)  # every shard
     trained = read_safetensors(version_dir(run_dir, version) / WEIGHTS_FILE)
     unknown = sorted(set(trained) - set(state))

@@ -80,6 +80,28 @@ def packed_token_logprobs(
     head = model.get_output_embeddings()  # type: ignore[operator]
     if decoder is None or head is None:
         raise ModelShapeError(f"{type(model).__name__} has no decoder or no output embeddings")
+    out = decoder(
+        input_ids=batch.input_ids_R_T,
+        position_ids=batch.position_ids_R_T,
+        use_cache=False,
+        **_boundaries(model, batch, boundaries),
+    )
+    hidden_R_T_H: Tensor = out.last_hidden_state
+    select_R_T = batch.loss_mask_R_T
+    hidden_N_H = hidden_R_T_H[select_R_T]
+    logprobs_N = chunked_token_logprobs(
+        hidden_N_H, head.weight, batch.targets_R_T[select_R_T], chunk_tokens=chunk_tokens
+    )
+    logprobs_R_T = logprobs_N.new_zeros(select_R_T.shape)
+    return logprobs_R_T.masked_scatter(select_R_T, logprobs_N)
+
+
+def _boundaries(
+    model: nn.Module, batch: PackedBatch, boundaries: BoundaryMode
+) -> dict[str, Tensor | int | None]:
+    """The decoder's keyword arguments that keep the packed sequences apart: an attention mask
+    (``block_mask``: shared prompts need it), the varlen attention's offsets (``varlen``), or
+    none (``position_ids``: the positions restart at each sequence)."""
     mask = None
     varlen: dict[str, Tensor | int] = {}
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -107,21 +129,7 @@ def packed_token_logprobs(
             "max_length_q": batch.max_seqlen,
             "max_length_k": batch.max_seqlen,
         }
-    out = decoder(
-        input_ids=batch.input_ids_R_T,
-        position_ids=batch.position_ids_R_T,
-        attention_mask=mask,
-        use_cache=False,
-        **varlen,
-    )
-    hidden_R_T_H: Tensor = out.last_hidden_state
-    select_R_T = batch.loss_mask_R_T
-    hidden_N_H = hidden_R_T_H[select_R_T]
-    logprobs_N = chunked_token_logprobs(
-        hidden_N_H, head.weight, batch.targets_R_T[select_R_T], chunk_tokens=chunk_tokens
-    )
-    logprobs_R_T = logprobs_N.new_zeros(select_R_T.shape)
-    return logprobs_R_T.masked_scatter(select_R_T, logprobs_N)
+    return {"attention_mask": mask, **varlen}
 
 
 class PackedLM(nn.Module):

@@ -252,35 +252,74 @@ def policy_gradient_loss(
     unclipped_B_T = ratio_B_T * advantages_B_T
     clipped_B_T = ratio_B_T.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_B_T
     per_token_B_T = -torch.minimum(unclipped_B_T, clipped_B_T)
-    weight_B_T = kept_B_T = torch.ones_like(per_token_B_T)
-    if old_logprobs_B_T is not None and (tis_cap is not None or mask_band is not None):
-        # the trainer's over the engine's probability of each token
-        old_B_T = old_logprobs_B_T.detach().to(logprobs_B_T.dtype)
-        is_ratio_B_T = torch.exp(torch.where(mask, old_B_T - behavior_logprobs_B_T.detach(), zeros_B_T))
-        if tis_cap is not None:
-            weight_B_T = is_ratio_B_T.clamp(max=tis_cap)
-            per_token_B_T = per_token_B_T * weight_B_T
-        if mask_band is not None:
-            kept_B_T = ((is_ratio_B_T >= mask_band[0]) & (is_ratio_B_T <= mask_band[1])).to(per_token_B_T.dtype)
-            per_token_B_T = per_token_B_T * kept_B_T
+    per_token_B_T, weight_B_T, kept_B_T = _mismatch_weighted(
+        per_token_B_T, old_logprobs_B_T, behavior_logprobs_B_T, mask, tis_cap, mask_band
+    )
     loss = masked_mean(per_token_B_T, loss_mask_B_T, normalizer)
     with torch.no_grad():
-        clipped_taken = (clipped_B_T < unclipped_B_T).to(logprobs_B_T.dtype)
-        metrics = {
-            "clip_frac": masked_mean(clipped_taken, loss_mask_B_T),
-            "ratio_mean": masked_mean(ratio_B_T, loss_mask_B_T),
-            "approx_kl": masked_mean(-log_ratio_B_T, loss_mask_B_T),
-            "tis_weight_mean": masked_mean(weight_B_T, loss_mask_B_T),
-            "is_masked_frac": masked_mean(1 - kept_B_T, loss_mask_B_T),
-            "n_tokens": mask.sum(),
-        }
+        clipped_taken_B_T = (clipped_B_T < unclipped_B_T).to(logprobs_B_T.dtype)
+        metrics = _pg_metrics(
+            loss_mask_B_T, clipped_taken_B_T, ratio_B_T, log_ratio_B_T, weight_B_T, kept_B_T
+        )
     return LossOutput(loss, metrics)
 
 
-def _check_pg_options(
-    eps_low: float, eps_high: float, has_old: bool, tis_cap: float | None,
+def _mismatch_weighted(
+    per_token_B_T: Tensor,
+    old_logprobs_B_T: Tensor | None,
+    behavior_logprobs_B_T: Tensor,
+    mask: Tensor,
+    tis_cap: float | None,
     mask_band: tuple[float, float] | None,
-) -> None:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-token loss corrected for the engine/trainer mismatch: weighted by the truncated
+    importance ratio (``tis_cap``) and zeroed outside ``mask_band``; with the weights and the
+    kept tokens (ones where a correction is off)."""
+    weight_B_T = kept_B_T = torch.ones_like(per_token_B_T)
+    if old_logprobs_B_T is None or (tis_cap is None and mask_band is None):
+        return per_token_B_T, weight_B_T, kept_B_T
+    # the trainer's over the engine's probability of each token
+    old_B_T = old_logprobs_B_T.detach().to(per_token_B_T.dtype)
+    is_ratio_B_T = torch.exp(
+        torch.where(mask, old_B_T - behavior_logprobs_B_T.detach(), torch.zeros_like(old_B_T))
+    )
+    if tis_cap is not None:
+        weight_B_T = is_ratio_B_T.clamp(max=tis_cap)
+        per_token_B_T = per_token_B_T * weight_B_T
+    if mask_band is not None:
+        kept_B_T = ((is_ratio_B_T >= mask_band[0]) & (is_ratio_B_T <= mask_band[1])).to(
+            per_token_B_T.dtype
+        )
+        per_token_B_T = per_token_B_T * kept_B_T
+    return per_token_B_T, weight_B_T, kept_B_T
+
+
+def _pg_metrics(
+    loss_mask_B_T: Tensor,
+    clipped_taken_B_T: Tensor,
+    ratio_B_T: Tensor,
+    log_ratio_B_T: Tensor,
+    weight_B_T: Tensor,
+    kept_B_T: Tensor,
+) -> dict[str, Tensor]:
+    """`policy_gradient_loss`'s diagnostics: per-token means over the loss mask."""
+    return {
+        "clip_frac": masked_mean(clipped_taken_B_T, loss_mask_B_T),
+        "ratio_mean": masked_mean(ratio_B_T, loss_mask_B_T),
+        "approx_kl": masked_mean(-log_ratio_B_T, loss_mask_B_T),
+        "tis_weight_mean": masked_mean(weight_B_T, loss_mask_B_T),
+        "is_masked_frac": masked_mean(1 - kept_B_T, loss_mask_B_T),
+        "n_tokens": loss_mask_B_T.bool().sum(),
+    }
+
+
+def _check_pg_options(
+    eps_low: float,
+    eps_high: float,
+    has_old: bool,
+    tis_cap: float | None,
+    mask_band: tuple[float, float] | None,
+) -> None:
     if eps_low < 0 or eps_high < 0 or eps_low >= 1:
         raise LossInputError(
             f"clip eps must satisfy 0 <= eps_low < 1 and eps_high >= 0, got "

@@ -79,7 +79,9 @@ def fast_path(cfg: TrainerConfig, device: torch.device) -> bool:
     return cfg.fast and device.type == "cuda"
 
 
-def _shard(lm: nn.Module, cfg: TrainerConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def _shard(
+    lm: nn.Module, cfg: TrainerConfig, device: torch.device, dtype: torch.dtype
+) -> nn.Module:
     """`lm` as FSDP2 units (each decoder layer, then the whole as a :class:`PackedLM`), computing
     in `dtype` under ``mixed_precision``, reducing gradients in fp32 as plain sums."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard

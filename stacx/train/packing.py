@@ -238,6 +238,25 @@ def _flat(parts: list[NDArray[Any]], dtype: type) -> NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
+def _loss_mask(
+    samples: Sequence[Sample], size: int, dest: NDArray[np.int64], at: NDArray[np.int64]
+) -> NDArray[np.bool_]:
+    """The flat loss mask: completion token ``at[k]`` of the samples' concatenated completions
+    (its own ``loss_mask``, else True) at flat index ``dest[k]``."""
+    mask = _flat(
+        [
+            np.ones(len(s.completion_ids), np.bool_)
+            if s.loss_mask is None
+            else np.asarray(s.loss_mask) != 0
+            for s in samples
+        ],
+        np.bool_,
+    )
+    loss_mask = np.zeros(size, np.bool_)
+    loss_mask[dest] = mask[at]
+    return loss_mask
+
+
 def _fill(
     samples: Sequence[Sample],
     names: list[str],
@@ -252,8 +271,10 @@ def _fill(
     n_pos = np.array([s.n_positions for s in samples], np.int64)
     n_prompt = np.array([len(s.prompt_ids) for s in samples], np.int64)
     n_comp = n_pos + 1 - n_prompt
-    ids = _flat([np.concatenate((ids_of(s.prompt_ids), ids_of(s.completion_ids)))
-                 for s in samples], np.int64)  # fmt: skip
+    ids = _flat(
+        [np.concatenate((ids_of(s.prompt_ids), ids_of(s.completion_ids))) for s in samples],
+        np.int64,
+    )
     seq = np.repeat(np.arange(len(samples)), n_pos)  # each position's sample
     j = np.arange(int(n_pos.sum())) - np.repeat(np.cumsum(n_pos) - n_pos, n_pos)
     dest = first[seq] + j
@@ -268,10 +289,7 @@ def _fill(
     c = j - (n_prompt[seq] - 1)
     on = c >= 0
     at_c = ((np.cumsum(n_comp) - n_comp)[seq] + c)[on]
-    mask = _flat([np.ones(len(s.completion_ids), np.bool_) if s.loss_mask is None
-                  else np.asarray(s.loss_mask) != 0 for s in samples], np.bool_)  # fmt: skip
-    loss_mask = np.zeros(size, np.bool_)
-    loss_mask[dest[on]] = mask[at_c]
+    loss_mask = _loss_mask(samples, size, dest[on], at_c)
     values = {}
     for name in names:
         flat = _flat([np.asarray(s.token_values[name], np.float32) for s in samples], np.float32)

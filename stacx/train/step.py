@@ -161,7 +161,9 @@ def _micro_plan(
     return micros, weights
 
 
-def _apply_gradients(cfg: TrainerConfig, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
+def _apply_gradients(
+    cfg: TrainerConfig, optimizer: torch.optim.Optimizer, device: torch.device
+) -> float:
     """Clip (max_grad_norm) and take the optimizer step, unless the gradient norm is not
     finite (the step is then skipped); the norm before clipping."""
     params = [p for g in optimizer.param_groups for p in g["params"]]

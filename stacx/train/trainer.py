@@ -104,6 +104,7 @@ class Trainer(Actor):
     )
     max_inflight: ClassVar[int] = 1
     ack_wait: ClassVar[float] = 120.0
+
     def __init__(
         self,
         config: TrainerConfig,

@@ -45,8 +45,11 @@ def _handler(title: str, render: Page) -> Callable[[web.Request], Awaitable[web.
         try:
             body = await asyncio.to_thread(render, source, params)
         except pages.BadRequest as exc:
-            return web.Response(text=page("bad request", f'<pre class="error">{esc(exc)}</pre>', runs=label),
-                                status=400, content_type="text/html")  # fmt: skip
+            return web.Response(
+                text=page("bad request", f'<pre class="error">{esc(exc)}</pre>', runs=label),
+                status=400,
+                content_type="text/html",
+            )
         return web.Response(text=page(title, body, runs=label), content_type="text/html")
 
     return handle
@@ -56,7 +59,9 @@ def make_app(source: Source, port: int) -> web.Application:
     allowed = {f"127.0.0.1:{port}", f"localhost:{port}"}
 
     @web.middleware
-    async def loopback_only(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def loopback_only(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         if request.host not in allowed:
             return web.Response(status=421, text=f"this viewer answers as {sorted(allowed)} only")
         return await handler(request)

@@ -28,19 +28,32 @@ def cost_page(source: Source, params: Params) -> str:
     if source.has("gateway_drift"):
         drift = source.query("select * from gateway_drift order by run_id, scaffold")
         if drift.rows:
-            per_episode = source.query("select episode_id, scaffold, task_id, n_calls, n_not_extending, "
-                                       "n_segments, reward from gateway_episodes "
-                                       "order by n_not_extending desc, n_segments desc limit 200")  # fmt: skip
-            parts += ["<h2>gateway drift per scaffold</h2>", table(drift.columns, drift.rows),
-                      "<h3>per episode</h3>", table(per_episode.columns, per_episode.rows, cells=ep)]
+            per_episode = source.query(
+                "select episode_id, scaffold, task_id, n_calls, n_not_extending, "
+                "n_segments, reward from gateway_episodes "
+                "order by n_not_extending desc, n_segments desc limit 200"
+            )
+            parts += [
+                "<h2>gateway drift per scaffold</h2>",
+                table(drift.columns, drift.rows),
+                "<h3>per episode</h3>",
+                table(per_episode.columns, per_episode.rows, cells=ep),
+            ]
         else:
-            parts.append("<h2>gateway drift</h2><p>No gateway calls in these runs (no installed scaffold).</p>")
+            parts.append(
+                "<h2>gateway drift</h2><p>No gateway calls in these runs (no installed scaffold).</p>"
+            )
     if source.has("episode_cost"):
         total = source.query(COST_SUM_SQL)
         rows = source.query(COST_SQL)
-        parts += ["<h2>cost per run</h2>", table(total.columns, total.rows),
-                  "<h2>cost per episode</h2><p>Seconds; start_s is the sandbox's start, steps the "
-                  "train steps it fed, trainer_s an estimate (a step's time shared by generated "
-                  "tokens); see events/views/41_episode_cost.sql.</p>",
-                  table(rows.columns, rows.rows, cells=ep)]  # fmt: skip
-    return "".join(parts) or f"<p>{esc('The drift and cost views are not loaded for this log.')}</p>"
+        parts += [
+            "<h2>cost per run</h2>",
+            table(total.columns, total.rows),
+            "<h2>cost per episode</h2><p>Seconds; start_s is the sandbox's start, steps the "
+            "train steps it fed, trainer_s an estimate (a step's time shared by generated "
+            "tokens); see events/views/41_episode_cost.sql.</p>",
+            table(rows.columns, rows.rows, cells=ep),
+        ]
+    return (
+        "".join(parts) or f"<p>{esc('The drift and cost views are not loaded for this log.')}</p>"
+    )

@@ -74,8 +74,9 @@ def shade(logprob: float | None) -> str:
     return f"background:rgba(220,38,38,{alpha:.2f})"
 
 
-def output_html(tok: Decoder | None, ids: Sequence[int], logprobs: Sequence[float] | None,
-                version: object) -> str:
+def output_html(
+    tok: Decoder | None, ids: Sequence[int], logprobs: Sequence[float] | None, version: object
+) -> str:
     """The output ids as spans shaded by logprob; title = token, logprob, weight version."""
     if tok is None:
         return f'<pre class="ids">{esc(list(ids))}</pre>'
@@ -84,7 +85,9 @@ def output_html(tok: Decoder | None, ids: Sequence[int], logprobs: Sequence[floa
         lps = [logprobs[k] for k in range(start, end)] if logprobs and len(logprobs) >= end else []
         lp = sum(lps) if lps else None
         title = f"{text!r} · logprob {fmt(lp)} · weight v{fmt(version)} · id {list(ids[start:end])}"
-        spans.append(f'<span class="tok" style="{shade(lp)}" title="{esc(title)}">{esc(text)}</span>')
+        spans.append(
+            f'<span class="tok" style="{shade(lp)}" title="{esc(title)}">{esc(text)}</span>'
+        )
     return f'<pre class="output">{"".join(spans)}</pre>'
 
 
@@ -104,6 +107,23 @@ from tool_called c left join tool_returned r using (episode_id, call_id)
 where c.episode_id = ? order by c.turn, c._seq"""
 
 
+SUMMARY = (  # an episode's columns in its page's summary table
+    "task_id",
+    "status",
+    "reward",
+    "stop_reason",
+    "failure_kind",
+    "weight_version",
+    "n_turns",
+    "n_tool_calls",
+    "agent",
+    "policy",
+    "split",
+    "role",
+    "run_id",
+)
+
+
 def episode_page(source: Source, params: Params) -> str:
     eid = params.get("id") or ""
     found = source.query("select * from episodes where episode_id = ?", [eid])
@@ -111,24 +131,35 @@ def episode_page(source: Source, params: Params) -> str:
         raise BadRequest(f"parameter id={eid!r}: no such episode in these runs")
     ep = found.dicts()[0]
     tok: Decoder | None = source.tokenizer(str(ep["run_id"]), load_tokenizer)  # type: ignore[assignment]
-    summary = table(["task_id", "status", "reward", "stop_reason", "failure_kind", "weight_version",
-                     "n_turns", "n_tool_calls", "agent", "policy", "split", "role", "run_id"],
-                    [[ep[k] for k in ("task_id", "status", "reward", "stop_reason", "failure_kind",
-                                      "weight_version", "n_turns", "n_tool_calls", "agent", "policy",
-                                      "split", "role", "run_id")]],
-                    cells={"task_id": lambda v: link("/episodes", v, task=v)})  # fmt: skip
-    parts = [f"<p class=\"mono\">{esc(eid)}</p>", summary]
+    summary = table(
+        SUMMARY,
+        [[ep[k] for k in SUMMARY]],
+        cells={"task_id": lambda v: link("/episodes", v, task=v)},
+    )
+    parts = [f'<p class="mono">{esc(eid)}</p>', summary]
     if tok is None:
-        parts.append("<p class=\"note\">The run's tokenizer could not be loaded: token ids are shown.</p>")
+        parts.append(
+            '<p class="note">The run\'s tokenizer could not be loaded: token ids are shown.</p>'
+        )
     parts.append(_events_html(source, eid))
     parts.append(_turns_html(source, eid, tok))
     parts.append(_verifier_html(source, eid))
-    fed = source.query("select distinct weight_version from lineage where episode_id = ? order by 1", [eid])
-    if fed.rows:
-        versions = ", ".join(link("/lineage", v[0], version=v[0]) for v in fed.rows)
-        parts.append(f"<section><h2>lineage</h2><p>Trained on by weight versions {versions} "
-                     f"({link('/lineage', 'details', episode=eid)}).</p></section>")  # fmt: skip
+    parts.append(_lineage_html(source, eid))
     return "".join(parts)
+
+
+def _lineage_html(source: Source, eid: str) -> str:
+    """The weight versions trained on the episode (nothing when none was)."""
+    fed = source.query(
+        "select distinct weight_version from lineage where episode_id = ? order by 1", [eid]
+    )
+    if not fed.rows:
+        return ""
+    versions = ", ".join(link("/lineage", v[0], version=v[0]) for v in fed.rows)
+    return (
+        f"<section><h2>lineage</h2><p>Trained on by weight versions {versions} "
+        f"({link('/lineage', 'details', episode=eid)}).</p></section>"
+    )
 
 
 def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:
@@ -141,22 +172,37 @@ def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:
     for t in turns:
         prompt, output = list(t["prompt_ids"]), list(t["output_ids"])  # type: ignore[call-overload]
         extends = bool(end) and prompt[: len(end)] == end
-        added = prompt[len(end):] if extends else prompt
+        added = prompt[len(end) :] if extends else prompt
         seg = f" · segment {t['segment']}" if t["segment"] else ""
-        head = (f"turn {t['turn']} · {esc(t['actor'])} · weight v{fmt(t['weight_version'])} · "
-                f"{len(output)} tokens · {esc(t['finish_reason'])} · {esc(t['engine'])} · "
-                f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}")  # type: ignore[arg-type]
-        label = "observation and chat header" if extends else (
-            "whole prompt (a new segment: it does not extend the previous call)" if end else "prompt")
-        body = [f"<details{' open' if extends else ''}><summary>{label} · {len(added)} tokens</summary>"
-                f"{_text(tok, added)}</details>",
-                output_html(tok, output, t["logprobs"], t["weight_version"])]  # type: ignore[arg-type]
+        head = (
+            f"turn {t['turn']} · {esc(t['actor'])} · weight v{fmt(t['weight_version'])} · "
+            f"{len(output)} tokens · {esc(t['finish_reason'])} · {esc(t['engine'])} · "
+            f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}"  # type: ignore[arg-type]
+        )
+        label = (
+            "observation and chat header"
+            if extends
+            else (
+                "whole prompt (a new segment: it does not extend the previous call)"
+                if end
+                else "prompt"
+            )
+        )
+        body = [
+            f"<details{' open' if extends else ''}><summary>{label} · {len(added)} tokens</summary>"
+            f"{_text(tok, added)}</details>",
+            output_html(tok, output, t["logprobs"], t["weight_version"]),  # type: ignore[arg-type]
+        ]
         for c in tools.get(int(t["turn"]), []):  # type: ignore[call-overload]
             body.append(_tool_html(c))
         if t["request_json"]:
-            body.append(f"<details><summary>gateway request {esc(t['request_id'])}</summary>"
-                        f"<pre>{esc(_pretty(str(t['request_json'])))}</pre></details>")  # fmt: skip
-        out.append(f'<section class="turn" id="turn-{t["turn"]}"><h3>{head}</h3>{"".join(body)}</section>')
+            body.append(
+                f"<details><summary>gateway request {esc(t['request_id'])}</summary>"
+                f"<pre>{esc(_pretty(str(t['request_json'])))}</pre></details>"
+            )
+        out.append(
+            f'<section class="turn" id="turn-{t["turn"]}"><h3>{head}</h3>{"".join(body)}</section>'
+        )
         end = prompt + output
     return "<h2>turns</h2>" + ("".join(out) or "<p>No turns recorded.</p>")
 
@@ -165,9 +211,11 @@ def _tool_html(c: dict[str, object]) -> str:
     status = "timed out" if c["timed_out"] else f"exit {fmt(c['exit_code'])}"
     flags = " · truncated" if c["truncated"] else ""
     err = f'<pre class="error">{esc(c["error"])}</pre>' if c["error"] else ""
-    return (f'<div class="tool"><b>{esc(c["tool"])}</b> <code>{esc(c["arguments_json"])}</code> · '
-            f"{status} · {fmt(c['duration_ms'])} ms{flags}{err}"
-            f'<pre class="tool-output">{esc(c["output"])}</pre></div>')  # fmt: skip
+    return (
+        f'<div class="tool"><b>{esc(c["tool"])}</b> <code>{esc(c["arguments_json"])}</code> · '
+        f"{status} · {fmt(c['duration_ms'])} ms{flags}{err}"
+        f'<pre class="tool-output">{esc(c["output"])}</pre></div>'
+    )
 
 
 def _pretty(text: str) -> str:
@@ -179,39 +227,66 @@ def _pretty(text: str) -> str:
 
 def _verifier_html(source: Source, eid: str) -> str:
     # the latest grade, as `episodes.reward` shows it (a `stacx regrade` names its grader)
-    r = source.query("select reward, metrics_json, verifier_ms, verifier_output, grader from grades "
-                     "where episode_id = ? and latest", [eid]).dicts()  # fmt: skip
+    r = source.query(
+        "select reward, metrics_json, verifier_ms, verifier_output, grader from grades "
+        "where episode_id = ? and latest",
+        [eid],
+    ).dicts()
     if not r:
         return ""
     v = r[-1]
     by = "" if v["grader"] == "rollout" else f" · by <code>{esc(v['grader'])}</code>"
-    return ("<section><h2>verifier</h2>"
-            f"<p>reward <b class=\"reward\">{fmt(v['reward'])}</b>{by} · {fmt(v['verifier_ms'])} ms · "
-            f"metrics <code>{esc(v['metrics_json'])}</code></p>"
-            + (f'<pre class="verifier">{esc(v["verifier_output"])}</pre>' if v["verifier_output"] else "")
-            + "</section>")  # fmt: skip
+    return (
+        "<section><h2>verifier</h2>"
+        f'<p>reward <b class="reward">{fmt(v["reward"])}</b>{by} · {fmt(v["verifier_ms"])} ms · '
+        f"metrics <code>{esc(v['metrics_json'])}</code></p>"
+        + (
+            f'<pre class="verifier">{esc(v["verifier_output"])}</pre>'
+            if v["verifier_output"]
+            else ""
+        )
+        + "</section>"
+    )
 
 
 def _events_html(source: Source, eid: str) -> str:
     """Infrastructure failures (with their cause), warnings, failed steps and sandboxes."""
     parts = []
-    fails = source.query("select failure_kind, message, turn, attempt, will_retry from infra_failed "
-                         "where episode_id = ? order by _seq", [eid])  # fmt: skip
+    fails = source.query(
+        "select failure_kind, message, turn, attempt, will_retry from infra_failed "
+        "where episode_id = ? order by _seq",
+        [eid],
+    )
     if fails.rows:
-        parts.append("<h3>infrastructure failures</h3>" + table(fails.columns, fails.rows, cls="failures"))
+        parts.append(
+            "<h3>infrastructure failures</h3>" + table(fails.columns, fails.rows, cls="failures")
+        )
     parts.append(_scaffold_html(source, eid))
     for name, events, sql in (
-        ("warnings", "episode_warned", "select message from episode_warned where episode_id = ? order by _seq"),
-        ("failed steps", "step_failed",
-         "select step, exception_type, message from step_failed where episode_id = ? order by _seq"),
-        ("gateway refusals", "gateway_refused",
-         "select route, status, error_type, code, param, message from gateway_refused "
-         "where episode_id = ? order by _seq"),
-        ("sandboxes", "sandbox_started",
-         "select s.sandbox_id, s.image, s.start_ms, s.warm, s.host, p.reason as stop_reason, "
-         "p.ts - s.ts as seconds from sandbox_started s left join sandbox_stopped p "
-         "using (sandbox_id) where s.episode_id = ? order by s._seq"),
-    ):  # fmt: skip
+        (
+            "warnings",
+            "episode_warned",
+            "select message from episode_warned where episode_id = ? order by _seq",
+        ),
+        (
+            "failed steps",
+            "step_failed",
+            "select step, exception_type, message from step_failed where episode_id = ? order by _seq",
+        ),
+        (
+            "gateway refusals",
+            "gateway_refused",
+            "select route, status, error_type, code, param, message from gateway_refused "
+            "where episode_id = ? order by _seq",
+        ),
+        (
+            "sandboxes",
+            "sandbox_started",
+            "select s.sandbox_id, s.image, s.start_ms, s.warm, s.host, p.reason as stop_reason, "
+            "p.ts - s.ts as seconds from sandbox_started s left join sandbox_stopped p "
+            "using (sandbox_id) where s.episode_id = ? order by s._seq",
+        ),
+    ):
         if source.has(events):  # a log older than the event kind has no table for it
             r = source.query(sql, [eid])
             if r.rows:
@@ -224,10 +299,15 @@ def _scaffold_html(source: Source, eid: str) -> str:
     if not source.has("scaffold_exited"):  # a log older than the event kind
         return ""
     out = []
-    for x in source.query("select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited "
-                          "where episode_id = ? order by _seq", [eid]).dicts():  # fmt: skip
+    for x in source.query(
+        "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited "
+        "where episode_id = ? order by _seq",
+        [eid],
+    ).dicts():
         how = "killed by the timeout" if x["timed_out"] else f"exit code {fmt(x['exit_code'])}"
         tail = x["stderr_tail"] or "(nothing on stderr)"
-        out.append(f"<h3>scaffold {esc(x['scaffold'])}: {how}</h3>"
-                   f'<details open><summary>stderr (tail)</summary><pre class="stderr">{esc(tail)}</pre></details>')  # fmt: skip
+        out.append(
+            f"<h3>scaffold {esc(x['scaffold'])}: {how}</h3>"
+            f'<details open><summary>stderr (tail)</summary><pre class="stderr">{esc(tail)}</pre></details>'
+        )
     return "".join(out)

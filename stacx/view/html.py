@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlencode
 
 Cell = Callable[[object], str]
@@ -43,8 +44,14 @@ def link(path: str, text: object, **params: object) -> str:
     return f'<a href="{href(path, **params)}">{esc(text)}</a>'
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[object]], *,
-          cells: Mapping[str, Cell] | None = None, cls: str = "", max_chars: int = 200) -> str:
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    cells: Mapping[str, Cell] | None = None,
+    cls: str = "",
+    max_chars: int = 200,
+) -> str:
     """A table; ``cells`` maps a column to a function returning its cell's HTML (else escaped
     text, cut at ``max_chars`` with the whole value in the title)."""
     cells = cells or {}
@@ -70,8 +77,35 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]], *,
 Series = tuple[str, Sequence[tuple[float, float]]]  # (label, [(x, y)])
 
 
-def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str,
-               width: int = 460, height: int = 220) -> str:
+@dataclass(frozen=True)
+class _Plot:
+    """A chart's plot area in pixels (left, top, width, height) and the data range it spans."""
+
+    left: int
+    top: int
+    w: int
+    h: int
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    def sx(self, x: float) -> float:
+        return self.left + (x - self.x0) / (self.x1 - self.x0) * self.w
+
+    def sy(self, y: float) -> float:
+        return self.top + self.h - (y - self.y0) / (self.y1 - self.y0) * self.h
+
+
+def line_chart(
+    series: Sequence[Series],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    width: int = 460,
+    height: int = 220,
+) -> str:
     """An inline SVG line chart (points marked, each with a title giving its values)."""
     points = [p for _, pts in series for p in pts if not any(math.isnan(v) for v in p)]
     if not points:
@@ -87,54 +121,94 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     # 11px), so neither a tick's minus sign is clipped nor the title overlaps the ticks
     left = 22 + round(6.5 * max(len(t) for _, t in y_ticks))
     right, top, bottom = 12, 24, 40
-    w, h = width - left - right, height - top - bottom
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * w
-
-    def sy(y: float) -> float:
-        return top + h - (y - y0) / (y1 - y0) * h
-
-    parts = [f'<svg class="chart" width="{width}" height="{height}" role="img" aria-label="{esc(title)}">',
-             f'<text x="{left}" y="14" class="title">{esc(title)}</text>',
-             f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" class="axis"/>',
-             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" class="axis"/>']
-    for y, tick in y_ticks:
-        parts.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" class="tick" text-anchor="end">{tick}</text>')
-    for x in (x0, x1):
-        parts.append(f'<text x="{sx(x):.1f}" y="{top + h + 14}" class="tick" text-anchor="middle">{fmt(float(x))}</text>')
-    parts.append(f'<text x="{left + w / 2}" y="{height - 4}" class="label" text-anchor="middle">{esc(x_label)}</text>')
-    parts.append(f'<text x="11" y="{top + h / 2}" class="label" transform="rotate(-90 11 {top + h / 2})" '
-                 f'text-anchor="middle">{esc(y_label)}</text>')
+    plot = _Plot(left, top, width - left - right, height - top - bottom, x0, x1, y0, y1)
+    parts = _axes(plot, y_ticks, title, x_label, y_label, width, height)
     for i, (label, pts) in enumerate(series):
-        color = PALETTE[i % len(PALETTE)]
-        kept = sorted(p for p in pts if not any(math.isnan(v) for v in p))
-        if len(kept) > 1:
-            d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in kept)
-            parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for x, y in kept:
-            parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}">'
-                         f'<title>{esc(label)}: {fmt(float(x))}, {fmt(float(y))}</title></circle>')
-        if len(series) > 1:
-            parts.append(f'<text x="{left + w - 4}" y="{top + 12 + 12 * i}" class="legend" '
-                         f'text-anchor="end" fill="{color}">{esc(label)}</text>')
+        parts += _line(plot, i, label, pts, legend=len(series) > 1)
     parts.append("</svg>")
     return "".join(parts)
 
 
-NAV = (("/", "runs"), ("/episodes", "episodes"), ("/lineage", "lineage"), ("/cost", "drift & cost"),
-       ("/load", "time & load"),
-       ("/sql", "SQL"), ("/compare", "compare"))
+def _axes(
+    plot: _Plot,
+    y_ticks: list[tuple[float, str]],
+    title: str,
+    x_label: str,
+    y_label: str,
+    width: int,
+    height: int,
+) -> list[str]:
+    """A chart's opening: the svg element, its title, the axes with their ticks and labels."""
+    left, top, w, h = plot.left, plot.top, plot.w, plot.h
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" role="img" aria-label="{esc(title)}">',
+        f'<text x="{left}" y="14" class="title">{esc(title)}</text>',
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" class="axis"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" class="axis"/>',
+    ]
+    for y, tick in y_ticks:
+        parts.append(
+            f'<text x="{left - 4}" y="{plot.sy(y) + 4:.1f}" class="tick" text-anchor="end">{tick}</text>'
+        )
+    for x in (plot.x0, plot.x1):
+        parts.append(
+            f'<text x="{plot.sx(x):.1f}" y="{top + h + 14}" class="tick" text-anchor="middle">{fmt(float(x))}</text>'
+        )
+    parts.append(
+        f'<text x="{left + w / 2}" y="{height - 4}" class="label" text-anchor="middle">{esc(x_label)}</text>'
+    )
+    parts.append(
+        f'<text x="11" y="{top + h / 2}" class="label" transform="rotate(-90 11 {top + h / 2})" '
+        f'text-anchor="middle">{esc(y_label)}</text>'
+    )
+    return parts
+
+
+def _line(
+    plot: _Plot, i: int, label: str, pts: Sequence[tuple[float, float]], *, legend: bool
+) -> list[str]:
+    """Series `i` of a chart: its line, its points (each titled with its values) and, with
+    `legend`, its label."""
+    color = PALETTE[i % len(PALETTE)]
+    kept = sorted(p for p in pts if not any(math.isnan(v) for v in p))
+    parts = []
+    if len(kept) > 1:
+        d = " ".join(f"{plot.sx(x):.1f},{plot.sy(y):.1f}" for x, y in kept)
+        parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2"/>')
+    for x, y in kept:
+        parts.append(
+            f'<circle cx="{plot.sx(x):.1f}" cy="{plot.sy(y):.1f}" r="3" fill="{color}">'
+            f"<title>{esc(label)}: {fmt(float(x))}, {fmt(float(y))}</title></circle>"
+        )
+    if legend:
+        parts.append(
+            f'<text x="{plot.left + plot.w - 4}" y="{plot.top + 12 + 12 * i}" class="legend" '
+            f'text-anchor="end" fill="{color}">{esc(label)}</text>'
+        )
+    return parts
+
+
+NAV = (
+    ("/", "runs"),
+    ("/episodes", "episodes"),
+    ("/lineage", "lineage"),
+    ("/cost", "drift & cost"),
+    ("/load", "time & load"),
+    ("/sql", "SQL"),
+    ("/compare", "compare"),
+)
 
 
 def page(title: str, body: str, *, runs: str) -> str:
     """A whole page: header with the viewed runs and the navigation, then ``body``."""
     nav = " ".join(f'<a href="{p}">{esc(t)}</a>' for p, t in NAV)
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{esc(title)} · stacx view</title>"
-            '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css"><script src="/static/view.js" defer></script>'
-            f'</head><body><header><b>stacx view</b> <span class="runs">{esc(runs)}</span><nav>{nav}</nav>'
-            f"</header><main><h1>{esc(title)}</h1>{body}</main></body></html>")  # fmt: skip
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)} · stacx view</title>"
+        '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css"><script src="/static/view.js" defer></script>'
+        f'</head><body><header><b>stacx view</b> <span class="runs">{esc(runs)}</span><nav>{nav}</nav>'
+        f"</header><main><h1>{esc(title)}</h1>{body}</main></body></html>"
+    )
 
 
 def select(name: str, options: Sequence[object], current: str, *, blank: str = "any") -> str:

@@ -59,7 +59,9 @@ def _section(title: str, body: str) -> str:
     return f"<section><h2>{esc(title)}</h2>{body}</section>"
 
 
-def _series(r: Result, x: str, y: str, by: str | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
+def _series(
+    r: Result, x: str, y: str, by: str | None = None
+) -> list[tuple[str, list[tuple[float, float]]]]:
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for d in r.dicts():
         if d[x] is not None and d[y] is not None:
@@ -80,37 +82,75 @@ def runs_page(source: Source, params: Params) -> str:
     return "".join(parts)
 
 
-def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) -> str:
-    (recipe, config_json, started, attempts), = source.query(
+def _run_head(source: Source, run_id: str, run_file: Mapping[str, object]) -> tuple[str, object]:
+    """A run's summary table (recipe, status, start, attempts, samples done) and its resolved
+    config's JSON."""
+    ((recipe, config_json, started, attempts),) = source.query(
         "select any_value(recipe), arg_min(config_json, _seq), min(ts), max(attempt) + 1 "
-        "from run_started where run_id = ?", [run_id]).rows  # fmt: skip
-    finished = source.query("select status, message from run_finished where run_id = ? "
-                            "order by _seq desc limit 1", [run_id]).rows  # fmt: skip
+        "from run_started where run_id = ?",
+        [run_id],
+    ).rows
+    finished = source.query(
+        "select status, message from run_finished where run_id = ? order by _seq desc limit 1",
+        [run_id],
+    ).rows
     status = str(finished[0][0]) if finished else str(run_file.get("status") or "running")
-    counts = source.query("select status, count(*) from episodes where run_id = ? group by 1 order by 1",
-                          [run_id]).rows  # fmt: skip
-    (planned, done), = source.query(
+    ((planned, done),) = source.query(
         "select (select coalesce(sum(n_samples), 0) from task_scheduled where run_id = ?), "
-        "(select count(*) from samples where run_id = ? and done)", [run_id, run_id]).rows  # fmt: skip
-    head = table(["run_id", "recipe", "status", "started", "attempts", "samples done"],
-                 [[run_id, recipe, status, _ts(started), f"{attempts}", f"{done} / {planned}"]])  # fmt: skip
+        "(select count(*) from samples where run_id = ? and done)",
+        [run_id, run_id],
+    ).rows
+    head = table(
+        ["run_id", "recipe", "status", "started", "attempts", "samples done"],
+        [[run_id, recipe, status, _ts(started), f"{attempts}", f"{done} / {planned}"]],
+    )
+    return head, config_json
+
+
+def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) -> str:
+    head, config_json = _run_head(source, run_id, run_file)
+    counts = source.query(
+        "select status, count(*) from episodes where run_id = ? group by 1 order by 1", [run_id]
+    ).rows
     episodes = " ".join(link("/episodes", f"{s}: {n}", run=run_id, status=s) for s, n in counts)
     rbv = reward_curve(source, run_id)
-    charts = [line_chart(_series(rbv, "weight_version", "reward_mean", "split"),
-                         title="reward by weight version", x_label="weight version", y_label="mean reward")]  # fmt: skip
-    steps = source.query("select step, loss, reward_mean, n_samples, tokens, duration_ms, weight_version "
-                         "from train_steps where run_id = ? order by step", [run_id])  # fmt: skip
+    charts = [
+        line_chart(
+            _series(rbv, "weight_version", "reward_mean", "split"),
+            title="reward by weight version",
+            x_label="weight version",
+            y_label="mean reward",
+        )
+    ]
+    steps = source.query(
+        "select step, loss, reward_mean, n_samples, tokens, duration_ms, weight_version "
+        "from train_steps where run_id = ? order by step",
+        [run_id],
+    )
     if steps.rows:
-        charts.append(line_chart(_series(steps, "step", "loss"), title="train loss",
-                                 x_label="step", y_label="loss"))  # fmt: skip
+        charts.append(
+            line_chart(
+                _series(steps, "step", "loss"), title="train loss", x_label="step", y_label="loss"
+            )
+        )
     curve = source.query("select * from eval_curve") if _single(source) else Result([], [])
     if curve.rows:
-        charts.append(line_chart(_series(curve, "weight_version", "reward_mean"),
-                                 title="periodic eval", x_label="weight version", y_label="mean reward"))  # fmt: skip
+        charts.append(
+            line_chart(
+                _series(curve, "weight_version", "reward_mean"),
+                title="periodic eval",
+                x_label="weight version",
+                y_label="mean reward",
+            )
+        )
     config = json.dumps(json.loads(str(config_json)), indent=2) if config_json else "{}"
-    body = [head, f"<p>episodes by status: {episodes or 'none yet'}</p>",
-            f'<div class="charts">{"".join(charts)}</div>',
-            "<h3>reward by weight version</h3>", table(rbv.columns, rbv.rows)]
+    body = [
+        head,
+        f"<p>episodes by status: {episodes or 'none yet'}</p>",
+        f'<div class="charts">{"".join(charts)}</div>',
+        "<h3>reward by weight version</h3>",
+        table(rbv.columns, rbv.rows),
+    ]
     if curve.rows:
         body += ["<h3>eval curve</h3>", table(curve.columns, curve.rows)]
     if steps.rows:
@@ -128,13 +168,17 @@ def reward_curve(source: Source, run_id: str) -> Result:
     with several (the view covers their union and has no run_id) the same statistics over the
     run's own scored episodes, by the same split (train/eval: a `stacx eval` run's are eval)."""
     if _single(source):
-        return source.query("select * exclude (first_ts, last_ts) from reward_by_weight_version "
-                            "order by split, weight_version")  # fmt: skip
+        return source.query(
+            "select * exclude (first_ts, last_ts) from reward_by_weight_version "
+            "order by split, weight_version"
+        )
     return source.query(
         "select first_weight_version as weight_version, split, count(*) as n_episodes, "
         "avg(reward) as reward_mean, stddev_samp(reward) as reward_std, "
         "avg(case when reward >= 1 then 1.0 else 0.0 end) as pass_rate "
-        "from episodes where run_id = ? and status = 'scored' group by all order by 2, 1", [run_id])
+        "from episodes where run_id = ? and status = 'scored' group by all order by 2, 1",
+        [run_id],
+    )
 
 
 def _ts(ts: object) -> str:
@@ -157,10 +201,31 @@ FILTERS = {
     "min_reward": "reward >= ?",
     "max_reward": "reward <= ?",
 }
-SORTS = ("started_ts", "reward", "task_id", "status", "weight_version", "n_turns", "n_tool_calls",
-         "failure_kind")
-EPISODE_COLUMNS = ("episode_id", "run_id", "task_id", "sample_index", "status", "reward",
-                   "failure_kind", "stop_reason", "weight_version", "n_turns", "n_tool_calls", "split", "role")
+SORTS = (
+    "started_ts",
+    "reward",
+    "task_id",
+    "status",
+    "weight_version",
+    "n_turns",
+    "n_tool_calls",
+    "failure_kind",
+)
+EPISODE_COLUMNS = (
+    "episode_id",
+    "run_id",
+    "task_id",
+    "sample_index",
+    "status",
+    "reward",
+    "failure_kind",
+    "stop_reason",
+    "weight_version",
+    "n_turns",
+    "n_tool_calls",
+    "split",
+    "role",
+)
 PAGE_SIZE = 200
 
 
@@ -194,10 +259,14 @@ def episodes_page(source: Source, params: Params) -> str:
     total = int(source.query(f"select count(*) from episodes{where}", values).rows[0][0])  # type: ignore[call-overload]
     r = source.query(
         f"select {', '.join(EPISODE_COLUMNS)} from episodes{where} "
-        f"order by {sort} {order} nulls last, episode_id limit {PAGE_SIZE} offset ?", [*values, offset])  # fmt: skip
+        f"order by {sort} {order} nulls last, episode_id limit {PAGE_SIZE} offset ?",
+        [*values, offset],
+    )
     form = _episode_form(source, params, sort, order)
-    cells = {"episode_id": lambda v: link("/episode", str(v)[:12], id=v),
-             "task_id": lambda v: link("/episodes", v, **{**params, "task": v, "offset": ""})}  # fmt: skip
+    cells = {
+        "episode_id": lambda v: link("/episode", str(v)[:12], id=v),
+        "task_id": lambda v: link("/episodes", v, **{**params, "task": v, "offset": ""}),
+    }
     shown = f'<p class="count">{total} episodes'
     if total > PAGE_SIZE:
         shown += f", {offset + 1}–{min(offset + PAGE_SIZE, total)} shown"
@@ -210,22 +279,31 @@ def episodes_page(source: Source, params: Params) -> str:
 
 
 def _distinct(source: Source, column: str) -> list[object]:
-    return [r[0] for r in source.query(f"select distinct {column} from episodes where {column} is not null "
-                                       "order by 1").rows]  # fmt: skip
+    return [
+        r[0]
+        for r in source.query(
+            f"select distinct {column} from episodes where {column} is not null order by 1"
+        ).rows
+    ]
 
 
 def _episode_form(source: Source, params: Params, sort: str, order: str) -> str:
-    fields = [select("run", run_ids(source), params.get("run", "")) if not _single(source) else "",
-              select("task", _distinct(source, "task_id"), params.get("task", "")),
-              select("status", _distinct(source, "status"), params.get("status", "")),
-              select("split", _distinct(source, "split"), params.get("split", "")),
-              select("role", _distinct(source, "role"), params.get("role", "")),
-              select("weight_version", _distinct(source, "weight_version"), params.get("weight_version", "")),
-              select("failure_kind", _distinct(source, "failure_kind"), params.get("failure_kind", "")),
-              f'<label>reward ≥ <input name="min_reward" size="4" value="{esc(params.get("min_reward", ""))}"></label>',
-              f'<label>reward ≤ <input name="max_reward" size="4" value="{esc(params.get("max_reward", ""))}"></label>',
-              select("sort", SORTS, sort, blank=""), select("order", ("desc", "asc"), order, blank=""),
-              '<button type="submit">filter</button> <a href="/episodes">clear</a>']  # fmt: skip
+    fields = [
+        select("run", run_ids(source), params.get("run", "")) if not _single(source) else "",
+        select("task", _distinct(source, "task_id"), params.get("task", "")),
+        select("status", _distinct(source, "status"), params.get("status", "")),
+        select("split", _distinct(source, "split"), params.get("split", "")),
+        select("role", _distinct(source, "role"), params.get("role", "")),
+        select(
+            "weight_version", _distinct(source, "weight_version"), params.get("weight_version", "")
+        ),
+        select("failure_kind", _distinct(source, "failure_kind"), params.get("failure_kind", "")),
+        f'<label>reward ≥ <input name="min_reward" size="4" value="{esc(params.get("min_reward", ""))}"></label>',
+        f'<label>reward ≤ <input name="max_reward" size="4" value="{esc(params.get("max_reward", ""))}"></label>',
+        select("sort", SORTS, sort, blank=""),
+        select("order", ("desc", "asc"), order, blank=""),
+        '<button type="submit">filter</button> <a href="/episodes">clear</a>',
+    ]
     return f'<form class="filters" method="get" action="/episodes">{"".join(fields)}</form>'
 
 
@@ -235,7 +313,9 @@ def _pass_at_k_table(source: Source, where: str, values: list[object]) -> str:
     of ``stacx.harbor.jobs.pass_at_k``."""
     r = source.query(
         f"select task_id, group_id, sample_index, max(reward) filter (where status = 'scored') as reward "
-        f"from episodes{where} group by all", values)  # fmt: skip
+        f"from episodes{where} group by all",
+        values,
+    )
     passed: dict[str, list[bool]] = defaultdict(list)
     unscored: dict[str, int] = defaultdict(int)
     for task, _group, _index, reward in r.rows:
@@ -247,9 +327,18 @@ def _pass_at_k_table(source: Source, where: str, values: list[object]) -> str:
     rows = []
     for task in sorted(set(passed) | set(unscored)):
         est = pass_at_k({task: passed[task]}) if passed[task] else {}
-        rows.append([task, len(passed[task]), sum(passed[task]), unscored[task],
-                     *(est.get(str(k)) for k in ks)])  # fmt: skip
-    return table(["task_id", "scored samples", "passed", "unscored", *(f"pass@{k}" for k in ks)], rows)
+        rows.append(
+            [
+                task,
+                len(passed[task]),
+                sum(passed[task]),
+                unscored[task],
+                *(est.get(str(k)) for k in ks),
+            ]
+        )
+    return table(
+        ["task_id", "scored samples", "passed", "unscored", *(f"pass@{k}" for k in ks)], rows
+    )
 
 
 # ---- lineage ------------------------------------------------------------------------------------
@@ -262,23 +351,36 @@ def lineage_page(source: Source, params: Params) -> str:
     ep = lambda v: link("/episode", str(v)[:12], id=v)  # noqa: E731
     ver = lambda v: link("/lineage", v, version=v)  # noqa: E731
     if episode:
-        r = source.query("select weight_version, step, algorithm, run_id from lineage where episode_id = ? "
-                         "order by weight_version", [episode])  # fmt: skip
-        head = f"<p>Episode {link('/episode', episode, id=episode)} was trained on by these steps:</p>"
+        r = source.query(
+            "select weight_version, step, algorithm, run_id from lineage where episode_id = ? "
+            "order by weight_version",
+            [episode],
+        )
+        head = (
+            f"<p>Episode {link('/episode', episode, id=episode)} was trained on by these steps:</p>"
+        )
         return head + table(r.columns, r.rows, cells={"weight_version": ver})
     if version is not None:
-        r = source.query("select episode_id, task_id, reward, episode_weight_version, step, algorithm, "
-                         "imported, source_run_id, origin_run_id from lineage where weight_version = ? "
-                         "order by task_id, episode_id", [version])  # fmt: skip
-        return (f"<p>Weight version {version} was trained on {len(r.rows)} episodes "
-                f"({link('/lineage', 'all versions')}):</p>"
-                + table(r.columns, r.rows, cells={"episode_id": ep, "episode_weight_version": ver}))
+        r = source.query(
+            "select episode_id, task_id, reward, episode_weight_version, step, algorithm, "
+            "imported, source_run_id, origin_run_id from lineage where weight_version = ? "
+            "order by task_id, episode_id",
+            [version],
+        )
+        return (
+            f"<p>Weight version {version} was trained on {len(r.rows)} episodes "
+            f"({link('/lineage', 'all versions')}):</p>"
+            + table(r.columns, r.rows, cells={"episode_id": ep, "episode_weight_version": ver})
+        )
     r = source.query(
         "select run_id, weight_version, count(distinct step) as steps, any_value(algorithm) as algorithm, "
         "count(distinct episode_id) as episodes, count(distinct task_id) as tasks, avg(reward) as reward_mean, "
         "min(episode_weight_version) as oldest_episode_version, bool_or(imported) as any_imported "
-        "from lineage group by all order by run_id, weight_version")  # fmt: skip
-    note = "" if r.rows else "<p>No train step recorded: nothing trained on these runs' episodes.</p>"
+        "from lineage group by all order by run_id, weight_version"
+    )
+    note = (
+        "" if r.rows else "<p>No train step recorded: nothing trained on these runs' episodes.</p>"
+    )
     return note + table(r.columns, r.rows, cells={"weight_version": ver})
 
 
@@ -293,12 +395,17 @@ def sql_page(source: Source, params: Params) -> str:
         try:
             r, more = source.query_user(q)
             out = table(r.columns, r.rows, cls="result") + (
-                "<p>(first 1000 rows shown)</p>" if more else f"<p class=\"count\">{len(r.rows)} rows</p>")
+                "<p>(first 1000 rows shown)</p>"
+                if more
+                else f'<p class="count">{len(r.rows)} rows</p>'
+            )
         except StacxError as exc:
             out = f'<pre class="error">{esc(exc)}</pre>'
-    form = ('<form method="get" action="/sql"><textarea name="q" rows="6" cols="100" '
-            f'placeholder="select * from episodes limit 10">{esc(q)}</textarea><br>'
-            '<button type="submit">run</button></form>')  # fmt: skip
+    form = (
+        '<form method="get" action="/sql"><textarea name="q" rows="6" cols="100" '
+        f'placeholder="select * from episodes limit 10">{esc(q)}</textarea><br>'
+        '<button type="submit">run</button></form>'
+    )
     # the project views and the event tables, as `stacx sql` sees them (several runs: the
     # tables too are temp views over the attached runs' union); a view the log file also holds
     # (the recorder's copy) is listed once, as the temp view that answers
@@ -307,10 +414,18 @@ def sql_page(source: Source, params: Params) -> str:
         "and database_name in ('temp', current_database())) "
         "select table_name, string_agg(column_name, ', ' order by column_index) from c "
         "where database_name = 'temp' or table_name not in (select table_name from c where database_name = 'temp') "
-        "group by 1 order by 1")  # fmt: skip
-    listing = "".join(f'<li><a href="#" class="view-name" data-q="select * from {esc(n)} limit 20">'
-                      f"{esc(n)}</a> <small>{esc(cols)}</small></li>" for n, cols in views.rows)  # fmt: skip
-    return form + out + _section("views and tables (a name fills the box)", f'<ul class="views">{listing}</ul>')
+        "group by 1 order by 1"
+    )
+    listing = "".join(
+        f'<li><a href="#" class="view-name" data-q="select * from {esc(n)} limit 20">'
+        f"{esc(n)}</a> <small>{esc(cols)}</small></li>"
+        for n, cols in views.rows
+    )
+    return (
+        form
+        + out
+        + _section("views and tables (a name fills the box)", f'<ul class="views">{listing}</ul>')
+    )
 
 
 # ---- compare ------------------------------------------------------------------------------------
@@ -327,30 +442,61 @@ def compare_page(source: Source, params: Params) -> str:
             raise BadRequest(f"parameter {name}={v!r}: accepted: {', '.join(ids)}")
     series = []
     for label, rid in (("A", a), ("B", b)):
-        for split, pts in _series(reward_curve(source, rid), "weight_version", "reward_mean", "split"):
+        for split, pts in _series(
+            reward_curve(source, rid), "weight_version", "reward_mean", "split"
+        ):
             series.append((f"{label} {split}", pts))
-    chart = line_chart(series, title="reward by weight version", x_label="weight version",
-                       y_label="mean reward", width=620)  # fmt: skip
-    form = ('<form class="filters" method="get" action="/compare">' + select("a", ids, a, blank="")
-            + select("b", ids, b, blank="") + '<button type="submit">compare</button></form>')  # fmt: skip
+    chart = line_chart(
+        series,
+        title="reward by weight version",
+        x_label="weight version",
+        y_label="mean reward",
+        width=620,
+    )
+    form = (
+        '<form class="filters" method="get" action="/compare">'
+        + select("a", ids, a, blank="")
+        + select("b", ids, b, blank="")
+        + '<button type="submit">compare</button></form>'
+    )
     task = params.get("task") or None
     per_task = source.query(
         "select task_id, count(*) filter (where run_id = ?) as episodes_a, "
         "avg(reward) filter (where run_id = ? and status = 'scored') as reward_a, "
         "count(*) filter (where run_id = ?) as episodes_b, "
         "avg(reward) filter (where run_id = ? and status = 'scored') as reward_b "
-        "from episodes where run_id in (?, ?) group by 1 order by 1", [a, a, b, b, a, b])  # fmt: skip
+        "from episodes where run_id in (?, ?) group by 1 order by 1",
+        [a, a, b, b, a, b],
+    )
     cells = {"task_id": lambda v: link("/compare", v, a=a, b=b, task=v)}
-    body = [form, f"<p>A = {esc(a)}, B = {esc(b)}</p>", chart,
-            _section("tasks", table(per_task.columns, per_task.rows, cells=cells))]
+    body = [
+        form,
+        f"<p>A = {esc(a)}, B = {esc(b)}</p>",
+        chart,
+        _section("tasks", table(per_task.columns, per_task.rows, cells=cells)),
+    ]
     if task:
-        cols = ["episode_id", "status", "reward", "weight_version", "n_turns", "stop_reason"]
-        sides = []
-        for label, rid in (("A", a), ("B", b)):
-            r = source.query(f"select {', '.join(cols)} from episodes where run_id = ? and task_id = ? "
-                             "order by started_ts", [rid, task])  # fmt: skip
-            sides.append(f"<div><h3>{label}: {esc(rid)}</h3>"
-                         + table(cols, r.rows, cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)})
-                         + "</div>")  # fmt: skip
-        body.append(_section(f"task {task}", f'<div class="side-by-side">{"".join(sides)}</div>'))
+        body.append(_section(f"task {task}", _task_sides(source, a, b, task)))
     return "".join(body)
+
+
+def _task_sides(source: Source, a: str, b: str, task: str) -> str:
+    """The episodes of `task` in runs `a` and `b`, side by side."""
+    cols = ["episode_id", "status", "reward", "weight_version", "n_turns", "stop_reason"]
+    sides = []
+    for label, rid in (("A", a), ("B", b)):
+        r = source.query(
+            f"select {', '.join(cols)} from episodes where run_id = ? and task_id = ? "
+            "order by started_ts",
+            [rid, task],
+        )
+        sides.append(
+            f"<div><h3>{label}: {esc(rid)}</h3>"
+            + table(
+                cols,
+                r.rows,
+                cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)},
+            )
+            + "</div>"
+        )
+    return f'<div class="side-by-side">{"".join(sides)}</div>'

@@ -71,8 +71,10 @@ def _signature(run_dirs: Sequence[Path]) -> tuple[tuple[int, int], ...]:
 
 def _files(con: duckdb.DuckDBPyConnection) -> list[Path]:
     """The log files this connection reads (the runs' own, or snapshot copies), in run order."""
-    rows = con.execute("select path from duckdb_databases() where path is not null and not internal "
-                       "order by database_oid").fetchall()  # fmt: skip
+    rows = con.execute(
+        "select path from duckdb_databases() where path is not null and not internal "
+        "order by database_oid"
+    ).fetchall()
     return [Path(str(p)) for (p,) in rows]
 
 
@@ -112,8 +114,11 @@ class Source:
         if self._con is not None and sig == self._sig:
             self._opened = now
             return self._con
-        con = (db.connect_run(self.run_dirs[0]) if len(self.run_dirs) == 1
-               else db.attach_runs(list(self.run_dirs)))  # fmt: skip
+        con = (
+            db.connect_run(self.run_dirs[0])
+            if len(self.run_dirs) == 1
+            else db.attach_runs(list(self.run_dirs))
+        )
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         self.close()
@@ -154,8 +159,10 @@ class Source:
             cols = [d[0] for d in cur.description or []]
             rows = cur.fetchmany(limit + 1) if cur.description else []
         except duckdb.InterruptException as exc:
-            raise QueryInterrupted(f"query interrupted after {self.sql_timeout_s:g} s, the viewer's time limit "
-                                   "(stacx view --sql-timeout SECONDS sets it)") from exc  # fmt: skip
+            raise QueryInterrupted(
+                f"query interrupted after {self.sql_timeout_s:g} s, the viewer's time limit "
+                "(stacx view --sql-timeout SECONDS sets it)"
+            ) from exc
         except duckdb.Error as exc:
             raise StacxError(str(exc)) from exc
         finally:
@@ -165,8 +172,11 @@ class Source:
 
     def has(self, name: str) -> bool:
         """Whether a table or view of that name is loaded (an older log may lack a view)."""
-        r = self.query("select count(*) from (select table_name as n from duckdb_tables() "
-                       "union all select view_name from duckdb_views()) where n = ?", [name])  # fmt: skip
+        r = self.query(
+            "select count(*) from (select table_name as n from duckdb_tables() "
+            "union all select view_name from duckdb_views()) where n = ?",
+            [name],
+        )
         return bool(r.rows[0][0])
 
     # ---- run metadata -----------------------------------------------------------------------
@@ -177,8 +187,9 @@ class Source:
 
     def model_spec(self, run_id: str) -> str | None:
         """The model a run generated with, from its resolved recipe (the first RunStarted)."""
-        r = self.query("select config_json from run_started where run_id = ? order by _seq limit 1",
-                       [run_id])  # fmt: skip
+        r = self.query(
+            "select config_json from run_started where run_id = ? order by _seq limit 1", [run_id]
+        )
         return model_of(str(r.rows[0][0])) if r.rows else None
 
     def tokenizer(self, run_id: str, load: Callable[[str | None], object]) -> object:

@@ -51,6 +51,8 @@ def manifest_path(path: str | Path) -> Path:
     """Where the manifest of the weights at ``path`` (``<checkpoints>/v<n>/<file>``) lives."""
     version_dir = Path(path).parent
     return version_dir.parent / SHARE_DIR / f"{version_dir.name}.json"
+
+
 ALIGN = 256  # byte alignment of every tensor in the buffer (any dtype view is aligned)
 SHM_DIR = Path("/dev/shm")
 

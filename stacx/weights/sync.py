@@ -149,8 +149,12 @@ class WeightSync(Actor):
             )
             if await self._load(target):
                 return
-        log.info("%s: v%s is not durable and not in memory here; staying at v%d",
-                 self.name, seen, self.engine.weight_version)  # fmt: skip
+        log.info(
+            "%s: v%s is not durable and not in memory here; staying at v%d",
+            self.name,
+            seen,
+            self.engine.weight_version,
+        )
 
     async def _load(self, event: WeightsPublished) -> bool:
         """Load ``event``'s version; False when it is not durable and not in memory here."""
@@ -168,8 +172,12 @@ class WeightSync(Actor):
                     transport = "memory" if memory else "shared"
                     moved = sum(t.numel() * t.element_size() for t in state.values())
                 except StateNotAccepted as e:  # e.g. SGLang's tensor path without a GPU here
-                    log.info("%s: v%d as tensors refused (%s); loading the file", self.name,
-                             event.version, e)  # fmt: skip
+                    log.info(
+                        "%s: v%d as tensors refused (%s); loading the file",
+                        self.name,
+                        event.version,
+                        e,
+                    )
             del state  # a mapped buffer is released as soon as the copy is done
         if transport == "file" and not event.durable:
             return False

@@ -39,10 +39,21 @@ async def test_a_registered_credential_acts_in_its_sandbox_and_no_other(tmp_path
         await DockerSandbox.create(BASE_IMAGE, limits, run_id="test") as other,
     ):
         with relay.register("key-a", mine), relay.register("key-b", other):
-            done = await ask(path, credential="key-a", op="exec", command="hostname; echo $X >&2; exit 3",
-                             env={"X": "y"}, cwd="/tmp", timeout=30)  # fmt: skip
-            assert done == {"stdout": mine.id[:12] + "\n", "stderr": "y\n", "exit_code": 3,
-                            "timed_out": False}  # fmt: skip
+            done = await ask(
+                path,
+                credential="key-a",
+                op="exec",
+                command="hostname; echo $X >&2; exit 3",
+                env={"X": "y"},
+                cwd="/tmp",
+                timeout=30,
+            )
+            assert done == {
+                "stdout": mine.id[:12] + "\n",
+                "stderr": "y\n",
+                "exit_code": 3,
+                "timed_out": False,
+            }
             data = base64.b64encode(b"\x00bytes\n").decode()
             assert await ask(path, credential="key-a", op="write", path="/tmp/d/f", data=data) == {}
             got = await ask(path, credential="key-a", op="read", path="/tmp/d/f")

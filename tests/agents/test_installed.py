@@ -73,8 +73,7 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
     sock_dir = tempfile.mkdtemp(prefix="stacx-gw-test-")
     os.chmod(sock_dir, 0o755)
     mini = scaffold("mini-swe-agent")
-    layer = ImageLayer(name=mini.name, run=mini.layer_commands(),
-                       mounts={sock_dir: SOCKET_DIR})  # fmt: skip
+    layer = ImageLayer(name=mini.name, run=mini.layer_commands(), mounts={sock_dir: SOCKET_DIR})
     try:
         async with serve_unix(gateway, os.path.join(sock_dir, "gateway.sock")):
             async with DockerEnvironments(run_id="isolation", layer=layer) as envs:
@@ -110,17 +109,36 @@ def test_a_mini_swe_agent_episode_is_recorded_and_trained_on(tmp_path: Path) -> 
     ids, logprobs, weight version), the verifier scores it, and one SFT step trains on it."""
     bootstrap_base_image()
     sets = [
-        "tasks.include=['create-hello-file']", "tasks.per_iteration=1", "tasks.group_size=1",
-        "agent.max_turns=1", "agent.max_new_tokens=16", "trainer.batch_episodes=1",
-        "trainer.steps=1", r"trainer.trainable='^model\.norm\.weight$'",
-        "logging.progress='plain'", "logging.plot=false", "eval={}",
-    ]  # fmt: skip
+        "tasks.include=['create-hello-file']",
+        "tasks.per_iteration=1",
+        "tasks.group_size=1",
+        "agent.max_turns=1",
+        "agent.max_new_tokens=16",
+        "trainer.batch_episodes=1",
+        "trainer.steps=1",
+        r"trainer.trainable='^model\.norm\.weight$'",
+        "logging.progress='plain'",
+        "logging.plot=false",
+        "eval={}",
+    ]
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "run", str(ROOT / "recipes/scaffold/sft_tiny.toml"),
-         "--run-dir", str(run_dir), "--quiet", *[a for s in sets for a in ("--set", s)]],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "run",
+            str(ROOT / "recipes/scaffold/sft_tiny.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     turns = con.execute(
@@ -190,11 +208,31 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
     `stacx eval --agent installed:terminus-2` on a bundled task as it is (Python 3.11)."""
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", "installed:terminus-2",
-         "--tasks", str(TASK.parent), "--include", TASK.name, "--max-turns", "2",
-         "--max-new-tokens", "64", "--episode-timeout", "60", "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            "installed:terminus-2",
+            "--tasks",
+            str(TASK.parent),
+            "--include",
+            TASK.name,
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "64",
+            "--episode-timeout",
+            "60",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     assert con.execute("select count(*) from turns where n_output_tokens > 0").fetchone()[0] > 0
@@ -209,10 +247,12 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
     # parse it accepts, or its own give-up). Either way the scaffold's end is recorded, and the
     # episode's stop reason agrees with the scaffold's exit.
     ((status, agent, stop),) = con.execute(
-        "select status, agent, stop_reason from episodes").fetchall()  # fmt: skip
+        "select status, agent, stop_reason from episodes"
+    ).fetchall()
     assert (status, agent) == ("scored", "installed") and stop in ("agent_timeout", "agent_done")
     ((scaffold, code, timed_out, tail),) = con.execute(
-        "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited").fetchall()  # fmt: skip
+        "select scaffold, exit_code, timed_out, stderr_tail from scaffold_exited"
+    ).fetchall()
     assert scaffold == "terminus-2"
     if stop == "agent_timeout":
         assert (code, timed_out) == (None, True) and "LiteLLM" in tail
@@ -236,15 +276,36 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     dockerfile.write_text(dockerfile.read_text().replace("python:3.11-slim", "python:3.13-slim"))
     shipped = (ROOT / "stacx/agents/scaffolds/openhands-sdk.toml").read_text()
     spec = tmp_path / "openhands-condensing.toml"
-    spec.write_text(shipped.replace(
-        "[env]\n", '[env]\nSTACX_CONDENSER_MAX_SIZE = "6"\nSTACX_FOLLOW_UP = "Go on."\n'))  # fmt: skip
+    spec.write_text(
+        shipped.replace(
+            "[env]\n", '[env]\nSTACX_CONDENSER_MAX_SIZE = "6"\nSTACX_FOLLOW_UP = "Go on."\n'
+        )
+    )
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{spec}",
-         "--tasks", str(tasks), "--max-turns", "4", "--max-new-tokens", "16",
-         "--episode-timeout", "900", "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            f"installed:{spec}",
+            "--tasks",
+            str(tasks),
+            "--max-turns",
+            "4",
+            "--max-new-tokens",
+            "16",
+            "--episode-timeout",
+            "900",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     generated = con.execute("select engine, len(output_ids) from turn_generated").fetchall()
@@ -252,7 +313,8 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
     (status, agent), *_ = con.execute("select status, agent from episodes").fetchall()
     assert status == "scored" and agent == "installed"
     turns = con.execute(
-        "select turn, segment, request_json from turn_generated order by turn").fetchall()  # fmt: skip
+        "select turn, segment, request_json from turn_generated order by turn"
+    ).fetchall()
     messages = [json.loads(r)["messages"] for _, _, r in turns]
     first = json.loads(turns[0][2])  # the SDK's own system prompt and tools
     assert "OpenHands" in first["messages"][0]["content"][0]["text"]
@@ -291,22 +353,55 @@ def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_p
     spec.write_text(CRASHING_SPEC)
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{spec}", "--tasks", "basic",
-         "--include", "create-hello-file", "--max-attempts", "1", "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            f"installed:{spec}",
+            "--tasks",
+            "basic",
+            "--include",
+            "create-hello-file",
+            "--max-attempts",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "Scaffold failures" in proc.stdout and "unrecognized arguments: --bogus" in proc.stdout
     assert "the scaffold exited before its first model call in 1 episode(s)" in proc.stderr
     sql = subprocess.run(
-        [sys.executable, "-m", "stacx", "sql", str(run_dir), "--format", "json",
-         "select e.status, e.reward, e.failure_kind, f.scaffold, f.exit_code, f.stderr_last_line "
-         "from episodes e join scaffold_failures f using (episode_id)"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "sql",
+            str(run_dir),
+            "--format",
+            "json",
+            "select e.status, e.reward, e.failure_kind, f.scaffold, f.exit_code, f.stderr_last_line "
+            "from episodes e join scaffold_failures f using (episode_id)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(sql.stdout) == {
-        "status": "failed", "reward": None, "failure_kind": "scaffold", "scaffold": "crashes-at-start",
-        "exit_code": 2, "stderr_last_line": "agent: error: unrecognized arguments: --bogus"}  # fmt: skip
+        "status": "failed",
+        "reward": None,
+        "failure_kind": "scaffold",
+        "scaffold": "crashes-at-start",
+        "exit_code": 2,
+        "stderr_last_line": "agent: error: unrecognized arguments: --bogus",
+    }
     source = Source([run_dir])
     try:
         [(episode,)] = source.query("select episode_id from episodes").rows
@@ -314,4 +409,6 @@ def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_p
     finally:
         source.close()
     assert "scaffold crashes-at-start: exit code 2" in html
-    assert "usage: agent [-h] --task TASK" in html  # the stderr tail, not "No turns recorded." alone
+    assert (
+        "usage: agent [-h] --task TASK" in html
+    )  # the stderr tail, not "No turns recorded." alone

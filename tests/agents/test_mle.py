@@ -37,10 +37,15 @@ async def play(
         task = envs.task(str(IRIS))
         async with envs.sandbox(task, episode_id="e") as sb:
             result = await run_agent(
-                run_id="r", episode_id="e", instruction=task.instruction, sandbox=sb, chat=chat,
+                run_id="r",
+                episode_id="e",
+                instruction=task.instruction,
+                sandbox=sb,
+                chat=chat,
                 executor=always(ScriptedPolicy(chat, script, actor="student")),
-                config=AgentConfig(max_turns=5, tools=tools or MleTools()), emit=emit,
-            )  # fmt: skip
+                config=AgentConfig(max_turns=5, tools=tools or MleTools()),
+                emit=emit,
+            )
             return events, result, await envs.verify(sb, task, episode_id="e")
 
 

@@ -17,11 +17,16 @@ pytestmark = [pytest.mark.docker, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
-    "tasks.include=['create-hello-file']", "tasks.per_iteration=1", "trainer.batch_groups=1",
-    "trainer.steps=1", "agent.max_turns=1", "agent.max_new_tokens=16",
-    r"trainer.trainable='^model\.norm\.weight$'", "logging.progress='plain'",
+    "tasks.include=['create-hello-file']",
+    "tasks.per_iteration=1",
+    "trainer.batch_groups=1",
+    "trainer.steps=1",
+    "agent.max_turns=1",
+    "agent.max_new_tokens=16",
+    r"trainer.trainable='^model\.norm\.weight$'",
+    "logging.progress='plain'",
     "logging.plot=false",
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -38,15 +43,28 @@ def test_grpo_through_a_shipped_scaffold_with_held_out_eval(tmp_path: Path, scaf
     sets = TINY
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "run", str(ROOT / f"recipes/scaffold/grpo_{scaffold}.toml"),
-         "--run-dir", str(run_dir), "--quiet", *[a for s in sets for a in ("--set", s)]],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "run",
+            str(ROOT / f"recipes/scaffold/grpo_{scaffold}.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     # trained on the scaffold's recorded calls: one step over the training group's episodes
     ((n, ids),) = con.execute(
-        "select n_samples, episode_ids from train_step_finished where step = 1").fetchall()  # fmt: skip
+        "select n_samples, episode_ids from train_step_finished where step = 1"
+    ).fetchall()
     train = con.execute("select episode_id, task_id from episodes where role = 'train'").fetchall()
     assert n >= 1 and sorted(ids) == sorted(e for e, _ in train)
     assert {t for _, t in train} == {"create-hello-file"}

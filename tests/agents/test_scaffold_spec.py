@@ -38,15 +38,17 @@ def test_the_shipped_scaffolds_are_spec_files() -> None:
     [
         ('name = "x"\nrun = "go"\ninstal = ["pip install x"]', "unknown field `instal`"),
         ('name = "x"', "missing required field `run`"),
-        ('name = "x"\nrun = "go"\napi = "grpc"',
-         "accepted: openai-chat, openai-completions, anthropic-messages"),
+        (
+            'name = "x"\nrun = "go"\napi = "grpc"',
+            "accepted: openai-chat, openai-completions, anthropic-messages",
+        ),
         ('name = "x"\nrun = "go"\n[stops]\ndone = "won"', "stops"),
         ('name = "x"\nrun = "go {modle}"', "unknown placeholder 'modle'; accepted: api_key"),
         ('name = "x"\nrun = "go"\nmin_python = "three"', "min_python = 'three'"),
         ('name = "x"\nrun = "go"\npip = "openai"', "Expected `array`, got `str` - at `pip`"),
         ('name = "x"\nrun = "go\n', "not valid TOML"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_spec_fails_at_load_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "my.toml"
     path.write_text(text)
@@ -56,8 +58,15 @@ def test_a_bad_spec_fails_at_load_naming_the_key(tmp_path: Path, text: str, mess
 
 
 def test_layer_commands_from_packages() -> None:
-    spec = ScaffoldSpec(name="s", run="go", pip=["openai==1.*"], npm=["@x/cli"], apt=["git"],
-                        install=["{venv}/bin/pip check"], min_node="20")  # fmt: skip
+    spec = ScaffoldSpec(
+        name="s",
+        run="go",
+        pip=["openai==1.*"],
+        npm=["@x/cli"],
+        apt=["git"],
+        install=["{venv}/bin/pip check"],
+        min_node="20",
+    )
     node, apt, pip, npm, extra = spec.layer_commands()
     assert node.startswith("node -e") and "needs node >= 20" in node
     assert apt.startswith("apt-get update && apt-get install -y --no-install-recommends git")
@@ -95,7 +104,8 @@ sys.exit(3)
 
 def my_spec(tmp_path: Path) -> Path:
     spec = tmp_path / "my-agent.toml"
-    spec.write_text(textwrap.dedent('''\
+    spec.write_text(
+        textwrap.dedent('''\
         name = "my-agent"
         api = "openai-chat"
         pip = ["openai>=1.40"]
@@ -108,7 +118,10 @@ def my_spec(tmp_path: Path) -> Path:
 
         [files]
         "/tmp/stacx/my_agent.py" = \'\'\'
-        ''') + MY_AGENT + "'''\n")  # fmt: skip
+        ''')
+        + MY_AGENT
+        + "'''\n"
+    )
     return spec
 
 
@@ -118,29 +131,49 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     bootstrap_base_image()
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", f"installed:{my_spec(tmp_path)}",
-         "--tasks", "basic", "--include", "create-hello-file", "--max-new-tokens", "8",
-         "--run-dir", str(run_dir)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            f"installed:{my_spec(tmp_path)}",
+            "--tasks",
+            "basic",
+            "--include",
+            "create-hello-file",
+            "--max-new-tokens",
+            "8",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
-    turns = con.execute("select turn, segment, len(output_ids), engine from turn_generated "
-                        "order by turn").fetchall()  # fmt: skip
+    turns = con.execute(
+        "select turn, segment, len(output_ids), engine from turn_generated order by turn"
+    ).fetchall()
     # two calls; the second's history is a rewrite of the first: a second segment
     assert [(t[0], t[1]) for t in turns] == [(0, 0), (1, 1)]
     assert all(t[2] > 0 and t[3] == "gateway:torch" for t in turns)
     ((scaffold, code, tail),) = con.execute(
-        "select scaffold, exit_code, stderr_tail from scaffold_exited").fetchall()  # fmt: skip
+        "select scaffold, exit_code, stderr_tail from scaffold_exited"
+    ).fetchall()
     assert (scaffold, code) == ("my-agent", 3)
     assert "no gpt-4o here" in tail and "my-agent: two calls made" in tail
     ((route, status, code_),) = con.execute(
-        "select route, status, code from gateway_refused").fetchall()  # fmt: skip
+        "select route, status, code from gateway_refused"
+    ).fetchall()
     assert (route, status, code_) == ("/v1/models/gpt-4o", 404, "model_not_found")
     (stop, status_), *_ = con.execute("select stop_reason, status from episodes").fetchall()
     assert stop == "submitted" and status_ == "scored"
-    request = json.loads(con.execute(
-        "select request_json from turn_generated where turn = 1").fetchone()[0])  # fmt: skip
+    request = json.loads(
+        con.execute("select request_json from turn_generated where turn = 1").fetchone()[0]
+    )
     assert request["messages"][0]["content"].startswith("Summary: ")
     # What a multi-segment episode trains on (docs/scaffolds.md, "Segments"): each segment its own sequence,
     # the episode's outcome on every segment's turns, each row naming its episode and turn.
@@ -148,7 +181,9 @@ def test_a_users_scaffold_runs_through_stacx_eval(tmp_path: Path) -> None:
     ((reward,),) = con.execute("select reward from episodes").fetchall()
     assert [(g[0], g[1]) for g in grpo] == [(0, reward), (1, reward)]
     assert grpo[0][2] == grpo[1][2]  # one advantage per episode, broadcast to both segments
-    prompts = [p for (p,) in con.execute("select prompt_ids from sft_examples order by turn").fetchall()]
+    prompts = [
+        p for (p,) in con.execute("select prompt_ids from sft_examples order by turn").fetchall()
+    ]
     sequences = trained_sequences(con)
     # the rewritten history does not extend the first call: two sequences, never merged
     assert [list(s.prompt_ids) for s in sequences] == prompts
@@ -171,17 +206,25 @@ def test_an_inline_spec_in_the_recipe_is_the_same_spec(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({"name": "x", "run": "go", "instal": []},
-         "unknown key agent.scaffold_spec.instal; accepted: name, run"),
-        ({"name": "x", "run": "go", "api": "grpc"},
-         "agent.scaffold_spec.api: Invalid enum value 'grpc'; accepted: 'openai-chat'"),
-        ({"name": "x", "run": "go {modle}"},
-         "agent.scaffold_spec.run: unknown placeholder 'modle'; accepted: api_key"),
-        ({"name": "x", "run": "go", "beside": {"base_image": "b", "pipp": []}},
-         "unknown key agent.scaffold_spec.beside.pipp; accepted: base_image, apt, pip, install"),
+        (
+            {"name": "x", "run": "go", "instal": []},
+            "unknown key agent.scaffold_spec.instal; accepted: name, run",
+        ),
+        (
+            {"name": "x", "run": "go", "api": "grpc"},
+            "agent.scaffold_spec.api: Invalid enum value 'grpc'; accepted: 'openai-chat'",
+        ),
+        (
+            {"name": "x", "run": "go {modle}"},
+            "agent.scaffold_spec.run: unknown placeholder 'modle'; accepted: api_key",
+        ),
+        (
+            {"name": "x", "run": "go", "beside": {"base_image": "b", "pipp": []}},
+            "unknown key agent.scaffold_spec.beside.pipp; accepted: base_image, apt, pip, install",
+        ),
         ({"run": "go"}, "missing required key agent.scaffold_spec.name"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_inline_spec_fails_at_load_naming_the_key_path(
     spec: dict[str, object], message: str
 ) -> None:

@@ -119,12 +119,18 @@ def test_truncation_never_splits_a_multibyte_character() -> None:
 
 
 def test_parse_tool_calls_returns_every_call_and_the_text_before_them() -> None:
-    text = "Let me look.\n" + render_tool_call("bash", {"command": "ls"}) + "\n" + (
-        render_tool_call("view", {"path": "a"})
+    text = (
+        "Let me look.\n"
+        + render_tool_call("bash", {"command": "ls"})
+        + "\n"
+        + (render_tool_call("view", {"path": "a"}))
     )
     content, calls = parse_tool_calls(text)
     assert content == "Let me look."
-    assert [(c.name, c.arguments) for c in calls] == [("bash", {"command": "ls"}), ("view", {"path": "a"})]
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("bash", {"command": "ls"}),
+        ("view", {"path": "a"}),
+    ]
 
 
 def test_parse_tool_calls_keeps_a_reply_with_a_malformed_call_as_plain_text() -> None:

@@ -30,9 +30,15 @@ class Counter(Actor):
         if self.attempts <= self.fail_first:
             raise ConnectionError("transient")  # infrastructure: retried, even in strict mode
         self.seen.append(event.task_id)
-        await self.publish(ev.EpisodeStarted(run_id=self.run_id, episode_id=f"ep-{event.task_id}",
-                                             task_id=event.task_id, group_id=event.group_id,
-                                             event_id=ev.derive_id(self.run_id, event.task_id)))
+        await self.publish(
+            ev.EpisodeStarted(
+                run_id=self.run_id,
+                episode_id=f"ep-{event.task_id}",
+                task_id=event.task_id,
+                group_id=event.group_id,
+                event_id=ev.derive_id(self.run_id, event.task_id),
+            )
+        )
 
 
 async def _until(cond, timeout: float = 20.0) -> None:
@@ -52,7 +58,11 @@ async def test_actor_gets_its_kinds_and_publishes(tmp_path: Path) -> None:
         run.spawn(a)
         for i in range(5):
             await run.emit(_task(run.run_id, i))
-        await run.emit(ev.RunFinished(run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="not for the counter"))
+        await run.emit(
+            ev.RunFinished(
+                run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="not for the counter"
+            )
+        )
         await _until(lambda: len(a.seen) == 5)
         rows = await run.query("select count(*) from episode_started")
         assert rows.column(0)[0].as_py() == 5
@@ -157,7 +167,9 @@ class Buggy(Actor):
         raise TypeError("a bug, not bad luck")
 
 
-async def test_strict_mode_crashes_on_a_programming_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_strict_mode_crashes_on_a_programming_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STACX_STRICT", "1")
     a = Buggy()
     with pytest.raises(TypeError, match="a bug"):
@@ -170,7 +182,9 @@ async def test_strict_mode_crashes_on_a_programming_error(tmp_path: Path, monkey
     assert meta["status"] == "failed"
 
 
-async def test_without_strict_mode_a_programming_error_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_strict_mode_a_programming_error_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STACX_STRICT", "0")
 
     class Patient(Buggy):
@@ -182,8 +196,9 @@ async def test_without_strict_mode_a_programming_error_is_retried(tmp_path: Path
         run.spawn(a)
         await run.emit(_task(run.run_id, 0))
         await _until(lambda: a.calls == 3)
-        rows = await run.query("select count(*) from infra_failed where failure_kind = ?", ["internal"],
-                               barrier=True)
+        rows = await run.query(
+            "select count(*) from infra_failed where failure_kind = ?", ["internal"], barrier=True
+        )
         assert rows.column(0)[0].as_py() == 1  # gave up after max_deliver: recorded as such
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "completed"
 
@@ -213,15 +228,18 @@ async def test_a_base_exception_from_a_handler_is_retried_then_given_up(
         task = _task(run.run_id, 0)
         await run.emit(task)
         await _until(lambda: a.calls == 3)
-        rows = await run.query("select message from infra_failed where failure_kind = ?",
-                               ["internal"], barrier=True)  # fmt: skip
+        rows = await run.query(
+            "select message from infra_failed where failure_kind = ?", ["internal"], barrier=True
+        )
         assert [m.as_py() for m in rows.column(0)] == [
             f"actor buggy gave up on TaskScheduled {task.event_id}: "
             "NotAnException('raised as less than an Exception')"
         ]
 
 
-async def test_strict_mode_crashes_on_a_base_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_strict_mode_crashes_on_a_base_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STACX_STRICT", "1")
 
     class Odd(Buggy):
@@ -247,9 +265,17 @@ class Reader(Actor):
 
     async def handle(self, event: ev.Event) -> None:
         assert isinstance(event, ev.TaskScheduled)
-        await self.publish(ev.EpisodeStarted(run_id=self.run_id, episode_id=f"ep-{event.task_id}",
-                                             task_id=event.task_id, group_id=event.group_id))
-        rows = await self.query("select count(*) from episode_started where task_id = ?", [event.task_id])
+        await self.publish(
+            ev.EpisodeStarted(
+                run_id=self.run_id,
+                episode_id=f"ep-{event.task_id}",
+                task_id=event.task_id,
+                group_id=event.group_id,
+            )
+        )
+        rows = await self.query(
+            "select count(*) from episode_started where task_id = ?", [event.task_id]
+        )
         self.counts.append(rows.column(0)[0].as_py())
 
 
@@ -264,7 +290,9 @@ async def test_a_query_waits_for_the_actors_own_writes_not_the_stream_head(tmp_p
         assert r.ctx.watermark.seq >= 10  # 5 tasks delivered + 5 episodes published
         # a publish outside the actor does not raise its watermark: it would not wait for it
         before = r.ctx.watermark.seq
-        await run.emit(ev.RunFinished(run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="probe"))
+        await run.emit(
+            ev.RunFinished(run_id=run.run_id, status=ev.RunStatus.COMPLETED, message="probe")
+        )
         assert r.ctx.watermark.seq == before
         await r.query("select 1", barrier=True)  # the barrier raises it to the head
         assert r.ctx.watermark.seq == await run.last_seq()

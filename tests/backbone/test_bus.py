@@ -45,12 +45,16 @@ def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from stacx.bus.server import EmbeddedNats
-        s = EmbeddedNats({str(tmp_path / 'nats')!r}).start()
+        s = EmbeddedNats({str(tmp_path / "nats")!r}).start()
         print(s.proc.pid, flush=True)
         time.sleep(60)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     assert _alive(child)
@@ -98,11 +102,14 @@ async def test_concurrent_publishes_of_one_kind_share_a_message(nats_server: Emb
     js = nc.jetstream()
     await ensure_stream(js, "conc")
     pub = Publisher(js, "conc")
-    events = [RunFinished(run_id="conc", status=RunStatus.COMPLETED, message=str(i)) for i in range(50)]
+    events = [
+        RunFinished(run_id="conc", status=RunStatus.COMPLETED, message=str(i)) for i in range(50)
+    ]
     seqs = await asyncio.gather(*(pub.publish(e) for e in events))
     assert len(set(seqs)) == 1 and pub.messages == 1
-    assert [e.event_id for e in decode_many((await js.get_msg(stream_name("conc"), seqs[0])).data)] == [
-        e.event_id for e in events]
+    assert [
+        e.event_id for e in decode_many((await js.get_msg(stream_name("conc"), seqs[0])).data)
+    ] == [e.event_id for e in events]
     await nc.drain()
 
 
@@ -111,7 +118,9 @@ async def test_a_publish_is_retried_until_its_stream_answers(nats_server: Embedd
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     pub = Publisher(js, "late")
-    sending = asyncio.create_task(pub.publish(RunFinished(run_id="late", status=RunStatus.COMPLETED)))
+    sending = asyncio.create_task(
+        pub.publish(RunFinished(run_id="late", status=RunStatus.COMPLETED))
+    )
     await asyncio.sleep(0.5)
     assert not sending.done()
     await ensure_stream(js, "late")
@@ -119,7 +128,9 @@ async def test_a_publish_is_retried_until_its_stream_answers(nats_server: Embedd
     await nc.drain()
 
 
-async def test_unacknowledged_publish_is_an_error_the_caller_sees(nats_server: EmbeddedNats) -> None:
+async def test_unacknowledged_publish_is_an_error_the_caller_sees(
+    nats_server: EmbeddedNats,
+) -> None:
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     pub = Publisher(js, "nostream", ack_timeout=1.0)  # no stream captures this subject
@@ -144,14 +155,18 @@ async def test_publish_after_server_death_raises(tmp_path: Path) -> None:
     await nc.close()
 
 
-async def test_external_url_is_used_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_external_url_is_used_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stacx.actors.run import RunContext
 
     with EmbeddedNats(tmp_path / "external") as external:
         monkeypatch.setenv("STACX_NATS_URL", external.url)
         async with RunContext(tmp_path / "run") as run:
             assert run.server is None and run.nats_url == external.url
-            await run.emit(RunFinished(run_id=run.run_id, status=RunStatus.COMPLETED, message="probe"))
+            await run.emit(
+                RunFinished(run_id=run.run_id, status=RunStatus.COMPLETED, message="probe")
+            )
             rows = await run.query("select count(*) from run_finished")
             assert rows.column(0)[0].as_py() == 1
         nc = await connect(external.url)

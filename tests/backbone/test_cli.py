@@ -33,8 +33,13 @@ def test_sql_formats(two_runs: list[Path]) -> None:
     r = stacx("sql", str(two_runs[0]), "select count(*) as n from episodes", "--format", "csv")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines() == ["n", "4"]
-    r = stacx("sql", str(two_runs[0]), "select turn, count(*) as c from turns group by 1 order by 1",
-              "--format", "json")
+    r = stacx(
+        "sql",
+        str(two_runs[0]),
+        "select turn, count(*) as c from turns group by 1 order by 1",
+        "--format",
+        "json",
+    )
     assert [json.loads(x) for x in r.stdout.splitlines()] == [{"turn": t, "c": 4} for t in range(3)]
     r = stacx("sql", str(two_runs[0]), "select status, count(*) from episodes group by 1")
     assert r.returncode == 0 and "scored" in r.stdout
@@ -49,7 +54,11 @@ def test_sql_over_several_runs(two_runs: list[Path]) -> None:
 def test_not_a_run_is_a_one_line_error(tmp_path: Path) -> None:
     r = stacx("sql", str(tmp_path), "select 1")
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and str(tmp_path) in r.stderr and "not a STACX run" in r.stderr
+    assert (
+        r.stderr.strip().count("\n") == 0
+        and str(tmp_path) in r.stderr
+        and "not a STACX run" in r.stderr
+    )
     r = stacx("sql", str(tmp_path / "missing"), "select 1")
     assert r.returncode == 2 and "no such directory" in r.stderr
 
@@ -77,7 +86,9 @@ def test_events_by_kind(two_runs: list[Path]) -> None:
 
 async def test_sql_works_on_a_live_run(tmp_path: Path) -> None:
     async with RunContext(tmp_path / "live") as run:
-        await run.emit(ev.EpisodeStarted(run_id=run.run_id, episode_id="e", task_id="t", group_id="g"))
+        await run.emit(
+            ev.EpisodeStarted(run_id=run.run_id, episode_id="e", task_id="t", group_id="g")
+        )
         await run.sync()
         r = stacx("sql", str(tmp_path / "live"), "select count(*) from episodes", "--format", "csv")
         assert r.returncode == 0, r.stderr

@@ -67,7 +67,11 @@ async def _stream_event_ids(url: str, name: str) -> list[str]:
     nc = await connect(url)
     js = nc.jetstream(timeout=5.0)
     last = (await js.stream_info(name)).state.last_seq
-    ids = [e.event_id for seq in range(1, last + 1) for e in decode_many((await js.get_msg(name, seq)).data)]
+    ids = [
+        e.event_id
+        for seq in range(1, last + 1)
+        for e in decode_many((await js.get_msg(name, seq)).data)
+    ]
     await nc.drain()
     return ids
 
@@ -77,14 +81,37 @@ async def test_a_run_survives_the_loss_of_its_stream_leader(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     with LocalCluster(tmp_path / "cluster") as cluster:
         await _cluster_ready(cluster.url)
-        args = ["--set", f"tasks.include={TASKS!r}", "--set", "tasks.group_size=2",
-                "--set", "logging.plot=false", "--set", "logging.progress='plain'"]
+        args = [
+            "--set",
+            f"tasks.include={TASKS!r}",
+            "--set",
+            "tasks.group_size=2",
+            "--set",
+            "logging.plot=false",
+            "--set",
+            "logging.progress='plain'",
+        ]
         proc = subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, "-m", "stacx", "run", str(ROOT / "recipes/eval/oracle.toml"),
-             "--run-dir", str(run_dir), "--quiet", *args],
-            cwd=ROOT, env={**os.environ, "STACX_NATS_URL": cluster.url},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        while not (run_dir / "run.json").exists() or "run_id" not in json.loads((run_dir / "run.json").read_text()):
+            [
+                sys.executable,
+                "-m",
+                "stacx",
+                "run",
+                str(ROOT / "recipes/eval/oracle.toml"),
+                "--run-dir",
+                str(run_dir),
+                "--quiet",
+                *args,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "STACX_NATS_URL": cluster.url},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        while not (run_dir / "run.json").exists() or "run_id" not in json.loads(
+            (run_dir / "run.json").read_text()
+        ):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             await asyncio.sleep(0.05)
         stream = stream_name(json.loads((run_dir / "run.json").read_text())["run_id"])

@@ -40,18 +40,30 @@ def _certs(d: Path) -> tuple[Path, Path, Path]:
 
     now = datetime.now(UTC)
 
-    def build(subject: str, issuer: str, key: ec.EllipticCurvePrivateKey, signer: ec.EllipticCurvePrivateKey,
-              ca: bool) -> x509.Certificate:
-        b = (x509.CertificateBuilder()
-             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
-             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    def build(
+        subject: str,
+        issuer: str,
+        key: ec.EllipticCurvePrivateKey,
+        signer: ec.EllipticCurvePrivateKey,
+        ca: bool,
+    ) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if not ca:
-            b = b.add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-                critical=False)
+            b = b.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                ),
+                critical=False,
+            )
         return b.sign(signer, hashes.SHA256())
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -60,20 +72,31 @@ def _certs(d: Path) -> tuple[Path, Path, Path]:
     paths = d / "ca.pem", d / "server.pem", d / "server-key.pem"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return paths
 
 
 @pytest.fixture
 def secure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EmbeddedNats, Path]]:
     ca, cert, key = _certs(tmp_path)
-    users = [auth.worker("w1", PW["w1"], "r1"), auth.worker("w2", PW["w2"], "r2"),
-             auth.service("svc", PW["svc"], "host1"), auth.admin("adm", PW["adm"])]
+    users = [
+        auth.worker("w1", PW["w1"], "r1"),
+        auth.worker("w2", PW["w2"], "r2"),
+        auth.service("svc", PW["svc"], "host1"),
+        auth.admin("adm", PW["adm"]),
+    ]
     conf = tmp_path / "nats.conf"
-    conf.write_text(f'tls {{ cert_file: "{cert}", key_file: "{key}", timeout: 5 }}\n'
-                    + auth.authorization_block(users) + "\n")
+    conf.write_text(
+        f'tls {{ cert_file: "{cert}", key_file: "{key}", timeout: 5 }}\n'
+        + auth.authorization_block(users)
+        + "\n"
+    )
     monkeypatch.setenv(ENV_CA, str(ca))
     with EmbeddedNats(tmp_path / "store", config=conf) as server:
         yield server, ca
@@ -89,11 +112,15 @@ def test_subjects_are_those_of_the_wire_and_the_events() -> None:
     w = auth.worker("u", "p", "run-1")["permissions"]
     allow = w["publish"]["allow"]  # type: ignore[index]
     assert remote_wire.run_subject("any", "run-1").replace(".any.", ".*.") in allow
-    assert remote_wire.DISCOVER in allow and f"$JS.API.STREAM.CREATE.{stream_name('run-1')}" in allow
+    assert (
+        remote_wire.DISCOVER in allow and f"$JS.API.STREAM.CREATE.{stream_name('run-1')}" in allow
+    )
     assert subject("run-1", "x").startswith(allow[0][:-1])
     assert remote_wire.ADVERT in w["subscribe"]["allow"]  # type: ignore[index]
-    assert remote_wire.admin_subject("h").replace(".h.", ".*.") in \
-        auth.admin("a", "p")["permissions"]["publish"]["allow"]  # type: ignore[index]
+    assert (
+        remote_wire.admin_subject("h").replace(".h.", ".*.")
+        in auth.admin("a", "p")["permissions"]["publish"]["allow"]  # type: ignore[index]
+    )
 
 
 async def test_worker_uses_its_run_and_cannot_read_anothers(
@@ -128,7 +155,7 @@ async def test_worker_uses_its_run_and_cannot_read_anothers(
 
 
 async def test_worker_requests_sandboxes_but_cannot_stop_another_hosts(
-    secure: tuple[EmbeddedNats, Path]
+    secure: tuple[EmbeddedNats, Path],
 ) -> None:
     server, _ = secure
     svc, w1 = await connect(_url(server, "svc")), await connect(_url(server, "w1"))
@@ -160,7 +187,9 @@ async def test_a_wrong_or_missing_credential_is_refused(
     url = _url(server, "w1", password) if password else f"tls://127.0.0.1:{server.port}"
     with pytest.raises(NatsAuthError) as err:
         await asyncio.wait_for(connect(url), 60)
-    assert "refused the credentials" in str(err.value) and f"127.0.0.1:{server.port}" in str(err.value)
+    assert "refused the credentials" in str(err.value) and f"127.0.0.1:{server.port}" in str(
+        err.value
+    )
     assert "wrong" not in str(err.value)
 
 
@@ -176,16 +205,31 @@ async def test_an_unknown_ca_is_a_tls_error_naming_the_variable(
 
 def test_cli_refused_credentials_are_one_line(secure: tuple[EmbeddedNats, Path]) -> None:
     server, ca = secure
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), ENV_CA: str(ca),
-           "STACX_NATS_URL": f"tls://127.0.0.1:{server.port}", "STACX_NATS_USER": "adm",
-           "STACX_NATS_PASSWORD": "nope"}
-    proc = subprocess.run([sys.executable, "-m", "stacx", "sandbox", "hosts"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        ENV_CA: str(ca),
+        "STACX_NATS_URL": f"tls://127.0.0.1:{server.port}",
+        "STACX_NATS_USER": "adm",
+        "STACX_NATS_PASSWORD": "nope",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "stacx", "sandbox", "hosts"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2 and "refused the credentials" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     env["STACX_NATS_PASSWORD"] = PW["adm"]
-    ok = subprocess.run([sys.executable, "-m", "stacx", "sandbox", "hosts", "--format", "csv"],
-                        capture_output=True, text=True, timeout=60, env=env)
+    ok = subprocess.run(
+        [sys.executable, "-m", "stacx", "sandbox", "hosts", "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("service,"), ok.stderr
 
 

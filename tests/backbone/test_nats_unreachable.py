@@ -52,8 +52,9 @@ def _assert_one_clear_error(out: str, url: str) -> None:
 )
 def test_admin_command_fails_naming_the_url(args: list[str]) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    proc = subprocess.run(_stacx(*args, "--url", url), capture_output=True, text=True,
-                          timeout=BOUND_S, env=_env())
+    proc = subprocess.run(
+        _stacx(*args, "--url", url), capture_output=True, text=True, timeout=BOUND_S, env=_env()
+    )
     assert proc.returncode == 2, proc.stderr
     _assert_one_clear_error(proc.stdout + proc.stderr, url)
     assert "cannot reach NATS" in proc.stderr
@@ -61,8 +62,13 @@ def test_admin_command_fails_naming_the_url(args: list[str]) -> None:
 
 def test_url_from_the_environment_and_a_cluster_list() -> None:
     url = f"nats://127.0.0.1:{free_port()},nats://127.0.0.1:{free_port()}"
-    proc = subprocess.run(_stacx("sandbox", "hosts"), capture_output=True, text=True,
-                          timeout=BOUND_S, env=_env(STACX_NATS_URL=url))
+    proc = subprocess.run(
+        _stacx("sandbox", "hosts"),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        env=_env(STACX_NATS_URL=url),
+    )
     assert proc.returncode == 2
     _assert_one_clear_error(proc.stderr, url)
 
@@ -70,9 +76,22 @@ def test_url_from_the_environment_and_a_cluster_list() -> None:
 def test_eval_on_the_remote_backend_fails_naming_the_url(tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     proc = subprocess.run(
-        _stacx("eval", "--agent", "oracle", "--limit", "1", "--set", "sandbox.backend=remote",
-               "--set", f"sandbox.url={url}"),
-        capture_output=True, text=True, timeout=BOUND_S, env=_env(), cwd=tmp_path,
+        _stacx(
+            "eval",
+            "--agent",
+            "oracle",
+            "--limit",
+            "1",
+            "--set",
+            "sandbox.backend=remote",
+            "--set",
+            f"sandbox.url={url}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        env=_env(),
+        cwd=tmp_path,
     )
     assert proc.returncode != 0
     _assert_one_clear_error(proc.stdout + proc.stderr, url)
@@ -81,7 +100,10 @@ def test_eval_on_the_remote_backend_fails_naming_the_url(tmp_path: Path) -> None
 def _serve(url: str, state: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         _stacx("sandbox", "serve", "--url", url, "--state-dir", str(state), "--slots", "1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
     )
 
 
@@ -121,9 +143,13 @@ def test_serve_serves_once_the_server_comes_up(tmp_path: Path) -> None:
         _read_until(proc, "waiting for it")
         with EmbeddedNats(tmp_path / "nats", port=port):
             _read_until(proc, "sandbox service")  # its ready line, once connected
-            hosts = subprocess.run(_stacx("sandbox", "hosts", "--url", f"nats://127.0.0.1:{port}",
-                                          "--format", "csv"),
-                                   capture_output=True, text=True, timeout=BOUND_S, env=_env())
+            hosts = subprocess.run(
+                _stacx("sandbox", "hosts", "--url", f"nats://127.0.0.1:{port}", "--format", "csv"),
+                capture_output=True,
+                text=True,
+                timeout=BOUND_S,
+                env=_env(),
+            )
             assert hosts.returncode == 0, hosts.stderr
             assert len(hosts.stdout.strip().splitlines()) == 2, hosts.stdout  # header + this one
             proc.send_signal(signal.SIGTERM)

@@ -13,8 +13,14 @@ from stacx.store.schema import to_arrow
 
 
 def turn(**fields: object) -> ev.TurnGenerated:
-    base: dict[str, object] = dict(run_id="r", episode_id="e", turn=0, prompt_ids=[1, 70_000, 3],
-                                   output_ids=[4, 5], logprobs=[-0.5, -1e-300])  # fmt: skip
+    base: dict[str, object] = dict(
+        run_id="r",
+        episode_id="e",
+        turn=0,
+        prompt_ids=[1, 70_000, 3],
+        output_ids=[4, 5],
+        logprobs=[-0.5, -1e-300],
+    )
     return ev.TurnGenerated(**{**base, **fields})  # type: ignore[arg-type]
 
 
@@ -44,8 +50,9 @@ def test_the_recorders_columns_from_packed_bytes_equal_those_from_lists() -> Non
     packed = wire.decode_wire(wire.encode_batch([wire.encode(e) for e in events]))
     assert isinstance(packed[0].prompt_ids, msgspec.msgpack.Ext)  # type: ignore[attr-defined]
     old = wire.decode_wire(wire.encode_batch([msgspec.msgpack.encode(e) for e in events]))
-    got, from_lists, expected = (to_arrow("TurnGenerated", evs, [1, 2, 3])
-                                 for evs in (packed, old, events))  # fmt: skip
+    got, from_lists, expected = (
+        to_arrow("TurnGenerated", evs, [1, 2, 3]) for evs in (packed, old, events)
+    )
     assert got.equals(expected) and from_lists.equals(expected)
     assert got.column("prompt_ids").type == pa.list_(pa.int32())
     assert got.column("logprobs").to_pylist() == [[-0.5, -1e-300], None, [-0.5, -1e-300]]

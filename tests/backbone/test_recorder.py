@@ -44,13 +44,17 @@ async def _publish_all(url: str, run_id: str, events: list, pause_every: int = 0
 
 def _counts(run_dir: Path) -> tuple[int, int, dict[str, int]]:
     con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
-    total, distinct = con.execute("select count(*), count(distinct event_id) from _events").fetchone()
+    total, distinct = con.execute(
+        "select count(*), count(distinct event_id) from _events"
+    ).fetchone()
     kinds = dict(con.execute("select kind, count(*) from _events group by 1").fetchall())
     con.close()
     return total, distinct, kinds
 
 
-async def test_records_every_event_once_with_typed_columns(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_records_every_event_once_with_typed_columns(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     run_id, run_dir = "r1", tmp_path / "run"
     events = episode_events(run_id, 20)
     await _publish_all(nats_server.url, run_id, events)
@@ -68,13 +72,19 @@ async def test_records_every_event_once_with_typed_columns(nats_server: Embedded
     assert total == distinct == len(events)
     assert kinds["TurnGenerated"] == 60 and kinds["EpisodeStarted"] == 20
     con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)  # plain duckdb, no STACX code
-    typ = con.execute("select data_type from information_schema.columns where table_name='turn_generated' "
-                      "and column_name='output_ids'").fetchone()
+    typ = con.execute(
+        "select data_type from information_schema.columns where table_name='turn_generated' "
+        "and column_name='output_ids'"
+    ).fetchone()
     assert typ == ("INTEGER[]",)
     first = events[1]
-    row = con.execute("select output_ids, logprobs from turn_generated where event_id = ?", [first.event_id]).fetchone()
+    row = con.execute(
+        "select output_ids, logprobs from turn_generated where event_id = ?", [first.event_id]
+    ).fetchone()
     assert row[0] == first.output_ids and row[1] == first.logprobs
-    assert con.execute("select count(*) from episodes").fetchone() == (20,)  # views persisted in the file
+    assert con.execute("select count(*) from episodes").fetchone() == (
+        20,
+    )  # views persisted in the file
 
 
 async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_path: Path) -> None:
@@ -82,17 +92,25 @@ async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_pa
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     await ensure_stream(js, run_id)
-    await js.publish(f"stacx.{run_id}.Mystery", msgspec.msgpack.encode({"kind": "Mystery", "run_id": run_id}))
+    await js.publish(
+        f"stacx.{run_id}.Mystery", msgspec.msgpack.encode({"kind": "Mystery", "run_id": run_id})
+    )
     await js.publish(f"stacx.{run_id}.RewardAssigned", b"\xc1 not msgpack")
-    await js.publish(f"stacx.{run_id}.RewardAssigned", msgspec.msgpack.encode(
-        {"kind": "RewardAssigned", "run_id": run_id, "episode_id": "e", "reward": "high"}))
+    await js.publish(
+        f"stacx.{run_id}.RewardAssigned",
+        msgspec.msgpack.encode(
+            {"kind": "RewardAssigned", "run_id": run_id, "episode_id": "e", "reward": "high"}
+        ),
+    )
     last = await _publish_all(nats_server.url, run_id, episode_events(run_id, 1))
     rec = Recorder(js, run_id, run_dir)
     task = asyncio.create_task(rec.run())
     await rec.wait_for(last, timeout=30)
     rec.stop()
     await task
-    reasons = [r[0] for r in rec.con.execute("select reason from _dead_letters order by _seq").fetchall()]
+    reasons = [
+        r[0] for r in rec.con.execute("select reason from _dead_letters order by _seq").fetchall()
+    ]
     rec.close()
     await nc.drain()
     assert len(reasons) == 3
@@ -101,8 +119,13 @@ async def test_bad_payloads_go_to_dead_letters(nats_server: EmbeddedNats, tmp_pa
     assert total == 12  # the good events all landed after the bad ones
 
 
-async def _record_until(js: object, run_id: str, run_dir: Path, seq: int,
-                        opened: Callable[[Recorder], None] | None = None) -> Recorder:
+async def _record_until(
+    js: object,
+    run_id: str,
+    run_dir: Path,
+    seq: int,
+    opened: Callable[[Recorder], None] | None = None,
+) -> Recorder:
     """Record up to stream sequence `seq`; `opened` sees the recorder once its file is open."""
     rec = Recorder(js, run_id, run_dir)  # type: ignore[arg-type]
     if opened is not None:
@@ -125,8 +148,12 @@ async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     await ensure_stream(js, run_id)
-    redo = ev.EpisodeFinished(run_id=run_id, episode_id="ep", stop_reason=ev.StopReason.SUBMITTED,
-                              event_id=ev.derive_id(run_id, "ep", "finished"))
+    redo = ev.EpisodeFinished(
+        run_id=run_id,
+        episode_id="ep",
+        stop_reason=ev.StopReason.SUBMITTED,
+        event_id=ev.derive_id(run_id, "ep", "finished"),
+    )
     subj, data = ev.subject(run_id, redo.kind), wire.encode(redo)
     pub = Publisher(js, run_id)
     await pub.publish(redo)
@@ -140,8 +167,13 @@ async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(
     assert rec.duplicates == 1
     await nc.drain()
     con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
-    assert con.execute("select count(*) from episode_finished where event_id = ?", [redo.event_id]).fetchone() == (1,)
-    assert con.execute("select count(*), count(distinct event_id) from _events").fetchone() == (2, 2)
+    assert con.execute(
+        "select count(*) from episode_finished where event_id = ?", [redo.event_id]
+    ).fetchone() == (1,)
+    assert con.execute("select count(*), count(distinct event_id) from _events").fetchone() == (
+        2,
+        2,
+    )
     assert con.execute("select seq from _position").fetchone() == (4,)  # skipped, not stuck
     con.close()
 
@@ -166,7 +198,11 @@ async def test_a_redo_long_after_and_across_restarts_is_recorded_once(
     last = await _publish_all(nats_server.url, run_id, events[12:])
     await _record_until(js, run_id, run_dir, last)
     for e in (events[0], events[-1]):  # late redos under fresh message ids, one batch each
-        await js.publish(ev.subject(run_id, e.kind), wire.encode(e), headers={"Nats-Msg-Id": f"redo-{e.event_id}"})
+        await js.publish(
+            ev.subject(run_id, e.kind),
+            wire.encode(e),
+            headers={"Nats-Msg-Id": f"redo-{e.event_id}"},
+        )
         last += 1
         rec = await _record_until(js, run_id, run_dir, last)
         assert rec.duplicates == 1
@@ -174,7 +210,9 @@ async def test_a_redo_long_after_and_across_restarts_is_recorded_once(
     total, distinct, _ = _counts(run_dir)
     assert total == distinct == len(events)
     con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
-    left = con.execute("select count(*) from duckdb_tables() where table_name = '_event_ids'").fetchone()
+    left = con.execute(
+        "select count(*) from duckdb_tables() where table_name = '_event_ids'"
+    ).fetchone()
     marker = con.execute("select count(*) from _meta where key = 'event_ids'").fetchone()
     con.close()
     assert left == marker == (0,)
@@ -202,7 +240,9 @@ async def test_an_id_the_filter_flags_but_the_file_lacks_is_recorded(
     assert _counts(run_dir)[:2] == (1, 1)
 
 
-async def test_checkpoints_skip_vacuum_until_the_stream_is_idle(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_checkpoints_skip_vacuum_until_the_stream_is_idle(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     # every commit of a few episodes checkpoints (a 20 kB threshold) without vacuum, so each
     # leaves a row group per table; once the stream is idle with something in the WAL (a late
     # redo, too small to checkpoint), one checkpoint vacuums them into one
@@ -216,12 +256,14 @@ async def test_checkpoints_skip_vacuum_until_the_stream_is_idle(nats_server: Emb
 
     def row_groups() -> int:
         assert rec.con is not None
-        (n,) = rec.con.execute("select count(distinct row_group_id) from pragma_storage_info('reward_assigned')").fetchone()
+        (n,) = rec.con.execute(
+            "select count(distinct row_group_id) from pragma_storage_info('reward_assigned')"
+        ).fetchone()
         return int(n)
 
     seen = []
     for i in range(0, len(events), 48):  # a few episodes per commit, one after the other
-        last = await _publish_all(nats_server.url, run_id, events[i:i + 48])
+        last = await _publish_all(nats_server.url, run_id, events[i : i + 48])
         await rec.wait_for(last, timeout=30)
         seen.append(await rec.read(lambda con: row_groups()))
     await _publish_all(nats_server.url, run_id, events[:1])  # a late redo: idle after it
@@ -246,7 +288,7 @@ def test_the_id_filter_holds_every_id_it_was_given(tmp_path: Path) -> None:
     seen = SeenIds(con)
     ids = [ev.new_id() for _ in range(70_000)]
     for i in range(0, len(ids), 1000):
-        seen.add(seen.hashes(ids[i:i + 1000]))
+        seen.add(seen.hashes(ids[i : i + 1000]))
     assert len(seen) == len(ids) and len(seen._sorted) > 65_536  # merged once
     assert seen.maybe_seen(seen.hashes(ids)).all()
     assert not seen.maybe_seen(seen.hashes([ev.new_id() for _ in range(1000)])).any()
@@ -256,13 +298,24 @@ def test_the_id_filter_holds_every_id_it_was_given(tmp_path: Path) -> None:
     con.close()
 
 
-async def test_an_unknown_enum_value_is_dead_lettered(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_an_unknown_enum_value_is_dead_lettered(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     run_id, run_dir = "r6", tmp_path / "run"
     nc = await connect(nats_server.url)
     js = nc.jetstream()
     await ensure_stream(js, run_id)
-    await js.publish(ev.subject(run_id, "EpisodeFinished"), msgspec.msgpack.encode(
-        {"kind": "EpisodeFinished", "run_id": run_id, "episode_id": "e", "stop_reason": "gave_up"}))
+    await js.publish(
+        ev.subject(run_id, "EpisodeFinished"),
+        msgspec.msgpack.encode(
+            {
+                "kind": "EpisodeFinished",
+                "run_id": run_id,
+                "episode_id": "e",
+                "stop_reason": "gave_up",
+            }
+        ),
+    )
     rec = await _record_until(js, run_id, run_dir, 1)
     await nc.drain()
     assert rec.dead == 1
@@ -272,14 +325,18 @@ async def test_an_unknown_enum_value_is_dead_lettered(nats_server: EmbeddedNats,
     assert "gave_up" in reason
 
 
-def _spawn_recorder(url: str, run_id: str, run_dir: Path, until: int | None = None) -> subprocess.Popen[bytes]:
+def _spawn_recorder(
+    url: str, run_id: str, run_dir: Path, until: int | None = None
+) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "stacx.actors.recorder_process", url, run_id, str(run_dir)]
     if until is not None:
         args += ["--until-seq", str(until)]
     return subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2])
 
 
-async def test_exactly_once_under_kill_9_of_the_recorder(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_exactly_once_under_kill_9_of_the_recorder(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     """Batched messages (bursts of one kind share a message and its sequence) and a recorder
     killed -9 again and again: every event lands once."""
     run_id, run_dir = "r3", tmp_path / "run"
@@ -303,9 +360,13 @@ async def test_exactly_once_under_kill_9_of_the_recorder(nats_server: EmbeddedNa
     total, distinct, _kinds = _counts(run_dir)
     assert (total, distinct) == (len(events), len(events))
     con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
-    per_table = con.execute("select count(*), count(distinct event_id) from turn_generated").fetchone()
+    per_table = con.execute(
+        "select count(*), count(distinct event_id) from turn_generated"
+    ).fetchone()
     seq = con.execute("select seq from _position").fetchone()
-    shared = con.execute("select count(*) from (select _seq from _events group by 1 having count(*) > 1)").fetchone()
+    shared = con.execute(
+        "select count(*) from (select _seq from _events group by 1 having count(*) > 1)"
+    ).fetchone()
     con.close()
     assert per_table == (1200, 1200)
     assert seq == (last,)
@@ -352,8 +413,9 @@ class _BusyLoop(Recorder):
         return super()._prepare(msgs)
 
 
-async def _record_busy(server: EmbeddedNats, run_id: str, run_dir: Path, events: list,
-                       busy: Callable[[], None]) -> tuple[_BusyLoop, int]:
+async def _record_busy(
+    server: EmbeddedNats, run_id: str, run_dir: Path, events: list, busy: Callable[[], None]
+) -> tuple[_BusyLoop, int]:
     """Publish `events`, then record them with a busy first decode; returns the recorder (done)
     and how often its connection was re-established."""
     last = await _publish_all(server.url, run_id, events)
@@ -371,7 +433,9 @@ async def _record_busy(server: EmbeddedNats, run_id: str, run_dir: Path, events:
     return rec, reconnects
 
 
-async def test_deliveries_lost_with_a_killed_server_are_read_again(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_deliveries_lost_with_a_killed_server_are_read_again(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     # the recorder's pull (the whole stream, ~7 MB) is on its way when its loop gets busy; the
     # server is killed -9 and restarted meanwhile. What the kernel had buffered arrives, the
     # rest is lost, and the restarted server's consumer counts all of it as delivered: nothing
@@ -417,7 +481,9 @@ async def test_deliveries_lost_to_a_slow_consumer_cut_are_read_again(tmp_path: P
             run_id, run_dir = f"r11-{attempt}", tmp_path / f"run{attempt}"
             events = episode_events(run_id, 300)  # 3,600 events: 5 MB in ~90 messages
             cuts = log.read_text().count("Slow Consumer Detected")
-            rec, reconnects = await _record_busy(server, run_id, run_dir, events, lambda: time.sleep(1.0))
+            rec, reconnects = await _record_busy(
+                server, run_id, run_dir, events, lambda: time.sleep(1.0)
+            )
             assert _counts(run_dir)[:2] == (len(events), len(events))
             if reconnects and log.read_text().count("Slow Consumer Detected") > cuts:
                 break  # the cut happened
@@ -440,7 +506,8 @@ class _DiskFullOnce(Recorder):
 
 
 async def test_a_restart_after_a_failed_commit_records_what_that_commit_held(
-        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
     # the commit's error ends run(); the supervisor runs it again, and the batch that did not
     # commit is read again from the committed position (not skipped as already taken)
     run_id, run_dir = "r13", tmp_path / "run"

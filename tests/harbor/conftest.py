@@ -31,5 +31,8 @@ def stacx(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPro
     """Run `python -m stacx ARGS` (the installed command line), capturing its output."""
     return subprocess.run(
         [sys.executable, "-m", "stacx", *map(str, args)],
-        capture_output=True, text=True, check=False, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+    )

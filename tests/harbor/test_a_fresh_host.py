@@ -60,9 +60,16 @@ def test_third_party_tasks_score_1_from_a_fresh_docker_state(
     assert image_exists(NOBLE_IMAGE)
     # the warnings are events of the run, as `stacx tasks check` prints them
     assert warned(run_dir) == [
-        ("numpy-pinned-312",
-         "python:3.12-slim-bookworm runs on stacx/base:noble (Ubuntu noble, not bookworm)"),
-        ("pytest-in-image", "task.toml: environment.build_timeout: unknown key, ignored (did you "
-         "mean 'build_timeout_sec'?)"),
-    ]  # fmt: skip
-    assert f"building base image {NOBLE_IMAGE} (Ubuntu noble, Python 3.12)" in capfd.readouterr().err
+        (
+            "numpy-pinned-312",
+            "python:3.12-slim-bookworm runs on stacx/base:noble (Ubuntu noble, not bookworm)",
+        ),
+        (
+            "pytest-in-image",
+            "task.toml: environment.build_timeout: unknown key, ignored (did you "
+            "mean 'build_timeout_sec'?)",
+        ),
+    ]
+    assert (
+        f"building base image {NOBLE_IMAGE} (Ubuntu noble, Python 3.12)" in capfd.readouterr().err
+    )

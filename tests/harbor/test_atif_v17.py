@@ -30,19 +30,68 @@ async def _run(run_dir: Path) -> None:
     async with RunContext(run_dir, recipe="atif") as run:
         r = run.run_id
         await run.emit(ev.EpisodeStarted(run_id=r, episode_id="e", task_id="t", group_id="g"))
-        await run.emit(ev.TurnGenerated(run_id=r, episode_id="e", turn=0, prompt_ids=[1, 2], output_ids=[3],
-                                        logprobs=[-0.5], weight_version=0, engine="torch"))
-        await run.emit(ev.ToolCalled(run_id=r, episode_id="e", turn=0, call_id="c", tool="bash",
-                                     arguments_json='{"command": "false"}'))
-        await run.emit(ev.ToolReturned(run_id=r, episode_id="e", turn=0, call_id="c", tool="bash", output="no",
-                                       exit_code=3, duration_ms=12.5))
-        await run.emit(ev.ToolCalled(run_id=r, episode_id="e", turn=0, call_id="d", tool="bash",
-                                     arguments_json="{not json"))
-        await run.emit(ev.ToolReturned(run_id=r, episode_id="e", turn=0, call_id="d", tool="bash",
-                                       error="malformed call"))
-        await run.emit(ev.TurnGenerated(run_id=r, episode_id="e", turn=1, prompt_ids=[1, 2, 3, 4], output_ids=[5],
-                                        actor="oracle"))
-        await run.emit(ev.EpisodeFinished(run_id=r, episode_id="e", stop_reason="submitted", n_turns=2))
+        await run.emit(
+            ev.TurnGenerated(
+                run_id=r,
+                episode_id="e",
+                turn=0,
+                prompt_ids=[1, 2],
+                output_ids=[3],
+                logprobs=[-0.5],
+                weight_version=0,
+                engine="torch",
+            )
+        )
+        await run.emit(
+            ev.ToolCalled(
+                run_id=r,
+                episode_id="e",
+                turn=0,
+                call_id="c",
+                tool="bash",
+                arguments_json='{"command": "false"}',
+            )
+        )
+        await run.emit(
+            ev.ToolReturned(
+                run_id=r,
+                episode_id="e",
+                turn=0,
+                call_id="c",
+                tool="bash",
+                output="no",
+                exit_code=3,
+                duration_ms=12.5,
+            )
+        )
+        await run.emit(
+            ev.ToolCalled(
+                run_id=r,
+                episode_id="e",
+                turn=0,
+                call_id="d",
+                tool="bash",
+                arguments_json="{not json",
+            )
+        )
+        await run.emit(
+            ev.ToolReturned(
+                run_id=r, episode_id="e", turn=0, call_id="d", tool="bash", error="malformed call"
+            )
+        )
+        await run.emit(
+            ev.TurnGenerated(
+                run_id=r,
+                episode_id="e",
+                turn=1,
+                prompt_ids=[1, 2, 3, 4],
+                output_ids=[5],
+                actor="oracle",
+            )
+        )
+        await run.emit(
+            ev.EpisodeFinished(run_id=r, episode_id="e", stop_reason="submitted", n_turns=2)
+        )
         await run.emit(ev.RewardAssigned(run_id=r, episode_id="e", reward=1.0))
 
 
@@ -63,56 +112,118 @@ def test_export_writes_v17_and_import_restores_tool_results(job: Path, tmp_path:
     traj = json.loads(traj_file.read_text())
     assert traj["schema_version"] == "ATIF-v1.7" and traj["trajectory_id"] == "e"
     model, oracle = (s for s in traj["steps"] if s["source"] == "agent")
-    assert model["llm_call_count"] == 1 and oracle["llm_call_count"] is None  # scripted: no LLM call
+    assert (
+        model["llm_call_count"] == 1 and oracle["llm_call_count"] is None
+    )  # scripted: no LLM call
     ok, bad = model["tool_calls"]
     assert ok["arguments"] == {"command": "false"} and "extra" not in ok
     assert bad["arguments"] == {} and bad["extra"] == {"stacx": {"arguments_json": "{not json"}}
     first = model["observation"]["results"][0]
     assert first["content"] == "no" and first["extra"]["stacx"]["exit_code"] == 3
-    done = subprocess.run([sys.executable, "-m", "stacx", "import", "harbor", str(tmp_path / "job"),
-                           "--into", str(tmp_path / "back")], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "STACX_STRICT": "1"})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "import",
+            "harbor",
+            str(tmp_path / "job"),
+            "--into",
+            str(tmp_path / "back"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "STACX_STRICT": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(_rows(tmp_path / "back", "select call_id, output, exit_code, error, duration_ms from tool_returned")) == [
-        ("c", "no", 3, "", 12.5), ("d", "", None, "malformed call", 0.0)]  # fmt: skip
+    assert sorted(
+        _rows(
+            tmp_path / "back",
+            "select call_id, output, exit_code, error, duration_ms from tool_returned",
+        )
+    ) == [("c", "no", 3, "", 12.5), ("d", "", None, "malformed call", 0.0)]
     assert sorted(_rows(tmp_path / "back", "select call_id, arguments_json from tool_called")) == [
-        ("c", '{"command": "false"}'), ("d", "{not json")]  # fmt: skip
+        ("c", '{"command": "false"}'),
+        ("d", "{not json"),
+    ]
 
 
 def _trial(job: Path, traj: dict[str, object]) -> None:
     trial = job / "t__x"
     (trial / "agent").mkdir(parents=True)
-    (trial / "result.json").write_text(json.dumps({"task_name": "t", "trial_name": "t__x", "config": {"job_id": "j"},
-                                                   "verifier_result": {"rewards": {"reward": 1}}}))  # fmt: skip
+    (trial / "result.json").write_text(
+        json.dumps(
+            {
+                "task_name": "t",
+                "trial_name": "t__x",
+                "config": {"job_id": "j"},
+                "verifier_result": {"rewards": {"reward": 1}},
+            }
+        )
+    )
     (trial / "agent" / "trajectory.json").write_text(json.dumps(traj))
 
 
 def _agent(step_id: int, prompt: list[int], output: list[int]) -> dict[str, object]:
-    return {"step_id": step_id, "source": "agent", "message": "",
-            "metrics": {"prompt_token_ids": prompt, "completion_token_ids": output}}  # fmt: skip
+    return {
+        "step_id": step_id,
+        "source": "agent",
+        "message": "",
+        "metrics": {"prompt_token_ids": prompt, "completion_token_ids": output},
+    }
 
 
 def test_embedded_subagents_become_further_segments_of_the_episode(tmp_path: Path) -> None:
-    _trial(tmp_path / "job", {
-        "schema_version": "ATIF-v1.7", "trajectory_id": "main", "agent": {"name": "a"},
-        "steps": [_agent(1, [1, 2], [3]), _agent(2, [1, 2, 3, 4], [5])],
-        "subagent_trajectories": [{"schema_version": "ATIF-v1.7", "trajectory_id": "sub", "agent": {"name": "b"},
-                                   "steps": [_agent(1, [7], [8])]}],
-    })  # fmt: skip
-    turns = [e for e in job_events([tmp_path / "job"], "r", tokenizer=None) if isinstance(e, ev.TurnGenerated)]
+    _trial(
+        tmp_path / "job",
+        {
+            "schema_version": "ATIF-v1.7",
+            "trajectory_id": "main",
+            "agent": {"name": "a"},
+            "steps": [_agent(1, [1, 2], [3]), _agent(2, [1, 2, 3, 4], [5])],
+            "subagent_trajectories": [
+                {
+                    "schema_version": "ATIF-v1.7",
+                    "trajectory_id": "sub",
+                    "agent": {"name": "b"},
+                    "steps": [_agent(1, [7], [8])],
+                }
+            ],
+        },
+    )
+    turns = [
+        e
+        for e in job_events([tmp_path / "job"], "r", tokenizer=None)
+        if isinstance(e, ev.TurnGenerated)
+    ]
     assert [(t.turn, t.segment, t.prefix_len, t.prompt_ids, t.output_ids) for t in turns] == [
-        (0, 0, 0, [1, 2], [3]), (1, 0, 3, [4], [5]), (2, 1, 0, [7], [8])]  # fmt: skip
+        (0, 0, 0, [1, 2], [3]),
+        (1, 0, 3, [4], [5]),
+        (2, 1, 0, [7], [8]),
+    ]
 
 
 @pytest.mark.parametrize("version", ["ATIF-v1.4", "ATIF-v1.5", "ATIF-v1.6"])
 def test_v14_to_v16_are_read(tmp_path: Path, version: str) -> None:
-    _trial(tmp_path / "job", {"schema_version": version, "session_id": "s", "steps": [_agent(1, [1], [2])]})
-    assert sum(isinstance(e, ev.TurnGenerated) for e in job_events([tmp_path / "job"], "r", tokenizer=None)) == 1
+    _trial(
+        tmp_path / "job",
+        {"schema_version": version, "session_id": "s", "steps": [_agent(1, [1], [2])]},
+    )
+    assert (
+        sum(
+            isinstance(e, ev.TurnGenerated)
+            for e in job_events([tmp_path / "job"], "r", tokenizer=None)
+        )
+        == 1
+    )
 
 
 def test_another_schema_version_is_refused_by_name(tmp_path: Path) -> None:
     _trial(tmp_path / "job", {"schema_version": "ATIF-v1.2", "steps": []})
-    with pytest.raises(StacxError, match=r"trajectory.json: schema_version 'ATIF-v1.2': accepted: ATIF-v1.4, "):
+    with pytest.raises(
+        StacxError, match=r"trajectory.json: schema_version 'ATIF-v1.2': accepted: ATIF-v1.4, "
+    ):
         list(job_events([tmp_path / "job"], "r", tokenizer=None))
 
 
@@ -141,11 +252,30 @@ def test_harbors_own_trajectory_model_parses_the_export(
         "RUN python3 -m venv /h && /h/bin/pip install -q pydantic "
         f"&& /h/bin/pip install -q --no-deps harbor=={HARBOR}\n"
     )
-    built = subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=dockerfile,
-                           capture_output=True, text=True)  # fmt: skip
+    built = subprocess.run(
+        ["docker", "build", "-q", "-t", image, "-"],
+        input=dockerfile,
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
-    done = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{job}:/job:ro",
-                           image, "/h/bin/python", "-c", VALIDATE], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-v",
+            f"{job}:/job:ro",
+            image,
+            "/h/bin/python",
+            "-c",
+            VALIDATE,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("validated 1"), done.stdout
     assert "ATIF-v1.7 3" in done.stdout  # the user instruction + both agent steps, as exported

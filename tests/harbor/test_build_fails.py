@@ -18,8 +18,9 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_failed_build_records_the_fidelity_warning(tmp_path: Path, base_images: object) -> None:
-    run_dir, found = asyncio.run(check_tasks(FIXTURES / "build-fails", "oracle",
-                                             run_dir=tmp_path / "run"))  # fmt: skip
+    run_dir, found = asyncio.run(
+        check_tasks(FIXTURES / "build-fails", "oracle", run_dir=tmp_path / "run")
+    )
     assert [(r.task_id, r.failure) for r in found] == [("py310-pinned", "image_build")]
     con = connect_run(run_dir)
     try:
@@ -27,7 +28,9 @@ def test_a_failed_build_records_the_fidelity_warning(tmp_path: Path, base_images
         (failed,) = con.execute("select message from infra_failed").fetchone() or ("",)
     finally:
         con.close()
-    why = ("python:3.10-slim asks for Python 3.10; it runs on stacx/base:bookworm with Python "
-           "3.11 (wheels pinned for 3.10 may not exist for 3.11)")  # fmt: skip
+    why = (
+        "python:3.10-slim asks for Python 3.10; it runs on stacx/base:bookworm with Python "
+        "3.11 (wheels pinned for 3.10 may not exist for 3.11)"
+    )
     assert warned == [("py310-pinned", why)]
     assert f"fidelity: {why}" in failed

@@ -17,8 +17,15 @@ pytestmark = pytest.mark.docker
 def test_compose_forms_load_and_an_invalid_file_fails_alone(
     tmp_path: Path, base_images: object
 ) -> None:
-    done = stacx("tasks", "check", FIXTURES / "compose-forms", "--agent", "oracle",
-                 "--run-dir", tmp_path / "run")  # fmt: skip
+    done = stacx(
+        "tasks",
+        "check",
+        FIXTURES / "compose-forms",
+        "--agent",
+        "oracle",
+        "--run-dir",
+        tmp_path / "run",
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out  # one task does not load
     lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.count("│") > 3}
@@ -26,6 +33,8 @@ def test_compose_forms_load_and_an_invalid_file_fails_alone(
     assert "ok" in lines["plain"] and "│ 1 " in lines["plain"]
     assert "FAIL" in lines["compose-invalid"] and "task_invalid" in lines["compose-invalid"]
     # the schema's message, with the key path in the file and what was expected
-    assert ("compose-invalid: cannot be loaded: docker-compose.yaml: services.main.depends_on: "
-            "'web' is not valid; expected a list or a mapping (Compose specification)") in out
+    assert (
+        "compose-invalid: cannot be loaded: docker-compose.yaml: services.main.depends_on: "
+        "'web' is not valid; expected a list or a mapping (Compose specification)"
+    ) in out
     assert "oracle: 2/3 ok" in out

@@ -26,7 +26,9 @@ BENCHMARKS = ["swebench_verified", "terminal_bench_2", "swegym_lite", "aime"]
 
 def header_commands(recipe: Path) -> list[list[str]]:
     """The `stacx tasks ...` command lines of a recipe's header comment."""
-    lines = [ln.lstrip("# ").strip() for ln in recipe.read_text().splitlines() if ln.startswith("#")]
+    lines = [
+        ln.lstrip("# ").strip() for ln in recipe.read_text().splitlines() if ln.startswith("#")
+    ]
     return [shlex.split(ln)[2:] for ln in lines if re.match(r"stacx tasks (download|prepare) ", ln)]
 
 
@@ -39,16 +41,32 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "v1"]):
         subprocess.run([*git, *args], cwd=repo, check=True, capture_output=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=repo, check=True,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
     entries = []
     for bench in BENCHMARKS:
-        (spec,) = [c[1] for c in header_commands(ROOT / "recipes/eval" / f"{bench}.toml")
-                   if c[0] == "download"]  # fmt: skip
+        (spec,) = [
+            c[1]
+            for c in header_commands(ROOT / "recipes/eval" / f"{bench}.toml")
+            if c[0] == "download"
+        ]
         name, version = spec.split("@")
-        entries.append({"name": name, "version": version, "description": bench, "tasks": [
-            {"name": "hello", "git_url": repo.as_uri(), "git_commit_id": commit, "path": "hello"}
-        ]})  # fmt: skip
+        entries.append(
+            {
+                "name": name,
+                "version": version,
+                "description": bench,
+                "tasks": [
+                    {
+                        "name": "hello",
+                        "git_url": repo.as_uri(),
+                        "git_commit_id": commit,
+                        "path": "hello",
+                    }
+                ],
+            }
+        )
     (tmp / "registry.json").write_text(json.dumps(entries))
     return tmp / "registry.json"
 

@@ -26,13 +26,16 @@ ESC = "\x1b"
 def _failures(source: Path, run_dir: Path, **sandbox: object) -> list[tuple[object, ...]]:
     """(task, attempt, kind, will_retry, message) of every InfraFailed of a 3-attempt run."""
     recipe = check_recipe(source, "oracle")
-    recipe = msgspec.structs.replace(recipe, sandbox=msgspec.structs.replace(
-        recipe.sandbox, max_attempts=3, **sandbox))  # fmt: skip
+    recipe = msgspec.structs.replace(
+        recipe, sandbox=msgspec.structs.replace(recipe.sandbox, max_attempts=3, **sandbox)
+    )
     outcome = asyncio.run(launch(recipe, run_dir, echo=lambda _m: None))
     con = connect_run(Path(outcome.run_dir))
     try:
-        return con.execute("select task_id, attempt, failure_kind, will_retry, message "
-                           "from infra_failed order by task_id, attempt").fetchall()  # fmt: skip
+        return con.execute(
+            "select task_id, attempt, failure_kind, will_retry, message "
+            "from infra_failed order by task_id, attempt"
+        ).fetchall()
     finally:
         con.close()
 
@@ -56,8 +59,9 @@ def test_a_missing_image_ends_at_once_and_a_repeated_install_failure_at_the_seco
 def test_an_unknown_runtime_ends_at_once_naming_the_ones_the_engine_has(
     tmp_path: Path, base_images: object
 ) -> None:
-    runtimes = subprocess.run(["docker", "info", "-f", "{{json .Runtimes}}"],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    runtimes = subprocess.run(
+        ["docker", "info", "-f", "{{json .Runtimes}}"], capture_output=True, text=True, check=True
+    ).stdout
     if "runsc" in runtimes:
         pytest.skip("this engine has gVisor's runsc: no unknown runtime to ask for")
     rows = _failures(FIXTURES / "failure-runtime", tmp_path / "run", runtime="runsc")
@@ -69,7 +73,9 @@ def test_an_unknown_runtime_ends_at_once_naming_the_ones_the_engine_has(
 def test_transient_failures_keep_their_retries_and_builds_compare_without_ids() -> None:
     assert InfraFailure(FailureKind.EXEC_TRANSPORT, "500 Server Error").retryable
     assert InfraFailure(FailureKind.START, "timeout talking to the daemon").signature() == ""
-    first = InfraFailure(FailureKind.IMAGE_BUILD, f"{ESC}[31mbuild{ESC}[0m failed in 0123456789ab\nx")
+    first = InfraFailure(
+        FailureKind.IMAGE_BUILD, f"{ESC}[31mbuild{ESC}[0m failed in 0123456789ab\nx"
+    )
     again = InfraFailure(FailureKind.IMAGE_BUILD, "build failed in ba9876543210fe\ny")
     assert first.message.startswith("build failed") and first.signature() == again.signature()
     assert not InfraFailure(FailureKind.START, "x", final=True).retryable

@@ -30,14 +30,18 @@ def rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
 
 
 def by_task(run_dir: Path, column: str, table: str) -> dict[str, object]:
-    sql = (f"select s.task_id, t.{column} from {table} t join episode_started s "
-           "using (episode_id) order by t._seq")  # fmt: skip
+    sql = (
+        f"select s.task_id, t.{column} from {table} t join episode_started s "
+        "using (episode_id) order by t._seq"
+    )
     return {str(k): v for k, v in rows(run_dir, sql)}
 
 
 def episode_of(run_dir: Path, task_id: str) -> str:
     """The one episode of `task_id` in the run."""
-    ((episode,),) = rows(run_dir, f"select episode_id from episode_started where task_id = '{task_id}'")
+    ((episode,),) = rows(
+        run_dir, f"select episode_id from episode_started where task_id = '{task_id}'"
+    )
     return str(episode)
 
 
@@ -75,8 +79,11 @@ def test_multi_step_runs_in_one_environment_with_per_step_rewards(
     metrics = json.loads(str(by_task(run_dir, "metrics_json", "reward_assigned")["two-steps"]))
     # extend's test checks that create's file is still there: the same container
     assert metrics == {"reward": 1.0, "step.create.reward": 1.0, "step.extend.reward": 1.0}
-    turns = rows(run_dir, "select t.turn from turn_generated t join episode_started s "
-                 "using (episode_id) where s.task_id = 'two-steps' order by t.turn")  # fmt: skip
+    turns = rows(
+        run_dir,
+        "select t.turn from turn_generated t join episode_started s "
+        "using (episode_id) where s.task_id = 'two-steps' order by t.turn",
+    )
     assert [t[0] for t in turns] == [0, 1, 2, 3]  # two steps, two oracle turns each
 
 
@@ -157,8 +164,9 @@ def test_separate_verifier_sees_only_the_artifacts_and_the_convention_dir(
 ) -> None:
     run_dir, found = features
     assert found["separate-verifier"].reward == 1.0  # no /app/secret.txt there
-    (episode,) = rows(run_dir, "select episode_id from episode_started "
-                      "where task_id = 'separate-verifier'")  # fmt: skip
+    (episode,) = rows(
+        run_dir, "select episode_id from episode_started where task_id = 'separate-verifier'"
+    )
     kept = run_dir / "artifacts" / str(episode[0])
     assert (kept / "out" / "answer").read_text() == "42\n"  # Harbor: the base name
     assert (kept / "report.txt").read_text() == "all good\n"
@@ -172,8 +180,9 @@ def test_step_healthchecks_run_before_each_steps_agent_and_step_artifacts_are_ke
     out = by_task(run_dir, "verifier_output", "reward_assigned").get("step-checks-artifacts")
     # second's check needs what first's agent wrote: it ran after step one, before step two
     assert found["step-checks-artifacts"].reward == 1.0, out
-    (episode,) = rows(run_dir, "select episode_id from episode_started "
-                      "where task_id = 'step-checks-artifacts'")  # fmt: skip
+    (episode,) = rows(
+        run_dir, "select episode_id from episode_started where task_id = 'step-checks-artifacts'"
+    )
     steps = run_dir / "artifacts" / str(episode[0]) / "steps"
     first, second = steps / "first" / "artifacts", steps / "second" / "artifacts"
     assert (first / "first.txt").read_text() == "agent after check\nverified\n"
@@ -214,25 +223,46 @@ def test_harbor_job_export_import_and_replay_into_sft(
     traj = json.loads((trial / "agent" / "trajectory.json").read_text())
     assert traj["schema_version"] == "ATIF-v1.7"
     agent_steps = [s for s in traj["steps"] if s["source"] == "agent"]
-    recorded = rows(run_dir, "select t.prompt_ids, t.output_ids from turns t join "
-                    "episode_started s using (episode_id) where s.task_id = 'two-steps' "
-                    "order by t.turn")  # fmt: skip
-    assert [(s["metrics"]["prompt_token_ids"], s["metrics"]["completion_token_ids"])
-            for s in agent_steps] == [(list(p), list(o)) for p, o in recorded]  # fmt: skip
+    recorded = rows(
+        run_dir,
+        "select t.prompt_ids, t.output_ids from turns t join "
+        "episode_started s using (episode_id) where s.task_id = 'two-steps' "
+        "order by t.turn",
+    )
+    assert [
+        (s["metrics"]["prompt_token_ids"], s["metrics"]["completion_token_ids"])
+        for s in agent_steps
+    ] == [(list(p), list(o)) for p, o in recorded]
     # back in, through the recorder: the same token ids, rewards and step metrics
     imported = tmp_path / "R2"
     done = stacx("import", "harbor", job, "--into", imported)
     assert done.returncode == 0, done.stderr
-    again = rows(imported, "select t.prompt_ids, t.output_ids from turns t join "
-                 "episode_started s using (episode_id) where s.task_id = 'two-steps' "
-                 "order by t.turn")  # fmt: skip
+    again = rows(
+        imported,
+        "select t.prompt_ids, t.output_ids from turns t join "
+        "episode_started s using (episode_id) where s.task_id = 'two-steps' "
+        "order by t.turn",
+    )
     assert [(list(p), list(o)) for p, o in again] == [(list(p), list(o)) for p, o in recorded]
     assert sorted(rows(imported, "select task_id, status, reward from episodes")) == [
-        ("hello", "scored", 1.0), ("two-steps", "scored", 1.0)]  # fmt: skip
+        ("hello", "scored", 1.0),
+        ("two-steps", "scored", 1.0),
+    ]
     # and SFT trains on it (one step, on the imported demonstrations and the recipe's own)
-    trained = stacx("replay", "--from", imported, "--into", "recipes/swe/sft_tiny.toml",
-                    "--run-dir", tmp_path / "R3", "--set", "trainer.steps=1", "--set", "eval={}",
-                    cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    trained = stacx(
+        "replay",
+        "--from",
+        imported,
+        "--into",
+        "recipes/swe/sft_tiny.toml",
+        "--run-dir",
+        tmp_path / "R3",
+        "--set",
+        "trainer.steps=1",
+        "--set",
+        "eval={}",
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert rows(tmp_path / "R3", "select count(*) from train_step_finished")[0][0] >= 1
     assert rows(tmp_path / "R3", "select count(*) from event_imported")[0][0] > 0
@@ -241,20 +271,42 @@ def test_harbor_job_export_import_and_replay_into_sft(
 def test_text_only_trajectory_is_retokenized_and_marked(tmp_path: Path) -> None:
     trial = tmp_path / "job" / "hello__abc"
     (trial / "agent").mkdir(parents=True)
-    (trial / "result.json").write_text(json.dumps({
-        "task_name": "hello", "trial_name": "hello__abc", "config": {"job_id": "j"},
-        "agent_info": {"name": "terminus-2"}, "verifier_result": {"rewards": {"reward": 1}},
-    }))  # fmt: skip
-    (trial / "agent" / "trajectory.json").write_text(json.dumps({
-        "schema_version": "ATIF-v1.4", "session_id": "s", "agent": {"name": "terminus-2"},
-        "steps": [
-            {"step_id": 1, "source": "user", "message": "Write hello."},
-            {"step_id": 2, "source": "agent", "message": "echo hello > hello.txt",
-             "tool_calls": [{"tool_call_id": "c1", "function_name": "bash",
-                             "arguments": {"command": "echo hello > hello.txt"}}],
-             "observation": {"results": [{"source_call_id": "c1", "content": ""}]}},
-        ],
-    }))  # fmt: skip
+    (trial / "result.json").write_text(
+        json.dumps(
+            {
+                "task_name": "hello",
+                "trial_name": "hello__abc",
+                "config": {"job_id": "j"},
+                "agent_info": {"name": "terminus-2"},
+                "verifier_result": {"rewards": {"reward": 1}},
+            }
+        )
+    )
+    (trial / "agent" / "trajectory.json").write_text(
+        json.dumps(
+            {
+                "schema_version": "ATIF-v1.4",
+                "session_id": "s",
+                "agent": {"name": "terminus-2"},
+                "steps": [
+                    {"step_id": 1, "source": "user", "message": "Write hello."},
+                    {
+                        "step_id": 2,
+                        "source": "agent",
+                        "message": "echo hello > hello.txt",
+                        "tool_calls": [
+                            {
+                                "tool_call_id": "c1",
+                                "function_name": "bash",
+                                "arguments": {"command": "echo hello > hello.txt"},
+                            }
+                        ],
+                        "observation": {"results": [{"source_call_id": "c1", "content": ""}]},
+                    },
+                ],
+            }
+        )
+    )
     done = stacx("import", "harbor", tmp_path / "job", "--into", tmp_path / "R")
     assert done.returncode == 0, done.stderr
     ((prompt, output, retok, logprobs),) = rows(
@@ -268,7 +320,8 @@ def test_text_only_trajectory_is_retokenized_and_marked(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model("default"))
     assert "Write hello." in tok.decode(prompt) and "echo hello" in tok.decode(output)
     assert rows(tmp_path / "R", "select tool, arguments_json from tool_called") == [
-        ("bash", '{"command": "echo hello > hello.txt"}')]  # fmt: skip
+        ("bash", '{"command": "echo hello > hello.txt"}')
+    ]
     shutil.rmtree(tmp_path / "R")
 
 
@@ -280,14 +333,18 @@ def test_a_failing_step_setup_is_that_steps_exception_and_the_steps_that_ran_are
     assert row.failure is None and row.reward == 1.0  # Harbor's mean: the verified step only
     assert row.reason == "step two: Step 'two' setup.sh exited with code 3: no data for step two"
     ep = episode_of(run_dir, "step-setup-fails")
-    metrics = json.loads(str(by_task(run_dir, "metrics_json", "reward_assigned")["step-setup-fails"]))
+    metrics = json.loads(
+        str(by_task(run_dir, "metrics_json", "reward_assigned")["step-setup-fails"])
+    )
     assert metrics == {"reward": 1.0, "step.one.reward": 1.0}  # step three never ran
-    ((step, kind, message),) = rows(run_dir, "select step, exception_type, message from "
-                                    f"step_failed where episode_id = '{ep}'")  # fmt: skip
+    ((step, kind, message),) = rows(
+        run_dir, f"select step, exception_type, message from step_failed where episode_id = '{ep}'"
+    )
     assert (step, kind) == ("two", "RuntimeError")
     assert message == "Step 'two' setup.sh exited with code 3: no data for step two"
-    assert rows(run_dir, "select stop_reason from episode_finished "
-                f"where episode_id = '{ep}'") == [("step_failed",)]  # fmt: skip
+    assert rows(run_dir, f"select stop_reason from episode_finished where episode_id = '{ep}'") == [
+        ("step_failed",)
+    ]
     turns = rows(run_dir, f"select turn from turn_generated where episode_id = '{ep}'")
     assert sorted(t[0] for t in turns) == [0, 1]  # the oracle's two turns of step one
     out = str(by_task(run_dir, "verifier_output", "reward_assigned")["step-setup-fails"])
@@ -305,8 +362,9 @@ def test_a_failing_first_step_healthcheck_scores_nothing_and_records_why(
     assert row.failure is None and row.reward == 0.0 and not row.ok  # an outcome, not infra
     assert row.reason.startswith("step first: healthcheck `test -f /app/never-there` failed")
     ep = episode_of(run_dir, "step-check-fails")
-    ((step, kind, message),) = rows(run_dir, "select step, exception_type, message from "
-                                    f"step_failed where episode_id = '{ep}'")  # fmt: skip
+    ((step, kind, message),) = rows(
+        run_dir, f"select step, exception_type, message from step_failed where episode_id = '{ep}'"
+    )
     assert (step, kind) == ("first", "HealthcheckError")
     assert message.startswith("healthcheck `test -f /app/never-there` failed 2 time(s)")
     assert rows(run_dir, f"select count(*) from turn_generated where episode_id = '{ep}'") == [(0,)]
@@ -321,8 +379,11 @@ def test_exported_trials_carry_the_failed_steps_exception(
     result = json.loads((trial / "result.json").read_text())
     assert result["exception_info"] is None  # Harbor: the step's, not the trial's
     one, two = result["step_results"]
-    assert one == {"step_name": "one", "verifier_result": {"rewards": {"reward": 1.0}},
-                   "exception_info": None}  # fmt: skip
+    assert one == {
+        "step_name": "one",
+        "verifier_result": {"rewards": {"reward": 1.0}},
+        "exception_info": None,
+    }
     assert two["step_name"] == "two" and two["verifier_result"] is None
     assert two["exception_info"]["exception_type"] == "RuntimeError"
     assert "setup.sh exited with code 3" in two["exception_info"]["exception_message"]

@@ -19,7 +19,9 @@ def test_mirror_from_deb822_sources(tmp_path: Path) -> None:
     )
     (d / "other.list.disabled").write_text("deb http://nope.example/ x main\n")
     assert host_mirrors((tmp_path / "sources.list", d)) == (
-        "http://mirror.example/debian", "http://mirror.example/debian-security")  # fmt: skip
+        "http://mirror.example/debian",
+        "http://mirror.example/debian-security",
+    )
 
 
 def test_mirror_from_one_line_sources(tmp_path: Path) -> None:
@@ -40,22 +42,31 @@ def test_images_ls_says_which_bases_exist_and_what_maps_where(tmp_path: Path) ->
     (tmp_path / "aliases.toml").write_text('"golang:*" = "stacx/base:bookworm"\n')
     out = stacx("images", "ls", "--aliases", tmp_path / "aliases.toml")
     assert out.returncode == 0, out.stderr
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()
-            if line.startswith("│")]  # fmt: skip
+    rows = [
+        [c.strip() for c in line.split("│")[1:-1]]
+        for line in out.stdout.splitlines()
+        if line.startswith("│")
+    ]
     bases = {r[0]: r for r in rows if r[0].startswith("stacx/base:")}
     assert bases["stacx/base:noble"][1:3] == ["Ubuntu noble", "3.12"]
     assert bases["stacx/base:bookworm"][1:3] == ["Debian bookworm", "3.11"]
     assert ["golang:*", "stacx/base:bookworm", "yours"] in rows
-    for pattern, base in (("python:3.12*", "noble"), ("ubuntu:24.04*", "noble"),
-                          ("python:3.11*", "bookworm"), ("python:3.13*", "trixie")):  # fmt: skip
+    for pattern, base in (
+        ("python:3.12*", "noble"),
+        ("ubuntu:24.04*", "noble"),
+        ("python:3.11*", "bookworm"),
+        ("python:3.13*", "trixie"),
+    ):
         assert [pattern, f"stacx/base:{base}", "default"] in rows
 
 
 def test_heredocs_become_build_context_files() -> None:
     from stacx.sandbox.heredocs import expand_heredocs
 
-    text = "FROM x\nRUN <<EOF\necho a\nEOF\nRUN python3 - <<'PY' > /o\nprint(1)\nPY\n" \
+    text = (
+        "FROM x\nRUN <<EOF\necho a\nEOF\nRUN python3 - <<'PY' > /o\nprint(1)\nPY\n"
         "COPY <<-EOF /etc/c\n\tk=v\n\tEOF\n"
+    )
     out, files = expand_heredocs(text)
     assert "<<" not in out and list(files.values()) == [b"echo a\n", b"print(1)\n", b"k=v\n"]
     assert "RUN (/bin/sh /.stacx-heredoc-0); rc=$?" in out

@@ -77,9 +77,14 @@ surprise = 3
 """
     task = load_task(_task(tmp_path, toml, compose=True))
     notes = "\n".join(task.notes)
-    for key in ("verifier.continuous", "environment.surprise", "environment.gpus",
-                "environment.mcp_servers", "['search']",
-                "docker-compose.yaml: services.db.ports: ignored"):  # fmt: skip
+    for key in (
+        "verifier.continuous",
+        "environment.surprise",
+        "environment.gpus",
+        "environment.mcp_servers",
+        "['search']",
+        "docker-compose.yaml: services.db.ports: ignored",
+    ):
         assert key in notes, key
 
 
@@ -93,8 +98,12 @@ def test_an_unknown_key_names_the_nearest_known_one(tmp_path: Path) -> None:
 
 
 def test_network_policy_per_phase_and_the_deprecated_flag(tmp_path: Path) -> None:
-    t = load_task(_task(tmp_path, '[environment]\nnetwork_mode = "no-network"\n'
-                        '[verifier]\nnetwork_mode = "public"\n'))  # fmt: skip
+    t = load_task(
+        _task(
+            tmp_path,
+            '[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n',
+        )
+    )
     assert (network_mode(t, "agent"), network_mode(t, "verifier")) == ("no-network", "public")
     assert task_limits(t).allow_internet is False
     legacy = load_task(_task(tmp_path / "b", "[environment]\nallow_internet = false\n"))
@@ -102,8 +111,13 @@ def test_network_policy_per_phase_and_the_deprecated_flag(tmp_path: Path) -> Non
 
 
 def test_allowlist_loads_with_its_hosts_per_phase(tmp_path: Path) -> None:
-    t = load_task(_task(tmp_path, '[environment]\nnetwork_mode = "no-network"\n'
-                        '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n'))  # fmt: skip
+    t = load_task(
+        _task(
+            tmp_path,
+            '[environment]\nnetwork_mode = "no-network"\n'
+            '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n',
+        )
+    )
     assert episode_network(t) == ({"allowlist", "no-network"}, ["pypi.org"])
     assert allowed_hosts(t, "agent") == ["pypi.org"]
 
@@ -111,15 +125,22 @@ def test_allowlist_loads_with_its_hosts_per_phase(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("toml", "why"),
     [
-        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n'
-         '[verifier]\nnetwork_mode = "public"\n', r"'allowlist' in one phase and 'public'"),
-        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n'
-         '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["b.org"]\n',
-         r"different allowed_hosts"),
-        ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://a.org/x"]\n',
-         r"each entry is a host name"),
+        (
+            '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n'
+            '[verifier]\nnetwork_mode = "public"\n',
+            r"'allowlist' in one phase and 'public'",
+        ),
+        (
+            '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n'
+            '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["b.org"]\n',
+            r"different allowed_hosts",
+        ),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://a.org/x"]\n',
+            r"each entry is a host name",
+        ),
     ],
-)  # fmt: skip
+)
 def test_allowlist_the_docker_backend_cannot_enforce_is_refused(
     tmp_path: Path, toml: str, why: str
 ) -> None:
@@ -171,8 +192,9 @@ def test_reward_strategies_and_min_reward_gate() -> None:
     none = combine_steps(final_task, ran, failed)
     assert none.reward == 0.0
     assert none.metrics == {"step.create.reward": 1.0, "step.create.a": 1.0}
-    assert none.output.endswith("[step extend]\nRuntimeError: Step 'extend' setup.sh exited "
-                                "with code 1: x")  # fmt: skip
+    assert none.output.endswith(
+        "[step extend]\nRuntimeError: Step 'extend' setup.sh exited with code 1: x"
+    )
     assert combine_steps(task, [], failed).reward == 0.0  # the first step failed
 
 
@@ -182,8 +204,10 @@ def test_selection_schedules_a_broken_task_when_selected(tmp_path: Path) -> None
     from stacx.launch.loader import load_recipe
 
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f'name = "r"\n[tasks]\npath = "{MIXED}"\ninclude = ["broken", "hello"]\n'
-                      '[agent]\nname = "oracle"\n[algorithm]\nname = "eval"\n')  # fmt: skip
+    recipe.write_text(
+        f'name = "r"\n[tasks]\npath = "{MIXED}"\ninclude = ["broken", "hello"]\n'
+        '[agent]\nname = "oracle"\n[algorithm]\nname = "eval"\n'
+    )
     refs, skipped, notes = selection(load_recipe(recipe, []))
     assert [r.task_id for r in refs] == ["broken", "hello"] and skipped == []
     assert any(n.startswith("task broken: cannot be loaded:") for n in notes)
@@ -198,41 +222,57 @@ def _compose_task(tmp_path: Path, compose: str) -> Path:
     return d
 
 
-@pytest.mark.parametrize(("volume", "error"), [
-    ("/etc:/host-etc", r"services\.db\.volumes\[0\]: host path '/etc' is outside the task's "
-                       r"environment dir"),
-    ("../tests:/t", r"services\.db\.volumes\[0\]: host path '\.\./tests' is outside"),
-    ("~/.ssh:/k", r"services\.db\.volumes\[0\]: host path '~/\.ssh' is outside"),
-    ("/cache", r"services\.db\.volumes\[0\] = '/cache': SOURCE:TARGET"),
-    ("undeclared:/x", r"services\.db\.volumes\[0\]: volume 'undeclared' is not declared"),
-    ("./data:/d:z", r"services\.db\.volumes\[0\] = './data:/d:z': mode 'z'; accepted: ro, rw"),
-    ("./missing:/d", r"host path '\./missing' does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("volume", "error"),
+    [
+        (
+            "/etc:/host-etc",
+            r"services\.db\.volumes\[0\]: host path '/etc' is outside the task's "
+            r"environment dir",
+        ),
+        ("../tests:/t", r"services\.db\.volumes\[0\]: host path '\.\./tests' is outside"),
+        ("~/.ssh:/k", r"services\.db\.volumes\[0\]: host path '~/\.ssh' is outside"),
+        ("/cache", r"services\.db\.volumes\[0\] = '/cache': SOURCE:TARGET"),
+        ("undeclared:/x", r"services\.db\.volumes\[0\]: volume 'undeclared' is not declared"),
+        ("./data:/d:z", r"services\.db\.volumes\[0\] = './data:/d:z': mode 'z'; accepted: ro, rw"),
+        ("./missing:/d", r"host path '\./missing' does not exist"),
+    ],
+)
 def test_compose_volumes_other_than_named_or_inside_the_task_are_refused_at_load(
     tmp_path: Path, volume: str, error: str
 ) -> None:
-    d = _compose_task(tmp_path, f"services:\n  db:\n    image: ubuntu:24.04\n"
-                                f"    volumes: [{volume!r}]\n")  # fmt: skip
+    d = _compose_task(
+        tmp_path, f"services:\n  db:\n    image: ubuntu:24.04\n    volumes: [{volume!r}]\n"
+    )
     with pytest.raises(TaskError, match=error):
         load_task(d)
 
 
 def test_compose_volume_options_are_refused_and_good_volumes_load(tmp_path: Path) -> None:
-    d = _compose_task(tmp_path, "services:\n  db:\n    image: ubuntu:24.04\n"
-                      "    volumes: [shared:/s]\nvolumes:\n  shared:\n    external: true\n")  # fmt: skip
+    d = _compose_task(
+        tmp_path,
+        "services:\n  db:\n    image: ubuntu:24.04\n"
+        "    volumes: [shared:/s]\nvolumes:\n  shared:\n    external: true\n",
+    )
     with pytest.raises(TaskError, match=r"volumes\.shared\.external: volume options"):
         load_task(d)
     shutil.rmtree(d)
-    d = _compose_task(tmp_path, "services:\n  db:\n    image: ubuntu:24.04\n    ports: ['1:1']\n"
-                      "    volumes: [shared:/s, './data:/d:ro']\n  main:\n    volumes:\n"
-                      "      - {type: volume, source: shared, target: /s, read_only: true}\n"
-                      "volumes:\n  shared:\n")  # fmt: skip
+    d = _compose_task(
+        tmp_path,
+        "services:\n  db:\n    image: ubuntu:24.04\n    ports: ['1:1']\n"
+        "    volumes: [shared:/s, './data:/d:ro']\n  main:\n    volumes:\n"
+        "      - {type: volume, source: shared, target: /s, read_only: true}\n"
+        "volumes:\n  shared:\n",
+    )
     task = load_task(d)  # no note for volumes; ports still reported
     assert [n for n in task.notes if "docker-compose" in n] == [
-        "docker-compose.yaml: services.db.ports: ignored"]
+        "docker-compose.yaml: services.db.ports: ignored"
+    ]
     services, _ = load_compose(d / "environment" / "docker-compose.yaml")
     assert binds(services["db"], {"shared": "ep-shared"}) == {
-        "ep-shared": "/s", str((d / "environment" / "data").resolve()): "/d:ro"}
+        "ep-shared": "/s",
+        str((d / "environment" / "data").resolve()): "/d:ro",
+    }
     assert binds(services["main"], {"shared": "ep-shared"}) == {"ep-shared": "/s:ro"}
 
 

@@ -16,8 +16,11 @@ from .conftest import FIXTURES, stacx
 def _git(*args: str, cwd: Path) -> str:
     done = subprocess.run(
         ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-        cwd=cwd, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -39,10 +42,31 @@ def repo(tmp_path: Path) -> tuple[Path, str, str]:
 def _registry(tmp_path: Path, repo: Path, commit: str) -> Path:
     url = repo.as_uri()
     reg = tmp_path / "registry.json"
-    reg.write_text(json.dumps([{"name": "demo", "version": "1.0", "description": "d", "tasks": [
-        {"name": "hello", "git_url": url, "git_commit_id": commit, "path": "tasks/hello"},
-        {"name": "two-steps", "git_url": url, "git_commit_id": commit, "path": "tasks/two-steps"},
-    ]}]))  # fmt: skip
+    reg.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "demo",
+                    "version": "1.0",
+                    "description": "d",
+                    "tasks": [
+                        {
+                            "name": "hello",
+                            "git_url": url,
+                            "git_commit_id": commit,
+                            "path": "tasks/hello",
+                        },
+                        {
+                            "name": "two-steps",
+                            "git_url": url,
+                            "git_commit_id": commit,
+                            "path": "tasks/two-steps",
+                        },
+                    ],
+                }
+            ]
+        )
+    )
     return reg
 
 
@@ -78,8 +102,19 @@ def test_task_names_file_and_a_dataset_toml_manifest(
     names = tmp_path / "names.txt"
     names.write_text("hello\n")
     out = tmp_path / "D"
-    done = stacx("tasks", "download", "demo@2.0", "--registry", manifest, "-o", out,
-                 "--task-names-file", names, "--cache", tmp_path / "cache")  # fmt: skip
+    done = stacx(
+        "tasks",
+        "download",
+        "demo@2.0",
+        "--registry",
+        manifest,
+        "-o",
+        out,
+        "--task-names-file",
+        names,
+        "--cache",
+        tmp_path / "cache",
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["hello"]
     assert (out / "hello" / "instruction.md").read_text() == "changed after v1\n"

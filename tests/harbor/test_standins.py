@@ -38,14 +38,20 @@ def test_uv_images_are_rebuilt_from_pypi(tmp_path: Path, base_images: object) ->
     run_dir, found = asyncio.run(
         check_tasks(FIXTURES / "standins", "oracle", run_dir=tmp_path / "run")
     )
-    failures = dict(rows(run_dir, "select s.task_id, f.message from infra_failed f "
-                         "join episode_started s using (episode_id)"))  # fmt: skip
+    failures = dict(
+        rows(
+            run_dir,
+            "select s.task_id, f.message from infra_failed f "
+            "join episode_started s using (episode_id)",
+        )
+    )
     if any("from the package index" in str(m) for m in failures.values()):
         pytest.skip(f"no package index reachable: {failures}")
     out = by_task(run_dir, "verifier_output", "reward_assigned")
     assert {r.task_id: r.reward for r in found} == {"uv-copy-from": 1.0, "uv-variant": 1.0}, (
-        out, failures,
-    )  # fmt: skip
+        out,
+        failures,
+    )
     assert "uv 0.9.7" in str(out["uv-copy-from"])
     assert "uv at /usr/local/bin/uv: uv 0.9.7" in str(out["uv-variant"])
     warned = dict(rows(run_dir, "select task_id, message from episode_warned"))

@@ -172,9 +172,15 @@ async def test_a_linearly_stored_turn_is_labeled_and_scored_on_its_whole_prompt(
         prefix_len, new = prompt_split(whole, head)
         assert prefix_len > 0 and len(new) < len(whole)
         second = TurnGenerated(
-            run_id=run.run_id, episode_id="e", turn=1, prompt_ids=new, prefix_len=prefix_len,
-            output_ids=gen.output_ids, logprobs=gen.logprobs, weight_version=gen.weight_version,
-        )  # fmt: skip
+            run_id=run.run_id,
+            episode_id="e",
+            turn=1,
+            prompt_ids=new,
+            prefix_len=prefix_len,
+            output_ids=gen.output_ids,
+            logprobs=gen.logprobs,
+            weight_version=gen.weight_version,
+        )
         await _teach(run, engine, chat, [first, second], labeled=2, scored=2)
         label = (await run.query("SELECT * FROM teacher_labeled WHERE turn = 1")).to_pylist()[0]
         score = (await run.query("SELECT * FROM teacher_scored WHERE turn = 1")).to_pylist()[0]

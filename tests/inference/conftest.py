@@ -36,9 +36,26 @@ def torch_engine(model_dir: str) -> Iterator[TorchEngine]:
 def serve_url(model_dir: str) -> Iterator[str]:
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="stacx-serve-")) / "serve.log"
-    cmd = [sys.executable, "-m", "stacx", "serve", "--model", model_dir, "--port", str(port),
-           "--device", "cpu", "--max-len", "2048", "--threads", str(THREADS),
-           "--model-alias", "default", "--model-alias", "student"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "stacx",
+        "serve",
+        "--model",
+        model_dir,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-len",
+        "2048",
+        "--threads",
+        str(THREADS),
+        "--model-alias",
+        "default",
+        "--model-alias",
+        "student",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

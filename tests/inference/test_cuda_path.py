@@ -17,9 +17,15 @@ def small_qwen3() -> torch.nn.Module:
     import transformers
 
     cfg = transformers.Qwen3Config(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=32, intermediate_size=512, vocab_size=1000, max_position_embeddings=512,
-    )  # fmt: skip
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=512,
+        vocab_size=1000,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     return transformers.Qwen3ForCausalLM(cfg).float().cuda().eval()
 
@@ -52,8 +58,15 @@ async def test_cuda_greedy_equals_hf_generate(
             pad_token_id=0,
         )
         refs.append(out[0, len(p) :].tolist())
-    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
-                         cuda_graphs=graphs, gemv_rows=gemv_rows)  # fmt: skip
+    engine = TorchEngine(
+        model,
+        device="cuda",
+        dtype=torch.float32,
+        max_batch=16,
+        max_len=128,
+        cuda_graphs=graphs,
+        gemv_rows=gemv_rows,
+    )
     d = engine.decoder
     assert (engine.decode_steps, d.gemv_rows, d.kernels) == (
         (16, gemv_rows, True) if graphs else (16, 0, False)
@@ -76,17 +89,23 @@ async def test_multi_step_greedy_replay_equals_one_step_per_replay() -> None:
     prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (7, 30, 61)]
     results = []
     for steps in (1, 16):
-        engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160,
-                             decode_steps=steps)  # fmt: skip
+        engine = TorchEngine(
+            model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160, decode_steps=steps
+        )
         try:
             (first,) = await engine.generate(
                 [prompts[0]], SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
             )
             stop = first.output_ids[21]  # a token the greedy row really produces mid-chunk
-            gens = await engine.generate(prompts, SamplingParams(
-                max_new_tokens=37, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]))  # fmt: skip
-            long = await engine.generate([prompts[1]], SamplingParams(
-                max_new_tokens=150, temperature=0.0, ignore_eos=True))  # fmt: skip
+            gens = await engine.generate(
+                prompts,
+                SamplingParams(
+                    max_new_tokens=37, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]
+                ),
+            )
+            long = await engine.generate(
+                [prompts[1]], SamplingParams(max_new_tokens=150, temperature=0.0, ignore_eos=True)
+            )
         finally:
             await engine.close()
         results.append([(g.output_ids, g.finish_reason, g.logprobs) for g in [first, *gens, *long]])
@@ -144,8 +163,12 @@ async def test_sampled_rows_run_in_multi_step_replays_and_repeat_per_seed() -> N
         assert steps / calls > 4  # multi-step replays, not one step per replay
         pair = await engine.generate([p1, p2], hot)  # p2 is seeded 12
         (greedy_alone,) = await engine.generate([p2], greedy)
-        (g_mixed,), (s_mixed,) = await asyncio.gather(engine.generate([p2], greedy), engine.generate([p1], hot))
-        (s_beside_top_p,), _ = await asyncio.gather(engine.generate([p1], hot), engine.generate([p2], nucleus))
+        (g_mixed,), (s_mixed,) = await asyncio.gather(
+            engine.generate([p2], greedy), engine.generate([p1], hot)
+        )
+        (s_beside_top_p,), _ = await asyncio.gather(
+            engine.generate([p1], hot), engine.generate([p2], nucleus)
+        )
         scored = await engine.score(p1, alone.output_ids)
     finally:
         await engine.close()
@@ -153,7 +176,9 @@ async def test_sampled_rows_run_in_multi_step_replays_and_repeat_per_seed() -> N
     assert s_mixed.output_ids == alone.output_ids == s_beside_top_p.output_ids
     assert g_mixed.output_ids == greedy_alone.output_ids
     assert len(set(alone.output_ids)) > 10  # sampled, not a greedy loop
-    torch.testing.assert_close(torch.tensor(alone.logprobs), torch.tensor(scored), atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(alone.logprobs), torch.tensor(scored), atol=1e-3, rtol=0
+    )
 
 
 async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
@@ -167,7 +192,9 @@ async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
 
     from stacx.device_lock import exclusive
 
-    engine = TorchEngine(small_qwen3(), device="cuda", dtype=torch.float32, max_batch=16, max_len=256)
+    engine = TorchEngine(
+        small_qwen3(), device="cuda", dtype=torch.float32, max_batch=16, max_len=256
+    )
     student = small_qwen3().train()
     student.model.layers[0].compile(dynamic=True)
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
@@ -193,11 +220,15 @@ async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
     gen = torch.Generator().manual_seed(7)
     try:
         for rows in (1, 3, 5, 9, 16, 2, 12):  # new batch buckets: new captures
-            prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist()
-                       for n in torch.randint(5, 120, (rows,), generator=gen)]  # fmt: skip
+            prompts = [
+                torch.randint(3, 1000, (int(n),), generator=gen).tolist()
+                for n in torch.randint(5, 120, (rows,), generator=gen)
+            ]
             nucleus = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, ignore_eos=True)
             hot = SamplingParams(max_new_tokens=24, temperature=1.0, ignore_eos=True)
-            outs = await asyncio.gather(engine.generate(prompts, nucleus), engine.generate(prompts, hot))
+            outs = await asyncio.gather(
+                engine.generate(prompts, nucleus), engine.generate(prompts, hot)
+            )
             assert all(len(g.output_ids) == 24 for out in outs for g in out)
     finally:
         stop.set()
@@ -208,7 +239,9 @@ async def test_captures_beside_a_training_thread_on_the_same_gpu() -> None:
 
 
 @pytest.mark.parametrize("kernels", [True, False])
-async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(kernels: bool) -> None:
+async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
+    kernels: bool,
+) -> None:
     """The paged cache on the CUDA path (graphs, 16 steps per replay, replays launched ahead,
     the block table a graph input): greedy rows equal HF generate with a pool too small for
     them (rows are preempted and recomputed), and a group of samples of one prompt prefills
@@ -219,14 +252,32 @@ async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
     refs = []
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, min_new_tokens=48,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=48,
+            min_new_tokens=48,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         refs.append(out[0, len(p) :].tolist())
-    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=8, max_len=160,
-                         kv_cache="paged", kv_tokens=256, kv_block=16, kernels=kernels,
-                         compile=False)  # fmt: skip
+    engine = TorchEngine(
+        model,
+        device="cuda",
+        dtype=torch.float32,
+        max_batch=8,
+        max_len=160,
+        kv_cache="paged",
+        kv_tokens=256,
+        kv_block=16,
+        kernels=kernels,
+        compile=False,
+    )
     try:
-        gens = await engine.generate(prompts, SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True))
+        gens = await engine.generate(
+            prompts, SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True)
+        )
         assert [g.output_ids for g in gens] == refs
         assert engine.stats["preempted"] > 0  # and multi-step replays ran over block tables:
         assert engine.stats["decode_steps"] > 2 * engine.stats["decode_calls"]
@@ -235,8 +286,10 @@ async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
         group = await engine.generate([prompts[2]] * 4, hot)
         assert engine.stats["prefill_tokens"] - before <= len(prompts[2]) + 3
         await engine.flush_cache()
-        alone = [(await engine.generate([prompts[2]], msgspec.structs.replace(hot, seed=3 + i)))[0]
-                 for i in range(4)]  # fmt: skip
+        alone = [
+            (await engine.generate([prompts[2]], msgspec.structs.replace(hot, seed=3 + i)))[0]
+            for i in range(4)
+        ]
     finally:
         await engine.close()
     assert [g.output_ids for g in group] == [a.output_ids for a in alone]
@@ -251,8 +304,15 @@ async def test_a_cache_budget_sizes_the_kv_cache_in_new_plan() -> None:
     model = small_qwen3()
     per_token = 2 * 4 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x fp32
     per_row = per_token * 129  # max_len + 1 positions
-    engine = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
-                         cuda_graphs=False, cache_bytes=3 * per_row + 100)  # fmt: skip
+    engine = TorchEngine(
+        model,
+        device="cuda",
+        dtype=torch.float32,
+        max_batch=16,
+        max_len=128,
+        cuda_graphs=False,
+        cache_bytes=3 * per_row + 100,
+    )
     try:
         assert engine.max_batch == 3
         assert engine.kv_usage()["bytes"] <= 3 * per_row + 100
@@ -263,9 +323,17 @@ async def test_a_cache_budget_sizes_the_kv_cache_in_new_plan() -> None:
     finally:
         await engine.close()
     budget = 1000 * per_token
-    paged = TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=16, max_len=128,
-                        cuda_graphs=False, kv_cache="paged", kv_block=16,
-                        cache_bytes=budget)  # fmt: skip
+    paged = TorchEngine(
+        model,
+        device="cuda",
+        dtype=torch.float32,
+        max_batch=16,
+        max_len=128,
+        cuda_graphs=False,
+        kv_cache="paged",
+        kv_block=16,
+        cache_bytes=budget,
+    )
     try:
         usage = paged.kv_usage()
         assert usage["bytes"] <= budget
@@ -273,5 +341,12 @@ async def test_a_cache_budget_sizes_the_kv_cache_in_new_plan() -> None:
     finally:
         await paged.close()
     with pytest.raises(EngineError, match="engine_cache_gib"):
-        TorchEngine(model, device="cuda", dtype=torch.float32, max_batch=4, max_len=128,
-                    cuda_graphs=False, cache_bytes=per_row - 1)  # fmt: skip
+        TorchEngine(
+            model,
+            device="cuda",
+            dtype=torch.float32,
+            max_batch=4,
+            max_len=128,
+            cuda_graphs=False,
+            cache_bytes=per_row - 1,
+        )

@@ -23,8 +23,15 @@ from tools.bench.decode_bound import (
     weight_bytes,
 )
 
-SMALL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=300,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    vocab_size=300,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def test_reply_kv_tokens_counts_the_keys_each_decode_step_reads() -> None:
@@ -63,16 +70,25 @@ def test_the_bound_is_bytes_over_the_measured_bandwidth() -> None:
 
 def test_kernel_kinds_of_the_triton_step_cublas_and_cpu_ops() -> None:
     names = {
-        "_decode_attn_kernel": "attention", "_combine_kernel": "attention",
-        "_pick_partial_kernel": "sampling", "_pick_combine_kernel": "sampling",
-        "_gemm_kernel": "gemm", "_gemv_kernel": "gemm", "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTT": "gemm",
+        "_decode_attn_kernel": "attention",
+        "_combine_kernel": "attention",
+        "_pick_partial_kernel": "sampling",
+        "_pick_combine_kernel": "sampling",
+        "_gemm_kernel": "gemm",
+        "_gemv_kernel": "gemm",
+        "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTT": "gemm",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64": "gemm",
         "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>": "attention",
-        "_add_rmsnorm_kernel": "other", "_rope_cache_kernel": "other",
-        "aten::addmm": "gemm", "aten::mm": "gemm", "aten::bmm": "attention",
-        "aten::_softmax": "attention", "aten::_log_softmax": "sampling", "aten::argmax": "sampling",
+        "_add_rmsnorm_kernel": "other",
+        "_rope_cache_kernel": "other",
+        "aten::addmm": "gemm",
+        "aten::mm": "gemm",
+        "aten::bmm": "attention",
+        "aten::_softmax": "attention",
+        "aten::_log_softmax": "sampling",
+        "aten::argmax": "sampling",
         "aten::mul": "other",
-    }  # fmt: skip
+    }
     assert {n: kind_of(n) for n in names} == names
 
 

@@ -22,9 +22,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("kv_cache", ["slots", "paged"])
 def test_tiny_agentic_bench_reports_reuse_and_its_bound(kv_cache: str, tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "tools/bench/engine_agentic.py"), "--tiny", "--episodes", "2",
-           "--turns", "2", "--start", "32", "--obs", "32,32", "--reply", "4,8", "--skip-hf",
-           "--kv-cache", kv_cache, "--kv-block", "16"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools/bench/engine_agentic.py"),
+        "--tiny",
+        "--episodes",
+        "2",
+        "--turns",
+        "2",
+        "--start",
+        "32",
+        "--obs",
+        "32,32",
+        "--reply",
+        "4,8",
+        "--skip-hf",
+        "--kv-cache",
+        kv_cache,
+        "--kv-block",
+        "16",
+    ]
     trace = tmp_path / "trace.json"
     if kv_cache == "slots":  # the profile once: it runs the warm pass again
         cmd += ["--profile", str(trace)]
@@ -77,5 +94,7 @@ def test_tiny_agentic_bench_reports_reuse_and_its_bound(kv_cache: str, tmp_path:
     if kv_cache == "paged":
         for name in ("stacx_group", "stacx_group_fifo"):
             g = result[name]
-            assert g["generated"] == 2 * warm["generated"] and g["ttft_ms_p50_after_first"] is not None
+            assert (
+                g["generated"] == 2 * warm["generated"] and g["ttft_ms_p50_after_first"] is not None
+            )
             assert g["fraction_of_bound"] > 0

@@ -18,11 +18,18 @@ from stacx.ports import SamplingParams
 
 pytestmark = pytest.mark.model
 
-BASH = {"type": "function", "function": {
-    "name": "bash", "description": "Run a bash command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]},
-}}  # fmt: skip
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
 COPY_CALL = (
     "Reply with exactly this text and nothing else: "
     '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
@@ -64,9 +71,12 @@ async def episode(
 async def test_tool_call_in_the_reply_comes_back_as_tool_calls(episode, torch_engine) -> None:
     client, _, rec = episode
     r = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": COPY_CALL}], tools=[BASH],
-        temperature=0, max_tokens=40,
-    )  # fmt: skip
+        model="student",
+        messages=[{"role": "user", "content": COPY_CALL}],
+        tools=[BASH],
+        temperature=0,
+        max_tokens=40,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls or []
@@ -101,11 +111,19 @@ async def test_a_tool_round_trip_extends_the_token_sequence_exactly(episode, tor
 
 async def test_stream_sends_the_reply_and_usage_last(episode) -> None:
     client, _, _ = episode
-    body = {"model": "student", "messages": [{"role": "user", "content": "Hi"}],
-            "temperature": 0, "max_tokens": 8}  # fmt: skip
+    body = {
+        "model": "student",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "temperature": 0,
+        "max_tokens": 8,
+    }
     whole = await client.chat.completions.create(**body)
-    chunks = [c async for c in await client.chat.completions.create(
-        **body, stream=True, stream_options={"include_usage": True})]  # fmt: skip
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert not chunks[-1].choices and chunks[-1].usage is not None
@@ -115,7 +133,11 @@ async def test_stream_sends_the_reply_and_usage_last(episode) -> None:
 async def test_n_choices_are_one_request_and_n_turns(episode) -> None:
     client, _, rec = episode
     r = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=6, seed=1,
+        model="student",
+        messages=[{"role": "user", "content": "Hi"}],
+        n=3,
+        max_tokens=6,
+        seed=1,
         extra_body={"return_token_ids": True},
     )
     assert [c.index for c in r.choices] == [0, 1, 2]
@@ -131,7 +153,11 @@ async def test_recorded_ids_are_the_template_and_what_the_engine_produced(
     client, _, rec = episode
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     r = await client.chat.completions.create(
-        model="student", messages=messages, temperature=0, max_tokens=12, logprobs=True,
+        model="student",
+        messages=messages,
+        temperature=0,
+        max_tokens=12,
+        logprobs=True,
         extra_body={"return_token_ids": True},
     )
     (turn,) = rec.turns
@@ -161,16 +187,21 @@ async def test_a_reply_the_tokenizer_would_split_otherwise_stays_the_models_toke
         async with gateway.episode(run_id="r", episode_id=f"ep{seed}", emit=rec.emit) as ep:
             client = openai.AsyncOpenAI(base_url=url, api_key=ep.credential, max_retries=0)
             r = await client.chat.completions.create(
-                model="student", messages=convo, temperature=1.0, seed=seed, max_tokens=48)  # fmt: skip
+                model="student", messages=convo, temperature=1.0, seed=seed, max_tokens=48
+            )
             (first,) = rec.turns
             text = tok.decode(first.output_ids, skip_special_tokens=True)
             if tok.encode(text, add_special_tokens=False) == list(first.output_ids):
                 await client.close()
                 continue
-            history = [*convo, {"role": "assistant", "content": r.choices[0].message.content},
-                       {"role": "user", "content": "Go on."}]  # fmt: skip
-            await client.chat.completions.create(model="student", messages=history,
-                                                 temperature=0, max_tokens=4)  # fmt: skip
+            history = [
+                *convo,
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "Go on."},
+            ]
+            await client.chat.completions.create(
+                model="student", messages=history, temperature=0, max_tokens=4
+            )
             await client.close()
             _, second = rec.turns
             assert second.segment == first.segment == 0
@@ -185,13 +216,17 @@ async def test_a_rewritten_history_starts_a_new_segment(episode) -> None:
     r = await client.chat.completions.create(
         model="student", messages=convo, temperature=0, max_tokens=8
     )
-    convo += [{"role": "assistant", "content": r.choices[0].message.content},
-              {"role": "user", "content": "Another one."}]  # fmt: skip
-    await client.chat.completions.create(model="student", messages=convo, temperature=0,
-                                         max_tokens=8)  # fmt: skip
+    convo += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": "Another one."},
+    ]
+    await client.chat.completions.create(
+        model="student", messages=convo, temperature=0, max_tokens=8
+    )
     summary = [{"role": "user", "content": "Summary: we named a fruit. Name a third."}]
-    await client.chat.completions.create(model="student", messages=summary, temperature=0,
-                                         max_tokens=8)  # fmt: skip
+    await client.chat.completions.create(
+        model="student", messages=summary, temperature=0, max_tokens=8
+    )
     assert [t.segment for t in rec.turns] == [0, 0, 1]
     assert [t.turn for t in rec.turns] == [0, 1, 2]
     # the continued call stores its new ids only; the rewritten one its whole prompt
@@ -200,8 +235,12 @@ async def test_a_rewritten_history_starts_a_new_segment(episode) -> None:
 
 async def test_a_stop_string_cuts_the_reply_and_the_recorded_ids(episode, torch_engine) -> None:
     client, _, rec = episode
-    body = {"model": "student", "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4"}],
-            "temperature": 0, "max_tokens": 24}  # fmt: skip
+    body = {
+        "model": "student",
+        "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4"}],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
     full = (await client.chat.completions.create(**body)).choices[0].message.content or ""
     stop = full[len(full) // 2 : len(full) // 2 + 2]
     assert stop.strip()
@@ -210,9 +249,13 @@ async def test_a_stop_string_cuts_the_reply_and_the_recorded_ids(episode, torch_
     assert cut.choices[0].finish_reason == "stop" and text == full[: full.index(stop)]
     kept = rec.turns[-1].output_ids
     decoded = torch_engine.tokenizer.decode(kept, skip_special_tokens=True)  # type: ignore[union-attr]
-    assert stop in decoded and stop not in torch_engine.tokenizer.decode(
-        kept[:-1], skip_special_tokens=True
-    )  # type: ignore[union-attr]
+    assert (
+        stop in decoded
+        and stop
+        not in torch_engine.tokenizer.decode(  # type: ignore[union-attr]
+            kept[:-1], skip_special_tokens=True
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -256,8 +299,12 @@ async def test_unknown_fields_and_non_json_are_400s(served) -> None:
 async def test_calls_without_a_known_credential_are_refused_in_launcher_mode(
     torch_engine: TorchEngine,
 ) -> None:
-    gateway = Gateway(torch_engine, torch_engine.tokenizer, model_name="student",  # type: ignore[arg-type]
-                      require_episode=True)  # fmt: skip
+    gateway = Gateway(
+        torch_engine,
+        torch_engine.tokenizer,  # type: ignore[arg-type]
+        model_name="student",
+        require_episode=True,
+    )
     async with serve_tcp(gateway) as url:
         client = openai.AsyncOpenAI(base_url=url, api_key="guess", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -265,7 +312,10 @@ async def test_calls_without_a_known_credential_are_refused_in_launcher_mode(
         rec = Recorded()
         async with gateway.episode(run_id="r", episode_id="e", emit=rec.emit) as ep:
             # the credential may also be the URL path (for scaffolds that send no key)
-            by_path = openai.AsyncOpenAI(base_url=url.replace("/v1", f"/e/{ep.credential}/v1"),
-                                         api_key="unused", max_retries=0)  # fmt: skip
+            by_path = openai.AsyncOpenAI(
+                base_url=url.replace("/v1", f"/e/{ep.credential}/v1"),
+                api_key="unused",
+                max_retries=0,
+            )
             await by_path.completions.create(model="student", prompt="Hello", max_tokens=3)
             assert len(rec.turns) == 1 and rec.turns[0].episode_id == "e"

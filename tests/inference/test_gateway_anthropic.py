@@ -19,9 +19,15 @@ from stacx.inference.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.model
 
-BASH = {"name": "bash", "description": "Run a bash command",
-        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
-                         "required": ["command"]}}  # fmt: skip
+BASH = {
+    "name": "bash",
+    "description": "Run a bash command",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
 HI = [{"role": "user", "content": "Hi"}]
 COPY_CALL = (
     "Reply with exactly this text and nothing else: "
@@ -56,8 +62,10 @@ async def episode(
 ) -> AsyncIterator[tuple[anthropic.AsyncAnthropic, GatewayEpisode, Recorded, str]]:
     gateway = Gateway(torch_engine, torch_engine.tokenizer, model_name="student", max_len=2048)  # type: ignore[arg-type]
     rec = Recorded()
-    async with serve_tcp(gateway) as url, gateway.episode(
-            run_id="r", episode_id="ep", emit=rec.emit) as ep:  # fmt: skip
+    async with (
+        serve_tcp(gateway) as url,
+        gateway.episode(run_id="r", episode_id="ep", emit=rec.emit) as ep,
+    ):
         root = url.removesuffix("/v1")
         c = anthropic.AsyncAnthropic(base_url=root, api_key=ep.credential, max_retries=0)
         yield c, ep, rec, url
@@ -67,29 +75,38 @@ async def episode(
 async def test_a_message_is_the_chat_routes_reply(client, serve_url: str) -> None:
     msg = await client.messages.create(model="student", max_tokens=12, messages=HI, extra_body=T0)
     oa = openai.AsyncOpenAI(base_url=serve_url + "/v1", api_key="none", max_retries=0)
-    chat = await oa.chat.completions.create(model="student", max_tokens=12, messages=HI,
-                                            temperature=0)  # fmt: skip
+    chat = await oa.chat.completions.create(
+        model="student", max_tokens=12, messages=HI, temperature=0
+    )
     await oa.close()
     assert msg.type == "message" and msg.role == "assistant" and msg.model == "student"
     (block,) = msg.content
     assert block.type == "text" and block.text == chat.choices[0].message.content
     assert msg.usage.input_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
     assert msg.usage.output_tokens == chat.usage.completion_tokens  # type: ignore[union-attr]
-    assert msg.stop_reason == ("max_tokens" if chat.choices[0].finish_reason == "length"
-                               else "end_turn")  # fmt: skip
+    assert msg.stop_reason == (
+        "max_tokens" if chat.choices[0].finish_reason == "length" else "end_turn"
+    )
 
 
 async def test_system_prompt_as_string_or_blocks(episode, torch_engine) -> None:
     client, _, rec, _ = episode
     system = "You are terse."
     await client.messages.create(model="student", max_tokens=2, system=system, messages=HI)
-    await client.messages.create(model="student", max_tokens=2, messages=HI, system=[
-        {"type": "text", "text": "You are ", "cache_control": {"type": "ephemeral"}},
-        {"type": "text", "text": "terse."}])  # fmt: skip
+    await client.messages.create(
+        model="student",
+        max_tokens=2,
+        messages=HI,
+        system=[
+            {"type": "text", "text": "You are ", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "terse."},
+        ],
+    )
     first, second = rec.turns
     tok = torch_engine.tokenizer
-    text = tok.apply_chat_template([{"role": "system", "content": system}, *HI], tokenize=False,
-                                   add_generation_prompt=True)  # fmt: skip
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": system}, *HI], tokenize=False, add_generation_prompt=True
+    )
     assert first.prompt_ids == tok.encode(text, add_special_tokens=False)
     # the second prompt is the same text: stored as a new segment of the same ids
     assert second.prefix_len == 0 and second.prompt_ids == first.prompt_ids
@@ -107,9 +124,11 @@ async def test_a_tool_round_trip_extends_the_token_sequence(episode) -> None:
     assert use.name == "bash" and use.input == {"command": "ls"}
     messages += [
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}],
+        },
+    ]
     await client.messages.create(model="student", max_tokens=4, messages=messages, tools=[BASH])
     one, two = rec.turns
     assert two.prefix_len == len(one.prompt_ids) + len(one.output_ids)
@@ -136,8 +155,10 @@ async def test_streaming_sends_anthropics_events(client) -> None:
 
 async def test_the_wire_has_anthropics_sse_events(serve_url: str) -> None:
     body = {"model": "student", "max_tokens": 4, "messages": HI, "stream": True}
-    async with aiohttp.ClientSession() as http, http.post(
-            f"{serve_url}/v1/messages", json=body) as resp:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{serve_url}/v1/messages", json=body) as resp,
+    ):
         assert resp.content_type == "text/event-stream"
         raw = (await resp.read()).decode()
     names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
@@ -148,13 +169,23 @@ async def test_the_wire_has_anthropics_sse_events(serve_url: str) -> None:
 
 
 async def test_a_streamed_tool_use_arrives_as_input_json(client) -> None:
-    events = [e async for e in await client.messages.create(
-        model="student", max_tokens=64, extra_body=T0, stream=True, tools=[BASH],
-        messages=[{"role": "user", "content": "Run ls."}], tool_choice={"type": "any"})]  # fmt: skip
+    events = [
+        e
+        async for e in await client.messages.create(
+            model="student",
+            max_tokens=64,
+            extra_body=T0,
+            stream=True,
+            tools=[BASH],
+            messages=[{"role": "user", "content": "Run ls."}],
+            tool_choice={"type": "any"},
+        )
+    ]
     starts = [e.content_block for e in events if e.type == "content_block_start"]
     assert [b.type for b in starts] == ["tool_use"] and starts[0].name == "bash"  # type: ignore[union-attr]
-    assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-               for e in events)  # fmt: skip
+    assert any(
+        e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events
+    )
     assert events[-2].delta.stop_reason == "tool_use"  # type: ignore[union-attr]
 
 
@@ -180,9 +211,11 @@ async def test_errors_are_anthropic_shaped_and_recorded(episode) -> None:
     err = br.value.body["error"]  # type: ignore[index]
     assert err["type"] == "invalid_request_error" and "messages.0.content.0" in err["message"]
     with pytest.raises(anthropic.BadRequestError) as br:
-        await client.messages.create(model="student", max_tokens=4, messages=HI,
-                                     extra_body={"temprature": 0.5})  # fmt: skip
+        await client.messages.create(
+            model="student", max_tokens=4, messages=HI, extra_body={"temprature": 0.5}
+        )
     assert "temprature" in br.value.body["error"]["message"]  # type: ignore[index]
     assert not rec.turns
     assert [(r.status, r.route) for r in rec.refused] == [(404, "/v1/messages")] + [
-        (400, "/v1/messages")] * 2  # fmt: skip
+        (400, "/v1/messages")
+    ] * 2

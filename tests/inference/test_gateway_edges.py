@@ -18,16 +18,30 @@ from stacx.inference.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.model
 
-BASH = {"type": "function", "function": {
-    "name": "bash", "description": "Run a bash command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]},
-}}  # fmt: skip
-READ = {"type": "function", "function": {
-    "name": "read_file", "description": "Read a file",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                   "required": ["path"]},
-}}  # fmt: skip
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    },
+}
 LIST_FILES = "Run ls."
 
 
@@ -68,9 +82,13 @@ async def test_served_name_and_aliases_answer(client: openai.AsyncOpenAI, model_
 
 async def test_tool_choice_required_gives_a_tool_call(client: openai.AsyncOpenAI) -> None:
     r = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[BASH],
-        tool_choice="required", temperature=0, max_tokens=64,
-    )  # fmt: skip
+        model="student",
+        messages=[{"role": "user", "content": LIST_FILES}],
+        tools=[BASH],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls or []
@@ -85,9 +103,14 @@ async def test_required_of_several_tools_calls_the_likeliest(
     # gateway prefills the call of the tool the model scores likeliest (bash, listed second),
     # up to its arguments (the model's, under the tool's schema)
     r = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[READ, BASH],
-        tool_choice="required", temperature=0, max_tokens=64, extra_body={"return_token_ids": True},
-    )  # fmt: skip
+        model="student",
+        messages=[{"role": "user", "content": LIST_FILES}],
+        tools=[READ, BASH],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+        extra_body={"return_token_ids": True},
+    )
     choice = r.choices[0]
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "bash" and choice.finish_reason == "tool_calls"
@@ -98,9 +121,14 @@ async def test_required_of_several_tools_calls_the_likeliest(
 
 async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI) -> None:
     # the model, left to itself, calls bash here (test above); the named choice forces read_file
-    body = {"model": "student", "messages": [{"role": "user", "content": LIST_FILES}],
-            "tools": [BASH, READ], "temperature": 0, "max_tokens": 64,
-            "tool_choice": {"type": "function", "function": {"name": "read_file"}}}  # fmt: skip
+    body = {
+        "model": "student",
+        "messages": [{"role": "user", "content": LIST_FILES}],
+        "tools": [BASH, READ],
+        "temperature": 0,
+        "max_tokens": 64,
+        "tool_choice": {"type": "function", "function": {"name": "read_file"}},
+    }
     r = await client.chat.completions.create(**body)
     (call,) = r.choices[0].message.tool_calls or []
     assert call.function.name == "read_file" and r.choices[0].finish_reason == "tool_calls"
@@ -110,15 +138,17 @@ async def test_named_tool_choice_calls_that_function(client: openai.AsyncOpenAI)
     streamed = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
     assert [(t.function.name, t.function.arguments) for t in streamed] == [
         (call.function.name, call.function.arguments)
-    ]  # fmt: skip
+    ]
 
 
 async def test_bad_tool_choice_names_the_accepted_ones(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         await client.chat.completions.create(
-            model="student", messages=[{"role": "user", "content": "Hi"}], tools=[BASH],
+            model="student",
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[BASH],
             tool_choice={"type": "function", "function": {"name": "nope"}},
-        )  # fmt: skip
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "tool_choice" and "bash" in body["message"]
 
@@ -134,18 +164,24 @@ class Recorded:
 async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine) -> None:
     gateway = Gateway(torch_engine, torch_engine.tokenizer, model_name="student", max_len=2048)  # type: ignore[arg-type]
     rec = Recorded()
-    async with serve_tcp(gateway) as url, gateway.episode(
-            run_id="r", episode_id="ep", emit=rec.emit) as ep:  # fmt: skip
+    async with (
+        serve_tcp(gateway) as url,
+        gateway.episode(run_id="r", episode_id="ep", emit=rec.emit) as ep,
+    ):
         client = openai.AsyncOpenAI(base_url=url, api_key=ep.credential, max_retries=0)
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(
                 model="openai/student", messages=[{"role": "user", "content": "Hi"}]
             )
         r = await client.chat.completions.create(
-            model="student", messages=[{"role": "user", "content": LIST_FILES}], tools=[BASH],
-            tool_choice={"type": "function", "function": {"name": "bash"}}, temperature=0,
-            max_tokens=64, extra_body={"return_token_ids": True},
-        )  # fmt: skip
+            model="student",
+            messages=[{"role": "user", "content": LIST_FILES}],
+            tools=[BASH],
+            tool_choice={"type": "function", "function": {"name": "bash"}},
+            temperature=0,
+            max_tokens=64,
+            extra_body={"return_token_ids": True},
+        )
         await client.close()
     refused, turn = rec.events
     assert isinstance(refused, GatewayRefused) and refused.episode_id == "ep"
@@ -156,7 +192,9 @@ async def test_an_episode_records_prefill_and_refusals(torch_engine: TorchEngine
     prompt = torch_engine.tokenizer.decode(turn.prompt_ids)  # type: ignore[union-attr]
     assert prompt.endswith('<tool_call>{"name": "bash", "arguments":')
     assert json.loads(turn.request_json)["tool_choice"] == {  # why the prompt ends so
-        "type": "function", "function": {"name": "bash"}}
+        "type": "function",
+        "function": {"name": "bash"},
+    }
     assert r.choices[0].token_ids == turn.output_ids  # type: ignore[attr-defined]
     assert r.choices[0].message.tool_calls
 
@@ -166,7 +204,8 @@ async def test_max_tokens_beyond_the_context_is_a_400_naming_both_numbers(
 ) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         await client.chat.completions.create(
-            model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=100000)  # fmt: skip
+            model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=100000
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "max_tokens"
     assert body["code"] == "context_length_exceeded"
@@ -179,15 +218,23 @@ async def test_max_tokens_beyond_the_context_is_a_400_naming_both_numbers(
 async def test_completion_ids_and_token_ids_only_when_asked(client: openai.AsyncOpenAI) -> None:
     text = await client.completions.create(model="student", prompt="The sky is", max_tokens=3)
     chat = await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)  # fmt: skip
+        model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+    )
     assert text.id.startswith("cmpl-") and chat.id.startswith("chatcmpl-")
     for choice in (text.choices[0], chat.choices[0]):  # vLLM's extension, unasked: absent
-        assert "token_ids" not in choice.model_dump() and "prompt_token_ids" not in choice.model_dump()
+        assert (
+            "token_ids" not in choice.model_dump() and "prompt_token_ids" not in choice.model_dump()
+        )
     asked = await client.completions.create(
-        model="student", prompt="The sky is", max_tokens=3, extra_body={"return_token_ids": True})  # fmt: skip
+        model="student", prompt="The sky is", max_tokens=3, extra_body={"return_token_ids": True}
+    )
     choice = asked.choices[0].model_dump()
     assert len(choice["token_ids"]) == asked.usage.completion_tokens  # type: ignore[union-attr]
     assert len(choice["prompt_token_ids"]) == asked.usage.prompt_tokens  # type: ignore[union-attr]
-    chunks = [c async for c in await client.chat.completions.create(
-        model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True)]  # fmt: skip
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="student", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True
+        )
+    ]
     assert not [c for c in chunks if c.choices and "token_ids" in c.choices[0].model_dump()]

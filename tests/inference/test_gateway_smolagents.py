@@ -49,15 +49,22 @@ async def test_smolagents_required_calls_all_get_tool_calls(torch_engine: TorchE
     async def emit(event: Event) -> None:
         events.append(event)
 
-    async with serve_tcp(gateway) as url, gateway.episode(
-            run_id="r", episode_id="ep", emit=emit) as ep:  # fmt: skip
+    async with (
+        serve_tcp(gateway) as url,
+        gateway.episode(run_id="r", episode_id="ep", emit=emit) as ep,
+    ):
         wire = openai.DefaultHttpxClient(  # the client's own HTTP client, watched
             event_hooks={"request": [lambda r: sent.append(json.loads(r.content))]}
         )
-        model = OpenAIModel(model_id="student", api_base=url, api_key=ep.credential,
-                            client_kwargs={"max_retries": 0, "http_client": wire},
-                            temperature=0, max_tokens=64,
-                            extra_body={"return_token_ids": True})  # fmt: skip
+        model = OpenAIModel(
+            model_id="student",
+            api_base=url,
+            api_key=ep.credential,
+            client_kwargs={"max_retries": 0, "http_client": wire},
+            temperature=0,
+            max_tokens=64,
+            extra_body={"return_token_ids": True},
+        )
         agent = ToolCallingAgent(
             tools=[add], model=model, max_steps=STEPS, verbosity_level=LogLevel.OFF
         )

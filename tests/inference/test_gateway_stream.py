@@ -30,29 +30,46 @@ async def episode(
 ) -> AsyncIterator[tuple[openai.AsyncOpenAI, GatewayEpisode, Recorded]]:
     gateway = Gateway(torch_engine, torch_engine.tokenizer, model_name="student", max_len=2048)  # type: ignore[arg-type]
     rec = Recorded()
-    async with serve_tcp(gateway) as url, gateway.episode(run_id="r", episode_id="ep",
-                                                          emit=rec.emit) as ep:  # fmt: skip
+    async with (
+        serve_tcp(gateway) as url,
+        gateway.episode(run_id="r", episode_id="ep", emit=rec.emit) as ep,
+    ):
         client = openai.AsyncOpenAI(base_url=url, api_key=ep.credential, max_retries=0)
         yield client, ep, rec
         await client.close()
 
 
 def _contents(chunks: list, index: int = 0) -> list[str]:
-    return [c.choices[0].delta.content for c in chunks
-            if c.choices and c.choices[0].index == index and c.choices[0].delta.content]  # fmt: skip
+    return [
+        c.choices[0].delta.content
+        for c in chunks
+        if c.choices and c.choices[0].index == index and c.choices[0].delta.content
+    ]
 
 
 async def test_a_long_reply_streams_in_chunks_that_join_to_the_unstreamed_reply(episode) -> None:
     client, _, rec = episode
-    body = {"model": "student", "messages": STORY, "temperature": 0.8, "seed": 5,
-            "max_tokens": 40, "extra_body": {"return_token_ids": True}}  # fmt: skip
+    body = {
+        "model": "student",
+        "messages": STORY,
+        "temperature": 0.8,
+        "seed": 5,
+        "max_tokens": 40,
+        "extra_body": {"return_token_ids": True},
+    }
     whole = await client.chat.completions.create(**body)
-    chunks = [c async for c in await client.chat.completions.create(
-        **body, stream=True, stream_options={"include_usage": True})]  # fmt: skip
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     texts = _contents(chunks)
     assert len(texts) > 10  # one per token or so, not one at the end
     assert "".join(texts) == whole.choices[0].message.content
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finish == [whole.choices[0].finish_reason]
     assert not chunks[-1].choices and chunks[-1].usage == whole.usage
     unstreamed, streamed = rec.turns
@@ -68,9 +85,13 @@ async def test_the_first_delta_comes_mid_generation_and_a_disconnect_aborts_it(
     client, _, rec = episode
     assert isinstance(torch_engine, StreamsGenerations) and torch_engine.running == 0
     stream = await client.chat.completions.create(
-        model="student", messages=STORY, temperature=0, max_tokens=1500, stream=True,
+        model="student",
+        messages=STORY,
+        temperature=0,
+        max_tokens=1500,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             # the engine's request still holds its slot: this text left before it finished
@@ -86,8 +107,9 @@ async def test_the_first_delta_comes_mid_generation_and_a_disconnect_aborts_it(
     assert torch_engine.stats["decode_steps"] - steps < 1400  # aborted, not run to 1500 tokens
     assert rec.turns == []  # nobody saw that reply: nothing recorded
     # the engine and the gateway serve the next call as usual
-    r = await client.chat.completions.create(model="student", messages=STORY, max_tokens=3,
-                                             extra_body={"return_token_ids": True})  # fmt: skip
+    r = await client.chat.completions.create(
+        model="student", messages=STORY, max_tokens=3, extra_body={"return_token_ids": True}
+    )
     assert len(r.choices[0].token_ids) == 3 and len(rec.turns) == 1  # type: ignore[attr-defined]
 
 
@@ -98,7 +120,9 @@ async def test_a_stop_string_split_across_tokens_is_cut_exactly(episode, torch_e
     full, ids = free.choices[0].message.content or "", free.choices[0].token_ids  # type: ignore[attr-defined]
     tok = torch_engine.tokenizer
     stop, at = "", -1
-    for k in range(4, len(ids) - 1):  # a stop string made of the end of token k and the next one's start
+    for k in range(
+        4, len(ids) - 1
+    ):  # a stop string made of the end of token k and the next one's start
         head, a, b = tok.decode(ids[:k]), tok.decode(ids[k : k + 1]), tok.decode(ids[k + 1 : k + 2])
         if len(a.strip()) >= 2 and len(b.strip()) >= 2:
             stop, at = a[-2:] + b[:2], len(head) + len(a) - 2
@@ -109,8 +133,9 @@ async def test_a_stop_string_split_across_tokens_is_cut_exactly(episode, torch_e
     body |= {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
     steps = torch_engine.stats["decode_steps"]
     cut = await client.chat.completions.create(**body, stop=[stop])
-    chunks = [c async for c in await client.chat.completions.create(**body, stop=[stop],
-                                                                    stream=True)]  # fmt: skip
+    chunks = [
+        c async for c in await client.chat.completions.create(**body, stop=[stop], stream=True)
+    ]
     assert torch_engine.stats["decode_steps"] - steps < 2 * 100
     assert "".join(_contents(chunks)) == full[:at] == cut.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
@@ -121,8 +146,13 @@ async def test_a_stop_string_split_across_tokens_is_cut_exactly(episode, torch_e
 
 async def test_a_tool_call_streams_as_one_tool_calls_delta(episode) -> None:
     client, _, rec = episode
-    body = {"model": "student", "messages": [{"role": "user", "content": COPY_CALL}],
-            "tools": [BASH], "temperature": 0, "max_tokens": 40}  # fmt: skip
+    body = {
+        "model": "student",
+        "messages": [{"role": "user", "content": COPY_CALL}],
+        "tools": [BASH],
+        "temperature": 0,
+        "max_tokens": 40,
+    }
     whole = await client.chat.completions.create(**body)
     chunks = [c async for c in await client.chat.completions.create(**body, stream=True)]
     assert not any("<tool_call" in t for t in _contents(chunks))  # held back, then parsed
@@ -141,7 +171,9 @@ async def test_n_choices_stream_interleaved_by_index(episode) -> None:
     whole = await client.chat.completions.create(**body)
     chunks = [c async for c in await client.chat.completions.create(**body, stream=True)]
     order = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.content]
-    assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # interleaved, not one after the other
+    assert order.index(1) < len(order) - 1 - order[::-1].index(
+        0
+    )  # interleaved, not one after the other
     for i in (0, 1):
         assert "".join(_contents(chunks, i)) == whole.choices[i].message.content
     assert [t.output_ids for t in rec.turns[2:]] == [t.output_ids for t in rec.turns[:2]]
@@ -156,8 +188,12 @@ async def test_an_engine_that_cannot_stream_sends_its_text_at_the_end(
     try:
         async with serve_tcp(gateway) as url:
             client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
-            body = {"model": "student", "prompt": "Once upon a time", "temperature": 0,
-                    "max_tokens": 12}  # fmt: skip
+            body = {
+                "model": "student",
+                "prompt": "Once upon a time",
+                "temperature": 0,
+                "max_tokens": 12,
+            }
             whole = await client.completions.create(**body)
             chunks = [c async for c in await client.completions.create(**body, stream=True)]
             texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]

@@ -58,4 +58,3 @@ async def test_a_generate_that_timed_out_is_not_sent_again(slow: tuple[Slow, str
         assert server.arrived[2:] == ["/generate"] * 3 + ["/health"] * 3
     finally:
         await client.close()
-

@@ -23,8 +23,15 @@ MODES = [{"kv_cache": "slots"}, {"kv_cache": "paged", "kv_block": 4}]
 
 
 def small() -> torch.nn.Module:
-    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=96, vocab_size=300, max_position_embeddings=256)  # fmt: skip
+    shape = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=300,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).float().eval()
 
@@ -37,8 +44,15 @@ def prompts(*lengths: int, seed: int = 1) -> list[list[int]]:
 def hf_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,  # type: ignore[operator]
-                             min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,  # type: ignore[operator]
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -58,15 +72,19 @@ def test_paged_forward_reads_exactly_the_slot_cache_keys() -> None:
     slots = dec.new_cache()
     slots.grow(3, 129)
     paged = dec.new_paged_cache(rows=3, blocks=40, block=4)
-    for r, blocks in enumerate([[7, 3, 30, 1, 12, 8], [2, 39, 5, 6, 20, 21, 22], [38, 37, 4, 11, 9]]):
+    for r, blocks in enumerate(
+        [[7, 3, 30, 1, 12, 8], [2, 39, 5, 6, 20, 21, 22], [38, 37, 4, 11, 9]]
+    ):
         paged.set_row(r, blocks)
     split = [3, 8, 6]
     got = []
     for cache in (slots, paged):
-        first = dec.prefill(cache, [0, 1, 2], [0] * 3, [p[:s] for p, s in zip(rows, split, strict=True)],
-                            [0] * 3)  # fmt: skip
-        rest = dec.prefill(cache, [0, 1, 2], split, [p[s:] for p, s in zip(rows, split, strict=True)],
-                           [0] * 3)  # fmt: skip
+        first = dec.prefill(
+            cache, [0, 1, 2], [0] * 3, [p[:s] for p, s in zip(rows, split, strict=True)], [0] * 3
+        )
+        rest = dec.prefill(
+            cache, [0, 1, 2], split, [p[s:] for p, s in zip(rows, split, strict=True)], [0] * 3
+        )
         steps = []
         pos = torch.tensor([len(p) for p in rows])
         ids = torch.tensor([p[-1] for p in rows])
@@ -138,7 +156,9 @@ async def test_a_group_computes_its_prompt_once(mode: dict[str, object]) -> None
 
 
 @pytest.mark.parametrize("mode", MODES, ids=["slots", "paged"])
-async def test_a_weight_load_drops_cached_keys_only_when_it_changes_them(mode: dict[str, object]) -> None:
+async def test_a_weight_load_drops_cached_keys_only_when_it_changes_them(
+    mode: dict[str, object],
+) -> None:
     """The final norm acts after every key: a load of it keeps the prompt's cached keys (and
     the output follows the new weights); a load into a layer drops them."""
     model = small()
@@ -147,7 +167,10 @@ async def test_a_weight_load_drops_cached_keys_only_when_it_changes_them(mode: d
     try:
         await e.generate([prompt], GREEDY)
         state = model.state_dict()
-        for name, reused in (("model.norm.weight", len(prompt) - 1), ("model.layers.0.mlp.down_proj.weight", 0)):
+        for name, reused in (
+            ("model.norm.weight", len(prompt) - 1),
+            ("model.layers.0.mlp.down_proj.weight", 0),
+        ):
             await e.load_state({name: state[name] * 0.5}, e.weight_version + 1)
             before = e.stats["reused_tokens"]
             (g,) = await e.generate([prompt], GREEDY)
@@ -182,7 +205,10 @@ async def test_episodes_beyond_max_batch_keep_their_previous_turns(mode: dict[st
                 else:  # exactly two episodes reuse their whole previous turn
                     assert reused in {sum(last) - x for x in last}, (reused, last)
             last = reusable
-            ctx = [c + g.output_ids + prompts(6, seed=turn)[0] for c, (g,) in zip(ctx, gens, strict=True)]
+            ctx = [
+                c + g.output_ids + prompts(6, seed=turn)[0]
+                for c, (g,) in zip(ctx, gens, strict=True)
+            ]
     finally:
         await e.close()
 
@@ -218,15 +244,25 @@ def test_common_prefix_equals_a_token_by_token_scan() -> None:
 
 
 @pytest.mark.model
-async def test_paged_engine_on_the_default_model_equals_hf_and_reuses_the_last_turn(model_dir: str) -> None:
+async def test_paged_engine_on_the_default_model_equals_hf_and_reuses_the_last_turn(
+    model_dir: str,
+) -> None:
     """The real SmolLM2 through the paged cache (blocks of 16): greedy equals HF generate in a
     shared batch, and a next turn reuses all of the previous one."""
     e = TorchEngine(model_dir, device="cpu", max_len=2048, threads=1, kv_cache="paged", kv_block=16)
     tok = e.tokenizer
     try:
-        chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,  # type: ignore[attr-defined]
-                                                    add_generation_prompt=True), add_special_tokens=False)
-                 for q in ("What is 2+2?", "Name three animals.")]  # fmt: skip
+        chats = [
+            tok.encode(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": q}],
+                    tokenize=False,  # type: ignore[attr-defined]
+                    add_generation_prompt=True,
+                ),
+                add_special_tokens=False,
+            )
+            for q in ("What is 2+2?", "Name three animals.")
+        ]
         gens = await e.generate(chats, SamplingParams(max_new_tokens=12, temperature=0.0))
         for p, g in zip(chats, gens, strict=True):
             assert g.output_ids == hf_greedy(e.model, p, 12)[: len(g.output_ids)]

@@ -41,7 +41,9 @@ def peft_pair(base: nn.Module, seed: int, rank: int = 4) -> nn.Module:
 
 def save_adapter(model: nn.Module, directory: Path) -> Path:
     directory.mkdir(parents=True)
-    lora.write(directory, lora.adapter_state(dict(model.named_parameters())), lora.peft_config_of(model))
+    lora.write(
+        directory, lora.adapter_state(dict(model.named_parameters())), lora.peft_config_of(model)
+    )
     return directory
 
 

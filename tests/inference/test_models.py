@@ -24,8 +24,9 @@ def test_default_checkpoint_carries_a_chat_template(model_dir: str) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)  # fmt: skip
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 
@@ -62,6 +63,9 @@ def test_cli_prepare_is_idempotent_and_prints_the_path(model_dir: str) -> None:
 
     out = subprocess.run(
         [sys.executable, "-m", "stacx", "models", "prepare"],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == model_dir

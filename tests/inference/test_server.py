@@ -19,8 +19,11 @@ async def get(url: str, path: str) -> tuple[int, object]:
 
 
 async def test_generate_answers_in_sglang_shape(serve_url: str, chat_prompt) -> None:
-    body = {"input_ids": chat_prompt("Hi"), "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": chat_prompt("Hi"),
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
+    }
     status, out = await post(serve_url, "/generate", body)
     assert status == 200 and isinstance(out, dict)
     meta = out["meta_info"]
@@ -33,8 +36,12 @@ async def test_generate_answers_in_sglang_shape(serve_url: str, chat_prompt) -> 
 
 
 async def test_generate_batch_returns_a_list_and_input_logprobs(serve_url: str) -> None:
-    body = {"input_ids": [[1, 2, 3, 4], [5, 6, 7]], "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"max_new_tokens": 2, "temperature": 0}}  # fmt: skip
+    body = {
+        "input_ids": [[1, 2, 3, 4], [5, 6, 7]],
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+    }
     status, out = await post(serve_url, "/generate", body)
     assert status == 200 and isinstance(out, list) and len(out) == 2
     first = out[0]["meta_info"]["input_token_logprobs"]
@@ -49,21 +56,33 @@ async def test_unknown_sampling_param_is_a_400_naming_it(serve_url: str) -> None
 
 
 async def test_non_integer_weight_version_is_a_400(serve_url: str) -> None:
-    status, out = await post(serve_url, "/update_weights_from_disk",
-                             {"model_path": "/nonexistent", "weight_version": "v2"})  # fmt: skip
+    status, out = await post(
+        serve_url,
+        "/update_weights_from_disk",
+        {"model_path": "/nonexistent", "weight_version": "v2"},
+    )
     assert status == 400 and "weight_version" in str(out)
 
 
 async def test_missing_weights_file_is_refused_with_its_path(serve_url: str) -> None:
-    status, out = await post(serve_url, "/update_weights_from_disk",
-                             {"model_path": "/nonexistent/x.safetensors", "weight_version": "5"})  # fmt: skip
+    status, out = await post(
+        serve_url,
+        "/update_weights_from_disk",
+        {"model_path": "/nonexistent/x.safetensors", "weight_version": "5"},
+    )
     assert status == 400 and isinstance(out, dict) and out["success"] is False
     assert "/nonexistent/x.safetensors" in out["message"]
 
 
 async def test_chat_completions_uses_the_chat_template(serve_url: str, chat_prompt) -> None:
-    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     status, out = await post(serve_url, "/v1/chat/completions", body)
     assert status == 200 and isinstance(out, dict)
     choice = out["choices"][0]
@@ -73,9 +92,15 @@ async def test_chat_completions_uses_the_chat_template(serve_url: str, chat_prom
 
 
 async def test_completions_with_text_prompt_and_logprobs(serve_url: str) -> None:
-    body = {"model": "default", "prompt": "The capital of France is", "max_tokens": 3,
-            "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": "default",
+        "prompt": "The capital of France is",
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+    }
     status, out = await post(serve_url, "/v1/completions", body)
     assert status == 200 and isinstance(out, dict)
     lp = out["choices"][0]["logprobs"]
@@ -95,7 +120,9 @@ async def test_flush_cache(serve_url: str) -> None:
     assert status == 200
 
 
-async def test_a_grammar_travels_as_ebnf_and_the_reply_follows_it(serve_url: str, chat_prompt) -> None:
+async def test_a_grammar_travels_as_ebnf_and_the_reply_follows_it(
+    serve_url: str, chat_prompt
+) -> None:
     """The engine role's client (placement processes) constrains through the server: the
     gateway's forced tool calls keep their schema when the engine is in another process."""
     import json
@@ -105,10 +132,18 @@ async def test_a_grammar_travels_as_ebnf_and_the_reply_follows_it(serve_url: str
     from stacx.inference.sglang_client import SGLangEngine
     from stacx.ports import SamplingParams
 
-    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
-              "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-              "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
-    params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=3, grammar=json_grammar(schema))
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["Paris", "Rome"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(
+        max_new_tokens=48, temperature=1.0, seed=3, grammar=json_grammar(schema)
+    )
     prompt = chat_prompt("Where and for how long?")
     client = SGLangEngine(serve_url, grammars=True)
     try:

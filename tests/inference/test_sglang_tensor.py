@@ -46,8 +46,10 @@ TENSOR_FIELDS = (
     {"serialized_named_tensors"},
     {"load_format", "flush_cache", "abort_all_requests", "weight_version", "disable_draft_model"},
 )
-GROUP_FIELDS = ({"master_address", "master_port", "rank_offset", "world_size"},
-                {"group_name", "backend"})  # fmt: skip
+GROUP_FIELDS = (
+    {"master_address", "master_port", "rank_offset", "world_size"},
+    {"group_name", "backend"},
+)
 DISTRIBUTED_FIELDS = (
     {"names", "dtypes", "shapes"},
     {"group_name", "flush_cache", "abort_all_requests", "weight_version", "load_format"},
@@ -101,9 +103,14 @@ def _double(port: int) -> None:
             )
             store = c10d.PrefixStore(body["group_name"], store)
             pg, _ = c10d._new_process_group_helper(
-                world, rank, [], body["backend"], store, group_name=body["group_name"],
+                world,
+                rank,
+                [],
+                body["backend"],
+                store,
+                group_name=body["group_name"],
                 timeout=timeout,
-            )  # fmt: skip
+            )
             c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
             return pg
 
@@ -167,8 +174,9 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 async def _served(client: SGLangEngine, name: str) -> torch.Tensor:
-    rows = await client.http.request("POST", "/get_weights_by_name",
-                                     {"name": name, "truncate_size": 10**6})  # fmt: skip
+    rows = await client.http.request(
+        "POST", "/get_weights_by_name", {"name": name, "truncate_size": 10**6}
+    )
     return torch.tensor(rows)
 
 
@@ -204,9 +212,12 @@ def test_update_weights_from_distributed(server: str) -> None:
 
     async def go() -> None:
         group = await client.init_weights_update_group(
-            master_address="127.0.0.1", master_port=_free_port(), world_size=2, backend="gloo",
+            master_address="127.0.0.1",
+            master_port=_free_port(),
+            world_size=2,
+            backend="gloo",
             timeout_s=60,
-        )  # fmt: skip
+        )
         await client.update_weights_from_distributed(state, 5, group)
         for name, tensor in state.items():
             torch.testing.assert_close(await _served(client, name), tensor, rtol=0, atol=0)

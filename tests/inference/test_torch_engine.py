@@ -94,7 +94,11 @@ async def test_a_stream_hands_over_each_step_and_equals_generate(torch_engine, c
     for i, gen in enumerate(expected):
         mine = [d for d in deltas if d.index == i]
         assert len(mine) > 1 and mine[-1].generation is not None  # step by step, then the whole
-        assert [t for d in mine for t in d.output_ids] == gen.output_ids == mine[-1].generation.output_ids
+        assert (
+            [t for d in mine for t in d.output_ids]
+            == gen.output_ids
+            == mine[-1].generation.output_ids
+        )
         assert [v for d in mine for v in d.logprobs or []] == pytest.approx(gen.logprobs, abs=1e-4)
     assert [d.index for d in deltas][:2] == [0, 1]  # one batch: both prompts' first ids together
 
@@ -135,8 +139,15 @@ async def test_zero_new_tokens_returns_empty_length(torch_engine) -> None:
 def _small(model_type: str) -> torch.nn.Module:
     import transformers
 
-    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=96, vocab_size=300, max_position_embeddings=128)  # fmt: skip
+    shape = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=300,
+        max_position_embeddings=128,
+    )
     cfg = {
         "llama": lambda: transformers.LlamaConfig(**shape),
         "qwen2": lambda: transformers.Qwen2Config(**shape),  # q/k/v biases
@@ -150,8 +161,9 @@ def _logits(decoder: Decoder, prompts: list[list[int]]) -> tuple[torch.Tensor, t
     """Prefill logits of every prompt token, then one decode step's logits for every row."""
     cache = decoder.new_cache()
     cache.grow(len(prompts), 64)
-    pre = decoder.prefill(cache, list(range(len(prompts))), [0] * len(prompts), prompts,
-                          [0] * len(prompts))  # fmt: skip
+    pre = decoder.prefill(
+        cache, list(range(len(prompts))), [0] * len(prompts), prompts, [0] * len(prompts)
+    )
     ids = torch.tensor([p[-1] for p in prompts])
     pos = torch.tensor([len(p) for p in prompts])
     step = decoder.decode(cache, ids, pos, int(pos.max()) + 1)

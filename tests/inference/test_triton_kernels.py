@@ -27,26 +27,38 @@ from stacx.inference.decoder import Decoder
 from stacx.inference.torch_engine import TorchEngine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=256, vocab_size=500,
-             max_position_embeddings=512)  # fmt: skip
+SMALL = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    intermediate_size=256,
+    vocab_size=500,
+    max_position_embeddings=512,
+)
 
 
 def model(family: str, **extra: object) -> torch.nn.Module:
     torch.manual_seed(0)
     if family == "qwen3":
-        cfg = transformers.Qwen3Config(**SMALL, num_attention_heads=8, num_key_value_heads=2,
-                                       head_dim=32, **extra)  # fmt: skip
+        cfg = transformers.Qwen3Config(
+            **SMALL, num_attention_heads=8, num_key_value_heads=2, head_dim=32, **extra
+        )
         return transformers.Qwen3ForCausalLM(cfg).float().to(DEVICE).eval()
     if family == "llama":
-        cfg = transformers.LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=4, **extra)
+        cfg = transformers.LlamaConfig(
+            **SMALL, num_attention_heads=4, num_key_value_heads=4, **extra
+        )
         return transformers.LlamaForCausalLM(cfg).float().to(DEVICE).eval()
     cfg = transformers.Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, **extra)
     return transformers.Qwen2ForCausalLM(cfg).float().to(DEVICE).eval()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
-@pytest.mark.parametrize(("rows", "gemv_rows", "gemm_rows"), [(1, 0, 0), (1, 4, 0), (3, 4, 0), (6, 0, 0), (6, 0, 64)])
-def test_kernel_step_equals_the_torch_step(family: str, rows: int, gemv_rows: int, gemm_rows: int) -> None:
+@pytest.mark.parametrize(
+    ("rows", "gemv_rows", "gemm_rows"), [(1, 0, 0), (1, 4, 0), (3, 4, 0), (6, 0, 0), (6, 0, 64)]
+)
+def test_kernel_step_equals_the_torch_step(
+    family: str, rows: int, gemv_rows: int, gemm_rows: int
+) -> None:
     """Same logits and the same keys/values written, for rows at tile and split boundaries
     (few rows: the keys are split across programs), plus a padded row at the scratch cell;
     with cuBLAS GEMMs, with GEMV kernels (norms, residuals and the SiLU gate folded in) and
@@ -83,8 +95,15 @@ async def test_kernel_greedy_decode_equals_hf_generate() -> None:
     refs = []
     for p in prompts:
         ids = torch.tensor([p], device=DEVICE)
-        out = net.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,  # type: ignore[operator]
-                           min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        out = net.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,  # type: ignore[operator]
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         refs.append(out[0, len(p) :].tolist())
     dec = Decoder(net, 128)
     dec.enable_kernels(gemv_rows=4)
@@ -112,7 +131,9 @@ def test_unsupported_models_and_devices_are_errors_naming_the_cause() -> None:
             TorchEngine(model("qwen3"), device="cpu", kernels=True)
 
 
-@pytest.mark.parametrize("case", ["fresh", "one row", "prefix reuse", "chunked", "slots out of order"])
+@pytest.mark.parametrize(
+    "case", ["fresh", "one row", "prefix reuse", "chunked", "slots out of order"]
+)
 def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
     """The fused norms, rope and cache writes of the kernel prefill give the torch prefill's
     logits and cache, for fresh prompts (causal, no mask), a single row (its per-token slot
@@ -133,19 +154,34 @@ def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
             dec.enable_kernels()
         if any(offsets):  # the reused prefix's keys, written by the torch path either way
             dec.kernels = False
-            dec.prefill(cache, rows, [0] * len(rows), [p[:o] for p, o in zip(prompts, offsets, strict=True)],
-                        [o - 1 for o in offsets])  # fmt: skip
+            dec.prefill(
+                cache,
+                rows,
+                [0] * len(rows),
+                [p[:o] for p, o in zip(prompts, offsets, strict=True)],
+                [o - 1 for o in offsets],
+            )
             dec.kernels = kernels
-        logits = dec.prefill(cache, rows, offsets, [p[o:] for p, o in zip(prompts, offsets, strict=True)],
-                             [0] * len(rows), token_budget=budget)  # fmt: skip
+        logits = dec.prefill(
+            cache,
+            rows,
+            offsets,
+            [p[o:] for p, o in zip(prompts, offsets, strict=True)],
+            [0] * len(rows),
+            token_budget=budget,
+        )
         results.append((logits, cache))
     (ref, ref_cache), (mine, cache) = results
     for a, b in zip(mine, ref, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     for row, length in zip(rows, (len(p) for p in prompts), strict=True):
         for layer in range(len(cache.k)):
-            torch.testing.assert_close(cache.k[layer][row, :, :length], ref_cache.k[layer][row, :, :length])
-            torch.testing.assert_close(cache.v[layer][row, :, :length], ref_cache.v[layer][row, :, :length])
+            torch.testing.assert_close(
+                cache.k[layer][row, :, :length], ref_cache.k[layer][row, :, :length]
+            )
+            torch.testing.assert_close(
+                cache.v[layer][row, :, :length], ref_cache.v[layer][row, :, :length]
+            )
 
 
 def test_rope_cache_is_the_same_for_any_heads_per_program() -> None:
@@ -164,8 +200,19 @@ def test_rope_cache_is_the_same_for_any_heads_per_program() -> None:
     for heads in (4, 1, 8, 16):
         cache = dec.new_cache()
         cache.grow(3, 65)
-        q = triton_kernels.rope_cache(qkv, pos, slot, cache.k[0], cache.v[0], dec.cos, dec.sin,
-                                      dec.n_heads, dec.n_kv, w.qk_norm, heads=heads)  # fmt: skip
+        q = triton_kernels.rope_cache(
+            qkv,
+            pos,
+            slot,
+            cache.k[0],
+            cache.v[0],
+            dec.cos,
+            dec.sin,
+            dec.n_heads,
+            dec.n_kv,
+            w.qk_norm,
+            heads=heads,
+        )
         out.append((q, cache.k[0].clone(), cache.v[0].clone()))
     for got in out[1:]:
         for a, b in zip(got, out[0], strict=True):  # the norm's sum may run in another order
@@ -189,8 +236,12 @@ def test_triton_gemm_split_k_and_glu_equal_f_linear() -> None:
     torch.testing.assert_close(h, ref_h, atol=1e-4, rtol=1e-4)
     x, w, b = rand(5, 100), rand(2 * 40, 100) * 0.1, rand(80)
     gate, up = torch.nn.functional.linear(x, w, b).chunk(2, dim=-1)
-    torch.testing.assert_close(triton_kernels.gemm(x, w, b, glu=True),
-                               torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        triton_kernels.gemm(x, w, b, glu=True),
+        torch.nn.functional.silu(gate) * up,
+        atol=1e-5,
+        rtol=1e-5,
+    )
     torch.testing.assert_close(triton_kernels.gemm(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="65 rows, at most 64"):
         triton_kernels.gemm(rand(65, 100), w)
@@ -198,7 +249,9 @@ def test_triton_gemm_split_k_and_glu_equal_f_linear() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "vocab"), [(1, 151936), (3, 5000)])
-def test_greedy_pick_is_torch_argmax_and_log_softmax(dtype: torch.dtype, rows: int, vocab: int) -> None:
+def test_greedy_pick_is_torch_argmax_and_log_softmax(
+    dtype: torch.dtype, rows: int, vocab: int
+) -> None:
     """The multi-step replay's token pick: the first index of a tied max, as torch.argmax, and
     its log_softmax, over a vocabulary split across programs."""
     gen = torch.Generator().manual_seed(4)
@@ -235,10 +288,14 @@ def test_sampled_pick_draws_from_softmax_over_temperature() -> None:
     torch.testing.assert_close(out_lp.cpu(), torch.log_softmax(logits, -1)[tok], atol=1e-5, rtol=0)
     # rows 5 and 17 alone, swapped, at the same positions: the same draws; another position: not
     sub = [17, 5]
-    again = triton_pick.pick(batch[sub], out_tok[:2], out_lp[:2], (temps[sub], seeds[sub], pos[sub]))
+    again = triton_pick.pick(
+        batch[sub], out_tok[:2], out_lp[:2], (temps[sub], seeds[sub], pos[sub])
+    )
     assert again.tolist() == tok[sub].tolist()
     head = slice(0, 200)
-    moved = triton_pick.pick(batch[head], out_tok[head], out_lp[head], (temps[head], seeds[head], pos[head] + 1))
+    moved = triton_pick.pick(
+        batch[head], out_tok[head], out_lp[head], (temps[head], seeds[head], pos[head] + 1)
+    )
     assert (moved[1:].cpu() != tok[1:200]).float().mean() > 0.2
     # a vocabulary of 20,000 split across programs: the draw of each row still repeats and lands
     # on the one token that dominates it

@@ -28,14 +28,29 @@ TASKS = ("explain-dns", "explain-http-404-vs-500")
 
 
 def stacx_eval(run_dir: Path, *sets: str) -> subprocess.CompletedProcess[str]:
-    args = ["--tasks", "explain", "--agent", "oracle", "--sandbox", "process",
-            "--max-attempts", "1", "--run-dir", str(run_dir)]  # fmt: skip
+    args = [
+        "--tasks",
+        "explain",
+        "--agent",
+        "oracle",
+        "--sandbox",
+        "process",
+        "--max-attempts",
+        "1",
+        "--run-dir",
+        str(run_dir),
+    ]
     for task in TASKS:
         args += ["--include", task]
     for s in sets:
         args += ["--set", s]
-    return subprocess.run([sys.executable, "-m", "stacx", "eval", *args], capture_output=True,
-                          text=True, timeout=900, env=os.environ.copy())  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "stacx", "eval", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ.copy(),
+    )
 
 
 @pytest.mark.model
@@ -50,7 +65,20 @@ def test_default_model_judges_and_the_reward_combines_both_parts(tmp_path: Path)
         " JOIN episode_started s USING (episode_id) ORDER BY 1"
     ).fetchall()
     assert [c[0] for c in calls] == list(TASKS)  # one batched call each, no re-ask
-    for task, judge, rubric, call, attempt, criteria, n_prompt, out, reply, scores, score, err in calls:
+    for (
+        task,
+        judge,
+        rubric,
+        call,
+        attempt,
+        criteria,
+        n_prompt,
+        out,
+        reply,
+        scores,
+        score,
+        err,
+    ) in calls:
         assert (judge, call, attempt, err) == ("judge", 0, 0, "")
         assert rubric.endswith(f"explain/{task}/tests/judge.toml")
         assert criteria == ["correct", "clear"] and n_prompt > 100 and len(out) >= 3
@@ -80,8 +108,12 @@ def test_a_judge_that_fails_is_an_infra_failure_never_a_zero(tmp_path: Path) -> 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "R"
-    proc = stacx_eval(run, 'judge.path="default"', 'judge.backend="openai"',
-                      f'judge.url="http://127.0.0.1:{port}/v1"')  # fmt: skip
+    proc = stacx_eval(
+        run,
+        'judge.path="default"',
+        'judge.backend="openai"',
+        f'judge.url="http://127.0.0.1:{port}/v1"',
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # samples unscored: infra failures
     con = connect_run(run)
     assert con.execute("SELECT count(*) FROM reward_assigned").fetchone() == (0,)

@@ -97,7 +97,9 @@ def test_reply_parsing_takes_name_value_lines_and_names_what_is_missing() -> Non
     assert parse_reply(r.criterion, reply) == ({"correct": 1.0, "c1": 1.0, "coverage": 0.5}, "")
     got, problem = parse_reply(r.criterion, "correct: yes\nc1: great")
     assert got == {"correct": 1.0}
-    assert "c1 (an integer from 1 to 5)" in problem and "coverage (a number from 0 to 100)" in problem
+    assert (
+        "c1 (an integer from 1 to 5)" in problem and "coverage (a number from 0 to 100)" in problem
+    )
     # one criterion may be answered by a bare value
     assert parse_reply(r.criterion[:1], "No.") == ({"correct": 0.0}, "")
 
@@ -107,7 +109,9 @@ def test_aggregations() -> None:
     scores = {"correct": 1.0, "c1": 0.25, "coverage": 0.5}
     assert aggregate(r, scores) == pytest.approx((2 * 1.0 + 0.25 + 0.5) / 4)
     for agg, expected in (("all_pass", 0.0), ("any_pass", 1.0), ("threshold", 0.0)):
-        other = parse_rubric(GOOD + f"[scoring]\naggregation = '{agg}'\nthreshold = 0.7\n", where="j")
+        other = parse_rubric(
+            GOOD + f"[scoring]\naggregation = '{agg}'\nthreshold = 0.7\n", where="j"
+        )
         assert aggregate(other, scores) == expected, agg
     low = parse_rubric(GOOD + "[scoring]\naggregation = 'threshold'\nthreshold = 0.6\n", where="j")
     assert aggregate(low, scores) == 1.0  # weighted mean 0.6875 >= 0.6
@@ -125,8 +129,9 @@ def test_combination_rules() -> None:
 
 
 def test_prompt_carries_the_task_the_answer_the_reference_and_the_scales() -> None:
-    r = parse_rubric(GOOD.replace("[judge]", '[judge]\nreference = "REF"\nmax_answer_chars = 5'),
-                     where="j")  # fmt: skip
+    r = parse_rubric(
+        GOOD.replace("[judge]", '[judge]\nreference = "REF"\nmax_answer_chars = 5'), where="j"
+    )
     (system, user) = prompt_messages(r, r.criterion, "Explain X.", {"/app/a.md": "abcdefgh"})
     assert system["role"] == "system" and user["role"] == "user"
     text = user["content"]
@@ -158,12 +163,19 @@ def _task(tmp_path: Path, extra: str, rubric: str | None = None) -> Path:
 @pytest.mark.parametrize(
     ("extra", "rubric", "named"),
     [
-        ('rubric = "tests/nope.toml"\n', None, "verifier.stacx.rubric = 'tests/nope.toml': no such"),
+        (
+            'rubric = "tests/nope.toml"\n',
+            None,
+            "verifier.stacx.rubric = 'tests/nope.toml': no such",
+        ),
         ('rubrik = "tests/judge.toml"\n', None, "verifier.stacx.rubrik: unknown key"),
-        ('rubric = "tests/judge.toml"\n', GOOD.replace("points = 5", "points = 0"),
-         "tests/judge.toml: criterion[1].points = 0"),
+        (
+            'rubric = "tests/judge.toml"\n',
+            GOOD.replace("points = 5", "points = 0"),
+            "tests/judge.toml: criterion[1].points = 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_task_with_a_bad_rubric_declaration_fails_at_load(
     tmp_path: Path, extra: str, rubric: str | None, named: str
 ) -> None:
@@ -180,12 +192,24 @@ def test_recipe_judge_section_is_checked_at_load(tmp_path: Path) -> None:
         ({"judge": {"rubric": "nope.toml", "path": "default"}}, "judge.rubric = 'nope.toml'"),
         ({"judge": {"rubric": str(bad)}}, "judge.rubric: needs a judge model"),
         ({"judge": {"use": "teacher"}}, "judge.use = 'teacher': needs teacher.path"),
-        ({"judge": {"use": "student"}, "agent": {"name": "oracle"}, "algorithm": {"name": "eval"}},
-         "judge.use = 'student'"),
+        (
+            {
+                "judge": {"use": "student"},
+                "agent": {"name": "oracle"},
+                "algorithm": {"name": "eval"},
+            },
+            "judge.use = 'student'",
+        ),
         ({"judge": {"backend": "openai", "url": "http://x"}}, "backend 'openai' needs both"),
-        ({"judge": {"path": "default"}, "algorithm": {"name": "dagger"},
-          "teacher": {"path": "/t"}}, "[judge] with algorithm.name = 'dagger'"),
-    ]  # fmt: skip
+        (
+            {
+                "judge": {"path": "default"},
+                "algorithm": {"name": "dagger"},
+                "teacher": {"path": "/t"},
+            },
+            "[judge] with algorithm.name = 'dagger'",
+        ),
+    ]
     for data, named in cases:
         with pytest.raises(ConfigError) as err:
             convert({"name": "x", **data})

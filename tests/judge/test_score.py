@@ -34,15 +34,17 @@ max = 0.75
 async def test_unparseable_replies_are_retried_then_fail_as_data() -> None:
     rubric = parse_rubric(RUBRIC, where="inline.toml")
     async with contextlib.AsyncExitStack() as stack:
-        engine, tok = await open_engine(stack, backend="torch", model="default", device="cpu",
-                                        dtype="auto", max_len=2048)  # fmt: skip
-        judge = JudgeModel(engine, tok, stop_token_ids=ChatFormat(tok).stop_token_ids,
-                           max_len=2048)  # fmt: skip
+        engine, tok = await open_engine(
+            stack, backend="torch", model="default", device="cpu", dtype="auto", max_len=2048
+        )
+        judge = JudgeModel(engine, tok, stop_token_ids=ChatFormat(tok).stop_token_ids, max_len=2048)
         answers = {"/app/answer.md": "DNS maps names to addresses."}
         result = await score(rubric, "Explain DNS.", answers, judge, seed="ep-1")
         again = await score(rubric, "Explain DNS.", answers, judge, seed="ep-1")
     assert result.score is None and result.scores == {}
-    assert "after 3 attempts" in result.error and "share (a number from 0.5 to 0.75)" in result.error
+    assert (
+        "after 3 attempts" in result.error and "share (a number from 0.5 to 0.75)" in result.error
+    )
     assert [c.attempt for c in result.calls] == [0, 1, 2]
     for call in result.calls:
         assert len(call.output_ids) == 1 and call.prompt_ids and call.error

@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def stacx(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stacx", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "stacx", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -32,7 +38,9 @@ def busy_port() -> Iterator[int]:
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    [line] = [x for x in done.stderr.splitlines() if x.lower().startswith(("error", "stacx: error"))]
+    [line] = [
+        x for x in done.stderr.splitlines() if x.lower().startswith(("error", "stacx: error"))
+    ]
     return line
 
 
@@ -50,11 +58,15 @@ def test_view_refuses_bad_ports_and_paths(tmp_path: Path, busy_port: int) -> Non
     from stacx.store import db
 
     db.open_writer(tmp_path / "run").close()  # an (empty) run
-    assert "99999 is not in the range" in one_line_error(stacx("view", str(tmp_path / "run"), "--port", "99999"))
+    assert "99999 is not in the range" in one_line_error(
+        stacx("view", str(tmp_path / "run"), "--port", "99999")
+    )
     line = one_line_error(stacx("view", str(tmp_path / "run"), "--port", str(busy_port)))
     assert f"cannot listen on 127.0.0.1:{busy_port}" in line
     assert "does not exist" in one_line_error(stacx("view", str(tmp_path / "nope")))
-    assert "--sql-timeout" in one_line_error(stacx("view", str(tmp_path / "run"), "--sql-timeout", "0"))
+    assert "--sql-timeout" in one_line_error(
+        stacx("view", str(tmp_path / "run"), "--sql-timeout", "0")
+    )
 
 
 def test_help_describes_every_option() -> None:
@@ -62,10 +74,19 @@ def test_help_describes_every_option() -> None:
     assert "Anthropic" in " ".join(top.split())  # serve's line in the command list
     assert "Anthropic Messages API" in " ".join(stacx("serve", "--help").stdout.split())
     assert "Usage: python -m stacx sql [OPTIONS] RUN_DIR... QUERY" in stacx("sql", "--help").stdout
-    described = {"eval": {"--max-turns": "Model turns per episode", "--max-new-tokens": "Tokens the model may write",
-                          "--temperature": "Sampling temperature", "--seed": "Sampling seed"},
-                 "replay": {"--run-dir": "The new run's directory", "--set": "Override a recipe key"}}  # fmt: skip
+    described = {
+        "eval": {
+            "--max-turns": "Model turns per episode",
+            "--max-new-tokens": "Tokens the model may write",
+            "--temperature": "Sampling temperature",
+            "--seed": "Sampling seed",
+        },
+        "replay": {"--run-dir": "The new run's directory", "--set": "Override a recipe key"},
+    }
     for command, options in described.items():
         text = " ".join(stacx(command, "--help").stdout.split())
         for option, words in options.items():
-            assert f"{option} " in text and words in text.split(option, 1)[1][:120], (command, option)
+            assert f"{option} " in text and words in text.split(option, 1)[1][:120], (
+                command,
+                option,
+            )

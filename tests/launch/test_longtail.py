@@ -32,8 +32,11 @@ def sandbox_s() -> dict[str, float]:
 
 
 def test_committed_set_is_the_generators_and_heavy_tailed() -> None:
-    check = subprocess.run([sys.executable, str(ROOT / "tools" / "make_longtail.py"), "--check"],
-                           capture_output=True, text=True)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_longtail.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr
     times = sorted(sandbox_s().values())
     assert len(times) == 32

@@ -89,15 +89,21 @@ def test_each_role_process_killed_once_and_the_run_ends_as_uninterrupted(
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir)]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "STACX_STRICT": "1"},
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     # (what the progress line must show, the role to kill then): the engine mid-generation of
     # iteration 0, the rollout worker once a version is out, the trainer after its second step
-    plan = [(lambda scored, step: scored >= 1, "engine-0"),
-            (lambda scored, step: step >= 1, "rollout-0"),
-            (lambda scored, step: step >= 2, "trainer-0")]  # fmt: skip
+    plan = [
+        (lambda scored, step: scored >= 1, "engine-0"),
+        (lambda scored, step: step >= 1, "rollout-0"),
+        (lambda scored, step: step >= 2, "trainer-0"),
+    ]
     out: list[str] = []
     killed: list[tuple[str, int]] = []
     for line in proc.stdout:
@@ -150,8 +156,14 @@ def test_processes_is_the_gpu_default_and_local_the_cpu_one() -> None:
     assert [r.name for r in roles_for(gpu)] == ["engine", "rollout", "trainer"]
     assert [r.name for r in roles_for(cpu)] == ["rollout", "trainer"]
     # a scripted agent has no engine to serve
-    oracle = convert({"name": "x", "agent": {"name": "oracle"}, "algorithm": {"name": "eval"},
-                      "engine": {"device": "cuda"}})  # fmt: skip
+    oracle = convert(
+        {
+            "name": "x",
+            "agent": {"name": "oracle"},
+            "algorithm": {"name": "eval"},
+            "engine": {"device": "cuda"},
+        }
+    )
     assert [r.name for r in roles_for(oracle)] == ["rollout"]
 
 
@@ -160,7 +172,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}").is_dir() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    return (
+        Path(f"/proc/{pid}").is_dir()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )
 
 
 def test_a_killed_launcher_leaves_no_role_process_and_the_rerun_completes(tmp_path: Path) -> None:
@@ -169,8 +184,9 @@ def test_a_killed_launcher_leaves_no_role_process_and_the_rerun_completes(tmp_pa
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir)]
     env = {**os.environ, "STACX_STRICT": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if "episodes scored=1 " in line:

@@ -255,9 +255,14 @@ def test_teacher_algorithm_without_a_teacher_is_rejected(algo: str) -> None:
 
 @pytest.mark.parametrize(
     "key,value",
-    [("engine.device", "cuda"), ("engine.max_batch", 64), ("engine.max_len", 32768),
-     ("engine.tp", 2), ("model.dtype", "bfloat16")],
-)  # fmt: skip
+    [
+        ("engine.device", "cuda"),
+        ("engine.max_batch", 64),
+        ("engine.max_len", 32768),
+        ("engine.tp", 2),
+        ("model.dtype", "bfloat16"),
+    ],
+)
 def test_server_settings_beside_an_engine_url_are_rejected(key: str, value: object) -> None:
     section, leaf = key.split(".")
     data: dict[str, object] = {"name": "x", "algorithm": {"name": "eval"}}
@@ -303,9 +308,12 @@ def test_plan_prints_only_settings_the_engine_uses() -> None:
     from stacx.launch.plan import describe
 
     with_url = convert(
-        {"name": "x", "algorithm": {"name": "eval"},
-         "engine": {"backend": "sglang", "url": "http://h:1"}}
-    )  # fmt: skip
+        {
+            "name": "x",
+            "algorithm": {"name": "eval"},
+            "engine": {"backend": "sglang", "url": "http://h:1"},
+        }
+    )
     (detail,) = [row[4] for row in describe(with_url, roles_for(with_url)) if row[0] == "rollout"]
     assert "http://h:1" in detail and "device=" not in detail
     oracle = convert({"name": "x", "algorithm": {"name": "eval"}, "agent": {"name": "oracle"}})
@@ -314,7 +322,5 @@ def test_plan_prints_only_settings_the_engine_uses() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    msg = _error(
-        {"name": "x", "agent": {"name": "oracle"}, "placement": {"trainer": {"gpus": 2}}}
-    )
+    msg = _error({"name": "x", "agent": {"name": "oracle"}, "placement": {"trainer": {"gpus": 2}}})
     assert "placement.trainer.gpus" in msg and "agent.name" in msg

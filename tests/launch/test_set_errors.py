@@ -22,7 +22,10 @@ RECIPE = ROOT / "recipes" / "quickstart.toml"
         ("trainer.lr=abc", "--set trainer.lr=abc: trainer.lr: Expected float, got str"),
         ("trainer.lrr=1", "--set trainer.lrr=1: unknown key trainer.lrr; accepted: "),
         ("trainer=3", "--set trainer=3: trainer: Expected object, got int"),
-        ("algorithm.name=foo", "--set algorithm.name=foo: algorithm.name = 'foo': accepted values are 'sft'"),
+        (
+            "algorithm.name=foo",
+            "--set algorithm.name=foo: algorithm.name = 'foo': accepted values are 'sft'",
+        ),
     ],
 )
 def test_a_bad_set_names_the_set(override: str, message: str) -> None:
@@ -42,8 +45,9 @@ def test_an_error_in_the_file_names_the_file_even_with_sets(tmp_path: Path) -> N
 def test_a_missing_task_set_is_reported_before_the_plan_is_printed() -> None:
     from stacx.cli.run import cli
 
-    result = CliRunner().invoke(cli, [str(RECIPE), "--set", "tasks.path=/no/such/tasks",
-                                      "--dry-run"])  # fmt: skip
+    result = CliRunner().invoke(
+        cli, [str(RECIPE), "--set", "tasks.path=/no/such/tasks", "--dry-run"]
+    )
     assert result.exit_code == 2, result.output
     assert "tasks.path '/no/such/tasks': no such file or directory" in result.output
     assert "resolved recipe" not in result.output and len(result.output.splitlines()) <= 2

@@ -28,8 +28,11 @@ def stacx(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """`python -m stacx ARGS`, from the repository root, its output captured."""
     return subprocess.run(
         [sys.executable, "-m", "stacx", *map(str, args)],
-        capture_output=True, text=True, check=False, cwd=BASIC.parents[2],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=BASIC.parents[2],
+    )
 
 
 def rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:

@@ -21,9 +21,23 @@ TASK = "explain-dns"
 
 def verifier_only_eval(run_dir: Path) -> str:
     """One oracle episode of explain-dns, its reward the verifier's (1.0: the format passes)."""
-    done = stacx("eval", "--tasks", "explain", "--agent", "oracle", "--sandbox", "process",
-                 "--max-attempts", "1", "--include", TASK, "--set", "judge.use=off",
-                 "--run-dir", run_dir)  # fmt: skip
+    done = stacx(
+        "eval",
+        "--tasks",
+        "explain",
+        "--agent",
+        "oracle",
+        "--sandbox",
+        "process",
+        "--max-attempts",
+        "1",
+        "--include",
+        TASK,
+        "--set",
+        "judge.use=off",
+        "--run-dir",
+        run_dir,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     ((episode, reward, grader),) = rows(run_dir, "select episode_id, reward, grader from episodes")
     assert (reward, grader) == (1.0, "rollout")
@@ -47,8 +61,11 @@ def judged(run_dir: Path, grader: str) -> tuple[float, float, list[tuple[object,
     m = json.loads(str(metrics))
     assert m["verifier_reward"] == 1.0 and m["reward"] == reward
     rubric = grader.split("+judge:", 1)[1].rsplit("@", 1)[0]
-    calls = rows(run_dir, "select episode_id, judge, call, attempt, reply, score, error "
-                          f"from judge_scored where rubric = '{rubric}'")  # fmt: skip
+    calls = rows(
+        run_dir,
+        "select episode_id, judge, call, attempt, reply, score, error "
+        f"from judge_scored where rubric = '{rubric}'",
+    )
     return float(str(reward)), float(m["judge"]), calls
 
 
@@ -56,8 +73,9 @@ def judged(run_dir: Path, grader: str) -> tuple[float, float, list[tuple[object,
 def test_a_changed_rubric_is_judged_by_the_default_model_and_graded(tmp_path: Path) -> None:
     run = tmp_path / "R"
     episode = verifier_only_eval(run)
-    rubric = changed_rubric(tmp_path / "half.toml", "rule = \"weighted_sum\"\n"
-                            "weights = { verifier = 0.5, judge = 0.5 }")  # fmt: skip
+    rubric = changed_rubric(
+        tmp_path / "half.toml", 'rule = "weighted_sum"\nweights = { verifier = 0.5, judge = 0.5 }'
+    )
     done = stacx("regrade", run, "--rubric", rubric, "--format", "csv")
     assert done.returncode == 0 and "1 regraded (" in done.stderr, done.stderr[-3000:]
     ((grader,),) = rows(run, "select grader from episodes")  # the latest grade is the judge's
@@ -82,8 +100,18 @@ def test_a_changed_rubric_is_judged_by_the_default_model_and_graded(tmp_path: Pa
     changed_rubric(tasks / TASK / "tests" / "judge.toml", 'rule = "min"')
     plain = stacx("regrade", run, "--tasks", tasks)  # judge off: the verifier alone
     assert plain.returncode == 0 and "+judge:" not in plain.stdout, plain.stderr[-2000:]
-    own = stacx("regrade", run, "--tasks", tasks, "--set", "judge.use=own",
-                "--set", 'judge.path="default"', "--set", 'judge.device="cpu"')  # fmt: skip
+    own = stacx(
+        "regrade",
+        run,
+        "--tasks",
+        tasks,
+        "--set",
+        "judge.use=own",
+        "--set",
+        'judge.path="default"',
+        "--set",
+        'judge.device="cpu"',
+    )
     assert own.returncode == 0 and "1 regraded (" in own.stderr, own.stderr[-3000:]
     ((latest,),) = rows(run, "select grader from episodes")
     assert f"+judge:{tasks / TASK / 'tests' / 'judge.toml'}@" in str(latest), latest
@@ -99,8 +127,16 @@ def test_a_judge_that_fails_is_not_a_grade_and_the_next_regrade_retries(tmp_path
     with socket.socket() as s:  # a port nothing listens on: the judge server is down
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    down = ["--set", "judge.use=own", "--set", 'judge.backend="openai"', "--set",
-            'judge.path="default"', "--set", f'judge.url="http://127.0.0.1:{port}/v1"']  # fmt: skip
+    down = [
+        "--set",
+        "judge.use=own",
+        "--set",
+        'judge.backend="openai"',
+        "--set",
+        'judge.path="default"',
+        "--set",
+        f'judge.url="http://127.0.0.1:{port}/v1"',
+    ]
     rubric = changed_rubric(tmp_path / "half.toml", 'rule = "min"')
     done = stacx("regrade", run, "--rubric", rubric, *down)
     assert done.returncode == 0 and "0 regraded, 1 infra" in done.stderr, done.stderr[-3000:]
@@ -122,4 +158,3 @@ def test_a_judge_that_fails_is_not_a_grade_and_the_next_regrade_retries(tmp_path
     bad.write_text('[judge]\nmode = "sometimes"\n')
     broken = stacx("regrade", run, "--rubric", bad)
     assert broken.returncode != 0 and f"--rubric: {bad}" in broken.stderr, broken.stderr[-2000:]
-

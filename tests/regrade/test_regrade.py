@@ -19,11 +19,24 @@ TASKS = ("write-answer-42", "count-lines-in-file")
 
 
 def oracle_eval(run_dir: Path) -> None:
-    done = stacx("eval", "--agent", "oracle", "--tasks", "basic", "--include", TASKS[0],
-                 "--include", TASKS[1], "--run-dir", run_dir)  # fmt: skip
+    done = stacx(
+        "eval",
+        "--agent",
+        "oracle",
+        "--tasks",
+        "basic",
+        "--include",
+        TASKS[0],
+        "--include",
+        TASKS[1],
+        "--run-dir",
+        run_dir,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(rows(run_dir, "select task_id, reward, grader from episodes")) == [
-        ("count-lines-in-file", 1.0, "rollout"), ("write-answer-42", 1.0, "rollout")]  # fmt: skip
+        ("count-lines-in-file", 1.0, "rollout"),
+        ("write-answer-42", 1.0, "rollout"),
+    ]
 
 
 def stricter_verifier(root: Path) -> Path:
@@ -40,8 +53,16 @@ def test_a_changed_verifier_gives_changed_rewards_and_names_the_grader(
     run = tmp_path / "R"
     oracle_eval(run)
     tasks = stricter_verifier(tmp_path / "v2")
-    first = stacx("regrade", run, "--tasks", tasks, "--episodes", "task_id = 'write-answer-42'",
-                  "--limit", "1")  # fmt: skip
+    first = stacx(
+        "regrade",
+        run,
+        "--tasks",
+        tasks,
+        "--episodes",
+        "task_id = 'write-answer-42'",
+        "--limit",
+        "1",
+    )
     assert first.returncode == 0 and "1 regraded (" in first.stderr, first.stderr[-2000:]
     done = stacx("regrade", run, "--tasks", tasks, "--format", "csv")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -53,9 +74,11 @@ def test_a_changed_verifier_gives_changed_rewards_and_names_the_grader(
     assert f"reward 1.0 -> 0.0 by {got['write-answer-42'][1]}" in first.stderr
     grades = rows(run, "select task_id, grader, reward, latest from grades order by task_id, ts")
     assert [(t, g == "rollout", r, latest) for t, g, r, latest in grades] == [
-        ("count-lines-in-file", True, 1.0, False), ("count-lines-in-file", False, 1.0, True),
-        ("write-answer-42", True, 1.0, False), ("write-answer-42", False, 0.0, True),
-    ]  # fmt: skip
+        ("count-lines-in-file", True, 1.0, False),
+        ("count-lines-in-file", False, 1.0, True),
+        ("write-answer-42", True, 1.0, False),
+        ("write-answer-42", False, 0.0, True),
+    ]
     # the same regrade again: every episode already has this grader's grade; nothing is added
     again = stacx("regrade", run, "--tasks", tasks, "--format", "csv")
     assert again.returncode == 0 and "2 skipped" in again.stderr, again.stderr[-2000:]
@@ -72,17 +95,25 @@ def test_a_replay_that_diverges_is_reported_and_not_graded(tmp_path: Path, base_
     (tasks / "count-lines-in-file" / "environment" / "files" / "other.txt").write_text("x\n")
     done = stacx("regrade", run, "--tasks", tasks, "--format", "csv")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "count-lines-in-file: DIVERGED, not regraded: turn 0 (bash): exit code 0 -> 1" in done.stderr
+    assert (
+        "count-lines-in-file: DIVERGED, not regraded: turn 0 (bash): exit code 0 -> 1"
+        in done.stderr
+    )
     assert "1 regraded, 1 diverged" in done.stderr
-    reported = rows(run, "select issue, turn, tool, recorded_exit_code, replayed_exit_code, "
-                    "replayed_output from episode_not_regraded")  # fmt: skip
+    reported = rows(
+        run,
+        "select issue, turn, tool, recorded_exit_code, replayed_exit_code, "
+        "replayed_output from episode_not_regraded",
+    )
     assert len(reported) == 1
     issue, turn, tool, before, after, output = reported[0]
     assert (issue, turn, tool, before, after) == ("diverged", 0, "bash", 0, 1)
     assert "/app/data.txt: No such file or directory" in str(output)
     # the diverged episode keeps the grade it had; the other one is regraded
     assert sorted(rows(run, "select task_id, reward, grader = 'rollout' from episodes")) == [
-        ("count-lines-in-file", 1.0, True), ("write-answer-42", 1.0, False)]  # fmt: skip
+        ("count-lines-in-file", 1.0, True),
+        ("write-answer-42", 1.0, False),
+    ]
 
 
 @pytest.mark.model
@@ -91,15 +122,30 @@ def test_stacx_replay_trains_on_the_regraded_rewards(tmp_path: Path, base_image:
     run = tmp_path / "R"
     oracle_eval(run)
     assert stacx("regrade", run, "--tasks", stricter_verifier(tmp_path / "v2")).returncode == 0
-    trained = stacx("replay", "--from", run, "--where", "reward > 0", "--into",
-                    "recipes/swe/sft_tiny.toml", "--run-dir", tmp_path / "R2",
-                    "--set", "trainer.steps=1", "--set", "eval={}")  # fmt: skip
+    trained = stacx(
+        "replay",
+        "--from",
+        run,
+        "--where",
+        "reward > 0",
+        "--into",
+        "recipes/swe/sft_tiny.toml",
+        "--run-dir",
+        tmp_path / "R2",
+        "--set",
+        "trainer.steps=1",
+        "--set",
+        "eval={}",
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "replaying 1 episodes" in trained.stderr  # write-answer-42's latest grade is 0
     source = rows(run, "select episode_id from episodes where task_id = 'count-lines-in-file'")
-    imported = rows(tmp_path / "R2", "select distinct i.source_run_id, e.episode_id, e.reward "
-                    "from event_imported i join reward_assigned r on r.event_id = i.imported_event_id "
-                    "join episodes e using (episode_id)")  # fmt: skip
+    imported = rows(
+        tmp_path / "R2",
+        "select distinct i.source_run_id, e.episode_id, e.reward "
+        "from event_imported i join reward_assigned r on r.event_id = i.imported_event_id "
+        "join episodes e using (episode_id)",
+    )
     assert [(e, r) for _, e, r in imported] == [(source[0][0], 1.0)]
     assert rows(tmp_path / "R2", "select count(*) > 0 from train_step_finished") == [(True,)]
 
@@ -107,14 +153,31 @@ def test_stacx_replay_trains_on_the_regraded_rewards(tmp_path: Path, base_image:
 @pytest.mark.model
 def test_an_swe_agent_episodes_shell_commands_are_replayed(tmp_path: Path, base_image: str) -> None:
     run = tmp_path / "S"
-    done = stacx("eval", "--tasks", "basic", "--include", "make-script-executable", "--format",
-                 "bash", "--max-turns", "1", "--max-new-tokens", "48", "--temperature", "0",
-                 "--run-dir", run)  # fmt: skip
+    done = stacx(
+        "eval",
+        "--tasks",
+        "basic",
+        "--include",
+        "make-script-executable",
+        "--format",
+        "bash",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "48",
+        "--temperature",
+        "0",
+        "--run-dir",
+        run,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     # greedy, the default model writes the one command the task needs (pinned: if the model's
     # reply changes, this test must be rewritten, not silently pass on a no-op command)
-    assert rows(run, "select arguments_json, exit_code from tool_called join tool_returned "
-                "using (episode_id, turn)") == [('{"command":"chmod +x /app/run.sh"}', 0)]  # fmt: skip
+    assert rows(
+        run,
+        "select arguments_json, exit_code from tool_called join tool_returned "
+        "using (episode_id, turn)",
+    ) == [('{"command":"chmod +x /app/run.sh"}', 0)]
     # a verifier that checks only the mode: 1.0 only if the replay ran the chmod again (the
     # fresh sandbox's run.sh is 644)
     tasks = copy_tasks(tmp_path / "v2", "make-script-executable")
@@ -132,8 +195,9 @@ def test_an_swe_agent_episodes_shell_commands_are_replayed(tmp_path: Path, base_
     dockerfile.write_text(dockerfile.read_text().replace("RUN chmod 644 /app/run.sh\n", ""))
     diverged = stacx("regrade", run, "--tasks", gone.parent, "--format", "csv")
     assert "1 diverged" in diverged.stderr, diverged.stderr[-2000:]
-    assert rows(run, "select issue, tool, recorded_exit_code, replayed_exit_code "
-                "from episode_not_regraded") == [("diverged", "bash", 0, 1)]  # fmt: skip
+    assert rows(
+        run, "select issue, tool, recorded_exit_code, replayed_exit_code from episode_not_regraded"
+    ) == [("diverged", "bash", 0, 1)]
 
 
 def test_a_separate_verifier_is_regraded_from_the_kept_artifacts(
@@ -141,8 +205,17 @@ def test_a_separate_verifier_is_regraded_from_the_kept_artifacts(
 ) -> None:
     fixture = Path(__file__).resolve().parents[1] / "harbor" / "fixtures" / "features"
     run = tmp_path / "R"
-    done = stacx("eval", "--agent", "oracle", "--tasks", fixture, "--include", "separate-verifier",
-                 "--run-dir", run)  # fmt: skip
+    done = stacx(
+        "eval",
+        "--agent",
+        "oracle",
+        "--tasks",
+        fixture,
+        "--include",
+        "separate-verifier",
+        "--run-dir",
+        run,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert rows(run, "select reward from episodes") == [(1.0,)]
     for name, expect, reward in (("same", "= 42 ]", 1.0), ("stricter", "= 43 ]", 0.0)):

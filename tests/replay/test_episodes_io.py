@@ -39,11 +39,17 @@ def _strip(events: list[ev.Event]) -> list[tuple[str, dict[str, object]]]:
 
 async def test_where_selects_episodes_and_all_their_events(source: Path) -> None:
     con = db.connect_run(source)
-    winners = {r[0] for r in con.execute("select episode_id from episodes where reward > 0").fetchall()}
+    winners = {
+        r[0] for r in con.execute("select episode_id from episodes where reward > 0").fetchall()
+    }
     recs = read_records(source, "reward > 0")
     assert {r.episode_id for r in recs} == winners and winners
     kinds = [e["kind"] for e in recs[0].events]
-    assert kinds[0] == "EpisodeStarted" and kinds.count("TurnGenerated") == 2 and "RewardAssigned" in kinds
+    assert (
+        kinds[0] == "EpisodeStarted"
+        and kinds.count("TurnGenerated") == 2
+        and "RewardAssigned" in kinds
+    )
     with pytest.raises(StacxError, match="not a valid predicate"):
         read_records(source, "nonsense >")
 
@@ -60,7 +66,9 @@ async def test_export_row_has_tokens_mask_and_reward(source: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-async def test_replay_from_export_equals_replay_from_run_dir(source: Path, tmp_path: Path, fmt: str) -> None:
+async def test_replay_from_export_equals_replay_from_run_dir(
+    source: Path, tmp_path: Path, fmt: str
+) -> None:
     from_dir = read_records(source, "reward > 0")
     path = tmp_path / f"out.{fmt}"
     write_export([export_row(r) for r in read_records(source)], path, fmt)
@@ -71,7 +79,9 @@ async def test_replay_from_export_equals_replay_from_run_dir(source: Path, tmp_p
         assert {"input_ids", "loss_mask", "reward", "messages"} <= set(first)
 
 
-async def test_reimport_into_a_run_keeps_provenance_and_is_idempotent(source: Path, tmp_path: Path) -> None:
+async def test_reimport_into_a_run_keeps_provenance_and_is_idempotent(
+    source: Path, tmp_path: Path
+) -> None:
     recs = read_records(source, "reward > 0")
     n_events = sum(len(r.events) for r in recs)
     for _ in range(2):  # importing twice changes nothing: derived ids are de-duplicated
@@ -81,7 +91,9 @@ async def test_reimport_into_a_run_keeps_provenance_and_is_idempotent(source: Pa
     con = duckdb.connect(str(db.db_path(tmp_path / "dst")), read_only=True)
     assert con.execute("select count(*) from event_imported").fetchone() == (n_events,)
     src_run = recs[0].run_id
-    assert con.execute("select count(distinct source_run_id), min(source_run_id) from event_imported").fetchone() == (1, src_run)
+    assert con.execute(
+        "select count(distinct source_run_id), min(source_run_id) from event_imported"
+    ).fetchone() == (1, src_run)
     assert con.execute("select count(*) from episodes where reward > 0").fetchone() == (len(recs),)
 
 
@@ -90,27 +102,43 @@ async def test_replayed_sft_batch_equals_the_source_batch(source: Path, tmp_path
     async with RunContext(tmp_path / "dst", recipe="dst") as run:
         for e in reimport(recs, run.run_id):
             await run.emit(e)
-    q = ("select episode_id, turn, prompt_ids, completion_ids, loss_mask from sft_examples "
-         "where reward > 0 order by episode_id, turn")
+    q = (
+        "select episode_id, turn, prompt_ids, completion_ids, loss_mask from sft_examples "
+        "where reward > 0 order by episode_id, turn"
+    )
     direct = db.connect_run(source).execute(q).fetchall()
     replayed = db.connect_run(tmp_path / "dst").execute(q).fetchall()
     assert direct and replayed == direct
 
 
 async def _train_step(run: RunContext, step: int, episode_ids: list[str]) -> None:
-    await run.emit(ev.TrainStepFinished(run_id=run.run_id, step=step, algorithm="sft", loss=1.0,
-                                        weight_version=step, episode_ids=episode_ids))
-    await run.emit(ev.WeightsPublished(run_id=run.run_id, version=step, path=f"/ckpt/v{step}", sha256="0"))
+    await run.emit(
+        ev.TrainStepFinished(
+            run_id=run.run_id,
+            step=step,
+            algorithm="sft",
+            loss=1.0,
+            weight_version=step,
+            episode_ids=episode_ids,
+        )
+    )
+    await run.emit(
+        ev.WeightsPublished(run_id=run.run_id, version=step, path=f"/ckpt/v{step}", sha256="0")
+    )
 
 
 async def test_lineage_over_a_two_generation_chain(source: Path, tmp_path: Path) -> None:
     a_recs = read_records(source, "reward > 0")
     a_run = a_recs[0].run_id
     a_ids = sorted(r.episode_id for r in a_recs)
-    async with RunContext(tmp_path / "B", recipe="B") as run:  # B: replay of A, plus its own episode
+    async with RunContext(
+        tmp_path / "B", recipe="B"
+    ) as run:  # B: replay of A, plus its own episode
         for e in reimport(a_recs, run.run_id):
             await run.emit(e)
-        await run.emit(ev.EpisodeStarted(run_id=run.run_id, episode_id="b-own", task_id="t", group_id="gb"))
+        await run.emit(
+            ev.EpisodeStarted(run_id=run.run_id, episode_id="b-own", task_id="t", group_id="gb")
+        )
         await run.emit(ev.RewardAssigned(run_id=run.run_id, episode_id="b-own", reward=1.0))
         await _train_step(run, 1, [*a_ids, "b-own"])
         b_run = run.run_id
@@ -120,14 +148,17 @@ async def test_lineage_over_a_two_generation_chain(source: Path, tmp_path: Path)
             await run.emit(e)
         await _train_step(run, 1, sorted(r.episode_id for r in b_recs))
     con = db.connect_run(tmp_path / "C")
-    rows = con.execute("select episode_id, source_run_id, origin_run_id, imported from lineage "
-                       "where weight_version = 1 order by episode_id").fetchall()
+    rows = con.execute(
+        "select episode_id, source_run_id, origin_run_id, imported from lineage "
+        "where weight_version = 1 order by episode_id"
+    ).fetchall()
     assert {r[0] for r in rows} == {*a_ids, "b-own"}
     for episode_id, src, origin, imported in rows:
         assert imported and src == b_run
         assert origin == (b_run if episode_id == "b-own" else a_run)
     # and the other direction: which checkpoints did one of A's episodes influence, across runs?
     both = db.attach_runs([tmp_path / "B", tmp_path / "C"])
-    influenced = both.execute("select run_id, weight_version from lineage where episode_id = ? order by 1",
-                              [a_ids[0]]).fetchall()
+    influenced = both.execute(
+        "select run_id, weight_version from lineage where episode_id = ? order by 1", [a_ids[0]]
+    ).fetchall()
     assert influenced == sorted([(b_run, 1), (run.run_id, 1)])

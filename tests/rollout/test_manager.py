@@ -239,8 +239,12 @@ async def test_episode_timeout_stops_the_agent_and_the_verifier_still_scores(
             await asyncio.sleep(0.5)
         got = (await run.query("SELECT status, stop_reason, reward FROM episodes")).to_pylist()
         finished = (await run.query("SELECT n_turns FROM episode_finished")).to_pylist()
-        calls = (await run.query("SELECT c.call_id, r.timed_out, r.error FROM tool_called c "
-                                 "LEFT JOIN tool_returned r USING (call_id)")).to_pylist()  # fmt: skip
+        calls = (
+            await run.query(
+                "SELECT c.call_id, r.timed_out, r.error FROM tool_called c "
+                "LEFT JOIN tool_returned r USING (call_id)"
+            )
+        ).to_pylist()
     assert got == [{"status": "scored", "stop_reason": "agent_timeout", "reward": 0.0}]
     assert finished == [{"n_turns": 1}]  # the turn that ran before the timeout is counted
     # the call the timeout cut is answered in the log, not left open
@@ -302,5 +306,8 @@ async def test_a_task_healthcheck_gates_every_rollout(tmp_path: Path) -> None:
         ("healthy", "scored", 1.0, None),
         ("never-healthy", "failed", None, "start"),
     ]
-    assert rows(tmp_path / "run", "SELECT count(*) FROM turn_generated t JOIN episodes e "
-                "USING (episode_id) WHERE e.task_id = 'never-healthy'") == [(0,)]  # fmt: skip
+    assert rows(
+        tmp_path / "run",
+        "SELECT count(*) FROM turn_generated t JOIN episodes e "
+        "USING (episode_id) WHERE e.task_id = 'never-healthy'",
+    ) == [(0,)]

@@ -42,5 +42,7 @@ def test_oracle_skips_tasks_without_a_solution(tmp_path: Path) -> None:
     assert unsolvable_tasks(recipe) == ["sort-names"]
     assert len(select_tasks(eval_recipe(tasks=str(tmp_path), agent="null"))) == 2
     (tmp_path / "write-answer-42" / "solution" / "solve.sh").unlink()
-    with pytest.raises(ConfigError, match=r"agent.name = 'oracle': no selected task in .*solve\.sh"):
+    with pytest.raises(
+        ConfigError, match=r"agent.name = 'oracle': no selected task in .*solve\.sh"
+    ):
         select_tasks(recipe)

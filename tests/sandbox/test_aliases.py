@@ -127,8 +127,10 @@ def test_python_minor_picks_its_base_and_unfaithful_mappings_say_why() -> None:
         f"ubuntu:22.04 runs on {BASE_IMAGE} (Debian bookworm, not ubuntu: packages and "
         "versions differ)"
     ]
-    assert amap.fidelity("ubuntu:jammy") == (f"ubuntu:jammy runs on {BASE_IMAGE} (Debian "
-                                             "bookworm, not ubuntu: packages and versions differ)")
+    assert amap.fidelity("ubuntu:jammy") == (
+        f"ubuntu:jammy runs on {BASE_IMAGE} (Debian "
+        "bookworm, not ubuntu: packages and versions differ)"
+    )
 
 
 def test_dockerfile_without_from_is_a_task_error() -> None:
@@ -143,7 +145,8 @@ def test_terminal_bench_bases_go_as_the_image_they_are_built_on() -> None:
     assert aliases.resolve(ubuntu) == NOBLE_IMAGE  # as ubuntu:24.04
     assert aliases.resolve(python) == TRIXIE_IMAGE  # Python 3.13, as on trixie
     assert aliases.fidelity(ubuntu) == (
-        f"{ubuntu} runs on {NOBLE_IMAGE} without the tmux and asciinema it adds")
+        f"{ubuntu} runs on {NOBLE_IMAGE} without the tmux and asciinema it adds"
+    )
     assert "without the tmux and asciinema" in str(aliases.fidelity(python))
     assert AliasMap({ubuntu: "mine:1"}, exists=lambda _i: True).resolve(ubuntu) == "mine:1"
 
@@ -197,8 +200,10 @@ def test_real_world_from_lines_get_the_most_specific_base(image: str, expected: 
 
 
 def test_the_most_specific_user_pattern_wins_and_users_beat_defaults() -> None:
-    amap = AliasMap({"python:*bookworm*": "my/bookworm:1", "python:3.12*bookworm*": "my/312:1"},
-                    exists=lambda _tag: True)  # fmt: skip
+    amap = AliasMap(
+        {"python:*bookworm*": "my/bookworm:1", "python:3.12*bookworm*": "my/312:1"},
+        exists=lambda _tag: True,
+    )
     assert amap.resolve("python:3.12-slim-bookworm") == "my/312:1"
     assert amap.resolve("python:3.11-bookworm") == "my/bookworm:1"
     assert amap.resolve("python:3.12-slim") == NOBLE_IMAGE  # no user pattern matches

@@ -77,7 +77,7 @@ async def test_image_entrypoint_runs_with_the_sandboxs_command_instead_of_cmd(
 ) -> None:
     """As Harbor starts `main`: the image's ENTRYPOINT (here one that starts a service, then
     execs its arguments) runs; the image's CMD does not (the sandbox's sleep replaces it)."""
-    entrypoint = "#!/bin/sh\necho service-up > /tmp/service\nexec \"$@\"\n"
+    entrypoint = '#!/bin/sh\necho service-up > /tmp/service\nexec "$@"\n'
     d = make_task(
         tmp_path,
         "with-entrypoint",

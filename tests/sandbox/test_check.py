@@ -74,8 +74,11 @@ async def test_check_is_one_eval_run_of_the_oracle(tmp_path: Path, base_image: s
     # the launcher's run: the resolved eval recipe first, then ordinary episodes
     assert rows_of(run_dir, "select recipe from run_started") == [("tasks-check-oracle",)]
     assert rows_of(run_dir, "select reward from reward_assigned") == [(1.0,), (1.0,)]
-    calls = rows_of(run_dir, "select arguments_json, exit_code from tool_called "
-                    "join tool_returned using (episode_id, turn) where tool_called.tool = 'bash'")  # fmt: skip
+    calls = rows_of(
+        run_dir,
+        "select arguments_json, exit_code from tool_called "
+        "join tool_returned using (episode_id, turn) where tool_called.tool = 'bash'",
+    )
     assert [(json.loads(a), code) for a, code in calls] == [({"command": SOLVE_COMMAND}, 0)] * 2
     stops = rows_of(run_dir, "select stop_reason, n_turns from episodes")
     assert stops == [("submitted", 2)] * 2  # solve.sh, then submit: a token-level demonstration

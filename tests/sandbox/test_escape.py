@@ -44,6 +44,7 @@ from tests.sandbox.backends import backend, limits_task, sandbox, serving
 
 __all__ = ["backend", "sandbox"]  # the parametrized fixtures
 
+
 @dataclass
 class Attempt:
     name: str
@@ -68,19 +69,35 @@ def _refused(r: ExecResult) -> bool:
 
 
 PY = "python3 -c"
-KMOD = (f"{PY} 'import ctypes; c = ctypes.CDLL(None, use_errno=True); "
-        "r = c.init_module(ctypes.c_char_p(b\"\\0\" * 64), 64, b\"\"); print(r, ctypes.get_errno())'")
+KMOD = (
+    f"{PY} 'import ctypes; c = ctypes.CDLL(None, use_errno=True); "
+    'r = c.init_module(ctypes.c_char_p(b"\\0" * 64), 64, b""); print(r, ctypes.get_errno())\''
+)
 ATTEMPTS = [
     # a setuid-root binary (what sudo and su are) run by an unprivileged user
-    Attempt("setuid binary", "/tmp/suidpy -c 'import os; print(os.geteuid())'; "
-            "sudo -n id -u 2>/dev/null; su -c 'id -u' root </dev/null 2>/dev/null",
-            _not_zero_euid, user="nobody",
-            setup="cp \"$(readlink -f \"$(command -v python3)\")\" /tmp/suidpy && chmod 4755 /tmp/suidpy"),
-    Attempt("raw socket (ARP, AF_PACKET)", f"{PY} 'import socket; socket.socket(socket.AF_PACKET, "
-            "socket.SOCK_RAW, socket.htons(0x0806))' && echo OPENED", _no("OPENED")),
-    Attempt("raw socket (ICMP)", f"{PY} 'import socket; socket.socket(socket.AF_INET, "
-            "socket.SOCK_RAW, socket.IPPROTO_ICMP)' && echo OPENED", _no("OPENED")),
-    Attempt("mount", "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m && echo MOUNTED", _no("MOUNTED")),
+    Attempt(
+        "setuid binary",
+        "/tmp/suidpy -c 'import os; print(os.geteuid())'; "
+        "sudo -n id -u 2>/dev/null; su -c 'id -u' root </dev/null 2>/dev/null",
+        _not_zero_euid,
+        user="nobody",
+        setup='cp "$(readlink -f "$(command -v python3)")" /tmp/suidpy && chmod 4755 /tmp/suidpy',
+    ),
+    Attempt(
+        "raw socket (ARP, AF_PACKET)",
+        f"{PY} 'import socket; socket.socket(socket.AF_PACKET, "
+        "socket.SOCK_RAW, socket.htons(0x0806))' && echo OPENED",
+        _no("OPENED"),
+    ),
+    Attempt(
+        "raw socket (ICMP)",
+        f"{PY} 'import socket; socket.socket(socket.AF_INET, "
+        "socket.SOCK_RAW, socket.IPPROTO_ICMP)' && echo OPENED",
+        _no("OPENED"),
+    ),
+    Attempt(
+        "mount", "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m && echo MOUNTED", _no("MOUNTED")
+    ),
     Attempt("unshare -m", "unshare -m true && echo UNSHARED", _no("UNSHARED")),
     Attempt("unshare -r", "unshare -r true && echo UNSHARED", _no("UNSHARED")),
     Attempt("/proc/sysrq-trigger", "echo h > /proc/sysrq-trigger && echo WROTE", _no("WROTE")),
@@ -131,11 +148,16 @@ async def test_gateway_socket_dir_is_usable_but_not_replaceable(base_image: str)
     limits = Limits(memory_mb=256, allow_internet=False, mounts={host_dir: f"{SOCKET_DIR}:ro"})
     try:
         async with await DockerSandbox.create(base_image, limits, run_id="escape") as sb:
-            talk = await sb.exec(f"{PY} 'import socket; s = socket.socket(socket.AF_UNIX); "
-                                 f"s.connect(\"{SOCKET}\"); print(s.recv(9).decode())'", timeout=30)
+            talk = await sb.exec(
+                f"{PY} 'import socket; s = socket.socket(socket.AF_UNIX); "
+                f's.connect("{SOCKET}"); print(s.recv(9).decode())\'',
+                timeout=30,
+            )
             assert talk.stdout == "pong\n", talk
-            evil = await sb.exec(f"rm -f {SOCKET}; touch {SOCKET_DIR}/evil.sock; "
-                                 f"mv {SOCKET} {SOCKET_DIR}/x", timeout=30)
+            evil = await sb.exec(
+                f"rm -f {SOCKET}; touch {SOCKET_DIR}/evil.sock; mv {SOCKET} {SOCKET_DIR}/x",
+                timeout=30,
+            )
             assert "Read-only file system" in evil.stderr, evil
         assert await asyncio.to_thread(os.listdir, host_dir) == ["gateway.sock"]
     finally:
@@ -175,8 +197,9 @@ async def test_service_refuses_another_runs_sandbox_and_a_flood(
                 assert r.error == "auth" and b"s3cret" not in (r.data or b""), r  # type: ignore[attr-defined]
             finally:
                 await nc.close()
-            async with RemoteEnvironments(url=server.url, run_id="flood", token=run_token("flood"),
-                                          place_wait_s=1.0) as flood:
+            async with RemoteEnvironments(
+                url=server.url, run_id="flood", token=run_token("flood"), place_wait_s=1.0
+            ) as flood:
 
                 async def one(i: int) -> str:
                     try:
@@ -228,19 +251,29 @@ async def test_allowlist_proxy_refuses_loopback_metadata_and_the_host(
     allowed = ["localhost", "127.0.0.1", "169.254.169.254", "ip6-localhost"]
     task = limits_task(tmp_path, base_image, Limits(memory_mb=256))
     toml = task / "task.toml"
-    toml.write_text(toml.read_text().replace("allow_internet = true\n", "")
-                    + f'network_mode = "allowlist"\nallowed_hosts = {allowed!r}\n'.replace("'", '"'))
-    probe = (f"{PY} 'import sys, urllib.request as u\n"
-             "for url in sys.argv[1:]:\n"
-             "    try: u.urlopen(url, timeout=10); print(url, \"OPEN\")\n"
-             "    except Exception as e: print(url, getattr(e, \"code\", e))' ")
-    urls = ["http://localhost:22/", "http://127.0.0.1:8080/", "http://169.254.169.254/latest/",
-            "http://ip6-localhost/", f"http://{host}:2375/"]
+    toml.write_text(
+        toml.read_text().replace("allow_internet = true\n", "")
+        + f'network_mode = "allowlist"\nallowed_hosts = {allowed!r}\n'.replace("'", '"')
+    )
+    probe = (
+        f"{PY} 'import sys, urllib.request as u\n"
+        "for url in sys.argv[1:]:\n"
+        '    try: u.urlopen(url, timeout=10); print(url, "OPEN")\n'
+        '    except Exception as e: print(url, getattr(e, "code", e))\' '
+    )
+    urls = [
+        "http://localhost:22/",
+        "http://127.0.0.1:8080/",
+        "http://169.254.169.254/latest/",
+        "http://ip6-localhost/",
+        f"http://{host}:2375/",
+    ]
     async with DockerEnvironments(run_id="ssrf") as envs:
         async with envs.sandbox(envs.task(str(task)), episode_id="ssrf") as sb:
             # the attacker's client ignores NO_PROXY (which keeps localhost off the proxy)
-            r = await sb.exec(probe + " ".join(urls), timeout=120,
-                              env={"NO_PROXY": "", "no_proxy": ""})
+            r = await sb.exec(
+                probe + " ".join(urls), timeout=120, env={"NO_PROXY": "", "no_proxy": ""}
+            )
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert set(lines) == set(urls), r
     assert all(code == "403" for code in lines.values()), r
@@ -262,7 +295,9 @@ def _docker_host_ip() -> str:
 @pytest.mark.docker
 async def test_hardened_defaults_are_what_docker_runs(base_image: str) -> None:
     async with aiodocker.Docker() as docker:
-        async with await DockerSandbox.create(base_image, Limits(memory_mb=256), docker=docker) as sb:
+        async with await DockerSandbox.create(
+            base_image, Limits(memory_mb=256), docker=docker
+        ) as sb:
             shown = await docker.containers.container(sb.id).show()
             caps = await sb.exec("grep CapEff /proc/self/status", timeout=30)
     host = shown["HostConfig"]
@@ -270,5 +305,6 @@ async def test_hardened_defaults_are_what_docker_runs(base_image: str) -> None:
     assert "no-new-privileges:true" in host["SecurityOpt"]
     assert not any("unconfined" in o for o in host["SecurityOpt"]) and not host["Privileged"]
     # CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, FSETID 4, KILL 5, SETGID 6, SETUID 7 (not 2: DAC_READ_SEARCH)
-    assert int(caps.stdout.split()[1], 16) == (1 << 0 | 1 << 1 | 1 << 3 | 1 << 4 | 1 << 5
-                                               | 1 << 6 | 1 << 7), caps
+    assert int(caps.stdout.split()[1], 16) == (
+        1 << 0 | 1 << 1 | 1 << 3 | 1 << 4 | 1 << 5 | 1 << 6 | 1 << 7
+    ), caps

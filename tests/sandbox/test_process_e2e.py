@@ -58,10 +58,24 @@ plot = false
     run_dir = tmp_path / "run"
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}  # Docker unused
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir),
-         "--quiet", "--set", "sandbox.backend='process'"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "run",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            "--set",
+            "sandbox.backend='process'",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     rewards = dict(

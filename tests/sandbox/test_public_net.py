@@ -23,8 +23,10 @@ REGISTRY = ("pypi.org", 443)
 
 def connect(host: str, port: int) -> str:
     """A command that prints `open` when a TCP connection to host:port succeeds in 3 s."""
-    return (f"python3 -c \"import socket; socket.create_connection(('{host}', {port}), "
-            "timeout=3); print('open')\"")  # fmt: skip
+    return (
+        f"python3 -c \"import socket; socket.create_connection(('{host}', {port}), "
+        "timeout=3); print('open')\""
+    )
 
 
 @pytest.fixture
@@ -50,14 +52,16 @@ def listener() -> Iterator[int]:
 
 
 def _host_address() -> str:
-    route = subprocess.run(["ip", "-4", "route", "get", "1.1.1.1"], capture_output=True,
-                           text=True, check=True).stdout.split()  # fmt: skip
+    route = subprocess.run(
+        ["ip", "-4", "route", "get", "1.1.1.1"], capture_output=True, text=True, check=True
+    ).stdout.split()
     return route[route.index("src") + 1]
 
 
 def _iptables_rules(chain: str) -> str:
-    return subprocess.run(["iptables", "-S", chain], capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
+    return subprocess.run(
+        ["iptables", "-S", chain], capture_output=True, text=True, check=True
+    ).stdout
 
 
 async def test_public_sandbox_reaches_the_internet_but_not_the_host(

@@ -49,13 +49,23 @@ class Services:
         log = open(self.root / f"{service_id}.log", "wb")  # the child keeps it
         self.procs[service_id] = proc = subprocess.Popen(
             [
-                stacx_bin(), "sandbox", "serve", "--url", self.url, "--id", service_id,
-                "--slots", str(slots), "--heartbeat", "0.2",
-                "--state-dir", str(self.root / f"state-{service_id}"),
+                stacx_bin(),
+                "sandbox",
+                "serve",
+                "--url",
+                self.url,
+                "--id",
+                service_id,
+                "--slots",
+                str(slots),
+                "--heartbeat",
+                "0.2",
+                "--state-dir",
+                str(self.root / f"state-{service_id}"),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         return proc
 
     async def wait_live(self, *ids: str) -> None:
@@ -99,14 +109,21 @@ async def test_eval_survives_a_service_killed_mid_run(
     tasks = tmp_path / "tasks"
     for i in range(4):
         make_task(
-            tasks, f"slow-{i}", test_sh=TEST, solve_sh=SOLVE,
+            tasks,
+            f"slow-{i}",
+            test_sh=TEST,
+            solve_sh=SOLVE,
             dockerfile=f"FROM {base_image}\nWORKDIR /app\n",
-        )  # fmt: skip
+        )
     victim = services.start("a")
     services.start("b")
     await services.wait_live("a", "b")
-    hosts = [json.loads(line) for line in cli("sandbox", "hosts", "--url", services.url,
-                                              "--wait", "0.5", "--format", "json").splitlines()]  # fmt: skip
+    hosts = [
+        json.loads(line)
+        for line in cli(
+            "sandbox", "hosts", "--url", services.url, "--wait", "0.5", "--format", "json"
+        ).splitlines()
+    ]
     assert {h["service"] for h in hosts} == {"a", "b"}
     assert all(h["free"] == 4 for h in hosts)
 
@@ -196,9 +213,11 @@ async def test_a_failing_step_comes_back_as_that_steps_exception_not_as_infra(
     (check, setup) = failed
     assert check[:3] == ("step-check-fails", "first", "HealthcheckError") and check[4] == 0.0
     assert setup[:4] == (
-        "step-setup-fails", "two", "RuntimeError",
+        "step-setup-fails",
+        "two",
+        "RuntimeError",
         "Step 'two' setup.sh exited with code 3: no data for step two",
-    )  # fmt: skip
+    )
     assert setup[4] == 1.0  # Harbor's mean over the verified step one
     assert check[5] == setup[5] == "step_failed"
 
@@ -247,10 +266,22 @@ async def test_a_run_s_requests_need_its_token(base_image: str, tmp_path: Path) 
 
 def test_eval_set_rejects_an_unknown_backend_naming_the_accepted_ones(tmp_path: Path) -> None:
     out = subprocess.run(
-        [stacx_bin(), "eval", "--agent", "oracle", "--limit", "1", "--set",
-         "sandbox.backend=rmote", "--run-dir", str(tmp_path / "r")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            stacx_bin(),
+            "eval",
+            "--agent",
+            "oracle",
+            "--limit",
+            "1",
+            "--set",
+            "sandbox.backend=rmote",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "sandbox.backend" in out.stderr and "'remote'" in out.stderr
     assert not (tmp_path / "r").exists()  # rejected at load, before anything started
@@ -261,10 +292,23 @@ def test_remote_backend_without_a_nats_url_is_refused_before_the_run_starts(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "STACX_NATS_URL"}
     out = subprocess.run(
-        [stacx_bin(), "eval", "--agent", "oracle", "--limit", "1", "--set",
-         "sandbox.backend=remote", "--run-dir", str(tmp_path / "r")],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        [
+            stacx_bin(),
+            "eval",
+            "--agent",
+            "oracle",
+            "--limit",
+            "1",
+            "--set",
+            "sandbox.backend=remote",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 2
     assert "needs sandbox.url or STACX_NATS_URL" in out.stderr
     assert not (tmp_path / "r").exists()

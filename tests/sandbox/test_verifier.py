@@ -36,9 +36,7 @@ class ShellAgent:
     ) -> AgentResult:
         if self.command:
             await sandbox.exec(self.command)
-        return AgentResult(
-            stop_reason=StopReason.SUBMITTED, n_turns=0, transcript_ids=[]
-        )
+        return AgentResult(stop_reason=StopReason.SUBMITTED, n_turns=0, transcript_ids=[])
 
 
 @pytest.fixture
@@ -55,8 +53,14 @@ async def run_task(tmp_path: Path, base_image: str, emitted: Recorder) -> AsyncI
             dockerfile: str = "FROM debian:bookworm\nWORKDIR /app\n",
         ) -> Outcome:
             path = make_task(tmp_path, "t", test_sh=test_sh, toml=toml, dockerfile=dockerfile)
-            spec = EpisodeSpec(run_id="run-v", task=load_task(path), group_id="g",
-                               sample_index=0, attempt=0, agent="shell")  # fmt: skip
+            spec = EpisodeSpec(
+                run_id="run-v",
+                task=load_task(path),
+                group_id="g",
+                sample_index=0,
+                attempt=0,
+                agent="shell",
+            )
             try:
                 _, verdict = await run_episode(
                     spec, envs=envs, agent=ShellAgent(agent_cmd), emit=emitted

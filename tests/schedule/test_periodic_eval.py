@@ -31,8 +31,14 @@ TASKS = [TaskRef("a", "/t/a"), TaskRef("b", "/t/b")]
 
 
 def state(version: int, **kw: object) -> LogState:
-    base = dict(scheduled=frozenset(), iterations=version + 1, version=version, samples_done=0,
-                samples_scheduled=0, groups_lost=0)  # fmt: skip
+    base = dict(
+        scheduled=frozenset(),
+        iterations=version + 1,
+        version=version,
+        samples_done=0,
+        samples_scheduled=0,
+        groups_lost=0,
+    )
     return LogState(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -43,8 +49,13 @@ def test_versions_evaluated_are_every_nth_the_start_and_the_last() -> None:
 
 
 def test_an_eval_is_due_once_its_version_is_published_and_is_pinned_to_it() -> None:
-    plan = Plan(tasks=TASKS, per_iteration=1, group_size=2, steps=4,
-                evals=EvalPlan(tasks=TASKS, samples=3, versions=[0, 2, 4]))  # fmt: skip
+    plan = Plan(
+        tasks=TASKS,
+        per_iteration=1,
+        group_size=2,
+        steps=4,
+        evals=EvalPlan(tasks=TASKS, samples=3, versions=[0, 2, 4]),
+    )
     assert evals_due(plan, state(0)) == [0]
     assert evals_due(plan, state(3)) == [0, 2]
     events = eval_events("run", plan.evals, 2)  # type: ignore[arg-type]
@@ -60,8 +71,13 @@ def test_an_eval_is_due_once_its_version_is_published_and_is_pinned_to_it() -> N
 
 
 def test_training_is_complete_only_once_the_last_eval_is_scored() -> None:
-    plan = Plan(tasks=TASKS, per_iteration=1, group_size=2, steps=2,
-                evals=EvalPlan(tasks=TASKS, versions=[0, 2]))  # fmt: skip
+    plan = Plan(
+        tasks=TASKS,
+        per_iteration=1,
+        group_size=2,
+        steps=2,
+        evals=EvalPlan(tasks=TASKS, versions=[0, 2]),
+    )
     assert verdict(plan, state(2, evals_scheduled=frozenset({0}))) is None  # v2's not scheduled
     assert verdict(plan, state(2, evals_scheduled=frozenset({0, 2}), eval_pending=1)) is None
     assert verdict(plan, state(2, evals_scheduled=frozenset({0, 2}))) == "completed"
@@ -83,8 +99,15 @@ def test_bad_eval_sections_fail_at_load(section: dict[str, object], message: str
 
 def test_imitation_roll_ins_and_eval_runs_refuse_a_periodic_eval() -> None:
     with pytest.raises(ConfigError, match="roll-in"):
-        convert({"name": "x", "algorithm": {"name": "dagger"}, "teacher": {"path": "t"},
-                 "eval": {"every": 1}}, source="test")  # fmt: skip
+        convert(
+            {
+                "name": "x",
+                "algorithm": {"name": "dagger"},
+                "teacher": {"path": "t"},
+                "eval": {"every": 1},
+            },
+            source="test",
+        )
     with pytest.raises(ConfigError, match="for training runs"):
         convert({"name": "x", "algorithm": {"name": "eval"}, "eval": {"every": 1}}, source="t")
 
@@ -92,17 +115,36 @@ def test_imitation_roll_ins_and_eval_runs_refuse_a_periodic_eval() -> None:
 @pytest.mark.model
 def test_a_training_run_records_its_eval_curve(tmp_path: Path) -> None:
     sets = [
-        "trainer.steps=1", "tasks.per_iteration=1", "tasks.group_size=2", "agent.max_turns=1",
-        "agent.max_new_tokens=24", r"trainer.trainable='^model\.norm\.weight$'",
-        "eval.every=1", "eval.samples=1", "eval.include=['heldout-*']", "eval.limit=2",
+        "trainer.steps=1",
+        "tasks.per_iteration=1",
+        "tasks.group_size=2",
+        "agent.max_turns=1",
+        "agent.max_new_tokens=24",
+        r"trainer.trainable='^model\.norm\.weight$'",
+        "eval.every=1",
+        "eval.samples=1",
+        "eval.include=['heldout-*']",
+        "eval.limit=2",
         "logging.progress='plain'",
-    ]  # fmt: skip
+    ]
     run_dir = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "run", str(ROOT / "recipes/retool/grpo_tiny.toml"),
-         "--run-dir", str(run_dir), "--quiet", *[a for s in sets for a in ("--set", s)]],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "run",
+            str(ROOT / "recipes/retool/grpo_tiny.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     curve = con.execute("select weight_version, n_samples, n_pending from eval_curve").fetchall()

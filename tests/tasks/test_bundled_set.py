@@ -25,16 +25,27 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def test_the_set_has_at_least_40_tasks_across_difficulties() -> None:
     tasks = [p for p in TASKS.iterdir() if (p / "task.toml").is_file()]
     assert len(tasks) >= 40
-    levels = {line.split("=")[1].strip().strip('"') for p in tasks
-              for line in (p / "task.toml").read_text().splitlines() if line.startswith("difficulty")}
+    levels = {
+        line.split("=")[1].strip().strip('"')
+        for p in tasks
+        for line in (p / "task.toml").read_text().splitlines()
+        if line.startswith("difficulty")
+    }
     assert {"trivial", "easy", "medium", "hard"} <= levels
-    assert all((p / "solution" / "solve.sh").is_file() and (p / "tests" / "test.sh").is_file() for p in tasks)
+    assert all(
+        (p / "solution" / "solve.sh").is_file() and (p / "tests" / "test.sh").is_file()
+        for p in tasks
+    )
 
 
 def test_the_committed_drills_are_what_the_generator_writes(tmp_path: Path) -> None:
     out = tmp_path / "drills"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_drills.py"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_drills.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     generated = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     committed = {p.relative_to(DRILLS): p.read_bytes() for p in DRILLS.rglob("*") if p.is_file()}
@@ -50,11 +61,27 @@ def test_no_drill_reuses_a_basic_task_id() -> None:
 @pytest.mark.parametrize("agent,bar", [("oracle", "= 1.0"), ("null", "< 1.0")])
 def test_every_task_meets_the_bar(agent: str, bar: str, tasks: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / agent
-    r = subprocess.run([stacx_bin(), "tasks", "check", str(tasks), "--agent", agent,
-                        "--concurrency", "4", "--run-dir", str(run_dir)],
-                       capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(
+        [
+            stacx_bin(),
+            "tasks",
+            "check",
+            str(tasks),
+            "--agent",
+            agent,
+            "--concurrency",
+            "4",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     con = duckdb.connect(str(run_dir / "trace.duckdb"), read_only=True)
     n_tasks = len([p for p in tasks.iterdir() if (p / "task.toml").is_file()])
-    scored = con.execute(f"select count(*) from episodes where status = 'scored' and reward {bar}").fetchone()
+    scored = con.execute(
+        f"select count(*) from episodes where status = 'scored' and reward {bar}"
+    ).fetchone()
     assert scored == (n_tasks,)

@@ -131,11 +131,31 @@ def test_eval_of_the_oracle_through_the_front_door_records_the_raw_metric(tmp_pa
     each reference solution scores 1, and the raw metric sits next to the reward in SQL."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", "oracle", "--tasks", "mle",
-         "--include", "train-iris", "--include", "heldout-boston", "--sandbox", "process",
-         "--max-attempts", "1", "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            "oracle",
+            "--tasks",
+            "mle",
+            "--include",
+            "train-iris",
+            "--include",
+            "heldout-boston",
+            "--sandbox",
+            "process",
+            "--max-attempts",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     con = db.connect_run(run_dir)
     rows = con.sql(

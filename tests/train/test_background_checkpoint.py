@@ -55,8 +55,17 @@ SMALL = [
 
 def _cmd(run_dir: Path, *sets: str) -> list[str]:
     args = [a for s in sets for a in ("--set", s)]
-    return [sys.executable, "-m", "stacx", "run", str(RECIPE), "--run-dir", str(run_dir),
-            *SMALL, *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "stacx",
+        "run",
+        str(RECIPE),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        *args,
+    ]
 
 
 def _rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
@@ -73,8 +82,9 @@ def test_checkpoint_every_writes_only_every_nth_version(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert checkpoint.versions(run_dir) == [2, 4]
-    published = _rows(run_dir, "select version, durable, sha256 = '' from weights_published "
-                               "order by version")  # fmt: skip
+    published = _rows(
+        run_dir, "select version, durable, sha256 = '' from weights_published order by version"
+    )
     assert published == [(1, False, True), (2, True, False), (3, False, True), (4, True, False)]
     assert _rows(run_dir, "select version from checkpoint_saved order by 1") == [(2,), (4,)]
     # every version reached the engine (1 and 3 from memory only)
@@ -86,13 +96,19 @@ def test_a_lora_version_is_written_before_it_is_published(tmp_path: Path) -> Non
     """With [trainer.lora], background_checkpoint and checkpoint_every do not leave a version
     off the disk: an engine merges an adapter with its directory's adapter_config.json."""
     run_dir = tmp_path / "run"
-    cmd = _cmd(run_dir, "trainer.steps=2", "trainer.checkpoint_every=2",
-               "trainer.background_checkpoint=true", "trainer.lora.rank=4")  # fmt: skip
+    cmd = _cmd(
+        run_dir,
+        "trainer.steps=2",
+        "trainer.checkpoint_every=2",
+        "trainer.background_checkpoint=true",
+        "trainer.lora.rank=4",
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert checkpoint.versions(run_dir) == [1, 2]
-    published = _rows(run_dir, "select version, durable, bytes > 0 from weights_published "
-                               "order by version")  # fmt: skip
+    published = _rows(
+        run_dir, "select version, durable, bytes > 0 from weights_published order by version"
+    )
     assert published == [(1, True, True), (2, True, True)]
     loaded = _rows(run_dir, "select version, adapter from weights_loaded order by 1")
     assert loaded == [(1, True), (2, True)]
@@ -101,8 +117,9 @@ def test_a_lora_version_is_written_before_it_is_published(tmp_path: Path) -> Non
 def _kill_mid_write(cmd: list[str], run_dir: Path, last: int) -> int:
     """Start ``cmd``; SIGKILL it as soon as a background write (a staging directory of a
     version before ``last``) is on disk. Returns the killed version."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     root = checkpoint.checkpoint_root(run_dir)
     try:
         while proc.poll() is None:
@@ -127,9 +144,11 @@ def _replay(run_dir: Path, steps: int) -> tuple[dict[str, torch.Tensor], dict[st
     try:
         (config_json,) = con.execute("select config_json from run_started limit 1").fetchone()  # type: ignore[misc]
         cfg = msgspec.convert(json.loads(config_json)["trainer"], TrainerConfig)
-        batches = dict(con.execute(
-            "select weight_version, arg_min(episode_ids, ts) from train_step_finished group by 1"
-        ).fetchall())  # fmt: skip
+        batches = dict(
+            con.execute(
+                "select weight_version, arg_min(episode_ids, ts) from train_step_finished group by 1"
+            ).fetchall()
+        )
 
         async def query(sql: str, params: dict[str, object]) -> pa.Table:
             return con.sql(sql, params=params).to_arrow_table()
@@ -147,8 +166,12 @@ def _replay(run_dir: Path, steps: int) -> tuple[dict[str, torch.Tensor], dict[st
 def test_kill_mid_background_write_resumes_from_the_last_durable_version(tmp_path: Path) -> None:
     run_dir, steps = tmp_path / "run", 2
     # the whole model trains: its checkpoint (weights + AdamW state, fsync'ed) takes seconds
-    cmd = _cmd(run_dir, f"trainer.steps={steps}", "trainer.background_checkpoint=true",
-               "trainer.trainable=''")  # fmt: skip
+    cmd = _cmd(
+        run_dir,
+        f"trainer.steps={steps}",
+        "trainer.background_checkpoint=true",
+        "trainer.trainable=''",
+    )
     killed = _kill_mid_write(cmd, run_dir, steps)
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -160,8 +183,9 @@ def test_kill_mid_background_write_resumes_from_the_last_durable_version(tmp_pat
     assert list(redo)[: version - durable] == list(range(durable + 1, version + 1))  # type: ignore[arg-type, operator]
     assert f"resuming from durable checkpoint v{durable}" in output
     assert not list(checkpoint.checkpoint_root(run_dir).glob(".v*"))  # no staging dir left
-    assert _rows(run_dir, "select count(*), count(distinct weight_version) from "
-                          "train_step_finished") == [(steps, steps)]  # fmt: skip
+    assert _rows(
+        run_dir, "select count(*), count(distinct weight_version) from train_step_finished"
+    ) == [(steps, steps)]
 
     weights, opt_state = _replay(run_dir, steps)
     final = checkpoint.version_dir(run_dir, steps)

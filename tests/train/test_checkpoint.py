@@ -108,8 +108,11 @@ def test_a_failed_sharded_optimizer_write_is_a_checkpoint_error(tmp_path: Path) 
     model, opt = trained(0)
     (tmp_path / "file").write_text("not a directory")
     part = checkpoint.sharded_optimizer_part(model, opt)
-    with pytest.raises(CheckpointError, match=r"writing .*file/optimizer failed \(rank 0: "
-                       r"NotADirectoryError.*GiB free there\)"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"writing .*file/optimizer failed \(rank 0: "
+        r"NotADirectoryError.*GiB free there\)",
+    ):
         part(tmp_path / "file")
     part(tmp_path / "dir")  # the same state writes where it can
     assert (tmp_path / "dir" / "optimizer" / ".metadata").is_file()

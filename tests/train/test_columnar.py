@@ -30,8 +30,10 @@ def list_rows(cfg: TrainerConfig, table: pa.Table) -> tuple[list[Row], list[obje
         if cfg.algorithm == "grpo":
             out = cols["output_ids"][i]
             adv = cols["advantage_std" if cfg.normalize_std else "advantage"][i]
-            values = {"behavior_logprobs": cols["behavior_logprobs"][i],
-                      "advantages": [float(adv)] * len(out)}  # fmt: skip
+            values = {
+                "behavior_logprobs": cols["behavior_logprobs"][i],
+                "advantages": [float(adv)] * len(out),
+            }
             rows.append((cols["prompt_ids"][i], out, values, [1] * len(out)))
         else:
             out = cols["completion_ids"][i]
@@ -112,8 +114,14 @@ async def test_the_columnar_path_gives_the_list_paths_tensors(
     if algorithm == "grpo":  # 6 episodes, 14 sequences: e0 and h-e0 one each, e1 and h-e1 two
         # (they rewrite their history), e2 and h-e2 one per turn (every prompt stored whole)
         assert got.n_samples == (14 if pack_episodes else len(rows))
-    for field in ("input_ids_R_T", "position_ids_R_T", "targets_R_T", "loss_mask_R_T",
-                  "sequence_index_R_T", "cu_seqlens"):  # fmt: skip
+    for field in (
+        "input_ids_R_T",
+        "position_ids_R_T",
+        "targets_R_T",
+        "loss_mask_R_T",
+        "sequence_index_R_T",
+        "cu_seqlens",
+    ):
         a, b = getattr(got, field), getattr(expected, field)
         assert a.dtype == b.dtype and torch.equal(a, b), field
     assert got.max_seqlen == expected.max_seqlen

@@ -70,11 +70,18 @@ def turn_events(
     end: list[int] = []
     for t, (prompt, output) in enumerate(turns):
         prefix_len, new = ev.prompt_split(prompt, end) if linear else (0, prompt)
-        out.append(ev.TurnGenerated(
-            run_id=run_id, episode_id=episode_id, turn=t, prompt_ids=new, prefix_len=prefix_len,
-            output_ids=output, logprobs=[-0.1 * (i + 1) for i in range(len(output))],
-            weight_version=0,
-        ))  # fmt: skip
+        out.append(
+            ev.TurnGenerated(
+                run_id=run_id,
+                episode_id=episode_id,
+                turn=t,
+                prompt_ids=new,
+                prefix_len=prefix_len,
+                output_ids=output,
+                logprobs=[-0.1 * (i + 1) for i in range(len(output))],
+                weight_version=0,
+            )
+        )
         end = prompt + output
     return out
 
@@ -100,7 +107,9 @@ def test_turns_view_rebuilds_whole_prompts(log: Log) -> None:
     for eid, turns in (("a", a), ("b", b)):
         rows = log.rows(
             "select prompt_ids, n_prompt_tokens, output_ids from turns where episode_id = $e "
-            "order by turn", {"e": eid})  # fmt: skip
+            "order by turn",
+            {"e": eid},
+        )
         assert [r["prompt_ids"] for r in rows] == [p for p, _ in turns]
         assert [r["n_prompt_tokens"] for r in rows] == [len(p) for p, _ in turns]
         assert [r["output_ids"] for r in rows] == [o for _, o in turns]
@@ -143,10 +152,16 @@ def test_a_log_older_than_prefix_len_reads_whole_prompts(tmp_path: Path) -> None
 def tiny() -> Qwen3ForCausalLM:
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     config._attn_implementation = "sdpa"
     return Qwen3ForCausalLM(config).to(torch.float64)
 
@@ -240,8 +255,11 @@ def grpo_group(log: Log, group: str = "g", *, n_turns: int = 4, seed: int = 4) -
     rng = random.Random(seed)
     first = [rng.randrange(1, 60) for _ in range(8)]
     shapes = [(None, True), (2, True), (None, False)]  # (rewrite_at, linear)
-    log.write(ev.TaskScheduled(run_id="r", task_id="t", task_path="/x", group_id=group,
-                               n_samples=len(shapes)))  # fmt: skip
+    log.write(
+        ev.TaskScheduled(
+            run_id="r", task_id="t", task_path="/x", group_id=group, n_samples=len(shapes)
+        )
+    )
     ids = []
     for i, ((rewrite_at, linear), reward) in enumerate(zip(shapes, [1.0, 0.0, 0.5], strict=True)):
         eid = f"{group}-e{i}"
@@ -250,13 +268,15 @@ def grpo_group(log: Log, group: str = "g", *, n_turns: int = 4, seed: int = 4) -
         if i == 0:
             events[2] = msgspec.structs.replace(events[2], actor=ev.TurnActor.TEACHER)
         log.write(
-            ev.EpisodeStarted(run_id="r", episode_id=eid, task_id="t", group_id=group,
-                              sample_index=i),
+            ev.EpisodeStarted(
+                run_id="r", episode_id=eid, task_id="t", group_id=group, sample_index=i
+            ),
             *events,
-            ev.EpisodeFinished(run_id="r", episode_id=eid, stop_reason="submitted",
-                               n_turns=n_turns),
+            ev.EpisodeFinished(
+                run_id="r", episode_id=eid, stop_reason="submitted", n_turns=n_turns
+            ),
             ev.RewardAssigned(run_id="r", episode_id=eid, reward=reward),
-        )  # fmt: skip
+        )
         ids.append(eid)
     return ids
 
@@ -274,9 +294,15 @@ def query_of(log: Log, read: list[pa.Table] | None = None) -> Query:
 
 
 def contents(samples: list[Sample]) -> list[tuple[object, ...]]:
-    return [(list(s.prompt_ids), list(s.completion_ids),
-             [] if s.loss_mask is None else list(s.loss_mask),
-             {k: list(v) for k, v in s.token_values.items()}) for s in samples]  # fmt: skip
+    return [
+        (
+            list(s.prompt_ids),
+            list(s.completion_ids),
+            [] if s.loss_mask is None else list(s.loss_mask),
+            {k: list(v) for k, v in s.token_values.items()},
+        )
+        for s in samples
+    ]
 
 
 def whole_config(cfg: TrainerConfig) -> TrainerConfig:
@@ -337,8 +363,11 @@ async def test_the_batch_read_rebuilds_the_sequences_from_the_stored_ids_only(
         units.batch_rows_sql(cfg, "prompt_ids"), params={"episode_ids": sorted(eids)}
     ).to_arrow_table()
     assert [list(s.prompt_ids) for s in per_row.samples] == rows.column("prompt_ids").to_pylist()
-    chains = zip(per_row.table.column("episode_id").to_pylist(),
-                 per_row.table.column("chain_turn").to_pylist(), strict=True)  # fmt: skip
+    chains = zip(
+        per_row.table.column("episode_id").to_pylist(),
+        per_row.table.column("chain_turn").to_pylist(),
+        strict=True,
+    )
     expected = episode_sequences(per_row.samples, list(chains))
     read: list[pa.Table] = []
     batch = await step_batch(cfg, query_of(log, read), eids)
@@ -408,7 +437,9 @@ async def test_a_view_without_chain_columns_is_refused_naming_them(log: Log) -> 
         "CREATE VIEW my_sft AS SELECT * EXCLUDE (chain_turn, n_prompt_tokens) FROM sft_examples"
     )
     cfg = TrainerConfig(algorithm="sft", filter="actor = 'student'", source="my_sft")
-    with pytest.raises(BatchError, match=r"trainer.source = 'my_sft'.*'chain_turn', 'n_prompt_tokens'"):
+    with pytest.raises(
+        BatchError, match=r"trainer.source = 'my_sft'.*'chain_turn', 'n_prompt_tokens'"
+    ):
         await step_batch(cfg, query_of(log), eids)
 
 
@@ -424,8 +455,13 @@ async def test_trainer_actor_trains_each_episode_as_one_sequence(
     episodes: one sequence per episode, the positions of each episode's length once."""
     first = prompt_ids("Count to three, one number per turn.")
     async with RunContext(tmp_path / "run") as run:
-        cfg = TrainerConfig(steps=1, batch_groups=1, trainable=r"^model\.norm\.weight$",
-                            keep_last=0, share_prompts=False)  # fmt: skip
+        cfg = TrainerConfig(
+            steps=1,
+            batch_groups=1,
+            trainable=r"^model\.norm\.weight$",
+            keep_last=0,
+            share_prompts=False,
+        )
         run.spawn(Trainer(cfg, model=copy.deepcopy(base)))
         await run.emit(
             ev.TaskScheduled(

@@ -119,7 +119,10 @@ def test_two_ranks_lora_step_and_resume_like_one(model_dir: Path, tmp_path: Path
         group.close()
 
 
-async def test_export_writes_the_adapter_or_the_merged_model(model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+async def test_export_writes_the_adapter_or_the_merged_model(
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     run_dir = tmp_path / "run"
     async with RunContext(run_dir, recipe="t", config={"model": {"path": str(model_dir)}}):
         pass
@@ -130,7 +133,9 @@ async def test_export_writes_the_adapter_or_the_merged_model(model_dir: Path, tm
 
     out = export_hf(run_dir, tmp_path / "adapter")
     assert sorted(p.name for p in out.iterdir()) == [
-        lora.ADAPTER_CONFIG, lora.ADAPTER_FILE, "stacx-export.json"
+        lora.ADAPTER_CONFIG,
+        lora.ADAPTER_FILE,
+        "stacx-export.json",
     ]
     assert lora.read_config(out)["base_model_name_or_path"] == str(model_dir)
 

@@ -64,7 +64,9 @@ def test_lora_run_syncs_the_adapter_only(tmp_path: Path, recipe: str) -> None:
     finally:
         con.close()
     assert [v for v, *_ in loaded] == [1, 2]
-    model_bytes = sum(f.stat().st_size for f in Path(resolve_model("default")).glob("*.safetensors"))
+    model_bytes = sum(
+        f.stat().st_size for f in Path(resolve_model("default")).glob("*.safetensors")
+    )
     for _, transport, nbytes, adapter in loaded:
         assert adapter and transport == "memory"
         assert 0 < nbytes < model_bytes / 50, (nbytes, model_bytes)

@@ -251,18 +251,23 @@ def test_truncated_importance_sampling_weights_and_caps() -> None:
 def test_is_mask_band_drops_tokens_whose_ratio_leaves_the_band() -> None:
     """IcePop-style masking: a token whose trainer/engine ratio exp(old - behavior) leaves the
     band gets no gradient and no loss; the others are as without the band (same normalizer)."""
-    old = [[-1.0, -0.5, -2.0, 0.0], [-0.3, -0.5, -1.2, 0.0]]  # ratios: e^.5, 1, e^-1 | ~1, e^1.5, ~1
+    old = [
+        [-1.0, -0.5, -2.0, 0.0],
+        [-0.3, -0.5, -1.2, 0.0],
+    ]  # ratios: e^.5, 1, e^-1 | ~1, e^1.5, ~1
     lp = torch.tensor(LP, dtype=F64, requires_grad=True)
-    out = policy_gradient_loss(lp, t64(BEH), t64(ADV), torch.tensor(MASK),
-                               old_logprobs_B_T=t64(old), mask_band=(0.5, 2.0))  # fmt: skip
+    out = policy_gradient_loss(
+        lp, t64(BEH), t64(ADV), torch.tensor(MASK), old_logprobs_B_T=t64(old), mask_band=(0.5, 2.0)
+    )
     out.loss.backward()
     assert lp.grad is not None
     kept = [[1, 1, 0, 0], [1, 0, 1, 0]]  # e^-1 < 0.5 and e^1.5 > 2 leave the band
     for r in range(2):
         for t in range(4):
             assert (lp.grad[r, t].item() != 0.0) == bool(kept[r][t]), (r, t)
-    plain = policy_gradient_loss(t64(LP), t64(BEH), t64(ADV), torch.tensor(kept),
-                                 old_logprobs_B_T=t64(old), normalizer=6.0)  # fmt: skip
+    plain = policy_gradient_loss(
+        t64(LP), t64(BEH), t64(ADV), torch.tensor(kept), old_logprobs_B_T=t64(old), normalizer=6.0
+    )
     assert out.loss.item() == pytest.approx(plain.loss.item(), rel=1e-9)
     assert out.metrics["is_masked_frac"].item() == pytest.approx(2 / 6)
     with pytest.raises(LossInputError, match="mask_band needs old_logprobs"):
@@ -361,7 +366,9 @@ def test_opd_center_subtracts_the_batch_mean_over_masked_tokens_before_the_grpo_
     assert got[0].tolist() == pytest.approx([0.4 - mean, -1.0 - mean, 0.0])
     assert got[1].tolist() == pytest.approx([-0.5 - mean, 0.0, 0.0])
     grpo = t64([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    got = opd_advantages(teacher - student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5)
+    got = opd_advantages(
+        teacher - student, mask, center=True, grpo_advantages_B_T=grpo, grpo_coef=0.5
+    )
     assert got[1].tolist() == pytest.approx([-0.5 - mean - 0.5, 0.0, 0.0])
 
 

@@ -12,8 +12,16 @@ from .test_views import RUN, episode
 
 
 def schedule(log: Log, group: str, task: str, **fields: object) -> None:
-    log.write(TaskScheduled(run_id=RUN, task_id=task, task_path="/x", group_id=group,
-                            n_samples=2, **fields))  # type: ignore[arg-type]  # fmt: skip
+    log.write(
+        TaskScheduled(
+            run_id=RUN,
+            task_id=task,
+            task_path="/x",
+            group_id=group,
+            n_samples=2,
+            **fields,  # type: ignore[arg-type]
+        )
+    )
 
 
 def test_an_eval_group_is_a_periodic_eval_not_an_eval_runs_group(log: Log) -> None:
@@ -26,13 +34,17 @@ def test_an_eval_group_is_a_periodic_eval_not_an_eval_runs_group(log: Log) -> No
     for group, eid in (("train", "a"), ("periodic", "b"), ("eval-run", "c")):
         episode(log, eid, group, 1.0)
     got = log.rows("select group_id, is_eval from scheduled_groups order by group_id")
-    assert got == [{"group_id": "eval-run", "is_eval": False},
-                   {"group_id": "periodic", "is_eval": True},
-                   {"group_id": "train", "is_eval": False}]  # fmt: skip
+    assert got == [
+        {"group_id": "eval-run", "is_eval": False},
+        {"group_id": "periodic", "is_eval": True},
+        {"group_id": "train", "is_eval": False},
+    ]
     roles = log.rows("select episode_id, role, split from episodes order by episode_id")
     assert [(r["role"], r["split"]) for r in roles] == [
-        ("train", "train"), ("eval", "eval"), ("train", "eval")
-    ]  # fmt: skip
+        ("train", "train"),
+        ("eval", "eval"),
+        ("train", "eval"),
+    ]
     for view in ("sft_examples", "grpo_batch"):
         rows = log.rows(f"select distinct episode_id from {view} order by 1")
         assert [r["episode_id"] for r in rows] == ["a", "c"], view
@@ -49,12 +61,14 @@ def test_a_task_lost_for_good_is_one_row_and_its_groups_are_not_waited_for(log: 
     schedule(log, "g1", "broken")
     schedule(log, "g2", "broken", iteration=1)
     schedule(log, "g3", "ok")
-    log.write(InfraFailed(run_id=RUN, failure_kind="task_invalid", task_id="broken",
-                          will_retry=True))  # fmt: skip
+    log.write(
+        InfraFailed(run_id=RUN, failure_kind="task_invalid", task_id="broken", will_retry=True)
+    )
     assert log.rows("select * from tasks_lost") == []  # a retry is coming: not lost
     for _ in range(2):  # recorded twice (a redelivery): still one lost task
-        log.write(InfraFailed(run_id=RUN, failure_kind="task_invalid", task_id="broken",
-                              will_retry=False))  # fmt: skip
+        log.write(
+            InfraFailed(run_id=RUN, failure_kind="task_invalid", task_id="broken", will_retry=False)
+        )
     assert log.rows("select * from tasks_lost") == [{"task_id": "broken"}]
     lost = log.rows("select group_id, lost from scheduled_groups order by group_id")
     assert [r["lost"] for r in lost] == [True, True, False]

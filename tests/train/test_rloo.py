@@ -47,8 +47,12 @@ async def test_rloo_batch_advantage_is_the_leave_one_out_baseline(log: Log) -> N
         assert len(adv) == len(sample.completion_ids)
         np.testing.assert_allclose(adv, want[eid], rtol=1e-6)
     # not GRPO's: GRPO divides the centred reward by the group's std and does not rescale
-    grpo = await step_batch(TrainerConfig(algorithm="grpo", pack_episodes=False), query_of(log),
-                            list(rewards), version=0)  # fmt: skip
+    grpo = await step_batch(
+        TrainerConfig(algorithm="grpo", pack_episodes=False),
+        query_of(log),
+        list(rewards),
+        version=0,
+    )
     assert not np.allclose(grpo.samples[0].token_values["advantages"], want["a"])
 
 
@@ -56,21 +60,40 @@ async def test_rloo_batch_advantage_is_the_leave_one_out_baseline(log: Log) -> N
 @pytest.mark.slow
 def test_rloo_tiny_recipe_trains_through_stacx_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    sets = ["eval={}", "tasks.per_iteration=1", "tasks.group_size=4", "agent.max_turns=1",
-            "agent.max_new_tokens=16", "trainer.steps=1", "logging.plot=false",
-            "logging.tensorboard=false"]  # fmt: skip
-    cmd = [sys.executable, "-m", "stacx", "run", str(ROOT / "recipes/retool/rloo_tiny.toml"),
-           "--run-dir", str(run_dir), "--quiet", *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    sets = [
+        "eval={}",
+        "tasks.per_iteration=1",
+        "tasks.group_size=4",
+        "agent.max_turns=1",
+        "agent.max_new_tokens=16",
+        "trainer.steps=1",
+        "logging.plot=false",
+        "logging.tensorboard=false",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stacx",
+        "run",
+        str(ROOT / "recipes/retool/rloo_tiny.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        *(a for s in sets for a in ("--set", s)),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     con = db.connect_run(run_dir)
     try:
-        (ids,) = con.execute("select episode_ids from train_step_finished where step = 1").fetchone()
+        (ids,) = con.execute(
+            "select episode_ids from train_step_finished where step = 1"
+        ).fetchone()
         published = con.execute("select max(version) from weights_published").fetchone()
         rewards = dict(con.execute("select episode_id, reward from episodes").fetchall())
         rows = con.sql(
             "select episode_id, output_ids, behavior_logprobs, advantage, group_size "
-            "from grpo_batch where list_contains($ids, episode_id)", params={"ids": ids}
+            "from grpo_batch where list_contains($ids, episode_id)",
+            params={"ids": ids},
         ).to_arrow_table()
     finally:
         con.close()

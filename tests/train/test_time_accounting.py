@@ -15,8 +15,16 @@ from .conftest import Log
 
 
 def turn(eid: str, end: float, gen_s: float, n: int) -> ev.TurnGenerated:
-    return ev.TurnGenerated(run_id="r", episode_id=eid, turn=0, prompt_ids=[1], output_ids=[2] * n,
-                            weight_version=0, gen_ms=gen_s * 1000, ts=end)  # fmt: skip
+    return ev.TurnGenerated(
+        run_id="r",
+        episode_id=eid,
+        turn=0,
+        prompt_ids=[1],
+        output_ids=[2] * n,
+        weight_version=0,
+        gen_ms=gen_s * 1000,
+        ts=end,
+    )
 
 
 def test_busy_and_idle_time_per_version_and_role(log: Log) -> None:
@@ -25,16 +33,31 @@ def test_busy_and_idle_time_per_version_and_role(log: Log) -> None:
         turn("a", 110.0, 5.0, 3),  # engine 105-110
         turn("b", 112.0, 4.0, 2),  # 108-112: overlaps a (one batch): island 105-112
         turn("c", 123.0, 6.0, 4),  # 117-123: spans the publish at 120
-        ev.TrainStepFinished(run_id="r", step=1, algorithm="grpo", loss=0.0, weight_version=1,
-                             duration_ms=4000.0, ts=120.0,
-                             metrics_json=json.dumps({"batch_ms": 1000.0, "checkpoint_ms": 2000.0})),
+        ev.TrainStepFinished(
+            run_id="r",
+            step=1,
+            algorithm="grpo",
+            loss=0.0,
+            weight_version=1,
+            duration_ms=4000.0,
+            ts=120.0,
+            metrics_json=json.dumps({"batch_ms": 1000.0, "checkpoint_ms": 2000.0}),
+        ),
         ev.WeightsPublished(run_id="r", version=1, path="/p", sha256="s", ts=120.0),
-        ev.ToolReturned(run_id="r", episode_id="c", turn=0, call_id="k", tool="python",
-                        duration_ms=3000.0, ts=125.0),  # sandbox 122-125
-        ev.RewardAssigned(run_id="r", episode_id="c", reward=1.0, verifier_ms=2000.0,
-                          ts=126.0),  # 124-126: island 122-126, 5 sandbox-seconds
+        ev.ToolReturned(
+            run_id="r",
+            episode_id="c",
+            turn=0,
+            call_id="k",
+            tool="python",
+            duration_ms=3000.0,
+            ts=125.0,
+        ),  # sandbox 122-125
+        ev.RewardAssigned(
+            run_id="r", episode_id="c", reward=1.0, verifier_ms=2000.0, ts=126.0
+        ),  # 124-126: island 122-126, 5 sandbox-seconds
         ev.RunFinished(run_id="r", status="completed", ts=130.0),
-    )  # fmt: skip
+    )
     rows = {(r["weight_version"], r["role"]): r for r in log.rows("SELECT * FROM time_accounting")}
     assert len(rows) == 8  # 2 versions x 4 roles, idle ones included
     v0, v1 = (lambda role, v=v: rows[(v, role)] for v in (0, 1))
@@ -58,8 +81,16 @@ def step(
     n: int, end: float, *, step_s: float, batch_s: float, hold_s: float
 ) -> ev.TrainStepFinished:
     metrics = {"batch_ms": batch_s * 1000, "hold_ms": hold_s * 1000, "checkpoint_ms": 0.0}
-    return ev.TrainStepFinished(run_id="r", step=n, algorithm="grpo", loss=0.0, weight_version=n,
-                                duration_ms=step_s * 1000, ts=end, metrics_json=json.dumps(metrics))  # fmt: skip
+    return ev.TrainStepFinished(
+        run_id="r",
+        step=n,
+        algorithm="grpo",
+        loss=0.0,
+        weight_version=n,
+        duration_ms=step_s * 1000,
+        ts=end,
+        metrics_json=json.dumps(metrics),
+    )
 
 
 def test_background_checkpoint_time_and_the_trainer_cadence(log: Log) -> None:
@@ -71,10 +102,11 @@ def test_background_checkpoint_time_and_the_trainer_cadence(log: Log) -> None:
         ev.WeightsPublished(run_id="r", version=1, path="/p1", sha256="", durable=False, ts=110.0),
         step(2, 116.0, step_s=4.0, batch_s=1.0, hold_s=1.0),  # trainer 110-116
         ev.WeightsPublished(run_id="r", version=2, path="/p2", sha256="s", ts=116.0),
-        ev.CheckpointSaved(run_id="r", version=1, path="/p1", sha256="s1", duration_ms=8000.0,
-                           ts=118.0),  # 110-118, beside step 2
+        ev.CheckpointSaved(
+            run_id="r", version=1, path="/p1", sha256="s1", duration_ms=8000.0, ts=118.0
+        ),  # 110-118, beside step 2
         ev.RunFinished(run_id="r", status="completed", ts=120.0),
-    )  # fmt: skip
+    )
     rows = {(r["weight_version"], r["role"]): r for r in log.rows("SELECT * FROM time_accounting")}
     assert rows[(0, "trainer")]["busy_s"] == pytest.approx(5.0)
     assert rows[(1, "trainer")]["busy_s"] == pytest.approx(6.0)  # not the write

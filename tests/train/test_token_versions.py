@@ -57,12 +57,14 @@ async def test_a_load_mid_generation_is_recorded_per_token_and_reaches_the_batch
         recorded.append(event)
 
     prompt = engine.tokenizer("Count from one to a thousand:")["input_ids"]
+
     async def act_and_record() -> object:  # one turn, as stacx.agents.loop records it
         params = SamplingParams(max_new_tokens=LONG.max_new_tokens, temperature=0.0, top_p=1.0)
         gen = await EnginePolicy(engine).act(prompt, params)
         assert gen is not None
-        await emit(turn_generated(gen, run_id="r", episode_id="e0", turn=0, prompt=prompt,
-                                  previous_end=[]))  # fmt: skip
+        await emit(
+            turn_generated(gen, run_id="r", episode_id="e0", turn=0, prompt=prompt, previous_end=[])
+        )
         return gen
 
     turn = act_and_record()
@@ -74,22 +76,33 @@ async def test_a_load_mid_generation_is_recorded_per_token_and_reaches_the_batch
     cut = tg.version_starts[1]
     # the wire form round-trips; an event without the fields (an old log) means one version
     assert wire.decode(wire.encode(tg)) == tg
-    assert ev.TurnGenerated(run_id="r", episode_id="x", turn=0, prompt_ids=[1],
-                            output_ids=[2]).versions == []  # fmt: skip
+    assert (
+        ev.TurnGenerated(
+            run_id="r", episode_id="x", turn=0, prompt_ids=[1], output_ids=[2]
+        ).versions
+        == []
+    )
 
     # a scored GRPO group of two episodes: e0 (both versions), e1 (one version, v + 1)
-    other = ev.TurnGenerated(run_id="r", episode_id="e1", turn=0, prompt_ids=prompt,
-                             output_ids=tg.output_ids[:5], logprobs=tg.logprobs[:5],  # type: ignore[index]
-                             weight_version=v + 1)  # fmt: skip
+    other = ev.TurnGenerated(
+        run_id="r",
+        episode_id="e1",
+        turn=0,
+        prompt_ids=prompt,
+        output_ids=tg.output_ids[:5],
+        logprobs=tg.logprobs[:5],  # type: ignore[index]
+        weight_version=v + 1,
+    )
     log.write(ev.TaskScheduled(run_id="r", task_id="t", task_path="/x", group_id="g", n_samples=2))
     for i, (eid, turn_ev, reward) in enumerate([("e0", tg, 1.0), ("e1", other, 0.0)]):
         log.write(
-            ev.EpisodeStarted(run_id="r", episode_id=eid, task_id="t", group_id="g",
-                              sample_index=i),
+            ev.EpisodeStarted(
+                run_id="r", episode_id=eid, task_id="t", group_id="g", sample_index=i
+            ),
             turn_ev,
             ev.EpisodeFinished(run_id="r", episode_id=eid, stop_reason="submitted", n_turns=1),
             ev.RewardAssigned(run_id="r", episode_id=eid, reward=reward),
-        )  # fmt: skip
+        )
     (row,) = log.rows("SELECT * FROM turn_versions WHERE episode_id = 'e0'")
     assert row["token_versions"] == [v] * cut + [v + 1] * (n - cut)
     assert (row["min_version"], row["max_version"]) == (v, v + 1)
@@ -107,8 +120,16 @@ async def test_a_load_mid_generation_is_recorded_per_token_and_reaches_the_batch
     assert mask[5] is None or set(mask[5]) == {1}
 
     # "how many tokens of this step's batch came from a policy older than v + 1"
-    log.write(ev.TrainStepFinished(run_id="r", step=v + 2, algorithm="grpo", loss=0.0,
-                                   weight_version=v + 2, episode_ids=["e0", "e1"]))  # fmt: skip
+    log.write(
+        ev.TrainStepFinished(
+            run_id="r",
+            step=v + 2,
+            algorithm="grpo",
+            loss=0.0,
+            weight_version=v + 2,
+            episode_ids=["e0", "e1"],
+        )
+    )
     (older,) = log.rows(
         "SELECT sum(n_tokens) AS n FROM batch_token_versions WHERE step = $s AND version < $v",
         {"s": v + 2, "v": v + 1},

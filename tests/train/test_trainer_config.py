@@ -33,7 +33,10 @@ def test_defaults_are_a_valid_grpo_config() -> None:
         ({"batch_size": 4}, "unknown field `batch_size`"),
         ({"world_size": 0}, "trainer.world_size = 0: accepted values are an integer >= 1"),
         ({"mixed_precision": True}, "trainer.mixed_precision = True: accepted values are false"),
-        ({"is_mask_band": [2.0, 3.0]}, "trainer.is_mask_band = .2.0, 3.0.: accepted values are .low, high. with 0 < low < 1 < high"),
+        (
+            {"is_mask_band": [2.0, 3.0]},
+            "trainer.is_mask_band = .2.0, 3.0.: accepted values are .low, high. with 0 < low < 1 < high",
+        ),
         ({"is_mask_band": [0.5]}, "trainer.is_mask_band"),
     ],
 )

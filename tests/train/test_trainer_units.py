@@ -222,9 +222,15 @@ def test_sync_step_waits_for_the_eval_pinned_to_its_version(log: Log) -> None:
     gate = gate_sql(cfg) or ""
     assert _one(log, cfg, gate, 0) is True  # no eval scheduled: nothing to wait for
     scheduled = ev.TaskScheduled(
-        run_id=RUN, task_id="t", task_path="/t", group_id="ev0", n_samples=2, role="eval",
-        split="eval", weight_version=0,
-    )  # fmt: skip
+        run_id=RUN,
+        task_id="t",
+        task_path="/t",
+        group_id="ev0",
+        n_samples=2,
+        role="eval",
+        split="eval",
+        weight_version=0,
+    )
     log.write(scheduled)
     log.write(*_episode("a", group="ev0", turns=["student"], reward=1.0))
     assert _one(log, cfg, gate, 0) is False  # one of the eval's two samples is done

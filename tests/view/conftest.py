@@ -16,8 +16,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("STACX_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def env() -> dict[str, str]:
@@ -29,10 +37,32 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smallest real `stacx eval` that exercises a model: 2 tasks, 1 turn of 24 tokens."""
     out = tmp_path_factory.mktemp("view") / "run"
     subprocess.run(
-        [sys.executable, "-m", "stacx", "eval", "--agent", "retool", "--tasks", "math", "--limit", "2",
-         "--max-turns", "1", "--max-new-tokens", "24", "--temperature", "0", "--run-dir", str(out)],
-        check=True, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stacx",
+            "eval",
+            "--agent",
+            "retool",
+            "--tasks",
+            "math",
+            "--limit",
+            "2",
+            "--max-turns",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--run-dir",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        timeout=900,
+    )
     return out
 
 
@@ -41,8 +71,14 @@ SQL_TIMEOUT_S = 2  # the viewer fixture's --sql-timeout
 
 def start_viewer(*run_dirs: Path, args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], str]:
     """`stacx view RUN... [ARGS]` as a user starts it; returns the process and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "stacx", "view", *map(str, run_dirs), *args], cwd=ROOT, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stacx", "view", *map(str, run_dirs), *args],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         found = re.search(r"http://127\.0\.0\.1:\d+/", line)
@@ -71,7 +107,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)  # fmt: skip
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)

@@ -13,8 +13,15 @@ from stacx.store import db
 
 pytestmark = pytest.mark.model
 
-PAGES = {"/": "runs", "/episodes": "episodes", "/lineage": "lineage", "/cost": "drift & cost",
-         "/load": "time & load", "/sql": "SQL", "/compare": "compare"}  # fmt: skip
+PAGES = {
+    "/": "runs",
+    "/episodes": "episodes",
+    "/lineage": "lineage",
+    "/cost": "drift & cost",
+    "/load": "time & load",
+    "/sql": "SQL",
+    "/compare": "compare",
+}
 
 
 def recorded(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
@@ -30,7 +37,9 @@ def test_every_page_loads(viewer: str, page) -> None:
         assert page.locator("header nav a").count() == len(PAGES)
 
 
-def test_load_page_shows_the_time_accounting_and_each_process(viewer: str, run_dir: Path, page) -> None:
+def test_load_page_shows_the_time_accounting_and_each_process(
+    viewer: str, run_dir: Path, page
+) -> None:
     processes = {p for (p,) in recorded(run_dir, "select distinct process from process_load")}
     assert "launcher" in processes  # local placement: one process, the launcher's
     page.goto(viewer + "/load")
@@ -54,8 +63,12 @@ def test_episode_page_shows_the_decoded_text_of_a_turn(viewer: str, run_dir: Pat
     from stacx.hf import resolve_model
 
     [(episode, output_ids, logprobs)] = recorded(
-        run_dir, "select episode_id, output_ids, logprobs from turn_generated order by episode_id limit 1")
-    text = AutoTokenizer.from_pretrained(resolve_model("default")).decode(output_ids, skip_special_tokens=False)
+        run_dir,
+        "select episode_id, output_ids, logprobs from turn_generated order by episode_id limit 1",
+    )
+    text = AutoTokenizer.from_pretrained(resolve_model("default")).decode(
+        output_ids, skip_special_tokens=False
+    )
     page.goto(f"{viewer}/episode?id={episode}")
     output = page.locator("#turn-0 pre.output")
     assert output.inner_text() == text
@@ -63,7 +76,9 @@ def test_episode_page_shows_the_decoded_text_of_a_turn(viewer: str, run_dir: Pat
     assert tokens.count() == len(output_ids)  # ASCII-ish text: one span per token
     title = tokens.first.get_attribute("title")
     assert f"logprob {logprobs[0]:.4g}" in title and "weight v0" in title
-    assert "Problem:" in page.locator("#turn-0 pre.prompt").text_content()  # the prompt, decoded (folded)
+    assert (
+        "Problem:" in page.locator("#turn-0 pre.prompt").text_content()
+    )  # the prompt, decoded (folded)
 
 
 def test_filters_change_the_episode_list(viewer: str, run_dir: Path, page) -> None:
@@ -93,9 +108,11 @@ def test_sql_box_answers_and_stays_read_only(viewer: str, run_dir: Path, page) -
     with page.expect_navigation():
         page.click("button[type=submit]")
     assert page.locator("table.result td").inner_text() == str(n)
-    for query, error in (("select * from no_such_view", "no_such_view"),
-                         ("create table x (a int)", "read-only mode"),
-                         ("select * from read_csv('/etc/hostname')", "disabled by configuration")):  # fmt: skip
+    for query, error in (
+        ("select * from no_such_view", "no_such_view"),
+        ("create table x (a int)", "read-only mode"),
+        ("select * from read_csv('/etc/hostname')", "disabled by configuration"),
+    ):
         page.fill("textarea[name=q]", query)
         with page.expect_navigation():
             page.click("button[type=submit]")
@@ -108,12 +125,17 @@ def _typed(page, query: str) -> None:  # type: ignore[no-untyped-def]
         page.click("button[type=submit]")
 
 
-def test_a_typed_statement_cannot_change_the_views_the_pages_read(viewer: str, run_dir: Path, page) -> None:
+def test_a_typed_statement_cannot_change_the_views_the_pages_read(
+    viewer: str, run_dir: Path, page
+) -> None:
     [(n,)] = recorded(run_dir, "select count(*) from episode_started")
     page.goto(viewer + "/sql")
     # EXPLAIN ANALYZE runs the statement it explains: each typed query has a connection of its own
-    for query in ("explain analyze create or replace temp view episodes as select 1 as x",
-                  "explain analyze drop view episodes", "detach r0"):  # fmt: skip
+    for query in (
+        "explain analyze create or replace temp view episodes as select 1 as x",
+        "explain analyze drop view episodes",
+        "detach r0",
+    ):
         _typed(page, query)
         _typed(page, "select count(*) as n from episodes")
         assert page.locator("table.result td").inner_text() == str(n), query
@@ -143,7 +165,9 @@ def test_the_views_are_listed_once_each_with_their_columns_once(viewer: str, pag
     names = [i.split()[0] for i in items]
     assert len(names) == len(set(names)) and "episodes" in names
     columns = next(i for i in items if i.split()[0] == "tasks_lost").split(maxsplit=1)[1]
-    assert columns == "task_id"  # not "task_id, task_id" (the file's copy of the view and the temp one)
+    assert (
+        columns == "task_id"
+    )  # not "task_id, task_id" (the file's copy of the view and the temp one)
 
 
 def test_the_cost_page_fits_the_page(viewer: str, page) -> None:
@@ -155,10 +179,16 @@ def test_the_cost_page_fits_the_page(viewer: str, page) -> None:
 def test_a_chart_shows_negative_ticks_whole_and_its_titles_clear_of_them(viewer: str, page) -> None:
     from stacx.view.html import line_chart
 
-    svg = line_chart([("loss", [(0.0, 0.5), (1.0, -0.03354), (2.0, 0.2)])], title="train loss",
-                     x_label="step", y_label="loss")  # fmt: skip
+    svg = line_chart(
+        [("loss", [(0.0, 0.5), (1.0, -0.03354), (2.0, 0.2)])],
+        title="train loss",
+        x_label="step",
+        y_label="loss",
+    )
     page.goto(viewer + "/")  # the viewer's origin, then the stylesheet its pages use
-    page.set_content(f'<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css">{svg}')
+    page.set_content(
+        f'<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css">{svg}'
+    )
     page.wait_for_load_state()
     boxes = page.evaluate("""() => [...document.querySelectorAll('svg.chart text')].map(t => {
         const b = t.getBoundingClientRect(), s = t.ownerSVGElement.getBoundingClientRect();
@@ -169,6 +199,10 @@ def test_a_chart_shows_negative_ticks_whole_and_its_titles_clear_of_them(viewer:
     assert all(t["left"] >= 0 for t in ticks)  # no tick, its minus sign included, is clipped
     for title in (b for b in boxes if b["cls"] == "label"):
         for t in ticks:  # the axis titles overlap no tick
-            apart = (title["right"] <= t["left"] or t["right"] <= title["left"]
-                     or title["bottom"] <= t["top"] or t["bottom"] <= title["top"])  # fmt: skip
+            apart = (
+                title["right"] <= t["left"]
+                or t["right"] <= title["left"]
+                or title["bottom"] <= t["top"]
+                or t["bottom"] <= title["top"]
+            )
             assert apart, (title["text"], t["text"])

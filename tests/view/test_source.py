@@ -32,8 +32,14 @@ print(json.dumps(out))
 
 
 def _read(run_dir: Path) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", READ, str(run_dir)], cwd=ROOT, check=True,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", READ, str(run_dir)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -45,16 +51,22 @@ async def test_a_live_run_is_read_from_a_snapshot_that_is_then_removed(tmp_path:
     before = _snapshots()
     async with RunContext(tmp_path / "run", recipe="live") as run:
         for n in (1, 2):
-            await run.emit(ev.EpisodeStarted(run_id=run.run_id, episode_id=f"e{n}", task_id="t", group_id="g"))
+            await run.emit(
+                ev.EpisodeStarted(run_id=run.run_id, episode_id=f"e{n}", task_id="t", group_id="g")
+            )
             await run.sync(60)
             got = _read(tmp_path / "run")
             assert got["n"] == n and got["snapshots"] == 1  # the live file was copied, and read
             assert "disabled by configuration" in str(got["copy episode_started to '/tmp/out.csv'"])
-            assert "disabled by configuration" in str(got["select * from read_text('/etc/hostname')"])
+            assert "disabled by configuration" in str(
+                got["select * from read_text('/etc/hostname')"]
+            )
     assert _snapshots() == before  # each copy was deleted when the viewer closed it
 
 
-async def test_several_runs_are_curved_by_split_an_eval_runs_episodes_as_eval(tmp_path: Path) -> None:
+async def test_several_runs_are_curved_by_split_an_eval_runs_episodes_as_eval(
+    tmp_path: Path,
+) -> None:
     """Multi-run mode (no reward_by_weight_version per run): a `stacx eval` run's episodes
     (TaskScheduled.split = 'eval', role '') are labelled eval, not train."""
     from stacx.view.pages import reward_curve
@@ -64,8 +76,14 @@ async def test_several_runs_are_curved_by_split_an_eval_runs_episodes_as_eval(tm
     for name, split in (("a", "eval"), ("b", "train")):
         async with RunContext(tmp_path / name, recipe=name) as run:
             r = run.run_id
-            await run.emit(ev.TaskScheduled(run_id=r, task_id="t", task_path="t", group_id=f"g{name}", split=split))
-            await run.emit(ev.EpisodeStarted(run_id=r, episode_id=f"e{name}", task_id="t", group_id=f"g{name}"))
+            await run.emit(
+                ev.TaskScheduled(
+                    run_id=r, task_id="t", task_path="t", group_id=f"g{name}", split=split
+                )
+            )
+            await run.emit(
+                ev.EpisodeStarted(run_id=r, episode_id=f"e{name}", task_id="t", group_id=f"g{name}")
+            )
             await run.emit(ev.RewardAssigned(run_id=r, episode_id=f"e{name}", reward=1.0))
             await run.sync(60)
             ids.append(r)
@@ -74,4 +92,7 @@ async def test_several_runs_are_curved_by_split_an_eval_runs_episodes_as_eval(tm
         curves = [reward_curve(source, r).dicts() for r in ids]
     finally:
         source.close()
-    assert [[(c["split"], c["n_episodes"]) for c in curve] for curve in curves] == [[("eval", 1)], [("train", 1)]]
+    assert [[(c["split"], c["n_episodes"]) for c in curve] for curve in curves] == [
+        [("eval", 1)],
+        [("train", 1)],
+    ]

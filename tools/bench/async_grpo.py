@@ -64,19 +64,30 @@ RECIPE = ROOT / "recipes" / "longtail" / "grpo.toml"
 
 # CPU: one short turn per episode and a light step, so the sandbox tail is not lost in the
 # 2 cores' generation and training time
-TINY_SETS = ["agent.max_turns=1", "agent.max_new_tokens=16",
-             "trainer.trainable='^model\\.(norm|layers\\.29)\\.'",
-             "trainer.background_checkpoint=true"]  # fmt: skip
+TINY_SETS = [
+    "agent.max_turns=1",
+    "agent.max_new_tokens=16",
+    "trainer.trainable='^model\\.(norm|layers\\.29)\\.'",
+    "trainer.background_checkpoint=true",
+]
 CUDA_SETS = [
-    "engine.device=cuda", "trainer.device=cuda", "engine.max_batch=64",
+    "engine.device=cuda",
+    "trainer.device=cuda",
+    "engine.max_batch=64",
     # placement "processes" (the GPU default): the engine, two rollout workers of 64 episodes
     # each and the trainer in processes of their own
-    "placement.rollout_workers=2", "sandbox.concurrency=64",
-    "tasks.per_iteration=4", "tasks.group_size=8",
-    "agent.max_turns=3", "agent.max_new_tokens=96", "agent.temperature=0.7",
-    "trainer.lr=1e-4", "trainer.trainable=''", "trainer.compile=false",
+    "placement.rollout_workers=2",
+    "sandbox.concurrency=64",
+    "tasks.per_iteration=4",
+    "tasks.group_size=8",
+    "agent.max_turns=3",
+    "agent.max_new_tokens=96",
+    "agent.temperature=0.7",
+    "trainer.lr=1e-4",
+    "trainer.trainable=''",
+    "trainer.compile=false",
     "trainer.background_checkpoint=true",
-]  # fmt: skip
+]
 
 SPAN = """
 SELECT (SELECT min(ts - gen_ms / 1000.0) FROM turn_generated) AS t0,
@@ -106,7 +117,9 @@ SELECT process, lag_p50_ms, lag_p99_ms, cpu_share, rss_mb, forks, saturated_wind
 FROM process_load_run ORDER BY process
 """
 ACCOUNTING = "SELECT role, busy_s, idle_s, busy_frac, work_s, tokens_per_s FROM time_accounting_run"
-STALENESS = "SELECT avg(try_cast(json_extract(metrics_json, '$.max_staleness') AS DOUBLE)) FROM train_steps"
+STALENESS = (
+    "SELECT avg(try_cast(json_extract(metrics_json, '$.max_staleness') AS DOUBLE)) FROM train_steps"
+)
 CADENCE = "SELECT cycle_over_step, hold_s / nullif(steps, 0) FROM trainer_cadence_run"
 
 
@@ -120,8 +133,9 @@ def stacx_run(run_dir: Path, sets: list[str], timeout_s: float) -> tuple[float, 
     print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     log = (run_dir.parent / f"{run_dir.name}.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -158,10 +172,16 @@ def measure(run_dir: Path) -> dict[str, object]:
             for v, t, r, n in con.execute(REWARD_VS_TIME, {"a": a}).fetchall()
         ]
         load = {
-            str(proc): {"lag_p50_ms": p50, "lag_p99_ms": p99, "cpu_share": cpu, "rss_mb": rss,
-                        "forks": int(forks or 0), "saturated_windows": int(sat or 0)}
+            str(proc): {
+                "lag_p50_ms": p50,
+                "lag_p99_ms": p99,
+                "cpu_share": cpu,
+                "rss_mb": rss,
+                "forks": int(forks or 0),
+                "saturated_windows": int(sat or 0),
+            }
             for proc, p50, p99, cpu, rss, forks, sat in con.execute(LOAD).fetchall()
-        }  # fmt: skip
+        }
         (staleness,) = con.execute(STALENESS).fetchone() or (None,)
         cycle, hold = con.execute(CADENCE).fetchone() or (None, None)
         accounting = {
@@ -220,8 +240,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="train steps per run (default: 3 tiny, 10 cuda)")
     ap.add_argument("--staleness", type=int, default=2, help="async max_staleness (default 2)")
     ap.add_argument("--warmup-steps", type=int, help="unmeasured warm-up run (default 0 / 1 cuda)")
-    ap.add_argument("--timeout-s", type=float, help="limit per measured stacx run, then it is "
-                    "measured on the steps it made (default 1800; cuda 190, warm-up 130)")
+    ap.add_argument(
+        "--timeout-s",
+        type=float,
+        help="limit per measured stacx run, then it is "
+        "measured on the steps it made (default 1800; cuda 190, warm-up 130)",
+    )
     ap.add_argument("--work", type=Path, help="run dirs go here (default: a temp dir)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
@@ -232,22 +256,34 @@ def main() -> None:
     base = [*(CUDA_SETS if cuda else TINY_SETS), f"trainer.steps={steps}", *args.sets]
     work = args.work or Path(tempfile.mkdtemp(prefix="async-grpo-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"bench: {platform.node()} python {platform.python_version()}, work {work}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"bench: {platform.node()} python {platform.python_version()}, work {work}", file=sys.stderr
+    )
     if warmup:
-        stacx_run(work / "warmup", [*base, f"trainer.steps={warmup}", "algorithm.mode=sync"],
-                  min(limit, 130.0) if cuda else limit)  # fmt: skip
-    out: dict[str, object] = {"bench": "async_grpo", "device": "cuda" if cuda else "cpu",
-                              "recipe": str(RECIPE.relative_to(ROOT)), "sets": base}  # fmt: skip
-    for mode, extra in (("sync", ["algorithm.mode=sync"]),
-                        ("async", ["algorithm.mode=async", f"algorithm.max_staleness={args.staleness}"])):  # fmt: skip
+        stacx_run(
+            work / "warmup",
+            [*base, f"trainer.steps={warmup}", "algorithm.mode=sync"],
+            min(limit, 130.0) if cuda else limit,
+        )
+    out: dict[str, object] = {
+        "bench": "async_grpo",
+        "device": "cuda" if cuda else "cpu",
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "sets": base,
+    }
+    for mode, extra in (
+        ("sync", ["algorithm.mode=sync"]),
+        ("async", ["algorithm.mode=async", f"algorithm.max_staleness={args.staleness}"]),
+    ):
         wall, finished = stacx_run(work / mode, [*base, *extra], limit)
         out[mode] = {"wall_s": round(wall, 1), "finished": finished, **measure(work / mode)}
         print(f"bench: {mode}: {json.dumps(out[mode])}", file=sys.stderr, flush=True)
     sync, asyn = out["sync"], out["async"]
     assert isinstance(sync, dict) and isinstance(asyn, dict)
     out["speedup"] = round(asyn["steps_per_hour"] / sync["steps_per_hour"], 3)
-    out["tokens_per_s_ratio"] = round(asyn["gen_tokens_per_s"] / max(sync["gen_tokens_per_s"], 1e-9), 3)
+    out["tokens_per_s_ratio"] = round(
+        asyn["gen_tokens_per_s"] / max(sync["gen_tokens_per_s"], 1e-9), 3
+    )
     out.update(time_to_reward(sync["reward_vs_time"], asyn["reward_vs_time"]))
     print(json.dumps(out), flush=True)
 

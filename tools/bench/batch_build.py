@@ -42,21 +42,32 @@ from stacx.train.packing import pack
 from stacx.train.trainer import step_batch
 
 
-def episode_events(rng: random.Random, eid: str, group: str, index: int, turns: int,
-                   first: int, obs: int, out: int) -> list[ev.Event]:  # fmt: skip
+def episode_events(
+    rng: random.Random, eid: str, group: str, index: int, turns: int, first: int, obs: int, out: int
+) -> list[ev.Event]:
     """One scored episode: whole prompts that extend the previous prompt + output."""
     events: list[ev.Event] = [
-        ev.EpisodeStarted(run_id="r", episode_id=eid, task_id=group, group_id=group,
-                          sample_index=index)
-    ]  # fmt: skip
+        ev.EpisodeStarted(
+            run_id="r", episode_id=eid, task_id=group, group_id=group, sample_index=index
+        )
+    ]
     prompt = [rng.randrange(1, 50_000) for _ in range(first)]
     end: list[int] = []
     for t in range(turns):
         output = [rng.randrange(1, 50_000) for _ in range(out)]
         prefix_len, new = ev.prompt_split(prompt, end)
-        events.append(ev.TurnGenerated(
-            run_id="r", episode_id=eid, turn=t, prompt_ids=new, prefix_len=prefix_len,
-            output_ids=output, logprobs=[-0.5] * out, weight_version=0))  # fmt: skip
+        events.append(
+            ev.TurnGenerated(
+                run_id="r",
+                episode_id=eid,
+                turn=t,
+                prompt_ids=new,
+                prefix_len=prefix_len,
+                output_ids=output,
+                logprobs=[-0.5] * out,
+                weight_version=0,
+            )
+        )
         end = prompt + output
         prompt = end + [rng.randrange(1, 50_000) for _ in range(obs)]
     events += [
@@ -97,12 +108,16 @@ def main() -> None:
     for i in range(args.episodes):
         group = f"g{i // args.group}"
         if i % args.group == 0:
-            events.append(ev.TaskScheduled(run_id="r", task_id=group, task_path="/x",
-                                           group_id=group, n_samples=args.group))  # fmt: skip
+            events.append(
+                ev.TaskScheduled(
+                    run_id="r", task_id=group, task_path="/x", group_id=group, n_samples=args.group
+                )
+            )
         eid = f"e{i:04d}"
         ids.append(eid)
-        events += episode_events(rng, eid, group, i % args.group, args.turns, args.first,
-                                 args.obs, args.out)  # fmt: skip
+        events += episode_events(
+            rng, eid, group, i % args.group, args.turns, args.first, args.obs, args.out
+        )
     cfg = TrainerConfig(algorithm="grpo", pack_episodes=not args.no_pack_episodes)
     with tempfile.TemporaryDirectory() as tmp:
         con = open_writer(Path(tmp) / "run")
@@ -124,26 +139,47 @@ def main() -> None:
                 t2 = time.perf_counter()
                 reads.append((t1 - t0) * 1e3)
                 packs.append((t2 - t1) * 1e3)
-                shape = {"rows": batch.n_rows, "sequences": len(batch.samples),
-                         "positions": packed.n_tokens, "loss_tokens": packed.n_loss_tokens}  # fmt: skip
+                shape = {
+                    "rows": batch.n_rows,
+                    "sequences": len(batch.samples),
+                    "positions": packed.n_tokens,
+                    "loss_tokens": packed.n_loss_tokens,
+                }
             return reads, packs, shape
 
         reads, packs, shape = asyncio.run(measure())
         con.close()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.getcwd(), check=False).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.getcwd(),
+            check=False,
+        ).stdout.strip()
     except OSError:
         commit = ""
-    print(f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python "
-          f"{platform.python_version()}, tree {os.getcwd()} @ {commit}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python "
+        f"{platform.python_version()}, tree {os.getcwd()} @ {commit}",
+        file=sys.stderr,
+    )
     read, packed_ms = statistics.median(reads), statistics.median(packs)
-    print(json.dumps({
-        "bench": "batch_build", "episodes": args.episodes, "turns": args.turns,
-        "pack_episodes": cfg.pack_episodes, **shape, "read_ms": round(read, 1),
-        "pack_ms": round(packed_ms, 1), "build_ms": round(read + packed_ms, 1),
-        "commit": commit,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "batch_build",
+                "episodes": args.episodes,
+                "turns": args.turns,
+                "pack_episodes": cfg.pack_episodes,
+                **shape,
+                "read_ms": round(read, 1),
+                "pack_ms": round(packed_ms, 1),
+                "build_ms": round(read + packed_ms, 1),
+                "commit": commit,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 from tools.bench.decode_bound import copy_bandwidth  # noqa: E402
 
 
-def reference(q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], scale: float) -> torch.Tensor:
+def reference(
+    q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], scale: float
+) -> torch.Tensor:
     """Row b's attention over its own keys k[b], v[b] ([Hkv, len, D]), in float32."""
     rep = q.shape[1] // k[0].shape[0]
     out = []
@@ -39,8 +41,15 @@ def reference(q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], sca
     return torch.stack(out)
 
 
-def layouts(lengths: list[int], n_kv: int, dim: int, dtype: torch.dtype, dev: torch.device,
-            block: int, gen: torch.Generator) -> dict[str, tuple]:  # fmt: skip
+def layouts(
+    lengths: list[int],
+    n_kv: int,
+    dim: int,
+    dtype: torch.dtype,
+    dev: torch.device,
+    block: int,
+    gen: torch.Generator,
+) -> dict[str, tuple]:
     """The same keys and values as a slot cache and as a paged pool (shuffled blocks):
     {name: (k_cache, v_cache, table | None)}, and each row's [Hkv, len, D] for the reference."""
     cap = max(lengths) + 1
@@ -52,10 +61,18 @@ def layouts(lengths: list[int], n_kv: int, dim: int, dtype: torch.dtype, dev: to
     pk = torch.zeros(rows * width + 1, n_kv, block, dim, dtype=dtype, device=dev)
     pv = torch.zeros_like(pk)
     pad = width * block - cap
-    pk[order.flatten().to(dev)] = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(
-        rows, n_kv, width, block, dim).transpose(1, 2).reshape(-1, n_kv, block, dim)  # fmt: skip
-    pv[order.flatten().to(dev)] = torch.nn.functional.pad(v, (0, 0, 0, pad)).view(
-        rows, n_kv, width, block, dim).transpose(1, 2).reshape(-1, n_kv, block, dim)  # fmt: skip
+    pk[order.flatten().to(dev)] = (
+        torch.nn.functional.pad(k, (0, 0, 0, pad))
+        .view(rows, n_kv, width, block, dim)
+        .transpose(1, 2)
+        .reshape(-1, n_kv, block, dim)
+    )
+    pv[order.flatten().to(dev)] = (
+        torch.nn.functional.pad(v, (0, 0, 0, pad))
+        .view(rows, n_kv, width, block, dim)
+        .transpose(1, 2)
+        .reshape(-1, n_kv, block, dim)
+    )
     table = order.to(dev, torch.int32)
     return {"slots": (k, v, None), "paged": (pk, pv, table)}, (k, v)
 
@@ -86,12 +103,21 @@ def main() -> None:
     q = torch.randn(rows, heads, dim, generator=gen).to(dev, dtype)
     pos = torch.tensor([n - 1 for n in lengths], device=dev)
     caches, (k, v) = layouts(lengths, n_kv, dim, dtype, dev, 64 if not tiny else 16, gen)
-    ref = reference(q, [k[b, :, :n] for b, n in enumerate(lengths)],
-                    [v[b, :, :n] for b, n in enumerate(lengths)], scale)  # fmt: skip
+    ref = reference(
+        q,
+        [k[b, :, :n] for b, n in enumerate(lengths)],
+        [v[b, :, :n] for b, n in enumerate(lengths)],
+        scale,
+    )
     read = sum(lengths) * n_kv * dim * 2 * torch.finfo(dtype).bits // 8
-    result: dict[str, object] = {"device": torch.cuda.get_device_name() if gpu else "cpu", "rows": rows,
-                                 "lengths": [lo, hi], "keys_bucket": keys, "read_mb": round(read / 1e6, 1),
-                                 "auto_splits": tk.attention_splits(rows, n_kv, keys)}  # fmt: skip
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name() if gpu else "cpu",
+        "rows": rows,
+        "lengths": [lo, hi],
+        "keys_bucket": keys,
+        "read_mb": round(read / 1e6, 1),
+        "auto_splits": tk.attention_splits(rows, n_kv, keys),
+    }
     if gpu:
         result["copy_gb_s"] = round(copy_bandwidth(dev) / 1e9, 1)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4

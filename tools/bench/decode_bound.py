@@ -102,9 +102,11 @@ class Bound:
         self.copy_bytes_per_s = copy_bandwidth(device)
 
     def describe(self) -> dict[str, float]:
-        return {"copy_gb_s": round(self.copy_bytes_per_s / 1e9, 1),
-                "weight_gib": round(self.weight_bytes / 2**30, 3),
-                "kv_kib_per_token": round(self.kv_token_bytes / 2**10, 2)}  # fmt: skip
+        return {
+            "copy_gb_s": round(self.copy_bytes_per_s / 1e9, 1),
+            "weight_gib": round(self.weight_bytes / 2**30, 3),
+            "kv_kib_per_token": round(self.kv_token_bytes / 2**10, 2),
+        }
 
     def of(self, generated: int, tok_s: float, steps: int, kv_tokens: int) -> dict[str, float]:
         """``bound_tok_s`` and ``fraction_of_bound`` of a run that made `generated` tokens at
@@ -112,19 +114,47 @@ class Bound:
         read = steps * self.weight_bytes + kv_tokens * self.kv_token_bytes
         min_s = read / self.copy_bytes_per_s
         bound = generated / min_s if min_s > 0 else float("inf")
-        return {"decode_read_gb": round(read / 1e9, 2), "bound_tok_s": round(bound, 1),
-                "fraction_of_bound": round(tok_s / bound, 4)}  # fmt: skip
+        return {
+            "decode_read_gb": round(read / 1e9, 2),
+            "bound_tok_s": round(bound, 1),
+            "fraction_of_bound": round(tok_s / bound, 4),
+        }
 
 
 # kernel (GPU) or op (CPU) name fragments per kind, tried in this order: the token pick's
 # kernels before attention's (both have a "combine"; log_softmax before softmax)
 KINDS = (
-    ("sampling", ("pick", "argmax", "log_softmax", "topk", "sort", "multinomial", "exponential",
-                  "cumsum", "sampling")),
+    (
+        "sampling",
+        (
+            "pick",
+            "argmax",
+            "log_softmax",
+            "topk",
+            "sort",
+            "multinomial",
+            "exponential",
+            "cumsum",
+            "sampling",
+        ),
+    ),
     ("attention", ("attn", "attention", "flash", "fmha", "combine", "softmax", "bmm", "sdpa")),
-    ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "nvjet", "cublas", "aten::mm",
-              "aten::addmm", "aten::linear")),
-)  # fmt: skip
+    (
+        "gemm",
+        (
+            "gemm",
+            "gemv",
+            "matmul",
+            "xmma",
+            "cutlass",
+            "nvjet",
+            "cublas",
+            "aten::mm",
+            "aten::addmm",
+            "aten::linear",
+        ),
+    ),
+)
 
 
 def kind_of(name: str) -> str:

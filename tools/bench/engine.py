@@ -43,9 +43,15 @@ sys.path.insert(0, str(ROOT))
 from tools.bench.decode_bound import Bound, reply_kv_tokens  # noqa: E402
 
 QWEN3_SHAPE = dict(
-    hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-    head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
-)  # fmt: skip
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(spec: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -72,15 +78,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int, temperature: float = 0.0,
-                top_p: float = 1.0) -> int:  # fmt: skip
+def hf_generate(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    new: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+) -> int:
     """transformers generate of exactly `new` tokens, greedy or sampled (no top-k); returns
     tokens generated."""
     from transformers import GenerationConfig
 
     sampled = dict(temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else {}
-    cfg = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=temperature > 0,
-                           pad_token_id=0, eos_token_id=None, **sampled)  # fmt: skip
+    cfg = GenerationConfig(
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=temperature > 0,
+        pad_token_id=0,
+        eos_token_id=None,
+        **sampled,
+    )
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
             input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=cfg
@@ -91,15 +108,18 @@ def hf_generate(model: torch.nn.Module, prompts: torch.Tensor, new: int, tempera
     return int(out.shape[0] * produced)
 
 
-def stacx_generate(engine: object, prompts: list[list[int]], new: int, temperature: float = 0.0,
-                   top_p: float = 1.0) -> int:  # fmt: skip
+def stacx_generate(
+    engine: object, prompts: list[list[int]], new: int, temperature: float = 0.0, top_p: float = 1.0
+) -> int:
     """`new` tokens per prompt (greedy, or sampled at `temperature` and `top_p`, seeded); the
     engine's prefix cache is flushed first, so every
     call prefills its prompts in full, as HF generate does (and every call has the shapes of
     the warm-up: no plan or kernel of the prefix-reuse path is first built inside a timed run)."""
     from stacx.ports import SamplingParams
 
-    params = SamplingParams(max_new_tokens=new, temperature=temperature, top_p=top_p, seed=0, ignore_eos=True)
+    params = SamplingParams(
+        max_new_tokens=new, temperature=temperature, top_p=top_p, seed=0, ignore_eos=True
+    )
 
     async def go() -> list:  # type: ignore[type-arg]
         await engine.flush_cache()  # type: ignore[attr-defined]
@@ -122,7 +142,7 @@ def hf_tokens(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> list[l
         out = model.generate(  # type: ignore[operator]
             input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=cfg
         )
-    return [row[prompts.shape[1]:].tolist() for row in out]
+    return [row[prompts.shape[1] :].tolist() for row in out]
 
 
 def profile_decode(engine: object, b: int) -> dict[str, object]:
@@ -168,8 +188,11 @@ def profile_decode(engine: object, b: int) -> dict[str, object]:
     }
     print(f"profile b={b}: {out}", file=sys.stderr)
     for e in top:
-        print(f"  {e.self_device_time_total / 1e3 / steps:8.3f} ms/step {e.count // steps:4d}x  "
-              f"{e.key[:80]}", file=sys.stderr)  # fmt: skip
+        print(
+            f"  {e.self_device_time_total / 1e3 / steps:8.3f} ms/step {e.count // steps:4d}x  "
+            f"{e.key[:80]}",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -194,36 +217,79 @@ def main() -> None:
     ap.add_argument("--batches", default=None, help="comma-separated, e.g. 1,64")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--skip-hf", action="store_true", help="only measure STACX")
-    ap.add_argument("--decode-steps", type=int, default=None,
-                    help="greedy decode steps per CUDA-graph replay (default: the engine's)")
-    ap.add_argument("--compile-mode", default=None,
-                    help="torch.compile mode of the CUDA decode step, e.g. max-autotune-no-cudagraphs")
-    ap.add_argument("--gemv-rows", type=int, default=None,
-                    help="CUDA decode steps of at most this many rows use reduction GEMVs "
-                         "(default: the engine's; 0: off)")
-    ap.add_argument("--gemm-rows", type=int, default=None,
-                    help="kernel step: Triton GEMMs up to this many rows, cuBLAS beyond (0: cuBLAS)")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="sample at this temperature on both sides (0: greedy, the default)")
+    ap.add_argument(
+        "--decode-steps",
+        type=int,
+        default=None,
+        help="greedy decode steps per CUDA-graph replay (default: the engine's)",
+    )
+    ap.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode of the CUDA decode step, e.g. max-autotune-no-cudagraphs",
+    )
+    ap.add_argument(
+        "--gemv-rows",
+        type=int,
+        default=None,
+        help="CUDA decode steps of at most this many rows use reduction GEMVs "
+        "(default: the engine's; 0: off)",
+    )
+    ap.add_argument(
+        "--gemm-rows",
+        type=int,
+        default=None,
+        help="kernel step: Triton GEMMs up to this many rows, cuBLAS beyond (0: cuBLAS)",
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature on both sides (0: greedy, the default)",
+    )
     ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
-    ap.add_argument("--kernels", choices=("on", "off"), default=None,
-                    help="CUDA decode steps above --gemv-rows rows as Triton kernels (default: the "
-                         "engine's: on where the model allows)")
-    ap.add_argument("--no-fuse", action="store_true",
-                    help="separate q/k/v and gate/up GEMMs (the engine fuses them by default)")
-    ap.add_argument("--profile", action="store_true",
-                    help="CUDA: torch-profile one STACX generate per batch (kernel time vs host gaps)")
-    ap.add_argument("--check-hf", action="store_true",
-                    help="assert STACX greedy tokens equal HF generate's (first 32 tokens, batch 4)")
-    ap.add_argument("--kv-cache", choices=("slots", "paged"), default="slots",
-                    help="the engine's KV cache: one row per request (default) or a paged pool")
-    ap.add_argument("--kv-tokens", type=int, default=None,
-                    help="paged: the pool's positions (default: as many as the slots would hold)")
+    ap.add_argument(
+        "--kernels",
+        choices=("on", "off"),
+        default=None,
+        help="CUDA decode steps above --gemv-rows rows as Triton kernels (default: the "
+        "engine's: on where the model allows)",
+    )
+    ap.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="separate q/k/v and gate/up GEMMs (the engine fuses them by default)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="CUDA: torch-profile one STACX generate per batch (kernel time vs host gaps)",
+    )
+    ap.add_argument(
+        "--check-hf",
+        action="store_true",
+        help="assert STACX greedy tokens equal HF generate's (first 32 tokens, batch 4)",
+    )
+    ap.add_argument(
+        "--kv-cache",
+        choices=("slots", "paged"),
+        default="slots",
+        help="the engine's KV cache: one row per request (default) or a paged pool",
+    )
+    ap.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="paged: the pool's positions (default: as many as the slots would hold)",
+    )
     ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
     args = ap.parse_args()
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     gpu = device.type == "cuda"
     spec = args.model or ("qwen3-0.6b-shape" if gpu else "default")
     prompt_len = args.prompt_len or (256 if gpu else 128)
@@ -237,18 +303,30 @@ def main() -> None:
 
     import transformers
 
-    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
-          f"threads={torch.get_num_threads()}", file=sys.stderr)  # fmt: skip
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if gpu else ""), file=sys.stderr)  # fmt: skip
+    print(
+        f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
+        f"threads={torch.get_num_threads()}",
+        file=sys.stderr,
+    )
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if gpu else ""),
+        file=sys.stderr,
+    )
     print(
         f"model {spec}, {dtype}, prompt {prompt_len}, new {new}, batches {batches}", file=sys.stderr
     )
 
     sampling = (args.temperature, args.top_p)
-    result: dict[str, object] = {"model": spec, "device": str(device), "prompt_len": prompt_len,
-                                 "new_tokens": new, "temperature": args.temperature, "top_p": args.top_p,
-                                 "errors": {}}  # fmt: skip
+    result: dict[str, object] = {
+        "model": spec,
+        "device": str(device),
+        "prompt_len": prompt_len,
+        "new_tokens": new,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "errors": {},
+    }
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
     try:
         model = build_model(spec, device, dtype)
@@ -282,19 +360,41 @@ def main() -> None:
         from stacx.ports import SamplingParams
 
         kernels = None if args.kernels is None else args.kernels == "on"
-        tuning = {k: v for k, v in (("decode_steps", args.decode_steps), ("kernels", kernels),
-                                    ("gemv_rows", args.gemv_rows)) if v is not None}  # fmt: skip
-        engine = TorchEngine(model, device=str(device), dtype=dtype, max_batch=max(batches), threads=threads,
-                             max_len=prompt_len + new + 8, compile_mode=args.compile_mode,
-                             fuse=not args.no_fuse, kv_cache=args.kv_cache, kv_tokens=args.kv_tokens,
-                             kv_block=args.kv_block, **tuning)  # fmt: skip
+        tuning = {
+            k: v
+            for k, v in (
+                ("decode_steps", args.decode_steps),
+                ("kernels", kernels),
+                ("gemv_rows", args.gemv_rows),
+            )
+            if v is not None
+        }
+        engine = TorchEngine(
+            model,
+            device=str(device),
+            dtype=dtype,
+            max_batch=max(batches),
+            threads=threads,
+            max_len=prompt_len + new + 8,
+            compile_mode=args.compile_mode,
+            fuse=not args.no_fuse,
+            kv_cache=args.kv_cache,
+            kv_tokens=args.kv_tokens,
+            kv_block=args.kv_block,
+            **tuning,
+        )
         if args.gemm_rows is not None:  # before the warm-up captures the graphs
             engine.decoder.gemm_rows = args.gemm_rows
-        result.update(decode_steps=engine.decode_steps, compile_mode=args.compile_mode,
-                      gemm_rows=engine.decoder.gemm_rows,
-                      gemv_rows=engine.decoder.gemv_rows, fused=not args.no_fuse,
-                      kernels=engine.decoder.kernels, kv_cache=args.kv_cache,
-                      kv_gib=round(engine.kv_usage()["bytes"] / 2**30, 3))
+        result.update(
+            decode_steps=engine.decode_steps,
+            compile_mode=args.compile_mode,
+            gemm_rows=engine.decoder.gemm_rows,
+            gemv_rows=engine.decoder.gemv_rows,
+            fused=not args.no_fuse,
+            kernels=engine.decoder.kernels,
+            kv_cache=args.kv_cache,
+            kv_gib=round(engine.kv_usage()["bytes"] / 2**30, 3),
+        )
         for b in batches:
             ids = all_prompts[:b].tolist()
             try:
@@ -315,8 +415,11 @@ def main() -> None:
                 stacx_generate(engine, ids, 1)  # the prefill and its first token
                 sync(device)
                 result[f"stacx_prefill_ms_b{b}"] = round((time.perf_counter() - t0) * 1e3, 1)
-                print(f"stacx b={b}: {rate:.1f} tok/s (prefill + first token "
-                      f"{result[f'stacx_prefill_ms_b{b}']} ms)", file=sys.stderr)  # fmt: skip
+                print(
+                    f"stacx b={b}: {rate:.1f} tok/s (prefill + first token "
+                    f"{result[f'stacx_prefill_ms_b{b}']} ms)",
+                    file=sys.stderr,
+                )
                 if args.profile and gpu:
                     result[f"profile_b{b}"] = profile_decode(engine, b)
             except Exception as e:
@@ -331,8 +434,14 @@ def main() -> None:
         if args.check_hf:
             ids = all_prompts[:4].tolist()
             ref = hf_tokens(model, all_prompts[:4].to(device), 32)
-            got = [g.output_ids for g in asyncio.run(engine.generate(ids, SamplingParams(
-                max_new_tokens=32, temperature=0.0, ignore_eos=True)))]  # fmt: skip
+            got = [
+                g.output_ids
+                for g in asyncio.run(
+                    engine.generate(
+                        ids, SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
+                    )
+                )
+            ]
             same = sum(a == b for a, b in zip(got, ref, strict=True))
             result["greedy_equals_hf"] = same == len(ref)
             print(f"greedy == HF generate: {same}/{len(ref)} rows", file=sys.stderr)

@@ -103,8 +103,10 @@ class Workload:
         return len(self.obs[0])
 
     def max_context(self) -> int:
-        return max(len(s) + sum(map(len, o)) + sum(r) for s, o, r in
-                   zip(self.starts, self.obs, self.replies, strict=True))  # fmt: skip
+        return max(
+            len(s) + sum(map(len, o)) + sum(r)
+            for s, o, r in zip(self.starts, self.obs, self.replies, strict=True)
+        )
 
     def prompt_tokens(self, episodes: int, turns: int) -> tuple[int, int, int]:
         """(submitted prompt tokens of turn 1, of turns 2..`turns`, the reusable part of the
@@ -122,8 +124,15 @@ class Workload:
         return first, later, ideal
 
 
-def make_workload(episodes: int, turns: int, start: int, obs: tuple[int, int],
-                  reply: tuple[int, int], vocab: int, seed: int) -> Workload:  # fmt: skip
+def make_workload(
+    episodes: int,
+    turns: int,
+    start: int,
+    obs: tuple[int, int],
+    reply: tuple[int, int],
+    vocab: int,
+    seed: int,
+) -> Workload:
     rng, tok = random.Random(seed), random.Random(seed + 1)  # lengths do not depend on vocab
 
     def ids(n: int) -> list[int]:
@@ -167,7 +176,9 @@ async def stacx_pass(
             await engine.flush_cache()  # type: ignore[attr-defined]
         prompts[e] += wl.obs[e][t]
         temp, seed = (1.0, 1000 * e + t) if group > 1 else (0.0, None)
-        params = SamplingParams(max_new_tokens=wl.replies[e][t], temperature=temp, seed=seed, ignore_eos=True)
+        params = SamplingParams(
+            max_new_tokens=wl.replies[e][t], temperature=temp, seed=seed, ignore_eos=True
+        )
         t0, outs = time.perf_counter(), [[] for _ in range(group)]  # type: ignore[var-annotated]
         async for d in engine.generate_stream([prompts[e]] * group, params):  # type: ignore[attr-defined]
             if not any(outs) and d.output_ids:
@@ -199,10 +210,14 @@ async def stacx_pass(
     ideal += (group - 1) * (first + later - n * turns)
     submitted = group * (first + later)
     flat = [x for row in ttft for x in row]
-    after_first = {  # turn 1 reuses nothing without groups: every reused token is a later turn's
-        "reuse_rate_after_first": round(stats["reused_tokens"] / max(later, 1), 4),
-        "reuse_ideal_after_first": round(ideal / max(later, 1), 4),
-    } if group == 1 else {}  # fmt: skip
+    after_first = (
+        {  # turn 1 reuses nothing without groups: every reused token is a later turn's
+            "reuse_rate_after_first": round(stats["reused_tokens"] / max(later, 1), 4),
+            "reuse_ideal_after_first": round(ideal / max(later, 1), 4),
+        }
+        if group == 1
+        else {}
+    )
     return {
         "tok_s": round(made / wall, 1),
         "wall_s": round(wall, 2),
@@ -226,8 +241,14 @@ async def stacx_pass(
     }
 
 
-def hf_pass(model: torch.nn.Module, wl: Workload, episodes: int, turns: int, device: torch.device,
-            static: bool) -> dict[str, object]:  # fmt: skip
+def hf_pass(
+    model: torch.nn.Module,
+    wl: Workload,
+    episodes: int,
+    turns: int,
+    device: torch.device,
+    static: bool,
+) -> dict[str, object]:
     """Turn t of the first `episodes` episodes as one left-padded `generate` batch, the whole
     context prefilled every turn. Static: one static cache for the workload's longest context,
     the first turn run untimed first (it compiles the decode step)."""
@@ -245,8 +266,14 @@ def hf_pass(model: torch.nn.Module, wl: Workload, episodes: int, turns: int, dev
             if static
             else {}
         )
-        cfg = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                               pad_token_id=0, eos_token_id=None, **extra)  # fmt: skip
+        cfg = GenerationConfig(
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            **extra,
+        )
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)  # type: ignore[operator]
         return [r + out[e, width : width + wl.replies[e][t]].tolist() for e, r in enumerate(rows)]
@@ -260,8 +287,13 @@ def hf_pass(model: torch.nn.Module, wl: Workload, episodes: int, turns: int, dev
     sync(device)
     wall = time.perf_counter() - t0
     made = sum(wl.replies[e][t] for e in range(episodes) for t in range(turns))
-    return {"tok_s": round(made / wall, 1), "wall_s": round(wall, 2), "generated": made,
-            "episodes": episodes, "turns": turns}  # fmt: skip
+    return {
+        "tok_s": round(made / wall, 1),
+        "wall_s": round(wall, 2),
+        "generated": made,
+        "episodes": episodes,
+        "turns": turns,
+    }
 
 
 def load_model(
@@ -313,22 +345,51 @@ def parse() -> argparse.Namespace:
         "--hf-turns", type=int, default=None, help="HF baselines: turns (default 3 on CUDA)"
     )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    ap.add_argument("--kv-cache", choices=("slots", "paged"), default="slots",
-                    help="the engine's KV cache: one row per request (default) or a paged pool")
-    ap.add_argument("--kv-tokens", type=int, default=None,
-                    help="paged: the pool's positions (default: as many as the slots would hold)")
+    ap.add_argument(
+        "--kv-cache",
+        choices=("slots", "paged"),
+        default="slots",
+        help="the engine's KV cache: one row per request (default) or a paged pool",
+    )
+    ap.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="paged: the pool's positions (default: as many as the slots would hold)",
+    )
     ap.add_argument("--kv-block", type=int, default=64, help="paged: positions per block")
-    ap.add_argument("--group", type=int, default=1,
-                    help="also a pass where each turn is this many samples of its prompt (a GRPO group)")
-    ap.add_argument("--hold", type=float, default=0.5,
-                    help="seconds a finished turn's row waits for its next turn (0: FIFO admission)")
-    ap.add_argument("--group-fifo", action="store_true",
-                    help="with --group: the group pass again with first-come admission (--hold 0)")
-    ap.add_argument("--prefill-tokens", type=int, default=None,
-                    help="new tokens prefilled per admission round (default: the engine's)")
-    ap.add_argument("--profile", nargs="?", const="engine_agentic_trace.json", default=None,
-                    metavar="TRACE", help="torch-profile the middle of one more warm pass: kernel "
-                    "ms per decode step by kind in the JSON line, the chrome trace to TRACE")
+    ap.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="also a pass where each turn is this many samples of its prompt (a GRPO group)",
+    )
+    ap.add_argument(
+        "--hold",
+        type=float,
+        default=0.5,
+        help="seconds a finished turn's row waits for its next turn (0: FIFO admission)",
+    )
+    ap.add_argument(
+        "--group-fifo",
+        action="store_true",
+        help="with --group: the group pass again with first-come admission (--hold 0)",
+    )
+    ap.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=None,
+        help="new tokens prefilled per admission round (default: the engine's)",
+    )
+    ap.add_argument(
+        "--profile",
+        nargs="?",
+        const="engine_agentic_trace.json",
+        default=None,
+        metavar="TRACE",
+        help="torch-profile the middle of one more warm pass: kernel "
+        "ms per decode step by kind in the JSON line, the chrome trace to TRACE",
+    )
     args = ap.parse_args()
     if args.tiny:
         args.device = "cpu" if args.device == "auto" else args.device
@@ -338,8 +399,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     gpu, tiny = device.type == "cuda", args.tiny
     episodes = args.episodes or (4 if tiny else 64)
     turns = args.turns or (3 if tiny else 10)
@@ -355,13 +419,27 @@ def main() -> None:
 
     import transformers
 
-    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
-          f"threads={torch.get_num_threads()}", file=sys.stderr)  # fmt: skip
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if gpu else ""), file=sys.stderr)  # fmt: skip
+    print(
+        f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
+        f"threads={torch.get_num_threads()}",
+        file=sys.stderr,
+    )
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if gpu else ""),
+        file=sys.stderr,
+    )
     spec = args.model or f"qwen3-{args.shape}-shape"
-    result: dict[str, object] = {"model": spec, "device": str(device), "episodes": episodes, "turns": turns,
-                                 "start": start, "obs": list(obs), "reply": list(reply), "errors": {}}  # fmt: skip
+    result: dict[str, object] = {
+        "model": spec,
+        "device": str(device),
+        "episodes": episodes,
+        "turns": turns,
+        "start": start,
+        "obs": list(obs),
+        "reply": list(reply),
+        "errors": {},
+    }
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
     try:
         # the workload's longest context sizes the model's positions (random shapes) and cache
@@ -374,8 +452,11 @@ def main() -> None:
     vocab = int(model.config.vocab_size)  # type: ignore[union-attr]
     wl = make_workload(episodes, turns, start, obs, reply, vocab, args.seed)
     result["max_context"] = wl.max_context()
-    print(f"model {spec}, {dtype}, {episodes} episodes x {turns} turns, contexts up to "
-          f"{wl.max_context()}", file=sys.stderr)  # fmt: skip
+    print(
+        f"model {spec}, {dtype}, {episodes} episodes x {turns} turns, contexts up to "
+        f"{wl.max_context()}",
+        file=sys.stderr,
+    )
     bound = Bound(model, dtype, device)  # before the engine takes its cache: the copy's buffers
     result.update(bound.describe())
     print(f"bound: {bound.describe()}", file=sys.stderr)
@@ -401,20 +482,40 @@ def main() -> None:
     print(json.dumps(result))
 
 
-def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, device: torch.device,
-              dtype: torch.dtype, threads: int | None, result: dict[str, object], bound: Bound) -> None:  # fmt: skip
+def run_stacx(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    wl: Workload,
+    device: torch.device,
+    dtype: torch.dtype,
+    threads: int | None,
+    result: dict[str, object],
+    bound: Bound,
+) -> None:
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
     gpu = device.type == "cuda"
     try:
         from stacx.inference.torch_engine import TorchEngine
 
-        engine = TorchEngine(model, device=str(device), dtype=dtype, threads=threads,
-                             max_batch=args.max_batch or len(wl.starts), max_len=wl.max_context() + 8,
-                             kv_cache=args.kv_cache, kv_tokens=args.kv_tokens, kv_block=args.kv_block,
-                             hold_s=args.hold, prefill_tokens=args.prefill_tokens)  # fmt: skip
+        engine = TorchEngine(
+            model,
+            device=str(device),
+            dtype=dtype,
+            threads=threads,
+            max_batch=args.max_batch or len(wl.starts),
+            max_len=wl.max_context() + 8,
+            kv_cache=args.kv_cache,
+            kv_tokens=args.kv_tokens,
+            kv_block=args.kv_block,
+            hold_s=args.hold,
+            prefill_tokens=args.prefill_tokens,
+        )
         usage = engine.kv_usage()
-        result.update(kv_cache=args.kv_cache, kv_pool_tokens=usage["pool_tokens"],
-                      kv_cache_gib=round(usage["bytes"] / 2**30, 3))  # allocated (CPU: grown so far)
+        result.update(
+            kv_cache=args.kv_cache,
+            kv_pool_tokens=usage["pool_tokens"],
+            kv_cache_gib=round(usage["bytes"] / 2**30, 3),
+        )  # allocated (CPU: grown so far)
     except Exception as e:
         errors["stacx"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -446,7 +547,9 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
             r.update(bound.of(r["generated"], r["tok_s"], r["decode_steps"], r["decode_kv_tokens"]))  # type: ignore[arg-type]
             # the same over the time outside admission rounds (prefills): decode's own efficiency
             outside = max(r["wall_s"] - r["prefill_s"], 1e-3)  # type: ignore[operator]
-            r["fraction_of_bound_outside_prefill"] = round(r["fraction_of_bound"] * r["wall_s"] / outside, 4)  # type: ignore[operator]
+            r["fraction_of_bound_outside_prefill"] = round(  # type: ignore[operator]
+                r["fraction_of_bound"] * r["wall_s"] / outside, 4
+            )
             if gpu:
                 r["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             result[name] = r
@@ -460,7 +563,9 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
         result["cold_over_warm_time"] = round(cold["wall_s"] / warm["wall_s"], 2)
     if args.profile and isinstance(warm, dict):
         try:
-            result["profile"] = asyncio.run(profile_pass(engine, wl, warm["wall_s"], device, args.profile))
+            result["profile"] = asyncio.run(
+                profile_pass(engine, wl, warm["wall_s"], device, args.profile)
+            )
             print(f"profile: {result['profile']}", file=sys.stderr)
         except Exception as e:
             errors["profile"] = f"{type(e).__name__}: {e}"
@@ -468,8 +573,9 @@ def run_stacx(args: argparse.Namespace, model: torch.nn.Module, wl: Workload, de
     asyncio.run(engine.close())
 
 
-async def profile_pass(engine: object, wl: Workload, warm_s: float, device: torch.device,
-                       trace: str) -> dict[str, object]:  # fmt: skip
+async def profile_pass(
+    engine: object, wl: Workload, warm_s: float, device: torch.device, trace: str
+) -> dict[str, object]:
     """The warm pass again, torch-profiled from 40% to 60% of the warm pass's wall time (the
     middle of the phase, contexts half grown; the full pass would make a trace of millions of
     kernels): kernel time per decode step by kind, host gaps, and the trace at `trace`."""

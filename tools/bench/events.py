@@ -85,7 +85,9 @@ async def raw_rate(url: str, events: list[Event], replicas: int = 1) -> float:
 
 
 @contextlib.asynccontextmanager
-async def recorded_run(url: str, run_dir: Path) -> AsyncIterator[tuple[RunContext, list[tuple[int, float]]]]:
+async def recorded_run(
+    url: str, run_dir: Path
+) -> AsyncIterator[tuple[RunContext, list[tuple[int, float]]]]:
     """A run as ``stacx run`` places it: a RunContext whose recorder runs in-process, on the
     launcher's event loop (its commits in a worker thread); yields it and the (stream sequence,
     unix time) of every commit."""
@@ -101,8 +103,9 @@ async def until_recorded(run: RunContext) -> None:
     await run.recorder.wait_for(await run.last_seq(), timeout=600)
 
 
-def commit_times(run: RunContext, commits: list[tuple[int, float]],
-                 events: list[Event]) -> list[float]:
+def commit_times(
+    run: RunContext, commits: list[tuple[int, float]], events: list[Event]
+) -> list[float]:
     """Each event's commit time: that of the commit holding the stream sequence it was recorded
     from (its message's: the publisher batches events of a kind). That is its ack's, unless a
     publish retried across a leader change landed twice: then the first copy is the one
@@ -138,7 +141,7 @@ async def latency(url: str, n: int, run_dir: Path, rate: float) -> tuple[float, 
         sent_at: list[float] = []
         t0 = time.perf_counter()
         for i in range(0, len(events), per_tick):
-            for e in events[i:i + per_tick]:
+            for e in events[i : i + per_tick]:
                 sent_at.append(time.time())
                 await pub.submit(e)
             ahead = t0 + (i // per_tick + 1) * tick - time.perf_counter()
@@ -169,18 +172,32 @@ async def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=10_000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--sweep", default=None,
-                    help="comma-separated steady rates (events/s), e.g. 3000,5000,8000,10000")
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="comma-separated steady rates (events/s), e.g. 3000,5000,8000,10000",
+    )
     ap.add_argument("--p99-goal-ms", type=float, default=100.0)
-    ap.add_argument("--window", type=int, default=2048, help="STACX publisher window (in-flight publishes)")
-    ap.add_argument("--replicas", type=int, default=1, choices=(1, 3),
-                    help="3: a 3-server JetStream cluster on loopback, every stream at 3 replicas")
+    ap.add_argument(
+        "--window", type=int, default=2048, help="STACX publisher window (in-flight publishes)"
+    )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3),
+        help="3: a 3-server JetStream cluster on loopback, every stream at 3 replicas",
+    )
     a = ap.parse_args()
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-          f"duckdb {duckdb.__version__}, msgspec {msgspec.__version__}, nats-py {importlib.metadata.version('nats-py')}")
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+        f"duckdb {duckdb.__version__}, msgspec {msgspec.__version__}, nats-py {importlib.metadata.version('nats-py')}"
+    )
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if a.replicas == 3:
-            server: EmbeddedNats | LocalCluster = stack.enter_context(LocalCluster(Path(tmp) / "nats"))
+            server: EmbeddedNats | LocalCluster = stack.enter_context(
+                LocalCluster(Path(tmp) / "nats")
+            )
             await wait_for_jetstream(server.url)
         else:
             server = stack.enter_context(EmbeddedNats(Path(tmp) / "nats"))
@@ -197,14 +214,24 @@ async def main() -> None:
         sweep: list[dict[str, float]] = []
         for i, rate in enumerate(rates):
             p50, p99 = await latency(server.url, int(rate * a.seconds), Path(tmp) / f"lat{i}", rate)
-            print(f"latency at {rate:,.0f} events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True)
+            print(
+                f"latency at {rate:,.0f} events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True
+            )
             sweep.append({"rate": rate, "p50_ms": round(p50, 2), "p99_ms": round(p99, 2)})
     within = [s["rate"] for s in sweep if s["p99_ms"] <= a.p99_goal_ms]
     out: dict[str, object] = {
-        "raw_publish_per_s": round(raw), "end_to_end_per_s": round(e2e), "ratio": round(e2e / raw, 3),
-        "p50_ms": sweep[-1]["p50_ms"], "p99_ms": sweep[-1]["p99_ms"], "events": len(events),
-        "mean_payload_bytes": round(size), "rate": sweep[-1]["rate"], "replicas": a.replicas,
-        "turn_decode_us": round(decode_us, 1), "turn_arrow_us": round(arrow_us, 1)}
+        "raw_publish_per_s": round(raw),
+        "end_to_end_per_s": round(e2e),
+        "ratio": round(e2e / raw, 3),
+        "p50_ms": sweep[-1]["p50_ms"],
+        "p99_ms": sweep[-1]["p99_ms"],
+        "events": len(events),
+        "mean_payload_bytes": round(size),
+        "rate": sweep[-1]["rate"],
+        "replicas": a.replicas,
+        "turn_decode_us": round(decode_us, 1),
+        "turn_arrow_us": round(arrow_us, 1),
+    }
     if a.sweep:
         out["sweep"] = sweep
         out["p99_goal_ms"] = a.p99_goal_ms

@@ -77,13 +77,19 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     tok = engine.tokenizer
     assert tok is not None
     gateway = Gateway(engine, tok, model_name="student", max_len=2048)  # type: ignore[arg-type]
-    prompt = list(tok.encode(
-        tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
-        add_special_tokens=False,
-    ))  # fmt: skip
+    prompt = list(
+        tok.encode(
+            tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+    )
     # ignore_eos: both sides generate exactly --new-tokens tokens
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0,
-                            stop_token_ids=gateway.stop_ids, ignore_eos=True)  # fmt: skip
+    params = SamplingParams(
+        max_new_tokens=args.new_tokens,
+        temperature=0.0,
+        stop_token_ids=gateway.stop_ids,
+        ignore_eos=True,
+    )
     recorded: list[object] = []
 
     async def emit(event: object) -> None:
@@ -105,9 +111,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
         async def through() -> object:
             return await client.chat.completions.create(
-                model="student", messages=MESSAGES, temperature=0,  # type: ignore[arg-type]
-                max_tokens=args.new_tokens, extra_body={"ignore_eos": True},
-            )  # fmt: skip
+                model="student",
+                messages=MESSAGES,
+                temperature=0,  # type: ignore[arg-type]
+                max_tokens=args.new_tokens,
+                extra_body={"ignore_eos": True},
+            )
 
         for fn in (direct, through):
             await timed(fn, args.warmup)
@@ -118,8 +127,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             g_ms += await timed(through, 1)
         d_cps = await throughput(direct, args.clients, args.per_client)
         g_cps = await throughput(through, args.clients, args.per_client)
-        long = {"model": "student", "messages": MESSAGES, "temperature": 0,
-                "max_tokens": args.stream_tokens, "extra_body": {"ignore_eos": True}}  # fmt: skip
+        long = {
+            "model": "student",
+            "messages": MESSAGES,
+            "temperature": 0,
+            "max_tokens": args.stream_tokens,
+            "extra_body": {"ignore_eos": True},
+        }
         whole_ms, first_ms, last_ms = [], [], []
         for _ in range(args.stream_calls):
             t0 = time.perf_counter()
@@ -179,7 +193,9 @@ if __name__ == "__main__":
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--stream-calls", type=int, default=5)
     args = p.parse_args()
-    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
-          f"load={os.getloadavg()[0]:.2f} python {platform.python_version()}")  # fmt: skip
+    print(
+        f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} "
+        f"load={os.getloadavg()[0]:.2f} python {platform.python_version()}"
+    )
     result = asyncio.run(main(args))
     print(json.dumps(result))

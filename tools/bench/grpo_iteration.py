@@ -116,20 +116,38 @@ mode = "local"
 def qwen3(tiny: bool, shape: str = "4b") -> Qwen3Config:
     if tiny:
         return Qwen3Config(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, intermediate_size=128, vocab_size=49152, tie_word_embeddings=True,
-        )  # fmt: skip
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+        )
     if shape == "8b":
         return Qwen3Config(
-            hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-            head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False,
+            hidden_size=4096,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=12288,
+            vocab_size=151936,
+            tie_word_embeddings=False,
             max_position_embeddings=40960,
-        )  # fmt: skip
+        )
     return Qwen3Config(
-        hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True,
+        hidden_size=2560,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        vocab_size=151936,
+        tie_word_embeddings=True,
         max_position_embeddings=40960,
-    )  # fmt: skip
+    )
 
 
 def make_model(path: Path, config: Qwen3Config, device: str, tokenizer: Path) -> int:
@@ -153,10 +171,16 @@ class GpuMemory:
         self.proc: subprocess.Popen[str] | None = None
         if shutil.which("nvidia-smi"):
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,memory.used", "--format=csv,noheader,nounits",
-                 "-lms", "200"],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,memory.used",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "200",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -265,9 +289,12 @@ def run_stacx(cmd: list[str], log_path: Path | None, deadline_s: float) -> int:
     past ``deadline_s`` it gets SIGINT (the launcher's orderly stop: the log stays readable),
     then SIGKILL 30 s later. Returns its exit code."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     log = log_path.open("w") if log_path is not None else None
     t0 = time.perf_counter()
@@ -312,7 +339,9 @@ def summary(result: dict[str, object]) -> dict[str, object]:
         "rc": result.get("stacx_run_rc"),
         "steps": len(steps),
         "peak_gib": result.get("gpu_mem_peak_run_gib"),
-        "train_peak_gib": max((s["train_peak_gib"] for s in steps if s["train_peak_gib"]), default=None),
+        "train_peak_gib": max(
+            (s["train_peak_gib"] for s in steps if s["train_peak_gib"]), default=None
+        ),
         "train_tok_s": _mean([s["tok_s"] for s in later]),
         "sync_ms": _mean([s["sync_ms"] for s in steps]),
         "sync_bytes": _mean([s["sync_bytes"] for s in steps]),
@@ -399,8 +428,12 @@ def main() -> None:
     ap.add_argument("--lora-only", action="store_true", help="with --lora: skip the full run")
     ap.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer.json etc.")
     ap.add_argument("--work", type=Path, required=True, help="run dir and recipe go here")
-    ap.add_argument("--model-dir", type=Path, help="where the random model is written "
-                    "(default WORK/model; e.g. /dev/shm/m to spare the disk)")  # fmt: skip
+    ap.add_argument(
+        "--model-dir",
+        type=Path,
+        help="where the random model is written "
+        "(default WORK/model; e.g. /dev/shm/m to spare the disk)",
+    )
     ap.add_argument("--out", type=Path, help="also write the log and partial results here")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop each stacx run after this")
     ap.add_argument("--steps", type=int, default=2)
@@ -424,8 +457,11 @@ def main() -> None:
     model_dir = args.model_dir or args.work / "model"
     t0 = time.perf_counter()
     n_params = make_model(model_dir, config, device, args.tokenizer)
-    print(f"bench: model {n_params / 1e9:.2f}B params written to {model_dir} in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"bench: model {n_params / 1e9:.2f}B params written to {model_dir} in "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     variants = [args.lora] if args.lora else [0]
     if args.lora and not args.lora_only:
         variants.append(0)
@@ -445,7 +481,14 @@ def main() -> None:
         result["summary"] = sums
         result["lora_over_full"] = {
             k: _ratio(lora[k], full[k])
-            for k in ("peak_gib", "train_peak_gib", "train_tok_s", "sync_ms", "sync_bytes", "load_ms")
+            for k in (
+                "peak_gib",
+                "train_peak_gib",
+                "train_tok_s",
+                "sync_ms",
+                "sync_bytes",
+                "load_ms",
+            )
         }
         result["runs"] = runs
     if args.out is not None:

@@ -35,14 +35,22 @@ from stacx.train.model import load_model
 
 def base_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     if not args.qwen3_06b:
-        return load_model(args.model, device, torch.float32 if device.type == "cpu" else torch.bfloat16)
+        return load_model(
+            args.model, device, torch.float32 if device.type == "cpu" else torch.bfloat16
+        )
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen3Config(
-        hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
-    )  # fmt: skip
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
     with torch.device(device):
         return Qwen3ForCausalLM(config).to(torch.bfloat16)
 

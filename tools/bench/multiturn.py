@@ -121,14 +121,25 @@ def write_tasks(root: Path, n: int) -> None:
 
 
 def stacx_run(recipe: Path, run_dir: Path, pack: bool) -> float:
-    cmd = [sys.executable, "-m", "stacx", "run", str(recipe), "--run-dir", str(run_dir),
-           "--quiet", "--set", f"trainer.pack_episodes={str(pack).lower()}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "stacx",
+        "run",
+        str(recipe),
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        f"trainer.pack_episodes={str(pack).lower()}",
+    ]
     print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"stacx run failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
-                         f"\n{proc.stderr[-3000:]}")  # fmt: skip
+        raise SystemExit(
+            f"stacx run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return time.perf_counter() - t0
 
 
@@ -215,16 +226,25 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="agent.max_new_tokens")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: temp)")
     args = ap.parse_args()
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, python "
-          f"{platform.python_version()}, torch {version('torch')}, duckdb {duckdb.__version__}, "
-          f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", file=sys.stderr)  # fmt: skip
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cpus, python "
+        f"{platform.python_version()}, torch {version('torch')}, duckdb {duckdb.__version__}, "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        file=sys.stderr,
+    )
     with tempfile.TemporaryDirectory(prefix="stacx-multiturn-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         write_tasks(work / "tasks", args.tasks)
         recipe = work / "multiturn.toml"
-        recipe.write_text(RECIPE.format(tasks=work / "tasks", n_tasks=args.tasks,
-                                        turns=args.turns, max_new_tokens=args.max_new_tokens))  # fmt: skip
+        recipe.write_text(
+            RECIPE.format(
+                tasks=work / "tasks",
+                n_tasks=args.tasks,
+                turns=args.turns,
+                max_new_tokens=args.max_new_tokens,
+            )
+        )
         out: dict[str, dict[str, object]] = {}
         for name, pack in (("before", False), ("after", True)):
             run_dir = work / f"run-{name}"

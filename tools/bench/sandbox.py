@@ -142,9 +142,11 @@ async def bench_hardening(docker: aiodocker.Docker, n: int, runtime: str) -> dic
     for name in configs:
         if name != "default":
             rows[f"{name}_start_ratio"] = round(
-                statistics.median(starts[name]) / statistics.median(starts["default"]), 3)
+                statistics.median(starts[name]) / statistics.median(starts["default"]), 3
+            )
             rows[f"{name}_exec_ratio"] = round(
-                statistics.median(execs[name]) / statistics.median(execs["default"]), 3)
+                statistics.median(execs[name]) / statistics.median(execs["default"]), 3
+            )
     return rows
 
 
@@ -231,11 +233,22 @@ def bench_task(root: Path) -> Path:
 def serve(stacx: str, url: str, sid: str, slots: int, root: Path) -> subprocess.Popen[bytes]:
     with open(root / f"{sid}.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [stacx, "sandbox", "serve", "--url", url, "--id", sid, "--slots", str(slots),
-             "--state-dir", str(root / sid)],
+            [
+                stacx,
+                "sandbox",
+                "serve",
+                "--url",
+                url,
+                "--id",
+                sid,
+                "--slots",
+                str(slots),
+                "--state-dir",
+                str(root / sid),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=log,
-        )  # fmt: skip
+        )
 
 
 async def bench_remote(
@@ -428,10 +441,16 @@ async def legacy_exec(sb: ProcessSandbox, cmd: str) -> int:
             resource.setrlimit(res, (soft, hard))
 
     proc = await asyncio.create_subprocess_exec(
-        *argv, "bash", "-c", cmd, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, preexec_fn=preexec,
-    )  # fmt: skip
+        *argv,
+        "bash",
+        "-c",
+        cmd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
     await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode
@@ -457,8 +476,10 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 async def bench_process(iterations: int, heap_gib: float, device: str) -> dict[str, object]:
-    print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
-          f"python {platform.python_version()}; heap {heap_gib} GiB on {device}")
+    print(
+        f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
+        f"python {platform.python_version()}; heap {heap_gib} GiB on {device}"
+    )
     starts, closes = [], []
     for _ in range(10):
         t0 = time.perf_counter()
@@ -525,15 +546,23 @@ async def hardening_only(iterations: int, runtime: str) -> dict[str, object]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hardening", action="store_true",
-                        help="Only the hardened-vs-default comparison (cold start, exec).")
-    parser.add_argument("--runtime", default="", help="With --hardening: also this OCI runtime (runsc).")
+    parser.add_argument(
+        "--hardening",
+        action="store_true",
+        help="Only the hardened-vs-default comparison (cold start, exec).",
+    )
+    parser.add_argument(
+        "--runtime", default="", help="With --hardening: also this OCI runtime (runsc)."
+    )
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--remote-episodes", type=int, default=64)
     parser.add_argument("--no-remote", action="store_true", help="Skip the remote rows.")
-    parser.add_argument("--process", action="store_true",
-                        help="Only the process backend's exec, bare vs holding a heap, new vs old.")
+    parser.add_argument(
+        "--process",
+        action="store_true",
+        help="Only the process backend's exec, bare vs holding a heap, new vs old.",
+    )
     parser.add_argument("--heap-gib", type=float, default=4.0, help="With --process.")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="With --process.")
     args = parser.parse_args()

@@ -406,8 +406,11 @@ def stacx_only(
         mfu = statistics.median(f / t for f, t in zip(flops, times, strict=True)) / H200_BF16_PEAK
         tok_s = statistics.median(n / t for n, t in zip(tokens[args.warmup :], times, strict=True))
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-        print(f"stacx[{variant}]: {tok_s:,.0f} tok/s (step {statistics.median(times) * 1e3:.0f} "
-              f"ms, mfu {mfu:.3f}, peak {peak:.1f} GiB)", flush=True)  # fmt: skip
+        print(
+            f"stacx[{variant}]: {tok_s:,.0f} tok/s (step {statistics.median(times) * 1e3:.0f} "
+            f"ms, mfu {mfu:.3f}, peak {peak:.1f} GiB)",
+            flush=True,
+        )
         out[variant] = {"tok_s": round(tok_s), "mfu": round(mfu, 4), "peak_gib": round(peak, 2)}
         if args.profile:
             profile_step(step, batches[-1])

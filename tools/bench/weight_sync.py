@@ -82,12 +82,26 @@ def run(run_dir: Path, device: str, steps: int, trainable: str, inproc: bool) ->
 
 def qwen3_config(tiny: bool) -> dict[str, Any]:
     if tiny:
-        return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
-                    tie_word_embeddings=True)  # fmt: skip
-    return dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-                tie_word_embeddings=True)  # fmt: skip
+        return dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=512,
+            tie_word_embeddings=True,
+        )
+    return dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
 
 
 def _trainer(conn: Connection, config: dict[str, Any], device: str, run_dir: str, n: int) -> None:
@@ -143,8 +157,17 @@ def transports(device: str, n: int, tiny: bool) -> dict[str, object]:
 
     def sync_actor(handoff: InProcessWeights | SharedWeights | None, tmp: str) -> WeightSync:
         actor = WeightSync(engine, label="bench", handoff=handoff)
-        actor.bind(ActorContext(run_id="bench", run_dir=tmp, publish=record, query=None,  # type: ignore[arg-type]
-                                head=None, js=None, watermark=Watermark()))  # type: ignore[arg-type]  # fmt: skip
+        actor.bind(
+            ActorContext(
+                run_id="bench",
+                run_dir=tmp,
+                publish=record,
+                query=None,  # type: ignore[arg-type]
+                head=None,
+                js=None,  # type: ignore[arg-type]
+                watermark=Watermark(),
+            )
+        )
         return actor
 
     def check(path: str) -> None:
@@ -168,8 +191,10 @@ def transports(device: str, n: int, tiny: bool) -> dict[str, object]:
 
         async def one(actor: WeightSync, event: WeightsPublished) -> float:
             await actor._load(event)
-            assert loaded[-1].transport == {id(shared): "shared", id(file): "file",
-                                            id(inproc): "memory"}[id(actor)], loaded[-1]  # fmt: skip
+            assert (
+                loaded[-1].transport
+                == {id(shared): "shared", id(file): "file", id(inproc): "memory"}[id(actor)]
+            ), loaded[-1]
             return loaded[-1].latency_ms
 
         for v in range(1, n + 1):
@@ -185,11 +210,18 @@ def transports(device: str, n: int, tiny: bool) -> dict[str, object]:
             memory.offer(path, sha, snapshot)
             memory_ms = asyncio.run(one(inproc, fresh(event)))
             if v > 1:
-                for key, ms in (("shared", shared_ms), ("file", file_ms), ("memory", memory_ms),
-                                ("offer", offer_ms)):  # fmt: skip
+                for key, ms in (
+                    ("shared", shared_ms),
+                    ("file", file_ms),
+                    ("memory", memory_ms),
+                    ("offer", offer_ms),
+                ):
                     figures[key].append(ms)
-            print(f"v{v}: shared {shared_ms:.1f} ms, file {file_ms:.1f} ms, memory "
-                  f"{memory_ms:.1f} ms (trainer's pack {offer_ms:.1f} ms)", flush=True)  # fmt: skip
+            print(
+                f"v{v}: shared {shared_ms:.1f} ms, file {file_ms:.1f} ms, memory "
+                f"{memory_ms:.1f} ms (trainer's pack {offer_ms:.1f} ms)",
+                flush=True,
+            )
             del snapshot
             conn.send("next")
         proc.join(60)
@@ -229,8 +261,11 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    print(f"machine: {platform.node()} {platform.machine()}, torch {torch.__version__}, "
-          f"device {args.device}", file=sys.stderr)  # fmt: skip
+    print(
+        f"machine: {platform.node()} {platform.machine()}, torch {torch.__version__}, "
+        f"device {args.device}",
+        file=sys.stderr,
+    )
     if args.mode == "transports":
         print(json.dumps(transports(args.device, args.versions, args.tiny)), flush=True)
         return

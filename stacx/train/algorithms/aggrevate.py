@@ -37,8 +37,11 @@ class Aggrevate(Base):
     versioned: ClassVar[bool] = False
     values: ClassVar[tuple[str, ...]] = ("advantages",)
     wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted, RewardAssigned, CostToGoEstimated, InfraFailed,
-    )  # fmt: skip
+        RunStarted,
+        RewardAssigned,
+        CostToGoEstimated,
+        InfraFailed,
+    )
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         branches = get("algorithm.imitation.branches", 2)
@@ -46,7 +49,10 @@ class Aggrevate(Base):
 
     def samples(self, cfg: TrainerConfig, table: pa.Table, *, prompt: str | None) -> list[Sample]:
         return samples_from_table(
-            table, prompt=prompt, completion="action_ids", scalar_columns={"advantages": "advantage"}
+            table,
+            prompt=prompt,
+            completion="action_ids",
+            scalar_columns={"advantages": "advantage"},
         )
 
     def loss(

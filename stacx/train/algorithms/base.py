@@ -75,9 +75,7 @@ class Algorithm(Protocol):
     values: ClassVar[tuple[str, ...]]  # the per-token values its samples carry
     wakes: ClassVar[tuple[type[Event], ...]]  # event kinds that can complete one of its units
 
-    def samples(
-        self, cfg: TrainerConfig, table: pa.Table, *, prompt: str | None
-    ) -> list[Sample]:
+    def samples(self, cfg: TrainerConfig, table: pa.Table, *, prompt: str | None) -> list[Sample]:
         """Training samples from the source view's rows (one per row)."""
         ...
 

@@ -22,7 +22,10 @@ from stacx.train.algorithms.sft import Sft
 def label_actors(get: Get) -> TrainerKeys:
     """trainer.label_actors = teacher.label_actors (DAgger's and AggreVaTe's roll-in labels)."""
     return {
-        "label_actors": (get("teacher.label_actors", ["student", "teacher"]), "teacher.label_actors")
+        "label_actors": (
+            get("teacher.label_actors", ["student", "teacher"]),
+            "teacher.label_actors",
+        )
     }
 
 
@@ -42,8 +45,12 @@ class Dagger(Sft):
     done: ClassVar[str] = "u.done"
     waits: ClassVar[bool] = True
     wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted, EpisodeFinished, RewardAssigned, TeacherLabeled, InfraFailed,
-    )  # fmt: skip
+        RunStarted,
+        EpisodeFinished,
+        RewardAssigned,
+        TeacherLabeled,
+        InfraFailed,
+    )
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         return label_actors(get)

@@ -41,8 +41,11 @@ class Opd(Base):
     token_versions: ClassVar[bool] = True
     values: ClassVar[tuple[str, ...]] = ("behavior_logprobs", "advantages")
     wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted, RewardAssigned, TeacherScored, InfraFailed,
-    )  # fmt: skip
+        RunStarted,
+        RewardAssigned,
+        TeacherScored,
+        InfraFailed,
+    )
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         return {
@@ -68,6 +71,8 @@ class Opd(Base):
 
 
 ALGORITHM = Opd()
+
+
 def opd_advantage_lists(
     table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
 ) -> pa.Table:
@@ -82,8 +87,9 @@ def opd_advantage_lists(
 
     from stacx.train.advantages import opd_advantages
 
-    aligned = np.asarray(table.column("aligned").fill_null(False).to_numpy(zero_copy_only=False),
-                         dtype=np.bool_)  # fmt: skip
+    aligned = np.asarray(
+        table.column("aligned").fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_
+    )
     offsets, ratio, _ = list_buffers(table, "advantages")
     grpo_col = table.column("grpo_advantage").fill_null(0.0)
     rows = np.flatnonzero(aligned)

@@ -41,6 +41,7 @@ from typing import ClassVar
 import msgspec
 import nats.errors
 import pyarrow as pa
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -73,7 +74,8 @@ class Watermark:
 
 
 class ActorContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What an actor may touch: its run's id, publish, the log's SQL, JetStream.
+    """What an actor may touch: its run's id, publish, the log's SQL, JetStream and the
+    connection under it (``nc``: core subscriptions, e.g. the scheduler's wake-ups).
 
     ``publish`` and ``query`` are bound to ``watermark`` (see ``causal_context``); one
     context per actor instance, so one actor's writes never delay another's reads."""
@@ -84,6 +86,7 @@ class ActorContext(msgspec.Struct, frozen=True, kw_only=True):
     query: Query
     head: Callable[[], Awaitable[int]]  # the stream's last sequence now (for a barrier)
     js: JetStreamContext
+    nc: NATS
     watermark: Watermark
 
 
@@ -92,6 +95,7 @@ def causal_context(
     run_id: str,
     run_dir: str,
     js: JetStreamContext,
+    nc: NATS,
     publish: Callable[[Event], Awaitable[int]],
     query: QueryAfter,
     head: Callable[[], Awaitable[int]],
@@ -116,6 +120,7 @@ def causal_context(
         query=query_after,
         head=head,
         js=js,
+        nc=nc,
         watermark=mark,
     )
 

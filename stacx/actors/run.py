@@ -272,11 +272,12 @@ class RunContext:
     def actor_context(self) -> ActorContext:
         """A fresh context for one actor: its queries wait for what it published or was
         delivered, and for everything this context published before it was spawned."""
-        assert self.js is not None
+        assert self.js is not None and self.nc is not None
         return causal_context(
             run_id=self.run_id,
             run_dir=str(self.run_dir),
             js=self.js,
+            nc=self.nc,
             publish=self.publish,
             query=self.query,
             head=self.last_seq,

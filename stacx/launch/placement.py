@@ -183,6 +183,7 @@ async def remote_run(
                 run_id=run_id,
                 run_dir=run_dir,
                 js=js,
+                nc=nc,
                 publish=publisher.publish,
                 query=query,
                 head=head,

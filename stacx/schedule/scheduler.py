@@ -373,7 +373,7 @@ class Scheduler(Actor):
 
     async def run(self, stop: asyncio.Event) -> None:
         wake = asyncio.Event()
-        nc = self.ctx.js._nc  # the run's connection: a core subscription, not a consumer
+        nc = self.ctx.nc  # the run's connection: a core subscription, not a consumer
 
         async def on_msg(_msg: object) -> None:
             wake.set()

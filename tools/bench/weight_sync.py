@@ -165,6 +165,7 @@ def transports(device: str, n: int, tiny: bool) -> dict[str, object]:
                 query=None,  # type: ignore[arg-type]
                 head=None,
                 js=None,  # type: ignore[arg-type]
+                nc=None,  # type: ignore[arg-type]
                 watermark=Watermark(),
             )
         )

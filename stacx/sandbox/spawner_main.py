@@ -62,8 +62,15 @@ def _command(req: tuple, out: int, err: int, null: int) -> None:  # type: ignore
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores them; a command must not
-            _signal.signal(sig, _signal.SIG_DFL)
+        # an ignored signal and the blocked mask survive exec: Python ignores SIGPIPE and SIGXFSZ,
+        # and whatever started us may ignore more (nohup: SIGHUP); a command starts with none
+        for sig in _signal.valid_signals():
+            if (
+                sig not in (_signal.SIGKILL, _signal.SIGSTOP)
+                and _signal.getsignal(sig) == _signal.SIG_IGN
+            ):
+                _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         for res, soft, hard in rlimits:
             resource.setrlimit(res, (soft, hard))
         if ids is not None:

@@ -46,7 +46,7 @@ def _agent(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def resolve_tasks(spec: str) -> Path:
     """A task dir, a directory of tasks, a tasks.jsonl, or a bundled set name ("basic")."""
-    from stacx.launch.launcher import resolve_tasks as resolve
+    from stacx.launch.recipe import resolve_tasks as resolve
 
     return resolve(spec, where="--tasks")
 

@@ -1,5 +1,6 @@
-"""The recipe's judge: its rubric (``judge.rubric``) and its engine (``[judge]``), for the
-rollout workers (stacx.judge scores; stacx.rollout.episode calls it).
+"""The recipe's judge engine (``[judge]``; its rubric: stacx.launch.recipe.recipe_rubric), for
+the rollout workers (stacx.judge scores; stacx.rollout.episode calls it), and its frozen teacher
+engine (``[teacher]``: labels, scores, or the judge with ``judge.use = "teacher"``).
 
 Which Engine judges is the recipe's choice (``judge.use``): an engine of its own (a torch
 checkpoint, an SGLang or OpenAI-compatible server), one of the ``[teacher]`` settings, or the
@@ -13,45 +14,12 @@ import contextlib
 from pathlib import Path
 
 from stacx.agents.chat import ChatFormat
-from stacx.errors import ConfigError, TaskError
+from stacx.errors import ConfigError
 from stacx.judge import JudgeModel
 from stacx.launch.engines import open_engine
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import Recipe, recipe_rubric
 from stacx.ports import ChatTokenizer, Engine
-from stacx.rubric import Rubric, load_rubric
-
-
-def rubric_path(recipe: Recipe) -> Path | None:
-    """Where ``judge.rubric`` is: the path as given if it exists, else relative to the task set
-    (so a set's rubric can live in the set's folder). None when the recipe names none."""
-    spec = recipe.judge.rubric
-    if not spec:
-        return None
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    from stacx.launch.launcher import resolve_tasks
-
-    try:
-        tasks = resolve_tasks(recipe.tasks.path)
-    except ConfigError:
-        return path  # the tasks' own error is reported by their check
-    beside = (tasks if tasks.is_dir() else tasks.parent) / spec
-    return beside if beside.exists() else path
-
-
-def recipe_rubric(recipe: Recipe) -> Rubric | None:
-    """The recipe's rubric, parsed; a ConfigError naming judge.rubric, the file and the key."""
-    path = rubric_path(recipe)
-    if path is None:
-        return None
-    if not path.is_file():
-        raise ConfigError(f"judge.rubric = {recipe.judge.rubric!r}: no such file")
-    try:
-        return load_rubric(path)
-    except TaskError as exc:
-        raise ConfigError(f"judge.rubric: {exc}") from exc
 
 
 async def open_judge(
@@ -71,8 +39,6 @@ async def open_judge(
         engine, tokenizer = student
         max_len = recipe.engine.max_len
     elif j.use == "teacher":
-        from stacx.launch.roles import open_teacher_engine
-
         engine, tokenizer = await open_teacher_engine(stack, recipe, env)
         max_len = recipe.teacher.max_len
     else:
@@ -95,4 +61,26 @@ async def open_judge(
         stop_token_ids=ChatFormat(tokenizer).stop_token_ids,
         max_len=max_len,
         rubric=recipe_rubric(recipe),
+    )
+
+
+async def open_teacher_engine(
+    stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
+) -> tuple[Engine, ChatTokenizer]:
+    """The recipe's frozen teacher engine (and its tokenizer), closed with `stack`."""
+    t = recipe.teacher
+    if not t.path and not t.url:
+        raise ConfigError(
+            f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
+        )
+    return await open_engine(
+        stack,
+        backend=t.backend,
+        model=t.path,
+        device=t.device,
+        dtype="auto",
+        url=t.url,
+        max_batch=t.max_batch,
+        max_len=t.max_len,
+        log_dir=Path(env.run_dir),
     )

@@ -35,16 +35,20 @@ from stacx.actors.run import RunContext
 from stacx.errors import ConfigError, TaskError
 from stacx.launch.loader import to_dict
 from stacx.launch.metrics import MetricsWriter, make_sinks
-from stacx.launch.placement import make_placement, resolve_builder
+from stacx.launch.placement import (
+    LocalPlacement,
+    Placement,
+    RayPlacement,
+    resolve_builder,
+)
 from stacx.launch.plan import RoleSpec, roles_for
+from stacx.launch.processes import ProcessPlacement
 from stacx.launch.progress import ProgressView, Snapshot, snapshot
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import Recipe, resolve_tasks
 from stacx.launch.resume import check_resume, remove_orphan_sandboxes
 from stacx.schedule.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
 
 log = logging.getLogger(__name__)
-
-BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,26 +60,6 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     plot: str | None
     verdict: str  # "completed", "starved: ...", or "stopped" (interrupted before the end)
     skipped_tasks: list[str] = []  # selected, but left out (an oracle run: no solve.sh)
-
-
-def resolve_tasks(spec: str, *, where: str = "tasks.path") -> Path:
-    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/;
-    `where` names the setting in the error (a recipe key, or a CLI flag such as --tasks)."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    bundled = BUNDLED_TASKS / spec
-    if "/" not in spec and bundled.is_dir():
-        return bundled
-    sets = (
-        sorted(p.name for p in BUNDLED_TASKS.iterdir() if p.is_dir())
-        if BUNDLED_TASKS.is_dir()
-        else []
-    )
-    raise ConfigError(
-        f"{where} {spec!r}: no such file or directory, and not a bundled set "
-        f"(bundled: {', '.join(sets) or 'none'})"
-    )
 
 
 def select_tasks(recipe: Recipe) -> list[TaskRef]:
@@ -181,6 +165,16 @@ def eval_plan(recipe: Recipe) -> EvalPlan | None:
     refs = selection(msgspec.structs.replace(recipe, tasks=tasks))[0]
     versions = eval_versions(ev.every, recipe.trainer.steps, at_start=ev.at_start)
     return EvalPlan(tasks=refs, samples=ev.samples, versions=versions)
+
+
+def make_placement(run: RunContext, recipe: Recipe) -> Placement:
+    """The recipe's placement (``placement.mode``: stacx.launch.placement's docstring)."""
+    mode = recipe.placement_mode
+    if mode == "ray":
+        return RayPlacement(run, recipe)
+    if mode == "processes":
+        return ProcessPlacement(run, recipe)
+    return LocalPlacement(run, recipe)
 
 
 async def launch(

@@ -365,14 +365,3 @@ class RayPlacement:
         if self._started_ray:
             await asyncio.to_thread(ray.shutdown)
         await self.run.stop_actors()
-
-
-def make_placement(run: RunContext, recipe: Recipe) -> Placement:
-    mode = recipe.placement_mode
-    if mode == "ray":
-        return RayPlacement(run, recipe)
-    if mode == "processes":
-        from stacx.launch.processes import ProcessPlacement
-
-        return ProcessPlacement(run, recipe)
-    return LocalPlacement(run, recipe)

@@ -118,7 +118,7 @@ def _agent_keys(agent: str, format: str, seed: int | None) -> dict[str, object]:
 def _all_answer_tasks(spec: str) -> bool:
     from stacx.errors import StacxError
     from stacx.harbor.tasks import load_tasks
-    from stacx.launch.launcher import resolve_tasks
+    from stacx.launch.recipe import resolve_tasks
     from stacx.sandbox.answers import is_answer_task
 
     try:

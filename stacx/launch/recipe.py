@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 from typing import Literal
 
 import msgspec
 
 from stacx.agents.scaffold_spec import ScaffoldSpec
-from stacx.errors import ConfigError
+from stacx.errors import ConfigError, TaskError
 from stacx.imitation.config import ImitationConfig, TeacherConfig
+from stacx.rubric import Rubric, load_rubric
 from stacx.train import algorithms
 from stacx.train.algorithms import Algorithm, Teacher
 from stacx.train.config import TrainerConfig
@@ -348,9 +350,7 @@ def _installed_problems(r: Recipe) -> list[str]:
 
 def _judge_problems(r: Recipe) -> list[str]:
     """What the [judge] section needs: an engine for a rubric, the engine it names, and a
-    rubric file that parses (stacx.launch.judges.recipe_rubric)."""
-    from stacx.launch.judges import recipe_rubric
-
+    rubric file that parses (`recipe_rubric`)."""
     j, out = r.judge, []
     if j.use != "own" and (j.path or j.url):
         out.append(f"judge.path / judge.url: not used with judge.use = {j.use!r}; remove them")
@@ -552,3 +552,56 @@ _SERVER_KEYS = ("device", "max_batch", "max_len", "tp", "mem_fraction")
 def _nvidia_device() -> bool:
     """Whether this machine has an NVIDIA GPU (its device nodes: no CUDA context is made)."""
     return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
+
+
+def resolve_tasks(spec: str, *, where: str = "tasks.path") -> Path:
+    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/;
+    `where` names the setting in the error (a recipe key, or a CLI flag such as --tasks)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    bundled = BUNDLED_TASKS / spec
+    if "/" not in spec and bundled.is_dir():
+        return bundled
+    sets = (
+        sorted(p.name for p in BUNDLED_TASKS.iterdir() if p.is_dir())
+        if BUNDLED_TASKS.is_dir()
+        else []
+    )
+    raise ConfigError(
+        f"{where} {spec!r}: no such file or directory, and not a bundled set "
+        f"(bundled: {', '.join(sets) or 'none'})"
+    )
+
+
+def rubric_path(recipe: Recipe) -> Path | None:
+    """Where ``judge.rubric`` is: the path as given if it exists, else relative to the task set
+    (so a set's rubric can live in the set's folder). None when the recipe names none."""
+    spec = recipe.judge.rubric
+    if not spec:
+        return None
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    try:
+        tasks = resolve_tasks(recipe.tasks.path)
+    except ConfigError:
+        return path  # the tasks' own error is reported by their check
+    beside = (tasks if tasks.is_dir() else tasks.parent) / spec
+    return beside if beside.exists() else path
+
+
+def recipe_rubric(recipe: Recipe) -> Rubric | None:
+    """The recipe's rubric, parsed; a ConfigError naming judge.rubric, the file and the key."""
+    path = rubric_path(recipe)
+    if path is None:
+        return None
+    if not path.is_file():
+        raise ConfigError(f"judge.rubric = {recipe.judge.rubric!r}: no such file")
+    try:
+        return load_rubric(path)
+    except TaskError as exc:
+        raise ConfigError(f"judge.rubric: {exc}") from exc

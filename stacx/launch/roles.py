@@ -25,7 +25,7 @@ from stacx.events import Event, RollIn, TurnActor, WeightsLoaded, derive_id
 from stacx.imitation.mixture import MixtureRollIn, MixtureRolloutManager
 from stacx.launch import memory
 from stacx.launch.engines import open_engine, open_tokenizer
-from stacx.launch.judges import open_judge
+from stacx.launch.judges import open_judge, open_teacher_engine
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import PYTHON_AGENTS, Recipe
 from stacx.launch.scripted import scripted_executors
@@ -329,28 +329,6 @@ def docker_environments(
         aliases=AliasMap.from_env(recipe.sandbox.aliases or None),
         artifacts_dir=Path(env.run_dir) / "artifacts",  # task.toml `artifacts` land here
         runtime=recipe.sandbox.runtime,
-    )
-
-
-async def open_teacher_engine(
-    stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
-) -> tuple[Engine, ChatTokenizer]:
-    """The recipe's frozen teacher engine (and its tokenizer), closed with `stack`."""
-    t = recipe.teacher
-    if not t.path and not t.url:
-        raise ConfigError(
-            f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
-        )
-    return await open_engine(
-        stack,
-        backend=t.backend,
-        model=t.path,
-        device=t.device,
-        dtype="auto",
-        url=t.url,
-        max_batch=t.max_batch,
-        max_len=t.max_len,
-        log_dir=Path(env.run_dir),
     )
 
 

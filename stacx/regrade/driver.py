@@ -55,10 +55,9 @@ from stacx.agents.tools import Observation, execute
 from stacx.errors import ConfigError, EngineError, SandboxError, StacxError, TaskError
 from stacx.events import Emit, EpisodeNotRegraded, RegradeIssue, RewardAssigned, derive_id
 from stacx.harbor.tasks import load_task, load_task_set
-from stacx.launch.launcher import resolve_tasks
 from stacx.launch.loader import ConfigDict, convert
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import Recipe, resolve_tasks
 from stacx.launch.resume import read_previous
 from stacx.launch.roles import agent_config, docker_environments
 from stacx.launch.scripted import SOLVE_COMMAND, run_solution

@@ -1,79 +1,13 @@
 """The model gateway: an OpenAI-compatible HTTP front of any `Engine` that records every call as
 token ids, so black-box scaffolds (mini-swe-agent, ...) can be trained token-faithfully.
 
-Routes (mounted on any aiohttp app; `stacx serve` and the launcher both use them):
-``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, Anthropic's ``POST /v1/messages`` (translated to the chat path by
-`stacx.inference.anthropic_api`), the same under ``/e/<credential>/v1/...``. A request's ``model`` must
-be the served name or one of its aliases (absent: the served name); any other is a 404
-``model_not_found``, as OpenAI and vLLM answer. Supported: ``tools`` / ``tool_choice`` ("auto" |
-"none" | "required" | a named function: see `chat_template.ToolChoice.prefills`),
-``stream`` (SSE, token by token; ``stream_options.include_usage`` adds a last chunk with
-usage), ``n``,
-``stop`` (strings), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``logprobs``, ``response_format`` (text, json_object, json_schema: decoded under the
-JSON's grammar, `chat_template.response_grammar`); vLLM's extensions ``top_k``, ``stop_token_ids``, ``ignore_eos``. Every
-choice carries ``weight_version``, and ``token_ids`` and ``prompt_token_ids`` when the request asks
-(``return_token_ids``, vLLM's name). A ``max_tokens`` beyond the context (with the prompt) is a
-400 naming both numbers; without one, a reply may use the rest of the context.
+Guarantees: a call made with an episode's credential is recorded (one `TurnGenerated` per choice:
+the exact prompt ids the engine saw and the ids it produced) before the response is sent; a
+prompt that does not extend the episode's earlier calls opens a new ``segment``; a streamed reply
+joins to exactly the non-streamed one; every error answer to an episode's call is recorded
+(`GatewayRefused`). The gateway owns the chat template and the tool-call format.
 
-The gateway owns the chat template and the tool-call format. A template with tools support (Qwen)
-gets ``tools`` and ``tool_calls`` as they are; for one without (SmolLM2's ChatML) the gateway
-writes the Hermes tool instructions into the system message, assistant calls as
-``<tool_call>`` text and tool results as user messages in ``<tool_response>``. Replies are
-parsed with `stacx.toolcalls.parse_tool_calls`, the parser the in-house SWE agent uses. An
-assistant message that carries the ids of calls this gateway returned is rendered as the exact
-text the model wrote, so a scaffold that echoes its history extends the token sequence exactly.
-
-Recording: a call made with an episode's credential (the bearer key, or the URL path) is
-emitted as one `TurnGenerated` per choice, before the response is sent: the exact prompt ids
-the engine saw, the output ids it produced (cut after a ``stop`` string, as vLLM does), logprobs,
-weight_version, finish reason, timing, and the request's messages and tools. Calls of one
-episode are checked to extend each other: a prompt that does not start with an earlier call's
-prompt + output (a summarized or rewritten history, a sub-agent) opens a new ``segment``.
-
-Streaming: with ``stream: true`` each choice's text goes out as the engine produces its ids,
-in pieces sent once they can no longer change (`stacx.inference.streaming` says what is held
-back, and which engines stream), so the pieces joined are exactly the non-streamed reply (same
-seed, same ids). At the end of the call the turns are recorded exactly as for a non-streamed
-call, and then each choice gets the rest of its text, its ``tool_calls`` in one delta (each call
-whole: id, name, arguments), a last chunk with its ``finish_reason`` (``tool_calls`` for a
-call), ``logprobs`` (all of the choice's, here) and ``token_ids``; then usage, then
-``[DONE]``. Choices of ``n > 1`` interleave, each chunk naming its ``index``. A client that
-disconnects before the generation is done aborts it (the engine frees the slot at its next
-step) and nothing is recorded: no one saw that reply, and no later call can extend it. An
-engine error after the first chunk is sent as an error event.
-
-Errors: a bad request gets an OpenAI-shaped 4xx naming the field (``error.param``; the request
-contract lives in `stacx.inference.openai_api`); an engine refusal (a prompt longer than the
-context) is a 400; anything else is our bug, a 500. An error answer to an episode's call is
-recorded (`GatewayRefused`: route, status, type, code, param, message).
-
-Forced tool calls: ``tool_choice`` "required" or a named function is honoured by prefilling the
-assistant turn with the template's tool-call opening up to the arguments (read off a rendered
-call: Hermes ``<tool_call>{"name": "bash", "arguments":``), decoding the rest under a grammar of
-the call (arguments valid under the tool's JSON schema, then the call's closing text: llguidance
-in the engine, `SamplingParams.grammar`) and ending the reply at the call's closing tag. For "required" of several tools the function is the one whose opening the
-model scores likeliest after the prompt (one `Engine.score` pass per tool; drawn from those
-scores at temperature > 0, with the request's seed), as a constrained decoder picks the name;
-the ``n`` choices of a call share it, and ``top_p`` / ``top_k`` do not apply to that pick.
-The prefill ids, the function's name among them, are part of the recorded prompt; the output
-ids are the model's own, drawn under the grammar (their logprobs under the masked distribution).
-A reply cut by its token limit, or from an engine without grammars (prefill only), may still not
-be a well-formed call: it stays text.
-
-Stop strings, streamed or not: once every choice of a call has finished or written a stop string,
-the engine's requests are aborted (the rest would be cut), on an engine that streams; the ids
-recorded are the same either way (cut after the token that completes the stop string).
-
-Limits: with ``n > 1``, a choice that wrote its stop string keeps generating until every choice
-has; streamed ``logprobs`` come in each choice's last chunk, not with its text; a choice ended
-early by a stop string gets the call's wall time as ``gen_ms``; a stream's disconnect is seen at
-the engine's next delta (a request still queued for a slot is aborted once admitted). The text
-pieces are exact for tokenizers whose decode is prefix-stable (byte-level BPE: SmolLM2, Qwen,
-Llama 3; see `stacx.inference.streaming`). ``top_logprobs`` > 0 is refused (the engine gives no
-alternatives); a forced call's text is not streamed as it comes (it is all the call's).
-Message content that spells a special token (``<|im_end|>``) is tokenized as that token.
+Specification: docs/scaffolds.md#gateway-reference
 """
 
 from __future__ import annotations
@@ -128,7 +62,7 @@ from stacx.toolcalls import parse_tool_calls
 
 
 class Gateway:
-    """The OpenAI routes over one engine and its tokenizer; see the module docstring."""
+    """The OpenAI routes over one engine and its tokenizer (docs/scaffolds.md#gateway-reference)."""
 
     def __init__(
         self,

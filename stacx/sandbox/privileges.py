@@ -1,37 +1,12 @@
 """Least privilege for every container STACX starts (task sandboxes, the sandbox service's,
 compose services, the egress proxy): the HostConfig security keys, and what a task may ask for.
 
-Default (`security_options`):
-- ``CapDrop: ALL``, then ``CapAdd`` of `DEFAULT_CAPS` only. Each kept one was measured as
-  needed (leave-one-out on stacx/base with no-new-privileges: apt-get update/install, su,
-  setpriv, useradd, chown/chmod of another user's files, killing another user's process),
-  and the bundled recipes/tasks/basic oracle and the Harbor fixture tasks pass with the set:
-  CHOWN (chown; useradd; dpkg), DAC_OVERRIDE (root reading/writing files and dirs it does not
-  own: apt's lists and cache as `_apt`, a task user's files), FOWNER (chmod of another user's
-  file), FSETID (keeping setgid/setuid bits set by a task setup), KILL (signalling a process
-  of a task user: a timeout's TERM/KILL of its group), SETUID and SETGID (apt drops to `_apt`;
-  su, setpriv, gosu, a task's `user`).
-  Dropped from Docker's default set: NET_RAW (raw/packet sockets: ARP and ICMP spoofing on
-  the bridge), MKNOD (device nodes), SYS_CHROOT, SETPCAP, SETFCAP (file capabilities on new
-  binaries), AUDIT_WRITE, and NET_BIND_SERVICE (Docker already lets any user of a container's
-  own network namespace bind ports below 1024: ip_unprivileged_port_start=0). None is needed
-  by those tasks; a task that needs one declares it.
-- ``SecurityOpt``: ``no-new-privileges`` (a setuid binary such as sudo, or a file capability,
-  gains nothing: a non-root task user stays unprivileged) and ``seccomp`` left at Docker's
-  default profile (never ``unconfined``; the default blocks mount, unshare of user namespaces
-  without CAP_SYS_ADMIN, init_module, kexec, ...).
-- Docker's default ``ReadonlyPaths``/``MaskedPaths`` (/proc/sysrq-trigger, /proc/kcore, ...)
-  are kept (Privileged is never set).
+Default (`security_options`): ``CapDrop: ALL`` then `DEFAULT_CAPS` only, ``no-new-privileges``,
+Docker's default seccomp profile, never privileged. A task asks for more (or less) under
+``[environment.stacx]`` in its task.toml (``cap_add``, ``new_privileges``, ``read_only_root``);
+the OCI runtime is the recipe's choice, not the task's.
 
-A task asks for more (or less) in its task.toml, a STACX extension (Harbor has no key for it):
-
-    [environment.stacx]
-    cap_add = ["NET_RAW"]       # capabilities beyond the default (accepted: stacx.harbor.model.ALL_CAPS)
-    new_privileges = true       # setuid binaries work (sudo for a non-root agent user)
-    read_only_root = true       # the root filesystem is read-only (less than the default)
-
-`stacx tasks check` lists the tasks that ask for more (`requests`). The OCI runtime
-(``sandbox.runtime``, e.g. gVisor's ``runsc``) is the recipe's choice, not the task's.
+Specification: docs/sandboxes.md#hardening
 """
 
 from __future__ import annotations

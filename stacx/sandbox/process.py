@@ -1,68 +1,13 @@
 """The process backend of the Sandbox port: image-less tasks (math, code-interpreter tools) on
 machines without Docker. `sandbox.backend = "process"` in a recipe.
 
-NOT A SECURITY BOUNDARY. It contains the accidents an agent causes (a fork bomb, a memory bomb,
-a runaway loop, a flood of output, network use where forbidden), on the host's own kernel,
-filesystem and binaries. A command that means harm can read and write whatever the user it
-runs as can, outside the sandbox's own directories.
+NOT A SECURITY BOUNDARY: it contains the accidents an agent causes (fork bomb, memory bomb,
+runaway loop, output flood, forbidden network use) on the host's own kernel, filesystem and
+binaries. Each sandbox owns six paths (/app, /logs, /tests, /solution, /tmp, /home) under a temp
+root; every other path is the host's. The calling process never forks: a per-sandbox spawner
+forks each command, which applies its own session, rlimits and uid.
 
-The view a command gets. Each sandbox owns a fresh temp directory, its root R. Six absolute
-paths are the sandbox's own: the workdir (/app), /logs (with /logs/verifier and /logs/agent,
-writable by anyone), /tests, /solution, /tmp (mode 1777) and /home (HOME=/home/sandbox); each is
-R/<path>. Every other absolute path (/usr, /etc, /work, /root, ...) IS THE HOST'S, read-write.
-How that view is made depends on what the machine allows, probed once per process (`isolation()`):
-
-- ``namespaces`` (root, or unprivileged user namespaces): the sandbox's spawner runs under
-  ``unshare --mount [--net]``, rbind-mounts every other top-level host directory into R and
-  chroots into R; every command is forked from it. Paths are exact everywhere, inside scripts
-  too: test.sh writing /logs/verifier/reward.txt, a solution writing /app/x.
-- ``rewrite`` (no mount namespace): commands run on the host's tree, and the six paths are
-  rewritten to R/<path> in the command line only (a str command or each argv item, where a path
-  starts a word); paths named inside scripts are NOT rewritten, so a Harbor verifier (whose
-  test.sh names /logs) cannot work, and ProcessEnvironments refuses to start (InfraFailure
-  START) rather than score it.
-
-The file API (read_file, write_file, upload_dir) maps paths the same way in both modes.
-
-The calling process never forks (STYLE principle 21: it may hold CUDA and a large heap, and a
-fork copies its page tables under the GIL). start() launches the sandbox's spawner
-(stacx.sandbox.spawner) by vfork/exec, no `preexec_fn`: a `python -S -I` process inside the
-sandbox's namespaces, chroot included, that forks each command from its own small address space;
-the command applies its own session, rlimits and uid between that fork and its exec. Sweeps run
-there too. The spawner costs one interpreter start per sandbox (start() ~35 ms on the 2-core CPU)
-and ~10 MB; a command's exit status and pid come back over a socket. Should it die (a non-root
-sandbox's command can kill it), the commands it was running fail with SandboxError and the next
-exec starts a new one. If the caller dies, the spawner sees its socket close and kills what it
-started, as close() does.
-
-Per command, and what is and is not contained:
-- its own session and process group (`start_new_session`); a timeout signals the group (TERM,
-  then KILL `KILL_GRACE_S` later); `timed_out` is set, `exit_code` is None.
-- rlimits: address space = Limits.memory_mb (RLIMIT_AS counts virtual memory: a runtime that
-  reserves big mappings, like Go or a JVM, needs more than it uses), CPU seconds (= timeout x
-  max(cpus, 1) + 1, or the sandbox's `cpu_seconds`; a hit ends the command by SIGXCPU and is
-  reported as `timed_out`), open files (`OPEN_FILES`), processes = Limits.pids (RLIMIT_NPROC).
-  RLIMIT_NPROC counts every process of the command's real uid, and is not enforced at all for
-  root. So when STACX runs as root, each sandbox runs its commands as a uid of its own
-  (`SANDBOX_UID_BASE` + n, no passwd entry), which makes the pids limit per sandbox and lets
-  close() kill every process the sandbox left behind, those that escaped their process group
-  too (`kill(-1)` as that uid, from a child of the spawner, repeated until no process of the uid
-  is left alive). A command run as user "0"/"root" (the verifier's cleanup) has
-  no pids limit; a named user (``nobody``) shares its limit with that user's other processes.
-  As non-root, commands run as the caller's own user (`user` is ignored, with a warning) and
-  the limit counts all of its processes; close() then kills only the process groups it knows.
-- Limits.cpus is not a CPU share (no cgroups here): only the CPU-seconds limit above.
-  storage_mb is not applied.
-- no network when Limits.allow_internet is false and the platform allows a network namespace
-  (only loopback, brought up where `ip` is installed: the GPU machine has none, so there even
-  loopback is down); otherwise a warning is logged once and the network is the host's.
-- output is capped per stream (OutputCapture); past `flood_limit` bytes the group is killed.
-- flags, from what a process can observe (no cgroup counters): `oom_killed` when the command
-  died by SIGKILL that STACX did not send (the kernel's OOM killer), or when an allocation
-  error reached stderr (a line starting "MemoryError", "Cannot allocate memory", bad_alloc: how
-  an RLIMIT_AS hit looks), from any of its processes, even if the command went on and exited 0; `pids_limited` when a fork was refused on stderr ("fork: Resource
-  temporarily unavailable", BlockingIOError errno 11); the command's processes are then killed.
-  These read stderr, so a command that prints such a line itself is misreported.
+Specification: docs/sandboxes.md#the-process-backend
 """
 
 from __future__ import annotations
@@ -222,7 +167,7 @@ class ProcessSandbox:
         probe = isolation()
         self.isolation: Isolation = isolation_override or probe.isolation
         self._probe = probe
-        # root: a uid of its own (see the module docstring); else the caller's own user
+        # root: a uid of its own (docs/sandboxes.md#the-process-backend); else the caller's own user
         self.uid = (
             SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if is_root() else None
         )

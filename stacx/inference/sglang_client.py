@@ -1,54 +1,12 @@
 """An :class:`Engine` backed by an SGLang server's native API (or by `stacx serve`).
 
 Speaks ``POST /generate`` with ``input_ids`` and ``return_logprob`` (token in, token out; no
-re-tokenization), the three weight-update paths of SGLang, ``POST /flush_cache`` and
-``GET /health``.
+re-tokenization), the three weight-update paths of SGLang (disk, tensor, distributed), its LoRA
+adapter routes, ``POST /flush_cache`` and ``GET /health``. Guarantees: ``output_ids`` are the
+server's; a partial checkpoint is refused, never half-loaded; a state it cannot hand over
+(no CUDA) raises :class:`StateNotAccepted`, so the caller loads the file instead.
 
-Guarantees and limits:
-
-- ``output_ids`` are the server's; logprobs are ``meta_info.output_token_logprobs``.
-- ``weight_version``: SGLang reports a string; when it holds an integer it is used, otherwise
-  the version this client last loaded is stamped.
-- ``load_weights(path)`` -> ``/update_weights_from_disk``: the path is read by the SERVER, so it
-  must be visible there. Real SGLang loads a model DIRECTORY (config + full weights): for a
-  trainer checkpoint (``v<n>/model.safetensors`` beside its ``config.json``, full weights) the
-  client sends that directory (:func:`disk_update_request`). A partial checkpoint
-  (``trainer.trainable``) is refused here and at recipe load for ``engine.backend = "sglang"``;
-  any other file is sent as is (`stacx serve` loads single files, SGLang would refuse them).
-- ``load_state(state)`` -> ``/update_weights_from_tensor`` (:func:`tensor_update_request`): the
-  tensors travel as CUDA IPC handles (torch's ``ForkingPickler`` reduction, base64, one entry
-  per TP rank: what SGLang's ``MultiprocessingSerializer.serialize(..., output_str=True)``
-  makes), so the server must run on this node and see the GPU; host tensors are first copied
-  to this process's GPU. Without CUDA it raises :class:`StateNotAccepted` and the caller
-  (WeightSync) loads the file instead.
-- ``init_weights_update_group`` + ``update_weights_from_distributed``: this process joins the
-  server's weight-update group as rank 0 (:func:`join_update_group`, SGLang's
-  ``init_custom_process_group`` rendezvous: NCCL, or gloo for CPU tests) and broadcasts every
-  tensor, in the order of the request's ``names``, while the request is in flight. Not wired
-  into `stacx run` yet (WeightSync uses the tensor and disk paths); a trainer on another node
-  would use it.
-
-Matched against SGLang's ``python/sglang/srt/managers/io_struct.py`` and
-``entrypoints/http_server.py`` (sgl-project/sglang main as stored, 0.5.x series; its
-``version.py`` reads 0.5.3rc2): ``UpdateWeightFromDiskReqInput{model_path, load_format=None,
-abort_all_requests=False, weight_version=None, ..., flush_cache=True}`` answered by
-``{success, message, num_paused_requests}``; ``UpdateWeightsFromTensorReqInput
-{serialized_named_tensors: list[str | bytes], load_format=None, flush_cache=True,
-abort_all_requests=False, weight_version=None}``; ``InitWeightsUpdateGroupReqInput
-{master_address, master_port, rank_offset, world_size, group_name="weight_update_group",
-backend="nccl"}``; ``UpdateWeightsFromDistributedReqInput{names, dtypes, shapes,
-group_name="weight_update_group", flush_cache=True, abort_all_requests=False,
-weight_version=None}``; each answered by ``{success, message}`` with HTTP 200, or 400 when
-``success`` is false.
-- LoRA (``load_adapter``, the `LoadsAdapter` capability; the server runs with
-  ``--enable-lora``): ``POST /load_lora_adapter`` with ``LoadLoRAAdapterReqInput{lora_name,
-  lora_path, pinned=False}`` answered by ``{success, error_message, loaded_adapters}`` (400 when
-  not ``success``), ``POST /unload_lora_adapter`` with ``{lora_name}``, and ``lora_path`` in
-  ``GenerateReqInput`` (the adapter's NAME, one per prompt of a batch), as in SGLang's
-  ``io_struct.py`` / ``http_server.py`` (main as stored). The adapter version is stamped on
-  generations (the server's ``weight_version`` is its base model's).
-- ``score`` asks for ``input_token_logprobs`` from ``logprob_start_len = len(prompt)``.
-- A seed is sent as ``sampling_seed`` (SGLang honours it only with deterministic sampling on).
+Specification: docs/engine.md#the-sglang-client
 """
 
 from __future__ import annotations
@@ -100,8 +58,8 @@ def sglang_sampling_params(params: SamplingParams, *, grammars: bool = False) ->
 
 
 def disk_update_request(path: str, version: int) -> dict[str, object]:
-    """The body of SGLang's ``/update_weights_from_disk`` for weights at ``path`` (see the
-    module docstring): the checkpoint's directory when it is a loadable HF one."""
+    """The body of SGLang's ``/update_weights_from_disk`` for weights at ``path`` (see
+    docs/engine.md#the-sglang-client): the checkpoint's directory when it is a loadable HF one."""
     target = Path(path)
     model_path = str(target)
     if target.is_file() and target.suffix == ".safetensors":
@@ -359,7 +317,7 @@ class SGLangEngine:
 
     async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Tensors to the server through ``/update_weights_from_tensor`` (CUDA IPC handles; see
-        the module docstring). :class:`StateNotAccepted` when there is no GPU to share from."""
+        docs/engine.md#the-sglang-client). :class:`StateNotAccepted` when there is no GPU to share from."""
         import torch
 
         if not torch.cuda.is_available():

@@ -1,47 +1,13 @@
 """The in-process torch engine: the embedded default backend (CPU or CUDA).
 
-Continuous batching: every ``generate`` call (from any number of concurrent episodes) puts its
-prompts on one queue. A single worker thread owns the model and loops: run pending jobs
-(weight loads, scoring), admit waiting requests into free rows (one batched, chunked prefill,
-reusing the keys of the longest prefix the new prompt shares with a previous request, a
-running one, or a sibling of its GRPO group admitted with it), then one batched decode step for
-every running request. Requests join and leave between steps; the asyncio event loop only
-enqueues and awaits futures, so it stays responsive. The KV cache is one row per request
-("slots", the default) or a pool of blocks shared copy-on-write ("paged": admission control
-and preemption when full, never an out-of-memory error); kv_plan.py says which.
+Continuous batching: one worker thread owns the model and loops over pending jobs, admission
+(prefix-reusing, chunked prefill) and one batched decode step; the asyncio loop only enqueues and
+awaits. Guarantees: greedy output equals transformers' ``generate`` whatever shares the batch; a
+seeded request repeats its tokens; ``output_ids`` include the stop token; every token is
+attributed to the weights that sampled it. Limits: one process, one device, Llama-style models;
+a prompt longer than the context is an error.
 
-Guarantees:
-
-- Greedy output (temperature 0) equals transformers' ``generate`` greedy output for the same
-  prompt (tested), whatever else shares the batch.
-- ``output_ids`` include the stop token that ended a generation (EOS or a stop id), as SGLang
-  does, so a chat transcript can be extended token-exactly. ``logprobs[i]`` is
-  ``log_softmax(raw logits)[output_ids[i]]`` at temperature 1 (see sampling.py).
-- Sampling (temperature > 0) follows sampling.py; a seeded request repeats its tokens whatever
-  else shares the batch (on CUDA, up to the rounding differences between batch sizes that
-  any GPU GEMM has).
-- Weights: :meth:`load_weights` runs between two decode steps. Tokens sampled after it carry
-  the new version; a generation's ``weight_version`` is the version that produced its LAST
-  token, and one that spans a load says which tokens each version produced
-  (``Generation.version_starts`` / ``versions``: the change points; empty when one version
-  produced them all). A load runs only after the tokens of a replay launched ahead are read
-  (``_drain``), so every token is attributed to the weights that sampled it. Requests in
-  flight at the load are not restarted: their earlier tokens (and the KV cache of their
-  prompt) come from the old weights. A load that changes keys (any but the final norm, an
-  untied lm_head and the last layer's post-attention part) makes every key computed before it
-  unusable for later requests, so they never reuse stale keys; other loads keep the cache.
-  A paged request preempted for room is recomputed on readmission from its prompt and
-  output so far, under the weights of that time.
-- ``finish_reason``: "stop" (EOS unless ``ignore_eos``, or a stop id), "length"
-  (max_new_tokens, or the model's context limit), "abort" (cancelled, or the engine closed).
-- Streaming (:meth:`generate_stream`, the `StreamsGenerations` capability): after each decode
-  step (or multi-step replay) the worker hands every streamed request's new ids to its event
-  loop, from the host lists that step already made (no extra device->host sync); the ids that
-  finish a request come with its `Generation`. Leaving the stream early aborts its unfinished
-  requests at the next step, as cancelling ``generate`` does.
-
-Limits: one process, one device; no tensor parallelism; only Llama-style model types (see
-decoder.py). A prompt longer than the context limit is an error, not a truncation.
+Specification: docs/engine.md#the-torch-engine
 """
 
 from __future__ import annotations
@@ -246,8 +212,8 @@ class TorchEngine(MultiStepReplays):
     async def generate_stream(
         self, prompts: list[list[int]], params: SamplingParams
     ) -> AsyncGenerator[GenerationDelta, None]:
-        """`generate`, streamed: each prompt's new ids as each step produces them (see the
-        module docstring); leaving early aborts the unfinished requests."""
+        """`generate`, streamed: each prompt's new ids as each step produces them (see
+        docs/engine.md#the-torch-engine); leaving early aborts the unfinished requests."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         reqs = [self._request(p, params, i, loop) for i, p in enumerate(prompts)]

@@ -1,47 +1,13 @@
 """Weight sync: engines pick up what the trainer publishes (a room above the engines, because it
 joins two of them: the trainer's output and an inference engine).
 
-:class:`WeightSync` is a small actor living next to one engine (one instance per engine; its
-durable consumer is named after the engine's label). On ``WeightsPublished`` it loads the new
-weights into the engine and publishes ``WeightsLoaded{version, engine, latency_ms}``, where
-``latency_ms`` runs from the ``WeightsPublished`` timestamp to the moment the engine serves the
-new version (so it includes bus delivery and any queueing).
+:class:`WeightSync`, one small actor per engine, loads each ``WeightsPublished`` version into its
+engine by the cheapest transport that reaches it (``memory``, ``shared``, ``file``) and publishes
+``WeightsLoaded``. Guarantees: versions only move forward (a lagging engine skips straight to the
+newest); a restarted engine catches up to the newest published version; a file whose sha256 does
+not match the event is an error, never a silent load.
 
-Three transports, tried in this order (``WeightsLoaded.transport`` records which one served):
-
-- ``memory`` (the embedded default, trainer and engine in one launcher process): the launcher
-  creates one :class:`InProcessWeights` per process and hands it to the trainer (which offers
-  a snapshot of its state dict as well as writing the file) and to every WeightSync (which
-  takes it); an engine with the ``LoadsState`` capability (stacx.ports; the torch engine) copies
-  tensors from memory (device to device on a GPU), with no file read and no hashing: the
-  snapshot is the bytes the file was written from; SGLang's client sends the same tensors to
-  its server as CUDA IPC handles (``/update_weights_from_tensor``);
-- ``shared`` (trainer and engine in different processes of one node: Ray placement): each Ray
-  role host has a :class:`~stacx.weights.share.SharedWeights`; the trainer packs each
-  version into one CUDA IPC buffer (or a ``/dev/shm`` segment on CPU) and writes its manifest
-  beside the checkpoint; the engine's WeightSync maps it and copies from it, with no file read;
-- ``file``: otherwise (another node, a buffer already dropped, an engine that refuses the
-  tensors with ``StateNotAccepted``) the engine loads ``path``; with ``verify`` (default)
-  the file's sha256 is checked against the event first, and a mismatch is an error (the event
-  comes back later, and after ``max_deliver`` attempts an ``InfraFailed`` is recorded), never a
-  silent load.
-
-A version published before its checkpoint is on disk (``WeightsPublished.durable`` false:
-``trainer.background_checkpoint``, ``trainer.checkpoint_every``) can only come from memory; an
-engine that cannot take it so (after a restart, before the trainer has redone it) loads the
-newest durable version instead and moves on at the next ``WeightsPublished`` or
-``CheckpointSaved`` (which it also consumes).
-
-A LoRA version (a checkpoint directory holding ``adapter_config.json``: ``[trainer.lora]``)
-moves the adapter only, by the same three transports, into an engine with the ``LoadsAdapter``
-capability (the torch engine merges it into its weights; SGLang loads it through its LoRA
-endpoint); ``WeightsLoaded.bytes`` says how many bytes moved, ``adapter`` that it was one.
-
-Guarantees: versions only move forward (a ``WeightsPublished`` older than what the engine
-serves, or older than the newest in the log, is skipped: an engine that lags skips straight
-to the newest); on start the engine catches up to the newest published version in the log, so
-a restarted launcher serves the weights it stopped with. Limits: the in-memory handoff keeps
-only the newest snapshot, within one process; the shared one the newest two, within one node.
+Specification: docs/engine.md#weight-sync
 """
 
 from __future__ import annotations
@@ -71,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class InProcessWeights:
-    """The in-process weight handoff (see the module docstring): the `WeightOffer` port for
+    """The in-process weight handoff (docs/engine.md#weight-sync): the `WeightOffer` port for
     the trainer, `take` for WeightSync. Keeps only the newest offer."""
 
     def __init__(self) -> None:

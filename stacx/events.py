@@ -1,35 +1,12 @@
 """The event catalog: every fact STACX records, as frozen, tagged msgspec Structs.
 
-A reader who knows these kinds knows the system. Every rollout step, tool call, reward,
-teacher label and weight version is one of them; they travel on NATS JetStream under
+A reader who knows these kinds knows the system. They travel on NATS JetStream under
 ``stacx.<run_id>.<Kind>`` and the recorder writes each kind to its own DuckDB table, whose
-columns are derived from the Struct below (see ``stacx.store.schema``).
+columns are derived from the Struct below (see ``stacx.store.schema``). Every older log stays
+readable: the evolution rules (tested in tests/backbone/test_events.py) say how a kind may change.
+This module carries no behaviour beyond construction and encoding.
 
-Envelope (every event): ``event_id`` (unique; the JetStream ``Nats-Msg-Id``, so a
-re-publish of the same event is dropped by the server), ``run_id``, ``ts`` (unix seconds).
-``episode_id`` and ``weight_version`` are fields of the kinds they apply to.
-
-Evolution rules (tested in tests/backbone/test_events.py):
-
-1. A new field always has a default, so an old payload (without it) still decodes.
-2. A field's name and type never change; a field is never removed. Retire a field by
-   leaving it in place with its default.
-3. A kind is never renamed; the tag (the class name) is the wire name and the table name.
-4. Unknown fields in a payload are ignored (msgspec's default), so an old reader reads a
-   newer log; except token arrays, packed on the wire (`stacx.wire`): a reader older
-   than the packed form refuses them loudly (a dead letter), never misreads them.
-5. New kinds are additive; a reader that meets a kind it does not know dead-letters it
-   (the recorder) or skips it (other actors), never crashes.
-6. Closed vocabularies are ``StrEnum`` field types (``StopReason``, ``FailureKind``,
-   ``TurnActor``, ``RollIn``, ``RunStatus``). On the wire and in DuckDB they are their plain
-   string values (VARCHAR columns), so logs written when these fields were ``str`` decode
-   unchanged. A member's value never changes. A value the reader does not know fails loudly:
-   ``decode`` raises ``msgspec.ValidationError`` ("Invalid enum value ..."), so the recorder
-   dead-letters that payload and actors skip it (rule 5's treatment of an unknown kind).
-   Adding a member is therefore a change that every reader of the log must be upgraded for
-   first.
-
-What this module does not do: it carries no behaviour beyond construction and encoding.
+Specification: docs/concepts/events.md#schema-evolution
 """
 
 from __future__ import annotations

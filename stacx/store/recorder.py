@@ -1,51 +1,12 @@
 """The recorder: the only writer of a run's DuckDB file, exactly once.
 
-It pulls the run's whole stream through a durable consumer in batches, decodes each message
-(one event, or a publisher's batch of events of one kind that share the message's sequence),
-and commits one DuckDB transaction per batch holding: the rows of every kind (inserted through
-Arrow, one INSERT per kind), the ``_events`` index rows, any dead letters, and the new stream
-position. Only after the commit does it acknowledge (AckAll on the batch's last message).
+It pulls the run's stream through a durable consumer in batches and commits one DuckDB
+transaction per batch (every kind's rows, the ``_events`` index, dead letters and the new stream
+position), acknowledging only after the commit. Guarantees: every event is written exactly once
+(one row per ``event_id``, ever, even across re-sends and crashes); a payload that does not
+decode goes to ``_dead_letters``, never stops the recorder and is never dropped silently.
 
-Latency (publish -> queryable): a fetch returns as soon as one message is there and takes what
-else has arrived within ``drain_s`` (a plain pull of ``batch`` messages would wait for the full
-batch or its expiry, which at moderate rates added its whole timeout to every event), and the
-next batch is fetched and decoded while the previous one commits in a worker thread (the
-commits themselves stay one at a time, in stream order).
-
-Why exactly once: on every start the durable consumer is rebuilt to deliver, in stream order,
-from the committed position + 1, so a crash before a commit loses nothing (those messages come
-again, first) and a crash after the commit but before the ack delivers nothing twice; any
-redelivery at or below the committed position is skipped. The position lives in the same
-transaction as the rows, so the two cannot disagree.
-
-One row per ``event_id``, ever: publishers' re-sends of an event are removed first by
-JetStream's message-id de-duplication, but only inside the stream's duplicate window (a day)
-and only while the server keeps its de-dup state. The recorder therefore also checks every
-event's id against the ids in ``_events``, in the same transaction as its rows, and an event
-whose id is already there (or earlier in the same batch) is skipped: not written, counted in
-``duplicates`` and logged. Its stream sequence still advances the position. Only the ids that
-``stacx.store.seen_ids`` (hashes of every id in the file) flags are looked up, so a commit
-without repeats spends no statement on this.
-
-Checkpoints (folding the WAL into the file) are the recorder's, not DuckDB's automatic ones:
-after a commit is acknowledged, once the WAL holds ``checkpoint_bytes``, and when the stream is
-idle with at least ``idle_checkpoint_bytes`` in it. DuckDB's own would run inside the COMMIT
-that crosses its threshold, delaying that batch's events too. A checkpoint blocks the next
-commit while it runs, so the ones on the hot path skip DuckDB's vacuum (``max_vacuum_tasks =
-0``). Vacuum merges the partly filled row groups that every checkpoint leaves (the log is
-append only: there are no deleted rows for it to reclaim), i.e. re-compresses TurnGenerated's
-token lists: with it, checkpoints at 10k events/s took 20-65 ms and every few 150-340 ms;
-without, ~20-30 ms (bare file, 16 MiB of WAL). Those row groups pile up, one per table per
-checkpoint: the file grows larger (168 MB against ~125 MB at 100k bench events) and each
-checkpoint a little slower (21 -> 32 ms over 200k events). So once ``compact_after``
-checkpoints have skipped it, the next idle checkpoint vacuums: the stream is quiet then,
-and what arrives during it waits (~0.7 s for 45 checkpoints' worth, bare file). The WAL
-stays below ``checkpoint_bytes`` plus one batch, which bounds its replay when a file is opened
-after a crash.
-
-Bad input: a payload that does not decode (unknown kind, malformed bytes, wrong types) goes
-to ``_dead_letters`` with the decoder's reason, in the same transaction; it never stops the
-recorder and is never dropped silently.
+Specification: docs/concepts/events.md#the-recorder
 """
 
 from __future__ import annotations

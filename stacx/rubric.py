@@ -1,48 +1,12 @@
 """Rubrics: criteria a judge model scores, and how its score meets the verifier's reward.
 
-A rubric is a TOML file in the shape of Harbor RewardKit's judge files (``tests/<name>.toml``:
-``[judge]``, ``[[criterion]]``, ``[scoring]``), with two STACX additions: a few keys of
-``[judge]`` about how the judge is asked, and ``[combine]``, the rule that joins the judge's
-score to the verifier's reward::
+A rubric is a TOML file in the shape of Harbor RewardKit's judge files (``[judge]``,
+``[[criterion]]``, ``[scoring]``) plus STACX's ``[combine]``. Everything here is pure: parsing
+(errors name the file and the key path), the prompt text, the reply parser, aggregation and
+combination; asking a model is `stacx.judge`. A reply that is not a valid value is
+*unparseable* (the caller re-asks, then fails), never a 0.
 
-    [judge]
-    judge = "recipe"                 # RewardKit's model string; STACX: the recipe's [judge]
-                                     # engine scores (the string is kept, not used)
-    files = ["/app/answer.md"]       # read from the sandbox after the agent: what is judged
-    mode = "batched"                 # batched: one call for all criteria | individual: one each
-    decoding = "generate"            # STACX: generate (the judge writes its reply, parsed) |
-                                     # choices (each value picked by the judge's logprobs)
-    reference = "..."                # STACX: a reference answer shown to the judge (optional)
-    max_new_tokens = 48              # STACX: the judge's reply budget, per call
-    temperature = 0.0                # STACX: first ask (greedy by default)
-    retries = 2                      # STACX: re-asks after an engine error or an unparseable reply
-    retry_temperature = 0.7          # STACX: sampling of the re-asks
-    max_answer_chars = 6000          # STACX: each file is cut to this many characters
-
-    [[criterion]]
-    name = "correct"                 # optional (c0, c1, ...); the key in the reply and metrics
-    description = "Is the explanation correct?"
-    type = "binary"                  # binary | likert (points) | numeric (min, max)
-    weight = 1.0
-
-    [scoring]                        # RewardKit: the criteria -> one judge score in [0, 1]
-    aggregation = "weighted_mean"    # weighted_mean | all_pass | any_pass | threshold
-    threshold = 0.7                  # threshold only
-
-    [combine]                        # STACX: the verifier's reward and the judge score -> reward
-    rule = "weighted_sum"            # weighted_sum | min | verifier_gated
-    weights = { verifier = 0.5, judge = 0.5 }   # weighted_sum only
-    gate = 1.0                       # verifier_gated: the judge counts once the verifier gives this
-
-Normalization is RewardKit's: binary yes/true/pass/1 -> 1, no/false/fail/0 -> 0; likert
-``(raw - 1) / (points - 1)``; numeric ``(raw - min) / (max - min)``. Unlike RewardKit, a reply
-that is none of these is *unparseable* (the caller re-asks, then fails), never a 0. A criterion
-"passes" (all_pass, any_pass) when its normalized score is at least 0.5.
-
-Everything here is pure: parsing (errors name the file and the key path), the prompt text, the
-reply parser, aggregation and combination. Asking a model is `stacx.judge`. Not supported:
-RewardKit's agent judges (a CLI exploring the workspace), ``atif-trajectory`` (the judge reads
-files, not the transcript), per-criterion ``files``, custom prompt templates.
+Specification: docs/judges.md#the-rubric-file
 """
 
 from __future__ import annotations

@@ -1,43 +1,13 @@
 """The Trainer actor: readiness from the log, a step, a checkpoint, a new weight version.
 
-Driven by the signals that can complete a unit of its algorithm (``algo.wakes``: rewards,
-labels, scores, costs-to-go, failures): each one makes it ask the log, in SQL, whether a step
-is ready (:mod:`stacx.train.units`: in sync mode the step's iteration is settled, and enough
-complete units exist, each with every label, score or branch it waits for), and while one is it
+Woken by the signals that can complete a unit of its algorithm (``algo.wakes``), it asks the log
+in SQL whether a step is ready, and while one is it trains, snapshots and hands the weights to
+the engines, publishes ``TrainStepFinished`` then ``WeightsPublished`` (the commit point), and
+writes the checkpoint. Step n produces version n. Guarantees: a checkpoint directory is written
+atomically; on resume the trainer redoes every recorded step after its newest durable checkpoint
+on exactly its recorded episode ids, so it holds the published version again (bit for bit on CPU).
 
-1. materializes the batch from the algorithm's view (Arrow -> samples -> packed tensors; with
-   ``pack_episodes`` the turns of an episode that extend each other are one sequence, rebuilt
-   from the stored deltas: `step_batch`),
-2. computes the loss and steps the optimizer (:mod:`stacx.train.step`, in a worker thread),
-3. snapshots the version (owned copies of the weights, or with ``[trainer.lora]`` of the
-   adapter: stacx.train.lora; and, when it is to be written, of the optimizer state;
-   :mod:`stacx.train.checkpoint`) and hands them to the engines of this process
-   (``trainer.inprocess_handoff``),
-4. publishes ``TrainStepFinished{step, episode_ids, ...}`` (the lineage: what this version was
-   trained on) and then ``WeightsPublished{version, path, sha256, durable}`` (the commit point),
-5. writes ``checkpoints/v<version>/`` atomically: before publishing (``durable``), or in the
-   background (``trainer.background_checkpoint``: ``CheckpointSaved`` follows when it is on
-   disk), and only every ``trainer.checkpoint_every`` versions (and the last). A LoRA version
-   is always written before it is published: it is small, and an engine merges it with the
-   ``adapter_config.json`` of its directory (a version not on disk could not be loaded).
-
-Step n produces version n; after ``steps`` steps it publishes nothing more.
-
-Resume (:meth:`Trainer.on_start`, also after a supervisor restart): everything comes from the
-log and the checkpoint directories. The trainer loads the newest *durable* checkpoint at or
-below the newest published version (a half-written one is a ``.v<n>-*`` staging directory,
-never picked up, and removed), then redoes every recorded step after it on exactly its
-recorded episode ids (a step's batch is a function of the log), so that it holds the published
-version again, bit for bit on CPU; a step recorded without its ``WeightsPublished`` (a crash
-between the two) is redone and published. It says so: ``TrainerResumed{version,
-durable_version, redo_steps}`` and a log line. The redo of the newest published version is
-written at once (``CheckpointSaved``), which is what a restarted engine waits for when that
-version was never durable. Event ids derive from (run, step) and (run, version).
-
-Sync vs async: in ``sync`` mode only samples of the current weights are used (staleness 0);
-the scheduler starts the next iteration after this version is published and loaded. In
-``async`` mode rollouts never wait; samples more than ``max_staleness`` versions old are left
-out (they stay in the log, untrained), and ``tis_cap`` adds a truncated importance weight.
+Specification: docs/training.md#the-trainers-step
 """
 
 from __future__ import annotations
@@ -90,7 +60,7 @@ log = logging.getLogger(__name__)
 
 
 class Trainer(Actor):
-    """See the module docstring. ``Trainer(config)``, then ``run.spawn(trainer)``."""
+    """See docs/training.md#the-trainers-step. ``Trainer(config)``, then ``run.spawn(trainer)``."""
 
     name: ClassVar[str] = "trainer"
     kinds: ClassVar[tuple[type[Event], ...]] = (

@@ -1,40 +1,14 @@
 """Installed (black-box) scaffolds: a third-party agent program from PyPI, run unmodified inside
 the task's container, that speaks OpenAI to the model gateway.
 
-A `ScaffoldSpec` (stacx.agents.scaffold_spec: a TOML file a user writes, or a shipped one) says
-how: the install commands (run once as an image layer over the task image, so an episode starts
-with the scaffold in place and no network), the run command template, the API it speaks, and
-where its trajectory lands. `InstalledAgent` is the `Agent` port over one: per
-episode it opens a gateway route (a credential that attributes every call to the episode), writes
-the instruction and the forwarder into the sandbox, and runs the scaffold there. The model's
-turns are recorded by the gateway (`TurnGenerated` with the exact ids), not by this module.
+`InstalledAgent` is the `Agent` port over one `ScaffoldSpec`: per episode it opens a gateway
+route (a credential that attributes every call to the episode), writes the instruction and the
+forwarder into the sandbox, and runs the scaffold there; the gateway records the model's turns.
+Guarantees: the container's only way out is the gateway's socket (and, beside, the exec relay);
+a scaffold that fails before its first model call is an InfraFailure, never scored; every exit is
+recorded (`ScaffoldExited`).
 
-Isolation: the container runs with network=none. Its only way out is the gateway's unix socket,
-mounted at `SOCKET_DIR`; `FORWARDER` (stdlib Python, started next to the scaffold) listens on
-127.0.0.1:`FORWARD_PORT` inside the container and relays each TCP connection to that socket, so
-the scaffold's base URL is an ordinary http://127.0.0.1 one. Nothing else leaves the container
-(tests/agents/test_installed.py checks that the host's ports and the registries are unreachable).
-
-Beside: a spec with `beside` (Terminus-2) runs in a container of its own next to the task's, as
-Harbor runs it: network none too, the gateway's socket mounted the same way, and STACX's exec
-relay (stacx.agents.exec_relay) the only way it acts in the task's sandbox (its credential is
-registered with the relay for the episode). Its logs and trajectory are in its own container.
-
-Shipped (stacx/agents/scaffolds/*.toml): `mini-swe-agent` (2.4.6, its `mini` CLI; any task
-image with Python 3), `openhands-sdk` (OpenHands' Software Agent SDK 1.58.2 with its terminal
-and file-editor tools, started by a small driver since the SDK has no CLI; needs Python >= 3.12
-in the task image, e.g. a task on stacx/base:trixie: on bookworm's 3.11 the layer build fails
-with the spec's version message, an IMAGE_BUILD failure) and `terminus-2` (harbor 0.25.0,
-beside: any Debian task image, which gets tmux).
-
-Not here: building the layer and mounting the socket (stacx.sandbox.layers, wired by
-stacx.launch), the gateway (stacx.inference.gateway). A scaffold that exits non-zero before
-its first model call (or cannot start: the shell's 127) is an InfraFailure of kind SCAFFOLD,
-never scored (view scaffold_failures). Every exit is recorded, code and stderr tail
-(`ScaffoldExited`; an episode cut by its timeout records one too, exit code None and
-timed_out, and stops with TIMEOUT; the gateway's error answers to its calls are
-`GatewayRefused`); its stdout/stderr stay in /logs/agent. A scaffold that crashes after a model
-call ends its episode with AGENT_DONE, and the verifier scores what it left behind.
+Specification: docs/scaffolds.md#how-an-installed-scaffold-runs
 """
 
 from __future__ import annotations
@@ -143,7 +117,8 @@ class BesideContainers(Protocol):
 
 
 class InstalledAgent:
-    """The `Agent` port over one installed scaffold (see the module docstring)."""
+    """The `Agent` port over one installed scaffold (see
+    docs/scaffolds.md#how-an-installed-scaffold-runs)."""
 
     def __init__(
         self,

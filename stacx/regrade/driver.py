@@ -1,39 +1,13 @@
 """`stacx regrade RUN`: new grades for a run's recorded episodes, by replaying their actions.
 
-Where the grades go: into RUN's own log, through a `RunContext` on RUN, i.e. the run's stream
-and its one recorder (exactly once, as every other event). A regrade is one more attempt of
-the run: RunStarted (the run's recorded recipe plus a ``regrade`` section naming the grader
-and the selection), then per episode a ``RewardAssigned`` with ``grader`` set, or an
-``EpisodeNotRegraded`` saying why not, then RunFinished. Not a new run importing the old one:
-a grade belongs to the episode it grades, views pick the latest grade (``episodes.reward``;
-``grades`` lists them all), and ``stacx replay --from RUN`` copies each episode with all its
-grades, so a training run on regraded episodes needs nothing more. A run whose launcher is
-alive is refused (one writer per log).
+The grades go into RUN's own log, through its stream and its one recorder (exactly once), as one
+more attempt of the run. Per selected episode: its task, a fresh sandbox of it on the run's
+backend (or the episode's kept artifacts), the recorded calls replayed, the grader's verdict.
+Guarantees: a replay whose observation differs from the recorded one is reported ``diverged``,
+never graded; rerunning with the same grader changes nothing (event ids derive from episode and
+grader); an infrastructure failure is never a grade; a run whose launcher is alive is refused.
 
-Per selected episode (default: every episode whose agent loop ended; ``--episodes`` narrows
-by SQL over ``episodes`` or by ids), at most ``sandbox.concurrency`` at once:
-
-1. its task: the one its group was scheduled with (TaskScheduled.task_path), or with
-   ``--tasks DIR`` the task of the same id in that set (a copy with other tests/, another
-   environment); none: ``no_task``;
-2. not replayable: an installed scaffold's episode (its tool executions happen inside the
-   scaffold; the log holds its model calls, not its actions) and a multi-step task;
-3. a fresh sandbox of the task, on the run's sandbox backend (``sandbox.backend`` of the
-   recorded recipe: Docker, process or remote, through the `Environments` port), started
-   under a regrade id (`sandbox_id`), not the episode's. Instead of 3 and 4, a task that
-   declares artifacts and has a separate verifier is graded from the episode's kept artifacts
-   (`stacx.regrade.graders`): no sandbox of the agent, no replay, also for scaffolds;
-4. the recorded calls replayed through the agent's tool adapter (`stacx.regrade.replay`); the
-   oracle's ``bash /solution/solve.sh`` runs the recorded task's solution as the oracle did.
-   The first observation that differs from the recorded one: ``diverged``, reported and not
-   graded;
-5. the grader's verdict (`stacx.regrade.graders`), recorded as RewardAssigned(grader=...):
-   the task's verifier, joined by a judge where a rubric applies (`stacx.regrade.judging`:
-   ``--rubric``, the task's, the recipe's; its calls are JudgeScored events of the episode).
-
-Idempotency: event ids derive from (episode, grader), and an episode that already has a grade
-or a divergence from the same grader is skipped, so rerunning a regrade changes nothing; an
-infrastructure failure (``infra``) is retried by the next run of the command.
+Specification: docs/regrade.md#per-episode
 """
 
 from __future__ import annotations
@@ -171,7 +145,7 @@ def done_before(run_dir: Path) -> set[tuple[str, str]]:
 def targets(
     records: list[EpisodeRecord], paths: dict[str, str], tasks: Path | None
 ) -> list[Target]:
-    """Each episode with its tasks (see the module docstring, step 1)."""
+    """Each episode with its tasks (docs/regrade.md#per-episode, step 1)."""
     recorded: dict[str, Task | None] = {}
     for path in {paths[r.group_id] for r in records if r.group_id in paths}:
         try:
@@ -375,7 +349,7 @@ async def regrade(
 ) -> list[Outcome]:
     """Regrade RUN's selected episodes: the tasks' own verifiers, joined by a judge where a
     rubric applies (`rubric`, a task's, the recipe's; the judge: the recorded [judge] with
-    `judge_sets`; see stacx.regrade.judging and the module docstring)."""
+    `judge_sets`; see stacx.regrade.judging and docs/regrade.md#per-episode)."""
     where = selection(episodes)
     recorded, recipe, records, paths = await asyncio.to_thread(read_run, run_dir, where, limit)
     if not records:

@@ -1,32 +1,11 @@
 """Harbor's `environment/docker-compose.yaml`, run through the Docker API (no compose binary).
 
-The agent works in the `main` service: the episode's sandbox, built from the task's
-environment as ever. Every other service is a sidecar: a container of its image (``build:``
-a context under environment/ with its Dockerfile, or ``image:`` through the alias map) running
-its own command, on a per-episode internal network where each service answers by its name.
-Sidecars start in ``depends_on`` order; ``condition: service_healthy`` waits for the
-service's compose ``healthcheck`` (Docker's own), ``service_completed_successfully`` for its
-exit 0; the agent starts once everything `main` depends on is up. Everything is removed with
-the episode.
+The agent works in the `main` service, the episode's sandbox; every other service is a sidecar
+on a per-episode internal network, started in ``depends_on`` order. Guarantees: sidecars never
+reach the internet nor the host; named volumes are the episode's and removed with it; a key or
+volume form not honoured is reported or refused when the task loads, never silently dropped.
 
-Honoured service keys: image, build (context; dockerfile only when it is "Dockerfile"),
-environment, command, entrypoint, healthcheck, depends_on, working_dir, user, volumes; and for
-main: environment, depends_on, volumes. The file is read by stacx.harbor.compose_load as the
-Compose specification defines it (interpolation, the official JSON schema, every form of these
-keys); other keys are reported (the task's notes), not silently dropped.
-
-Limits: the network is internal and its bridge has no IPv4 address, so sidecars reach each
-other and `main`, never the internet nor the host's own addresses (whatever the task's
-network_mode: a sidecar that needs the internet fails here); main keeps its own policy on the
-bridge.
-
-Volumes (short `SRC:DST[:ro|rw]` or long `{type, source, target, read_only}` syntax): a named
-volume, declared under the top-level `volumes:` with no options, is created for the episode
-with the owner labels (so `stacx sandbox gc` collects it if orphaned), shared by the services
-that mount it and removed with the episode; a bind mount must be a path inside the task's
-environment/ dir that exists (read-only with `:ro`). Anything else (a host path outside the
-task, `~`, an anonymous volume, volume options, an external volume) is refused when the task
-loads, naming the key. Ports and named networks are not created (reported).
+Specification: docs/tasks.md#running-a-compose-file
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """The Docker backend of the Sandbox protocol, through aiodocker.
 
-Each sandbox is one container started with `sleep infinity` under Docker's init (which reaps
-orphans), with the task's limits: CPU quota, memory with swap equal to it (so no swap),
-a pids limit, no network at all when `allow_internet` is false, a disk quota where the storage
-driver supports one. Commands run with `docker exec`.
+Each sandbox is one container started with `sleep infinity` under Docker's init, with the task's
+limits and least privilege (stacx.sandbox.privileges); commands run with `docker exec`.
+Guarantees: a timed-out or flooding command is killed with its process group and the sandbox
+stays usable; captured output is capped; `oom_killed` / `pids_limited` come from the cgroup's
+counters; containers carry owner labels so `stacx sandbox gc` can remove orphans. Not a security
+boundary against a determined attacker.
 
-Guarantees:
-- An exec with a timeout runs under coreutils `timeout`: on expiry the command's whole process
-  group is signalled (TERM, then KILL 2 s later); a host-side deadline a little later abandons
-  the stream even if a straggler keeps it open. Either way `timed_out` is set and the sandbox
-  stays usable. Images therefore need `timeout` and `sleep` (coreutils; the base image has them).
-- Captured output is capped per stream (`output_limit` bytes: the first and the last halves are
-  kept around a visible marker); the rest is drained and dropped. A command that prints more
-  than `flood_limit` bytes in all is killed (stderr says so, `truncated` is set): printing 1 GB
-  costs a few seconds and no memory.
-- `oom_killed` / `pids_limited` are set when the kernel's OOM killer fired, or a fork was
-  refused by the pids limit, in the container during the exec (cgroup counters, see cgroups.py).
-  A command that hit the pids limit is killed with its process group, so a fork bomb leaves a
-  usable sandbox behind.
-- Containers carry labels (`stacx.run_id`, `stacx.episode_id`, `stacx.pid`, ...) so
-  `stacx sandbox ls/gc` can find them and remove those whose owning process is gone.
-
-Least privilege (stacx.sandbox.privileges): every capability dropped but a few that apt,
-su/setpriv and task setups need, `no-new-privileges`, Docker's default seccomp profile, the
-OCI runtime of $STACX_SANDBOX_RUNTIME (gVisor's `runsc` for a kernel of its own); a task asks
-for more in [environment.stacx].
-
-Limits: not a security boundary against a determined attacker (shared kernel, root inside);
-processes that escape their process group (`setsid`) are not killed by a timeout, only by close().
+Specification: docs/sandboxes.md#the-docker-backend
 """
 
 from __future__ import annotations

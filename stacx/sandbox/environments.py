@@ -2,35 +2,12 @@
 with their failures mapped to FailureKind (raised as InfraFailure). stacx.launch hands it to
 the rollout manager.
 
-- image build failure (or a base image with no local alias) -> IMAGE_BUILD;
-- container start failure, or a task's [environment.healthcheck] that does not pass before
-  the agent starts -> START; a multi-step task's step whose setup.sh or steps[].healthcheck
-  fails -> StepFailed (that step's exception, as in Harbor; the episode runner scores the steps
-  that ran), after the failed step's artifacts are collected;
-- verifier timeout / no reward / OOM / transport -> the verifier's own kind.
+Guarantees: every failure of the build, start, healthcheck or verifier has its kind (a failed
+step of a multi-step task is StepFailed, after its artifacts are collected); the artifacts are
+copied to <run dir>/artifacts/<episode>/; each phase gets its task's network policy; a sandbox is
+never reused after an episode (the pool destroys it on release).
 
-Artifacts: what the agent's container holds under /logs/artifacts (Harbor's convention dir)
-and each task.toml `artifacts` source are copied out into <run dir>/artifacts/<episode>/
-(<destination>, else the source's base name, as Harbor names them); for a step of a
-multi-step task, with the step's own artifacts, into <episode>/steps/<name>/artifacts/. With
-the shared verifier this happens after it ran (as in Harbor); a separate verifier
-(`verifier.environment_mode = "separate"`, or a [verifier.environment]) runs in a container of
-its own (built from tests/Dockerfile, or [verifier.environment].docker_image, else a fresh one
-of the agent's image) that gets only the artifacts, collected first, at their source paths.
-
-Network policy per phase (task.toml's network_mode at [environment], overridden by [agent] /
-[verifier]): "no-network" leaves the container only its loopback (no route out), "public"
-gives it the default bridge, "allowlist" the episode's internal network with a filtering
-proxy to the task's allowed_hosts (stacx.sandbox.egress). When the phases differ the container
-starts on the bridge and is moved between networks at the phase boundary; when they agree on
-public or no-network it starts that way (network=none for no-network). "allowlist" next to
-"public" is refused when the task loads (stacx.harbor.tasks).
-
-Compose services (stacx.sandbox.compose) start on a per-episode internal network; their named
-volumes are created for the episode (owner-labeled) and removed after its containers.
-
-The pool's SandboxStarted/SandboxStopped events go through `emit`. Sandboxes are never
-reused after an episode (the pool destroys them on release).
+Specification: docs/sandboxes.md#the-docker-backend
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """The forward pass of the in-process engine over a slotted KV cache.
 
-A transformers model supplies the weights and the per-layer modules (projections, norms, MLP,
-rotary frequencies); this module owns attention and the cache, so that requests of different
-lengths can share one batched decode step and join or leave between steps (continuous
-batching), and so that the CUDA decode step has fixed shapes that CUDA graphs can capture.
+A transformers model supplies the weights and the per-layer modules; this module owns attention
+and the cache, so that requests of different lengths share one batched decode step and join or
+leave between steps, and so that the CUDA decode step has fixed shapes that CUDA graphs capture.
+Guarantees: padding never corrupts a row; fused projections keep the model's parameters the same
+objects with the same values. Supported: Llama-style decoder-only models
+(``SUPPORTED_MODEL_TYPES``).
 
-Cache layout: per layer, ``k, v: [slots, kv_heads, capacity, head_dim]``. A request owns one slot
-(one row) while it runs; row r's valid keys are positions ``[0, len_r)``. Position
-``capacity - 1`` is a scratch cell: padded rows and padded prompt tokens write there, and no
-sequence may grow into it, so padding never corrupts a row. Writes past a row's valid length
-are harmless by construction (a position is always written before it is read). A paged cache
-(kv_cache.py) keeps the same row/position view: row r's positions map to blocks through its
-table, and the scratch position maps to the scratch block.
-
-Fused projections: at construction the q/k/v weights of each layer (and the MLP's gate/up
-weights) are concatenated into one tensor, and the model's own parameters are re-pointed
-(``param.data``) to row blocks of it, so one GEMM replaces three (two) per layer while the
-parameters stay the same objects with the same values: HF ``forward``, ``state_dict`` and
-in-place loads (``copy_``, ``load_state_dict``) keep working and land in the fused tensor. A
-later ``param.data = other`` (not in-place) would leave the fused tensor stale; the engine never
-does that. Layers whose projections are not plain ``nn.Linear`` run unfused.
-
-On CUDA the engine runs the step as Triton kernels instead (``enable_kernels``,
-triton_kernels.py: the same arithmetic, ~9 kernels per layer, attention over each row's valid
-keys only); the torch-op step below is the CPU path, the reference the kernels are tested
-against, and the torch.compile path where the kernels do not apply.
-
-Supported: decoder-only models with Llama-style blocks, i.e. transformers ``model_type`` in
-``SUPPORTED_MODEL_TYPES`` (SmolLM2 is ``llama``; Qwen2/Qwen3 included, with Qwen3's q/k norms).
-Not supported: sliding-window attention (contexts are capped at the window), rope types whose
-frequencies depend on the sequence length ("dynamic"), ALiBi, MoE blocks.
+Specification: docs/engine.md#the-decoder-cache-layout-and-fused-projections
 """
 
 from __future__ import annotations

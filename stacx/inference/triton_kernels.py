@@ -1,36 +1,12 @@
 """Triton kernels of the hand-written CUDA decode step (see :meth:`Decoder.enable_kernels`).
 
 A decode step is bound by the bytes it reads and by the number of kernels it launches, not by
-arithmetic. The torch-op step runs ~15 kernels per layer (norms, rope, the cache writes, the
-masked softmax and two attention matmuls that read every row's keys up to the bucket); these
-kernels make it 9 per layer (10 when attention is split), and attention reads only each row's
-valid keys:
+arithmetic: these kernels make the torch-op step's ~15 kernels per layer 9 (10 when attention is
+split), and attention reads only each row's valid keys. Numerics follow transformers' eager
+modules op by op. Every kernel also runs under Triton's interpreter on CPU tensors (the tests);
+importing this module needs the ``triton`` package. The token pick is triton_pick.py.
 
-- :func:`add_rmsnorm`: the residual add and the next RMSNorm, one kernel;
-- :func:`rope_cache`: Qwen3's per-head q/k RMSNorm, rotary embedding of q and k, and the k/v
-  cache writes, one kernel for every token (several heads per program);
-- :func:`decode_attention`: one-token attention over each row's ``[0, len)`` keys, GQA-native
-  (a program serves the ``rep`` query heads of one kv head), split over the keys when the
-  batch alone does not fill the GPU (flash-decoding), then one small combine kernel; over a
-  paged cache (kv_cache.py) each key's block comes from the row's block table, and
-  :func:`rope_cache` writes at (block, offset);
-- :func:`silu_mul`: the gated MLP's ``silu(gate) * up``;
-- :func:`gemv`: a projection of at most 4 rows with the RMSNorm before it, the residual add
-  after it or the SiLU gate folded in (6 kernels per layer for such steps);
-- :func:`gemm` / :func:`gemm_partials`: projections of at most `GEMM_ROWS` rows, the SiLU gate
-  folded into gate/up, the narrow ones split over their keys with the partial sums added by
-  the next :func:`add_rmsnorm` (8 kernels per layer); more rows: cuBLAS (``F.linear``).
-
-The token pick (argmax or temperature draw) is triton_pick.py.
-
-Numerics follow transformers' eager modules op by op: intermediates are rounded to the model
-dtype where the torch ops round them (the norm's ``x * rstd`` before the weight multiply, each
-rope product and their sum, the silu before the multiply, a projection's output); attention
-keeps an fp32 online softmax, as SDPA's fused kernels do.
-
-Every kernel also runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors,
-which is how the tests check them where there is no GPU. Importing this module needs the
-``triton`` package (it ships with torch's CUDA builds).
+Specification: docs/engine.md#the-kernels
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """The one trainer as ``trainer.world_size`` ranks: FSDP2 over a torch.distributed group.
 
-Rank 0 lives in the Trainer actor's process (the launcher's for local placement, the trainer's
-Ray actor for ray placement) and keeps the actor's duties: readiness from the log, batches by
-SQL, events. :class:`RankGroup` starts ranks ``1..N-1`` as processes of the same node
-(``torch.multiprocessing``, spawn), joins them in the default process group (gloo on CPU, NCCL
-on GPU, one GPU each: ``cuda:<index + rank>`` of what the process sees, so a Ray actor given N
-GPUs uses exactly those) and then drives them by broadcasting one command at a time:
+Rank 0 lives in the Trainer actor's process and keeps the actor's duties (readiness, batches by
+SQL, events); :class:`RankGroup` starts ranks ``1..N-1`` on the same node and drives them by
+broadcasting one command at a time (``step``, ``snapshot``, ``load``, ``stop``). Guarantees:
+every rank sees the same commands in the same order; the step's figures and updated weights equal
+the one-device step's on the same batch up to fp32 reordering. Limits: one node; world sizes
+above 1 need a model path.
 
-- ``step``: rank 0 splits the batch by tokens (:func:`shard_by_tokens`) and scatters the shards;
-  every rank runs :func:`stacx.train.step.train_step` on its own with ``distributed=True``
-  (FSDP2 reduces the gradients; figures are summed over ranks);
-- ``snapshot``: the full weights are gathered to rank 0 (host memory; on the device at world
-  size 1), for the engines and for ``model.safetensors``; with ``[trainer.lora]`` the adapter
-  only (never the base), written as a PEFT directory (stacx.train.lora); when the version is to
-  be written, rank 0 has staged its directory and every rank clones its shard of the optimizer
-  state and hands its write (``optimizer/``, torch.distributed.checkpoint, nothing gathered) to its own
-  writer thread, which runs the writes one after another over a gloo group of their own, so a
-  write overlaps the next steps; rank 0's write (:func:`stacx.train.checkpoint.write`) waits for
-  every shard (the collective) and commits the directory atomically;
-- ``load``: every rank finishes its writes, then rebuilds its model and optimizer from a
-  checkpoint (a supervisor restart or a redo after a crash);
-- ``stop``: the ranks finish their writes, leave the group and exit.
-
-Guarantees: every rank sees the same commands in the same order (they come from rank 0's one
-trainer thread); the step's figures and updated weights equal the one-device step's on the same
-batch up to fp32 reordering (``tests/train/test_distributed.py``). Limits: ranks run on one
-node (the Trainer's); a rank that dies makes rank 0's next collective fail after
-``trainer.dist_timeout_s`` (an error of the trainer, which its supervisor restarts, starting a
-new group); the ranks load the model by ``trainer.model`` (a base module handed to the Trainer
-serves rank 0 only, so world sizes above 1 need a model path).
+Specification: docs/concepts/placement.md#the-ranks-commands
 """
 
 from __future__ import annotations
@@ -210,8 +189,8 @@ def _serve(rank: int, cfg_json: bytes, port: int, weights: str | None, version: 
 
 
 class RankGroup:
-    """Rank 0's side of the group (see the module docstring). Synchronous: call from one
-    thread (the trainer's worker thread), one call at a time."""
+    """Rank 0's side of the group (docs/concepts/placement.md#the-ranks-commands).
+    Synchronous: call from one thread (the trainer's worker thread), one call at a time."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
@@ -272,9 +251,9 @@ class RankGroup:
     def snapshot(
         self, run_dir: Path | str, version: int, meta: dict[str, object], *, write: bool
     ) -> checkpoint.Snapshot:
-        """Version ``version`` held still (see the module docstring); with ``write`` its
-        directory is staged and every other rank's shard write is under way in its writer
-        thread: rank 0 must then :func:`stacx.train.checkpoint.write` it (the collective that
+        """Version ``version`` held still (docs/concepts/placement.md#the-ranks-commands); with
+        ``write`` its directory is staged and every other rank's shard write is under way in its
+        writer thread: rank 0 must then :func:`stacx.train.checkpoint.write` it (the collective that
         completes them)."""
         assert self.model is not None and self.optimizer is not None
         tmp = checkpoint.staging(run_dir, version) if write else None

@@ -1,34 +1,12 @@
 """Harbor tasks: task.toml (the full schema, unknown keys kept), instruction.md, and task sets.
 
-A Harbor task is a directory::
+A Harbor task is a directory (instruction.md, task.toml, environment/, tests/test.sh, optional
+solution/); answer tasks (math sets) come in a light .jsonl format instead. The schema mirrors
+Harbor's TaskConfig; keys it does not know are kept in `Task.unknown`, never fatal; a wrong type
+is a TaskError naming the file and the key path. Guarantee: a task that does not load fails alone
+(`Unloadable`, recorded as `task_invalid`), whether by its fault or STACX's.
 
-    instruction.md          what the agent is told
-    task.toml               timeouts, resources, metadata (schema below)
-    environment/Dockerfile  the image the agent works in (the folder is the build context);
-                            optional: an image-less task runs on the process backend
-    tests/test.sh           the verifier; writes /logs/verifier/reward.txt or reward.json
-    solution/solve.sh       optional reference solution (the oracle runs it)
-
-The schema mirrors Harbor's TaskConfig (schema_version 1.x: `version` is its old spelling;
-`memory`/`storage` as "2G" are the old spellings of memory_mb/storage_mb). Keys this model does
-not know are not fatal: they are kept in `Task.unknown` (dotted path -> value) so a tool can
-report them. A wrong type is a TaskError naming the file and the key path. The model itself
-(`Task`, `TaskConfig` and its tables) is part of the ports (stacx.ports), so that engines that
-run tasks need not import this loader.
-
-Answer tasks (math sets, AIME-style) come in a light format instead: a .jsonl file whose lines
-are ``{"id", "problem", "answer", "difficulty"?}``. Each line becomes a `Task` with no
-directory: its `path` is ``<file>#<id>`` (what `load_task` reads back), its instruction the
-problem, and its metadata the reference answer, the difficulty and ``answer_path``, the file
-the agent writes its final answer to; stacx.sandbox.answers scores it (no image, no test.sh).
-A directory that holds no task.toml but .jsonl files is the set of their tasks.
-
-A task that does not load fails alone (`discover_all` returns it as `Unloadable`, the rollout
-worker records it as `task_invalid`). What is the task's fault: every check of a task file's
-content (a TaskError; the docker-compose.yaml meets the Compose schema before STACX reads it) and
-a file that cannot be read. Anything else raised while loading is STACX's own bug: with
-STACX_STRICT set it propagates with its traceback; without, it fails that one task with a
-message that says so (`load_task`).
+Specification: docs/tasks.md#the-task-directory
 """
 
 from __future__ import annotations
@@ -440,7 +418,7 @@ def discover_all(tasks_dir: str | Path) -> tuple[list[Task], list[Unloadable]]:
 
 def load_tasks(source: str | Path) -> list[Task]:
     """Tasks from a task directory, a directory of tasks (or of .jsonl files), a tasks.jsonl
-    file, or a .jsonl of answer records (see the module docstring)."""
+    file, or a .jsonl of answer records (docs/tasks.md#the-task-directory)."""
     source = Path(source)
     if source.is_file():
         return read_jsonl(source)

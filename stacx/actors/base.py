@@ -1,33 +1,13 @@
 """The actor runtime: a thin shell that turns events into calls of ``handle``.
 
-An actor subscribes to some kinds of its run's events through a durable JetStream consumer,
-so a restarted actor resumes where it stopped. Each event is acknowledged only after
-``handle`` returns, i.e. after its effect (published events, a checkpoint on disk) is durable;
-an exception makes the event come back later (``nak`` with a delay), up to ``max_deliver``
-times, after which it is terminated and an ``InfraFailed`` is published.
+An actor subscribes to some kinds of its run's events through a durable JetStream consumer
+(shared as a work queue, or one per instance), so a restarted actor resumes where it stopped.
+Guarantees: an event is acknowledged only after ``handle`` returns (its effect is durable); a
+failing event comes back, up to ``max_deliver`` times, then an ``InfraFailed`` is published;
+actors share no memory, and a query sees at least what its actor published or was woken by.
+Under ``STACX_STRICT=1`` a programming error is re-raised, never retried.
 
-Consumers (``Actor.consumer``): with ``shared = True`` every instance of an actor with the
-same name binds one durable consumer named ``name``: a work queue, each event goes to one of
-them (e.g. rollout workers on ``TaskScheduled``). With ``shared = False`` (the default) every
-instance gets its own durable consumer and sees every event: the spawner numbers same-named
-instances in spawn order (``bind(ctx, instance=k)``) and instance k > 0 consumes as
-``name-k`` (instance 0 keeps ``name``, so logs of older runs resume). Long handlers keep their
-message alive with ``in_progress`` heartbeats, so ``ack_wait`` bounds only a silent, hung worker.
-
-Reads: actors never share memory with each other; they meet through events and the trace
-store's SQL (``Actor.query``), so local (asyncio) and Ray placement run the same code. A query
-waits for what its actor needs to see, not for the whole stream: the recorder must have
-committed the newest stream sequence the actor has published or been delivered
-(``Watermark``): read-your-writes and read-what-you-were-woken-by. ``query(..., barrier=True)``
-first raises the watermark to the stream's head (the old global barrier), for a reader that
-must see other actors' events that it was not delivered (the scheduler).
-
-Strict mode (``STACX_STRICT=1``, on in the test suite): an exception that is a programming
-error (``is_bug``: anything but ``StacxError``, ``OSError`` (timeouts included) and NATS
-errors, e.g. ``TypeError``, ``KeyError``, ``AssertionError``) is not retried and does not
-restart the actor: it is logged with its traceback and re-raised from the supervisor, and the
-``RunContext`` re-raises it at exit. Without it, such errors are retried like any other
-(production keeps going, and says so in the log).
+Specification: docs/concepts/actors.md
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """The scheduler (orchestrator): decides, from the log alone, which tasks to schedule next and
 when the run is done.
 
-Training (``algorithm.name != "eval"``): iteration ``k`` is ``tasks.per_iteration`` groups of
-``tasks.group_size`` samples. Sync mode schedules iteration ``k`` once weight version ``k`` is
-published (iteration 0 at version 0); async mode as soon as ``k <= version + max_staleness``.
-When nothing is in flight and the trainer's readiness query (``stacx.train.units``, the same
-SQL the trainer runs) says it cannot step, one more iteration is scheduled (a refill), up to
-``tasks.max_iterations``. The run is done when version ``trainer.steps`` is published (or,
-starved at the cap, ends with that reason). Eval: every task once (iteration 0, split
-``eval``); done when every sample is scored or failed for good.
+Training schedules iteration after iteration (sync: once the previous version is published;
+async: up to ``max_staleness`` ahead; refills when the trainer is starved) until version
+``trainer.steps`` is published; eval schedules every task once. Guarantees: everything is derived
+from the log and every TaskScheduled has a deterministic id, so a restarted scheduler emits
+exactly what is missing; an iteration's tasks are a pure function of (task ids, seed, iteration).
 
-Periodic eval (the recipe's [eval], ``Plan.evals``): once version v of ``EvalPlan.versions`` is
-published, the eval groups of v are scheduled (role ``eval``, split ``eval``, pinned to v, ids
-derived from v), beside the training iterations; they count neither as rollout iterations nor
-as training data (the training views leave role ``eval`` out), and a training run is complete
-only once the last version's eval is scored.
-
-Resume: everything is derived from the log (the TaskScheduled rows, the published versions,
-the episodes), and every TaskScheduled has a deterministic id and group id
-(``derive_id(run_id, "TaskScheduled", iteration, slot)``), so a restarted scheduler emits
-exactly what is missing (a half-emitted iteration is completed; JetStream drops re-sends). The
-tasks of an iteration are a pure function of (task ids, seed, iteration). Groups that were in
-flight at a crash come back by JetStream redelivery to the rollout workers, which skip samples
-the log already scored.
-
-Limits: with refills, iteration numbers count rollout rounds and no longer equal the weight
-version that generated them; the trainer's freshness rules (sync: current version only) decide
-what it trains on.
+Specification: docs/training.md#the-scheduler
 """
 
 from __future__ import annotations
@@ -319,7 +300,7 @@ async def read_state(query: Query, plan: Plan) -> LogState:
 
 
 class Scheduler(Actor):
-    """See the module docstring. ``done`` is set once the log says the run is complete.
+    """See docs/training.md#the-scheduler. ``done`` is set once the log says the run is complete.
 
     It consumes no durable stream: it wakes on new weights, rewards and failures (a plain
     subscription) or every ``poll_s``, and recomputes from the log each time; so it holds no

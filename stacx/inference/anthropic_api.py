@@ -3,30 +3,11 @@ translated to the OpenAI chat request the gateway's one chat path takes (so it i
 generated and recorded exactly as ``/v1/chat/completions`` is: one `TurnGenerated` per call with
 the exact prompt and output ids, segments), and the chat answer back to an Anthropic message.
 
-Request: ``model``, ``messages`` (``user`` / ``assistant``; content a string or blocks: ``text``,
-``tool_use`` in an assistant turn, ``tool_result`` in a user turn, its content a string or text
-blocks, ``is_error`` kept as text), ``system`` (a string or text blocks; ``cache_control`` and
-other block hints are ignored), ``max_tokens`` (required, as Anthropic requires it),
-``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``tools`` (``name``, ``description``,
-``input_schema``), ``tool_choice`` (``auto`` | ``any`` | ``tool`` + ``name`` | ``none``: ``any``
-and ``tool`` are forced calls, as the OpenAI route's "required" and named choice), ``stream``,
-``metadata``, ``thinking`` (only disabled), ``output_config`` (no ``format``), and the hints
-that change nothing here (``service_tier``, ``cache_control``, ...). Answer: a ``message`` with ``text`` and ``tool_use``
-blocks (the ids are the gateway's call ids, so a client that echoes them back re-renders the
-model's own text), ``stop_reason`` ``end_turn`` | ``max_tokens`` | ``stop_sequence`` (with
-``stop_sequence``) | ``tool_use``, and ``usage``.
+Guarantees: errors are Anthropic-shaped and name the field; what it does not support (images,
+documents, extended thinking) is refused, never ignored. Limits: a streamed message is sent once
+generated, not token by token; ``n`` is 1.
 
-Streaming sends Anthropic's event types in their order: ``message_start``, ``ping``, per block
-``content_block_start`` / ``content_block_delta`` (``text_delta`` or ``input_json_delta``) /
-``content_block_stop``, ``message_delta`` (``stop_reason``, ``usage``), ``message_stop``.
-
-Errors are Anthropic-shaped: ``{"type": "error", "error": {"type": "invalid_request_error",
-"message": ...}}`` with the type Anthropic gives the status (404 ``not_found_error``, 401
-``authentication_error``, ...); the message names the field.
-
-Limits: a streamed message's events are sent once the generation is done (each block whole, in
-one delta), not token by token; ``image`` / ``document`` blocks and extended thinking are
-refused; ``n`` is 1.
+Specification: docs/scaffolds.md#anthropic-messages-api
 """
 
 from __future__ import annotations

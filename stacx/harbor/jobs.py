@@ -1,32 +1,12 @@
 """Harbor job directories, written: a STACX run as Harbor's job layout (reading them back:
 `stacx.harbor.job_import`).
 
-Export (`export_job`) writes::
+`export_job` writes the job's config.json and result.json (pass@k among its stats) and, per
+trial, its result.json, its ATIF v1.7 trajectory (token ids and logprobs kept) and its verifier's
+output. A trial that failed for infrastructure is an error, not a 0. Limits: Harbor's trial config
+is not reproduced; gateway segments stay steps of the one trajectory, not sub-agents.
 
-    JOBDIR/config.json               the job's config (agent, model, dataset, n_attempts)
-    JOBDIR/result.json               n_trials, n_errors, mean reward, pass@k, reward stats,
-                                     exception stats (one `evals` entry: agent__model__dataset)
-    JOBDIR/<task>__<id>/result.json  per trial: verifier_result.rewards, timing per phase
-                                     (environment_setup, agent_execution, verifier),
-                                     exception_info for an infrastructure failure
-    JOBDIR/<task>__<id>/agent/trajectory.json   ATIF v1.7: one agent step per model turn, with
-                                     prompt_token_ids, completion_token_ids and logprobs,
-                                     llm_call_count 1 on a model's turn (none on a scripted
-                                     one: an oracle's text is not an LLM call), each tool
-                                     result's exit code, timeout, truncation, error and time
-                                     in its `extra.stacx`
-    JOBDIR/<task>__<id>/verifier/    reward.json and test-stdout.txt (the verifier's output)
-
-pass@k counts a trial as passed when its reward is >= 1 and uses the unbiased estimator
-1 - C(n-c, k) / C(n, k) per task, averaged over tasks, for k = 1, 2, 4, ... <= the fewest
-scored trials of a task. A trial that failed for infrastructure is an error, not a 0.
-
-Import: `stacx.harbor.job_import`.
-
-Limits: Harbor's trial config (agent kwargs, environment settings) is not reproduced; ATIF
-steps from a "system" or "user" source become prompt context, not turns. Export writes no
-`subagent_trajectories`: a STACX episode's gateway segments are rewritten histories of one
-agent, not sub-agents, so they stay steps of the one trajectory (`extra.stacx.segment`).
+Specification: docs/tasks.md#the-export-layout
 """
 
 from __future__ import annotations

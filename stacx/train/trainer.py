@@ -281,7 +281,7 @@ class Trainer(Actor):
         if step == cfg.steps or step == self._published:
             return "now"  # the run's result; or the version a restarted engine waits for
         if cfg.lora is not None:
-            return "now"  # an adapter is merged with its directory's config: see the docstring
+            return "now"  # an adapter is merged from its dir: docs/training.md#the-trainers-step
         if step % cfg.checkpoint_every:
             return None
         if not cfg.background_checkpoint:

@@ -16,7 +16,8 @@ from stacx.events import (
     TurnGenerated,
 )
 from stacx.store.db import attach_runs, connect_run, open_writer
-from stacx.train.batches import BatchError, read_batch, samples_from_table
+from stacx.train.batches import read_batch
+from stacx.train.columns import BatchError, samples_from_table
 
 from .conftest import Log
 

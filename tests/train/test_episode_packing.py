@@ -26,7 +26,8 @@ from stacx import events as ev
 from stacx.actors.run import RunContext
 from stacx.store import db
 from stacx.train import units
-from stacx.train.batches import BatchError, chain_sequences
+from stacx.train.batches import chain_sequences
+from stacx.train.columns import BatchError
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import packed_token_logprobs
 from stacx.train.losses import policy_gradient_loss, sft_loss

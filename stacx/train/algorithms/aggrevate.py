@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from stacx.events import CostToGoEstimated, Event, InfraFailed, RewardAssigned, RunStarted
 from stacx.train.algorithms.base import Base, Get, Teacher, TrainerKeys
 from stacx.train.algorithms.dagger import label_actors
-from stacx.train.batches import samples_from_table
+from stacx.train.columns import samples_from_table
 from stacx.train.losses import LossOutput, advantage_weighted_loss
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from stacx.events import Event, InfraFailed, RewardAssigned, RunStarted, TeacherScored
 from stacx.train.algorithms.base import Base, Get, Teacher, TrainerKeys
 from stacx.train.algorithms.grpo import policy_gradient
-from stacx.train.batches import list_buffers, samples_from_table
+from stacx.train.columns import list_buffers, samples_from_table
 from stacx.train.losses import LossOutput
 
 if TYPE_CHECKING:

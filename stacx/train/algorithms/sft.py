@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from stacx.train.algorithms.base import Base
-from stacx.train.batches import samples_from_table
+from stacx.train.columns import samples_from_table
 from stacx.train.losses import LossOutput, sft_loss
 
 if TYPE_CHECKING:

@@ -33,6 +33,13 @@ import time
 
 SIGKILL = 9
 SWEEP_TRIES = 50
+# the signals ignored when the spawner started (Python ignores SIGPIPE and SIGXFSZ; whatever started
+# it may ignore more, e.g. nohup: SIGHUP): an ignored signal survives exec, a command starts with none
+IGNORED = [
+    sig
+    for sig in _signal.valid_signals()
+    if sig not in (_signal.SIGKILL, _signal.SIGSTOP) and _signal.getsignal(sig) == _signal.SIG_IGN
+]
 
 
 def live_processes(uid: int) -> list[int]:
@@ -62,14 +69,8 @@ def _command(req: tuple, out: int, err: int, null: int) -> None:  # type: ignore
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        # an ignored signal and the blocked mask survive exec: Python ignores SIGPIPE and SIGXFSZ,
-        # and whatever started us may ignore more (nohup: SIGHUP); a command starts with none
-        for sig in _signal.valid_signals():
-            if (
-                sig not in (_signal.SIGKILL, _signal.SIGSTOP)
-                and _signal.getsignal(sig) == _signal.SIG_IGN
-            ):
-                _signal.signal(sig, _signal.SIG_DFL)
+        for sig in IGNORED:  # they and the blocked mask survive exec
+            _signal.signal(sig, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         for res, soft, hard in rlimits:
             resource.setrlimit(res, (soft, hard))

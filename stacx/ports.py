@@ -1,24 +1,8 @@
-"""The ports: the in-memory vocabulary that engines share, beside `stacx.events` (the vocabulary
-that goes over the bus).
-
-An engine (sandbox, inference, agents, rollout, train) never imports another engine; where it
-needs one, it names the port here, and `stacx.launch` builds the concrete adapter and wires it
-in. Every name below is a frozen `msgspec.Struct` (data) or a structural `Protocol` (a
-capability), plus `InfraFailure`, the one exception that crosses a port.
-
-- Rollout engine: `Engine`, `SamplingParams`, `Generation` (one reply, engine-made or scripted;
-  `turn_generated` makes its TurnGenerated event), and the optional capabilities
-  `LoadsState` (weights from memory, same process) and `StreamsGenerations` (output ids handed
-  over as they are produced, in `GenerationDelta`s); `WeightOffer`, the trainer's side of the
-  in-process handoff.
-- Environment engine: `Sandbox`, `ExecResult`, `Limits`; `Task` (the Harbor task model of
-  `stacx.harbor.model`, re-exported here because the ports speak it; loading it is
-  `stacx.harbor.tasks`).
-- Rollout: `Environments` (where episodes run and are verified), `Verdict`, `InfraFailure`;
-  `Agent` (one episode's agent loop in a started sandbox), `AgentResult`, `MakeAgent`.
-
-Guarantees: importing this module loads neither torch nor Docker nor NATS. Not here: how any
-port is implemented, and any type only one engine uses.
+"""The ports: the in-memory vocabulary engines share, beside `stacx.events` (the vocabulary on the
+bus). An engine never imports another engine: it names a port here (frozen Structs for data,
+structural Protocols for capabilities, `InfraFailure` the one exception that crosses a port) and
+`stacx.launch` wires the adapter in. Importing it loads neither torch nor Docker nor NATS.
+Design: docs/concepts/layers.md
 """
 
 from __future__ import annotations
@@ -26,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import msgspec
@@ -64,9 +47,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
-    """One reply to one prompt: what an engine generated, or what a script played (the agents'
-    scripted policies and replays make Generations too). It carries what the turn's log needs
-    (`turn_generated` makes the event from it)."""
+    """One reply to one prompt, engine-made or scripted (policies and replays make them too): what
+    the turn's log needs (`turn_generated` makes the event)."""
 
     output_ids: list[int]
     logprobs: list[float] | None  # log p(token) under the sampling distribution's model, one per id
@@ -96,12 +78,9 @@ def turn_generated(
     choice_index: int = 0,
     request_json: str = "",
 ) -> TurnGenerated:
-    """The one constructor of a turn's event, for the in-house agents and the model gateway:
-    `gen` answered the whole `prompt`; only the ids after `previous_end` (the previous turn's
-    prompt + output) are stored when `prompt` starts with it (`prefix_len`), else the whole
-    prompt. Its id derives from (episode_id, turn), so a redo publishes the same event.
-    `engine` overrides ``gen.engine`` (the gateway names itself); the last four fields are the
-    gateway's (see TurnGenerated)."""
+    """The one constructor of a turn's event: `gen` answered the whole `prompt`, stored after
+    `previous_end` when it extends it; the id derives from (episode_id, turn): a redo is the same.
+    """
     prefix_len, new_ids = prompt_split(prompt, previous_end)
     return TurnGenerated(
         run_id=run_id,
@@ -129,14 +108,8 @@ def turn_generated(
 
 @runtime_checkable
 class Engine(Protocol):
-    """A generator of token ids: token ids in, token ids + logprobs + weight version out.
-
-    Every backend (in-process torch, SGLang server, OpenAI-compatible server, the `stacx serve`
-    HTTP front) implements this Protocol and passes the one contract suite in
-    tests/inference/test_engine_contract.py. Text appears only at the edges (chat templates in
-    the agent, the OpenAI routes of `stacx serve`). Implementations must be safe to call
-    concurrently.
-    """
+    """A generator of token ids: ids in, ids + logprobs + weight version out. Every backend passes
+    tests/inference/test_engine_contract.py; implementations must be safe to call concurrently."""
 
     name: str
 
@@ -146,11 +119,9 @@ class Engine(Protocol):
 
     async def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """Logprob of each of `output_ids` given `prompt_ids` (teacher scoring, OPD)."""
-        ...
 
     async def load_weights(self, path: str, version: int) -> None:
         """Load a safetensors checkpoint; later tokens carry `version`."""
-        ...
 
     @property
     def weight_version(self) -> int: ...
@@ -160,18 +131,15 @@ class Engine(Protocol):
 
 @runtime_checkable
 class LoadsState(Protocol):
-    """An Engine capability: load weights from an in-memory state dict (an engine in the
-    trainer's process), with no file read. Engines without it load from the file only."""
+    """An Engine capability: load weights from an in-memory state dict (no file read)."""
 
     async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None: ...
 
 
 @runtime_checkable
 class LoadsAdapter(Protocol):
-    """An Engine capability: serve the base model + a LoRA adapter (a weight version of a
-    ``[trainer.lora]`` trainer). `path` is a PEFT adapter directory (adapter_config.json,
-    adapter_model.safetensors); `state`, when given, is its tensors already in memory (no file
-    read). Each load replaces the previous adapter (never stacks on it)."""
+    """An Engine capability: serve the base model + a LoRA adapter (a PEFT adapter directory;
+    `state`, when given, its tensors in memory). Each load replaces the previous adapter."""
 
     async def load_adapter(
         self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
@@ -179,10 +147,8 @@ class LoadsAdapter(Protocol):
 
 
 class ChatTokenizer(Protocol):
-    """What STACX needs of a (Hugging Face) tokenizer: its chat template (rendered to text:
-    ``tokenize=False``), its end-of-sequence id, encode, decode, and a call that can split
-    special-token text. The agents' chat format, the model gateway, the judge and the OpenAI
-    client all take one."""
+    """What STACX needs of a (Hugging Face) tokenizer: its chat template (rendered to text), EOS id,
+    encode, decode, and a call that can split special-token text."""
 
     chat_template: str | None
     eos_token_id: int | None
@@ -201,9 +167,8 @@ class ChatTokenizer(Protocol):
 
 
 class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
-    """Part of a streamed generation: the ids prompt `index` produced since its previous delta,
-    with their logprobs. Its last delta also carries the whole `generation`; the deltas' ids,
-    joined, are that generation's ``output_ids``."""
+    """Part of a streamed generation: prompt `index`'s ids since its previous delta; the last delta
+    also carries the whole `generation`."""
 
     index: int
     output_ids: list[int]
@@ -213,11 +178,8 @@ class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class StreamsGenerations(Protocol):
-    """An Engine capability: `generate`, with each prompt's new ids handed over as the engine
-    produces them (deltas of different prompts interleave). Leaving the iterator early (close,
-    cancellation) aborts the prompts not yet finished and frees what they held. The same
-    prompts and params give the same generations as `generate`. An engine without it is
-    streamed one delta per prompt at the end (`stacx.inference.streaming.stream_generations`)."""
+    """An Engine capability: `generate` with each prompt's new ids handed over as produced, same
+    results; leaving the iterator early aborts the unfinished prompts."""
 
     def generate_stream(
         self, prompts: list[list[int]], params: SamplingParams
@@ -225,8 +187,7 @@ class StreamsGenerations(Protocol):
 
 
 class WeightOffer(Protocol):
-    """The trainer's side of the in-process weight handoff: it offers a snapshot of the state
-    it has just written to `path` (with digest `sha256`), and will not modify it after."""
+    """The trainer's side of the in-process weight handoff: a snapshot it will never modify."""
 
     def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None: ...
 
@@ -246,8 +207,7 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    """Resource limits of one sandbox (a task's [environment] plus STACX's own pids limit);
-    every backend enforces them (see stacx.harbor.tasks.task_limits)."""
+    """A sandbox's limits (the task's [environment], STACX's pids), enforced by every backend."""
 
     cpus: float = 1.0
     memory_mb: int = 2048
@@ -268,25 +228,16 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Sandbox(Protocol):
-    """A place where an agent's actions run, with limits.
-
-    Backends (Docker through aiodocker is the one shipped) implement this Protocol and pass
-    tests/sandbox/test_sandbox_contract.py. A sandbox is not a security boundary against a
-    determined attacker on a shared kernel; it contains the failures an agent causes by
-    accident (fork bombs, runaway memory, infinite loops, floods of output, network use where
-    forbidden).
-    """
+    """A place where an agent's actions run, with limits; backends pass
+    tests/sandbox/test_sandbox_contract.py. Not a security boundary against a determined attacker on
+    a shared kernel: it contains the failures an agent causes by accident (fork bombs, runaway
+    memory, loops, output floods, forbidden network use)."""
 
     id: str
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
+    async def __aexit__(self, *exc: object) -> None: ...
 
     async def exec(
         self,
@@ -311,10 +262,8 @@ class Sandbox(Protocol):
 
 
 class InfraFailure(Exception):
-    """An infrastructure failure of one attempt (never a score); the rollout manager records
-    it as InfraFailed with its `kind`. The message is kept as plain text (terminal colour
-    codes of a build log removed). `retryable` is false when the configuration caused it (the
-    failure was raised from a ConfigCausedError, or `final`): another attempt cannot help."""
+    """An infrastructure failure of one attempt (never a score), recorded as InfraFailed; not
+    `retryable` when `final` or caused by a ConfigCausedError."""
 
     def __init__(self, kind: FailureKind, message: str, *, final: bool = False) -> None:
         message = plain_text(message)
@@ -328,9 +277,8 @@ class InfraFailure(Exception):
         return not self.final and not isinstance(self.__cause__, ConfigCausedError)
 
     def signature(self) -> str:
-        """What two image builds (a task's, a scaffold's install) that failed the same way
-        share: the message's first line with the ids in it (container, image, digests) blanked;
-        "" for other kinds (a Docker API error or a timeout may pass: they keep their retries)."""
+        """What two image builds that failed the same way share: the message's first line with its
+        ids blanked; "" for other kinds (they keep their retries)."""
         if self.kind != FailureKind.IMAGE_BUILD:
             return ""
         first = self.message.strip().split("\n", 1)[0]
@@ -341,13 +289,9 @@ _HEX_ID = re.compile(r"\b[0-9a-f]{12,64}\b")
 
 
 class StepFailed(InfraFailure):
-    """A step of a multi-step task could not start: its setup.sh or its own healthcheck failed
-    (the sandbox itself is fine; a dead sandbox stays a plain InfraFailure). Harbor's trial
-    records it as that step's exception, runs no later step and scores the steps that ran; the
-    episode runner does the same (StepFailed event, then the combined verdict). `verified` is
-    the verdict of the step verified just before it (None when the first step fails). The
-    remote sandbox service sends it back as itself (stacx.sandbox.remote_wire.StepFailure);
-    to a caller that knows no steps it is a START InfraFailure."""
+    """A step of a multi-step task could not start (setup.sh, healthcheck): no later step runs,
+    those that ran are scored; `verified`: the previous step's verdict. Else a START InfraFailure.
+    """
 
     def __init__(
         self, step: str, exception_type: str, message: str, verified: Verdict | None = None
@@ -371,15 +315,12 @@ class Environments(Protocol):
 
     def task(self, path: str) -> Task:
         """The task at `path` (as TaskScheduled.task_path names it); a TaskError if unreadable."""
-        ...
 
     def sandbox(self, task: Task, *, episode_id: str) -> AbstractAsyncContextManager[Sandbox]:
         """A started sandbox for `task`, released (or recycled) on exit."""
-        ...
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
         """Run the task's verifier in `sandbox` after the agent finished."""
-        ...
 
 
 class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -389,9 +330,8 @@ class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Agent(Protocol):
-    """One episode's agent: acts in a started sandbox until it stops, emitting its turn and
-    tool events through `emit`. What raises is infrastructure (sandbox transport, engine);
-    the agent's own failures are a StopReason or an observation."""
+    """One episode's agent, acting in a started sandbox until it stops; what raises is
+    infrastructure, its own failures are a StopReason or an observation."""
 
     async def run(
         self, *, run_id: str, episode_id: str, instruction: str, sandbox: Sandbox, emit: Emit

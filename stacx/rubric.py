@@ -1,12 +1,8 @@
-"""Rubrics: criteria a judge model scores, and how its score meets the verifier's reward.
-
-A rubric is a TOML file in the shape of Harbor RewardKit's judge files (``[judge]``,
-``[[criterion]]``, ``[scoring]``) plus STACX's ``[combine]``. Everything here is pure: parsing
-(errors name the file and the key path), the prompt text, the reply parser, aggregation and
-combination; asking a model is `stacx.judge`. A reply that is not a valid value is
-*unparseable* (the caller re-asks, then fails), never a 0.
-
-Specification: docs/judges.md#the-rubric-file
+"""Rubrics: criteria a judge model scores, and how its score meets the verifier's reward (Harbor
+RewardKit's judge files plus STACX's ``[combine]``). Pure: parsing (errors name the file and key
+path), prompts, reply parsing, aggregation, combination; asking a model is `stacx.judge`. An
+unparseable reply is never a 0.
+Design: docs/judges.md#the-rubric-file
 """
 
 from __future__ import annotations
@@ -115,7 +111,7 @@ def load_rubric(path: str | Path) -> Rubric:
 
 def task_rubric(task_dir: Path, declared: str | None, *, where: str) -> Rubric | None:
     """The rubric a task.toml declares (``[verifier.stacx] rubric``, relative to the task
-    directory), parsed; None when it declares none. `where` names the task.toml."""
+    directory), parsed; None when it declares none."""
     if declared is None:
         return None
     path = task_dir / declared
@@ -160,22 +156,17 @@ def _check(r: Rubric, where: str) -> None:
         out.append("judge.temperature, judge.retry_temperature: must be >= 0")
     if not 0.0 <= r.scoring.threshold <= 1.0:
         out.append(f"scoring.threshold = {r.scoring.threshold}: accepted values are in [0, 1]")
-    out += _combine_problems(r.combine)
-    if out:
-        raise TaskError(f"{where}: " + "; ".join(out))
-
-
-def _combine_problems(c: Combine) -> list[str]:
-    out: list[str] = []
-    unknown = sorted(set(c.weights) - {"verifier", "judge"})
+    comb = r.combine
+    unknown = sorted(set(comb.weights) - {"verifier", "judge"})
     if unknown:
         out.append(f"combine.weights: {unknown} unknown; accepted keys: verifier, judge")
-    bad = {k: w for k, w in c.weights.items() if w < 0 or not math.isfinite(w)}
+    bad = {k: w for k, w in comb.weights.items() if w < 0 or not math.isfinite(w)}
     if bad:
         out.append(f"combine.weights = {bad}: must be finite numbers >= 0")
-    if c.rule != "weighted_sum" and c.weights != Combine().weights:
-        out.append(f"combine.weights: used by rule 'weighted_sum' only (rule is {c.rule!r})")
-    return out
+    if comb.rule != "weighted_sum" and comb.weights != Combine().weights:
+        out.append(f"combine.weights: used by rule 'weighted_sum' only (rule is {comb.rule!r})")
+    if out:
+        raise TaskError(f"{where}: " + "; ".join(out))
 
 
 # ---- scores ------------------------------------------------------------------------------------
@@ -202,8 +193,7 @@ def choices(c: Criterion) -> list[str]:
 
 
 def normalize(c: Criterion, value: str) -> float | None:
-    """The judge's written value for `c` in [0, 1] (RewardKit's normalization), or None when it
-    is not a value of the criterion's scale (out of range included)."""
+    """The judge's value for `c` in [0, 1] (RewardKit's normalization); None when off its scale."""
     word = value.strip().strip("*`'\".,;:!()[]").lower()
     if c.type == "binary":
         first = re.split(r"[\s,.;:!]+", word, maxsplit=1)[0] if word else ""
@@ -222,10 +212,9 @@ def normalize(c: Criterion, value: str) -> float | None:
 
 
 def parse_reply(criteria: list[Criterion], reply: str) -> tuple[dict[str, float], str]:
-    """``(scores, problem)`` from a judge's reply of ``name: value`` lines (markdown bullets and
-    bold allowed; the first line naming a criterion counts). A single criterion may also be
-    answered by a bare value. ``problem`` is "" when every criterion got a value, else why not
-    (the scores found so far are returned with it)."""
+    """``(scores, problem)`` from a reply of ``name: value`` lines (markdown allowed; the first line
+    naming a criterion counts; a lone criterion may get a bare value); ``problem`` "" when every
+    criterion got a value."""
     scores: dict[str, float] = {}
     missing: list[str] = []
     for c in criteria:
@@ -256,10 +245,9 @@ def aggregate(rubric: Rubric, scores: dict[str, float]) -> float:
 
 
 def combine(rule: Combine, verifier: float, judge: float) -> float:
-    """The episode's reward from the verifier's reward and the judge score ([combine]):
-    weighted_sum ``w_v * verifier + w_j * judge`` (weights missing from the table count 0),
-    min, or verifier_gated (the judge score once the verifier gives at least ``gate``, else the
-    verifier's own reward)."""
+    """The reward from the verifier's and the judge's ([combine]): weighted_sum (missing weights:
+    0), min, or verifier_gated (the judge's score once the verifier reaches ``gate``, else its own).
+    """
     if rule.rule == "min":
         return min(verifier, judge)
     if rule.rule == "verifier_gated":
@@ -276,8 +264,7 @@ SYSTEM = "You are a strict grader. You read a task and an answer and grade the a
 def prompt_messages(
     rubric: Rubric, criteria: list[Criterion], instruction: str, answers: dict[str, str]
 ) -> list[dict[str, str]]:
-    """The chat messages of one judge call over `criteria` (all of them, or one in individual
-    mode). `answers` maps each judged file to its text (cut to max_answer_chars)."""
+    """One judge call's chat messages over `criteria`; `answers`: judged file -> its (cut) text."""
     cut = rubric.judge.max_answer_chars
     parts = [f"Task given to the agent:\n{instruction.strip()}\n"]
     for path, text in answers.items():
@@ -294,7 +281,6 @@ def prompt_messages(
 
 
 def reply_prefix(criteria: list[Criterion]) -> str:
-    """The start of the judge's reply, put in its mouth after the chat's generation prompt, so
-    that even a small model answers in the ``name: value`` form (the parsed reply is this
-    prefix + what the model generated)."""
+    """The start of the judge's reply, put in its mouth so that even a small model answers ``name:
+    value`` (the parsed reply is this prefix + the generation)."""
     return f"{criteria[0].name}:"

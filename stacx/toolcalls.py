@@ -1,19 +1,8 @@
-"""The tool-call format of Hermes/Qwen models: how a call is written in an assistant message,
-and parsed. One module, below the engines, because two of them speak it: the in-house SWE agent
-(`stacx.agents`) and the model gateway (`stacx.inference.gateway`), which turns the same text
-into OpenAI `tool_calls` for black-box scaffolds.
-
-Format (Hermes/Qwen style, plain text inside a ChatML assistant message, so any chat template
-carries it)::
-
-    <tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>
-
-For weak models a fenced ```bash (or ```sh) block with no <tool_call> is taken as a bash call.
-
-Guarantees: `parse_action` and `parse_tool_calls` never raise; it returns a `ToolCall`, a `MalformedCall` (whose
-`error` is written for the model, so it can correct itself on the next turn) or None when the
-message holds no call at all. Only the first call of a message is taken. Argument types are
-not checked here; `stacx.agents.tools` validates them against each tool's spec.
+"""The Hermes/Qwen tool-call format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in
+a plain assistant message), written and parsed, for the SWE agent and the model gateway. A fenced
+```bash block with no <tool_call> is taken as a bash call (weak models). Guarantees: the parsers
+never raise; a malformed call's `error` is written for the model; only a message's first call is
+taken; argument types are checked by `stacx.agents.tools`, not here.
 """
 
 from __future__ import annotations
@@ -47,7 +36,7 @@ def render_tool_call(name: str, arguments: dict[str, object]) -> str:
 
 
 def parse_action(text: str) -> ToolCall | MalformedCall | None:
-    """The first tool call in an assistant message; see the module docstring."""
+    """The first tool call in an assistant message: a `ToolCall`, a `MalformedCall`, or None."""
     start = text.find(OPEN_TAG)
     if start < 0:
         fence = _FENCE.search(text)
@@ -104,10 +93,8 @@ def _parse_body(body: str) -> ToolCall | MalformedCall:
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """Every well-formed ``<tool_call>`` of a message, and the text before the first one (the
-    message's content), for OpenAI ``tool_calls``. A message whose calls are not all well formed
-    gives ``(text, [])``: the whole reply stays content, as vLLM's Hermes parser does, so a
-    scaffold shows the model its own malformed text. Fenced bash blocks are not calls here."""
+    """Every well-formed ``<tool_call>`` of a message and the text before the first (OpenAI
+    ``tool_calls``); any malformed call gives ``(text, [])``, as vLLM's Hermes parser does."""
     start = text.find(OPEN_TAG)
     if start < 0:
         return text, []
@@ -127,8 +114,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
 
 
 def tools_system_prompt(tools: list[dict[str, object]]) -> str:
-    """The Hermes instructions that present function schemas to a model whose chat template has
-    no tools support of its own (the text Qwen2.5's template writes into the system message)."""
+    """The Hermes instructions presenting function schemas to a model whose chat template has no
+    tools support (the text Qwen2.5's template writes)."""
     listing = "\n".join(json.dumps(t) for t in tools)
     return (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -1,12 +1,8 @@
-"""The wire form of the event catalog (`stacx.events`): msgpack, one event per message or a
-batch of events of one kind, token arrays packed.
-
-Guarantees: `decode(encode(e)) == e` for every event; payloads of every older log (plain arrays,
-fields added since with their defaults) still decode; a malformed payload raises msgspec's
-DecodeError/ValidationError, never a half-read event. `decode_wire` keeps packed arrays as
-bytes for the recorder, which builds its Arrow columns from them without a Python object per
-token. Limit: a reader older than the packed form fails loudly on it (the event goes to dead
-letters), it never misreads it.
+"""The wire form of the event catalog: msgpack, one event or a batch of one kind per message, token
+arrays packed. Guarantees: `decode(encode(e)) == e`; every older log's payloads still decode; a
+malformed payload raises msgspec's DecodeError/ValidationError, never a half-read event; a reader
+older than the packed form fails loudly, never misreads.
+Design: docs/concepts/events.md#token-arrays-on-the-wire
 """
 
 from __future__ import annotations
@@ -20,11 +16,8 @@ import numpy as np
 
 from stacx.events import KINDS, AnyEvent, Event
 
-# Wire form. Every list[int] / list[float] field (TurnGenerated's prompt_ids, output_ids,
-# logprobs; TeacherLabeled's, TeacherScored's, any added later) travels packed: a msgpack ext
-# holding the array's little-endian int32 (ext 1: INTEGER[]) or float64 (ext 2: DOUBLE[]) bytes,
-# which the recorder reads as numpy views (no Python object per token). Plain arrays (every older
-# log) still decode and `decode` still gives lists; an older reader fails loudly on an ext.
+# Every list[int] / list[float] field of an event travels as a msgpack ext of its little-endian
+# int32 (ext 1: INTEGER[]) or float64 (ext 2: DOUBLE[]) bytes.
 PACKED_INT, PACKED_FLOAT = 1, 2
 _DTYPES: Final = {PACKED_INT: "<i4", PACKED_FLOAT: "<f8"}
 
@@ -60,7 +53,6 @@ _WIRE: Final = {k: _wire_struct(KINDS[k], f) for k, f in PACKED.items()}
 _WIRE_EVENT: object = typing.Union[tuple(_WIRE.get(k, c) for k, c in KINDS.items())]  # noqa: UP007
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(_WIRE_EVENT)  # type: ignore[arg-type]
-_json_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
 
 
 def packed_array(value: object, code: int) -> np.ndarray:
@@ -100,8 +92,7 @@ def decode(payload: bytes) -> AnyEvent:
 
 
 def decode_wire(payload: bytes) -> list[Event]:
-    """The events of one message (single or batch) as on the wire: a packed token array stays
-    a ``msgspec.msgpack.Ext`` (see :func:`packed_array`); for the recorder. Raises like ``decode``."""
+    """A message's events as on the wire, packed arrays kept as msgpack Ext (for the recorder)."""
     return _batch_decoder.decode(payload) if is_batch(payload) else [_decoder.decode(payload)]
 
 
@@ -112,9 +103,7 @@ _raw_list_decoder: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.
 
 
 def encode_batch(payloads: list[bytes]) -> bytes:
-    """Wire form of several events in one message: a msgpack array of their maps, built from
-    the events' own wire forms (``encode``); one event is still sent as its map. Publishers
-    batch events of one kind only, so a message's subject names the kind of every event in it."""
+    """Wire form of several events of one kind in one message (one event is sent as its map)."""
     n = len(payloads)
     head = (
         bytes([0x90 | n])
@@ -137,8 +126,3 @@ def decode_many(payload: bytes) -> list[AnyEvent]:
 def split_batch(payload: bytes) -> list[bytes]:
     """A batch's events as separate wire payloads (to tell good events from bad ones)."""
     return [bytes(r) for r in _raw_list_decoder.decode(payload)] if is_batch(payload) else [payload]
-
-
-def decode_json(payload: bytes | str) -> AnyEvent:
-    """Decode a JSON payload (same rules as ``decode``)."""
-    return _json_decoder.decode(payload)

@@ -1,13 +1,8 @@
-"""The actor runtime: a thin shell that turns events into calls of ``handle``.
-
-An actor subscribes to some kinds of its run's events through a durable JetStream consumer
-(shared as a work queue, or one per instance), so a restarted actor resumes where it stopped.
-Guarantees: an event is acknowledged only after ``handle`` returns (its effect is durable); a
-failing event comes back, up to ``max_deliver`` times, then an ``InfraFailed`` is published;
-actors share no memory, and a query sees at least what its actor published or was woken by.
-Under ``STACX_STRICT=1`` a programming error is re-raised, never retried.
-
-Specification: docs/concepts/actors.md
+"""The actor runtime: a thin shell that turns events of durable JetStream consumers into calls of
+``handle``. Guarantees: an event is acked only after ``handle`` returns; a failing one comes back,
+up to ``max_deliver`` times, then an ``InfraFailed`` is published; a query sees at least what its
+actor published or was woken by; under ``STACX_STRICT=1`` a programming error is re-raised.
+Design: docs/concepts/actors.md
 """
 
 from __future__ import annotations
@@ -43,8 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class Watermark:
-    """The newest stream sequence one reader has published or been delivered: what the log
-    must contain before that reader's next query (causal reads, not the stream's head)."""
+    """The newest stream sequence one reader has published or been delivered: what the log must
+    contain before that reader's next query."""
 
     def __init__(self, seq: int = 0) -> None:
         self.seq = seq
@@ -54,11 +49,8 @@ class Watermark:
 
 
 class ActorContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What an actor may touch: its run's id, publish, the log's SQL, JetStream and the
-    connection under it (``nc``: core subscriptions, e.g. the scheduler's wake-ups).
-
-    ``publish`` and ``query`` are bound to ``watermark`` (see ``causal_context``); one
-    context per actor instance, so one actor's writes never delay another's reads."""
+    """What an actor may touch: its run's id, publish, the log's SQL, JetStream and ``nc``; one per
+    actor instance, its ``publish`` and ``query`` bound to ``watermark``."""
 
     run_id: str
     run_dir: str
@@ -81,8 +73,7 @@ def causal_context(
     head: Callable[[], Awaitable[int]],
     start: int = 0,
 ) -> ActorContext:
-    """A context whose queries wait for its own publishes and deliveries (and ``start``: what
-    its reader must see from the beginning, e.g. everything before a resumed run's start)."""
+    """A context whose queries wait for its own publishes and deliveries, and for ``start``."""
     mark = Watermark(start)
 
     async def publish_tracked(event: Event) -> int:
@@ -120,10 +111,8 @@ CONTROL_FLOW: tuple[type[BaseException], ...] = (
 
 
 def is_bug(exc: BaseException) -> bool:
-    """A programming error (TypeError, KeyError, AssertionError, ...), not an infrastructure
-    failure: anything that is not one of ``INFRA_ERRORS`` (nor ``CONTROL_FLOW``). A
-    ``BaseException`` that is no ``Exception`` (torch's ``CheckpointException`` is one) counts
-    too: what a library raises that way must still reach the run, never vanish with a task."""
+    """A programming error: anything not in ``INFRA_ERRORS`` nor ``CONTROL_FLOW``, including a
+    ``BaseException`` that is no ``Exception`` (it must reach the run, never vanish with a task)."""
     return not isinstance(exc, INFRA_ERRORS + CONTROL_FLOW)
 
 
@@ -159,8 +148,8 @@ class Actor:
         return await self.ctx.publish(event)
 
     async def query(self, sql: str, params: Params = None, *, barrier: bool = False) -> pa.Table:
-        """SQL over the log, once it holds everything this actor published or was delivered;
-        ``barrier``: and everything anyone published before this call (one more round trip)."""
+        """SQL over the log once it holds everything this actor published or was delivered;
+        ``barrier``: and everything anyone published before this call."""
         if barrier:
             self.ctx.watermark.advance(await self.ctx.head())
         return await self.ctx.query(sql, params)
@@ -181,9 +170,8 @@ class Actor:
             return
         js = self.ctx.js
         subjects = [subject(self.run_id, k.__name__) for k in self.kinds]
-        durable = self.consumer
         cfg = ConsumerConfig(
-            durable_name=durable,
+            durable_name=self.consumer,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
@@ -197,7 +185,7 @@ class Actor:
         stream = stream_name(self.run_id)
         with contextlib.suppress(BadRequestError):  # exists already (a restart): keep its position
             await js.add_consumer(stream, cfg)
-        sub = await js.pull_subscribe_bind(durable, stream=stream)
+        sub = await js.pull_subscribe_bind(self.consumer, stream=stream)
         slots = asyncio.Semaphore(self.max_inflight)
         inflight: set[asyncio.Task[None]] = set()
         self._bugs: list[BaseException] = []
@@ -223,9 +211,8 @@ class Actor:
                 await sub.unsubscribe()
 
     async def _dispatch(self, msg: Msg) -> None:
-        """Handle the events of one message (one, or a publisher's batch) in order; ack once
-        all are handled. A failure naks the whole message: its events come again, and handlers
-        are idempotent (a redelivered event changes nothing)."""
+        """Handle the events of one message in order and ack once all are handled; a failure naks
+        the whole message (handlers are idempotent)."""
         events = _readable(msg.data)  # the recorder dead-letters what is unreadable; actors skip it
         if not events:
             await msg.ack()
@@ -297,8 +284,8 @@ async def keep_running(
     max_backoff: float = 10.0,
     on_crash: Callable[[], None] | None = None,
 ) -> None:
-    """Await ``body()`` until it returns or ``stop`` is set; after a crash run it again, with
-    capped exponential backoff. A programming error under STACX_STRICT is raised instead."""
+    """Await ``body()`` until it returns or ``stop`` is set, rerunning it after a crash with capped
+    exponential backoff; under STACX_STRICT a programming error is raised instead."""
     backoff, restarts = 0.1, 0
     stop = stop or asyncio.Event()
     while not stop.is_set():

@@ -1,20 +1,9 @@
-"""Each process's load as data: event-loop lag and CPU share, published as ``ProcessLoad``.
-
-``ProcessLoadWatch`` runs one task on the process's event loop: it sleeps ``TICK_S`` at a time
-and records how late each wake-up came (the lag every callback of the loop pays at that
-moment), and every ``window_s`` publishes the window's lag p50/p99/max, the CPU the process used
-(``os.times``: user + system of this process's threads, not its children's, over wall time) and its
-resident memory. The view ``process_load`` (events/views/53_process_load.sql) gives them per
-process and per weight version. A window whose lag p99 passes ``SATURATED_MS`` is logged as a
-warning naming the process: its agents, requests and actors were waiting for the loop.
-
-It also counts the process's forks (``forks``): ``os.fork`` and every subprocess started with a
-``preexec_fn``, the calls that copy the whole process under the GIL (a spawn, posix_spawn or
-vfork, is not one). A process that holds CUDA or a large heap should show none.
-
-Limits: the lag is sampled at ``TICK_S`` granularity, so stalls shorter than a tick are seen only
-when a tick lands in them; the CPU share counts threads of the process too (an engine's
-generation thread, a trainer's step), not only the loop.
+"""Each process's load as data, published as ``ProcessLoad`` every window: event-loop lag (how late
+a ``TICK_S`` sleep wakes), CPU share (this process's threads, not its children), resident memory and
+forks (``os.fork``, a subprocess with ``preexec_fn``: the calls that copy the process). A window
+whose lag p99 passes ``SATURATED_MS`` is logged as a warning. Limits: stalls shorter than a tick are
+seen only when a tick lands in them; the CPU share counts every thread, not the loop's.
+Design: docs/concepts/placement.md#processes-one-node-many-processes
 """
 
 from __future__ import annotations
@@ -66,8 +55,7 @@ def _rss_mb() -> float:
 
 
 class ProcessLoadWatch:
-    """Publishes this process's ``ProcessLoad`` every ``window_s`` until stopped (a last,
-    shorter window is published at stop)."""
+    """Publishes this process's ``ProcessLoad`` every ``window_s`` until stopped, and at stop."""
 
     def __init__(
         self, emit: Emit, run_id: str, process: str, *, window_s: float = WINDOW_S
@@ -78,9 +66,8 @@ class ProcessLoadWatch:
 
     def start(self) -> None:
         """Start watching (a second call does nothing)."""
-        if self._task is not None:
-            return
-        self._task = asyncio.create_task(self._run(), name=f"load:{self.process}")
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"load:{self.process}")
 
     async def stop(self) -> None:
         if self._task is None:
@@ -135,7 +122,6 @@ class ProcessLoadWatch:
 
 
 def _cpu_s() -> float:
-    """This process's CPU seconds, its threads included; not its children's (a child's whole
-    life would land in the window that reaps it)."""
-    t = os.times()
-    return t.user + t.system
+    """This process's CPU seconds, threads included, children not (a child's whole life would land
+    in the window that reaps it)."""
+    return sum(os.times()[:2])

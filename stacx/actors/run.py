@@ -1,27 +1,8 @@
-"""RunContext: one run's bus, recorder and actors, as an async context manager.
-
-    async with RunContext(run_dir, recipe="grpo", config=cfg) as run:
-        await run.emit(TaskScheduled(run_id=run.run_id, ...))
-        run.spawn(SomeActor())
-        table = await run.query("select * from episodes")
-
-On enter: the run directory is created or reopened (a rerun on the same directory continues the
-same run id, stream and log), NATS is started (embedded, unless ``STACX_NATS_URL`` is set), the
-run's stream is ensured, the recorder starts, and ``RunStarted`` is published. On exit: actors
-stop, the recorder drains everything published, ``RunFinished`` is published (status
-``completed``, ``failed`` on an exception, ``interrupted`` on cancellation/Ctrl-C) and drained,
-and the server stops. ``run.json`` says ``completed`` only if all of that succeeded: a failed
-publish or a recorder that did not drain is logged with its traceback and makes the status
-``failed``, with the reasons under ``problems``.
-
-Reads: ``query`` waits until the recorder has committed the newest event published through
-this context (by the driver or by any locally spawned actor; ``after=`` names another
-sequence), so a reader sees its own writes without waiting for the rest of the stream;
-``query(..., barrier=True)`` waits for everything published so far by anyone (``sync``). Each
-spawned actor gets its own ``ActorContext`` (see ``stacx.actors.base``).
-
-Strict mode (``STACX_STRICT``): an actor that crashed on a programming error is not restarted;
-the first such error is re-raised from ``__aexit__``, after the clean shutdown.
+"""RunContext: one run's bus, recorder and actors, as an async context manager. Guarantees: a rerun
+on the same directory continues the same run; ``run.json`` says ``completed`` only when every actor
+stopped and the recorder drained the whole log; a query sees its own context's writes; in strict
+mode an actor's programming error is re-raised after the clean shutdown.
+Design: docs/concepts/actors.md#the-run-context
 """
 
 from __future__ import annotations
@@ -115,10 +96,9 @@ class RunContext:
         self.js = self.nc.jetstream(timeout=10.0)
         await ensure_stream(self.js, self.run_id, replicas=stream_replicas(self.nc))
         self.publisher = Publisher(self.js, self.run_id)
-        db.write_run_file(
+        db.update_run_file(
             self.run_dir,
             {
-                **meta,
                 "run_id": self.run_id,
                 "recipe": self.recipe,
                 "pid": os.getpid(),
@@ -132,7 +112,7 @@ class RunContext:
         if self.record:
             self.recorder = Recorder(self.js, self.run_id, self.run_dir)
             await asyncio.to_thread(self.recorder.open)
-            self._recorder_sup = asyncio.create_task(self._supervise_recorder())
+            self._recorder_sup = asyncio.create_task(supervise_recorder(self.recorder))
         await self.emit(
             RunStarted(
                 run_id=self.run_id,
@@ -145,22 +125,13 @@ class RunContext:
         )
         return self
 
-    async def _supervise_recorder(self) -> None:
-        assert self.recorder is not None
-        await supervise_recorder(self.recorder)
-
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        status = (
-            RunStatus.COMPLETED
-            if et is None
-            else (
-                RunStatus.INTERRUPTED
-                if et in (asyncio.CancelledError, KeyboardInterrupt)
-                else RunStatus.FAILED
-            )
-        )
+        status = RunStatus.COMPLETED
+        if et is not None:
+            interrupted = et in (asyncio.CancelledError, KeyboardInterrupt)
+            status = RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED
         await self.stop_actors()
         crash = self.crashes[0] if self.crashes else None
         if crash is not None and status is RunStatus.COMPLETED:
@@ -181,16 +152,9 @@ class RunContext:
                 await self.nc.drain()
         if self.server is not None:
             await self.server.__aexit__(None, None, None)
-        meta = db.read_run_file(self.run_dir)
-        db.write_run_file(
+        db.update_run_file(
             self.run_dir,
-            {
-                **meta,
-                "status": str(status),
-                "pid": None,
-                "finished": time.time(),
-                "problems": problems,
-            },
+            {"status": str(status), "pid": None, "finished": time.time(), "problems": problems},
         )
         if crash is not None and et is None:
             raise crash
@@ -261,17 +225,16 @@ class RunContext:
     async def query(
         self, sql: str, params: Params = None, /, *, after: int | None = None, barrier: bool = False
     ) -> pa.Table:
-        """SQL over the log with bound ``params``, once the recorder has committed ``after``
-        (default: the newest event published through this context); ``barrier``: everything
-        anyone has published so far."""
+        """SQL over the log with bound ``params`` once the recorder has committed ``after``
+        (default: this context's newest publish); ``barrier``: everything published so far."""
         seq = await self.last_seq() if barrier else self._published if after is None else after
         await self._committed(seq)
         assert self.recorder is not None
         return await self.recorder.query(sql, params)
 
     def actor_context(self) -> ActorContext:
-        """A fresh context for one actor: its queries wait for what it published or was
-        delivered, and for everything this context published before it was spawned."""
+        """A fresh context for one actor: its queries wait for what it published or was delivered,
+        and for what this context published before it was spawned."""
         assert self.js is not None and self.nc is not None
         return causal_context(
             run_id=self.run_id,
@@ -298,15 +261,9 @@ class RunContext:
 
 
 class Spawner:
-    """Actors as supervised asyncio tasks of this process: the one spawn routine of both
-    placements (``RunContext.spawn`` in the launcher; a Ray role host in its own process).
-
-    Each actor gets a fresh context from ``context`` (its reads wait for its own writes) and an
-    instance number among same-named unshared actors: the next one in spawn order, or the
-    ``instance`` the caller names (a Ray host numbers its role instance's actors as the
-    launcher would have); later automatic numbers continue after it. A shared actor is always
-    instance 0 (one work-queue consumer). ``crashes`` collects the programming errors that
-    ended actors (strict mode); ``stop`` never raises them, its caller decides."""
+    """Actors as supervised asyncio tasks of this process, the one spawn routine of every placement:
+    a fresh context each, instance numbers in spawn order (or the caller's ``instance``; shared: 0);
+    ``crashes`` collects strict-mode programming errors, which ``stop`` never raises."""
 
     def __init__(self, context: Callable[[], ActorContext]) -> None:
         self.context = context
@@ -347,7 +304,5 @@ class Spawner:
 
 
 async def supervise_recorder(recorder: Recorder) -> None:
-    """Run the recorder until it stops; after a crash (a JetStream request that timed out while
-    the connection was re-established, a server lost) run it again: each run rebuilds its
-    consumer from the committed position."""
+    """Run the recorder, again after a crash (each run resumes from the committed position)."""
     await keep_running("recorder", recorder.run)

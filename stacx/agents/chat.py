@@ -1,23 +1,8 @@
-"""Token-exact transcript pieces, derived once from a tokenizer's chat template.
+"""Token-exact transcript pieces, derived once from a tokenizer's chat template: only new pieces are
+ever tokenized, so what the model saw is what a trainer trains on; message content cannot forge a
+message boundary. `ChatFormat` raises ConfigError for a template it cannot take apart.
 
-The agent keeps ONE growing list of token ids per episode:
-
-    prompt(k+1) = prompt(k) + output(k) + close(output(k)) + observation(k) + assistant header
-
-Only the new pieces are ever tokenized; earlier ids are never re-tokenized, so what the model
-saw and what a trainer later trains on are the same ids (no drift from BPE merges across
-message boundaries).
-
-How the pieces are found: the template is rendered as text around sentinel contents and the
-text between sentinels is taken as the fixed framing (for ChatML: ``<|im_end|>\n``, then
-``<|im_start|>user\n`` ... ``<|im_end|>\n<|im_start|>assistant\n``). Framing text is tokenized
-with special tokens recognized; message CONTENT is tokenized with special tokens split, so an
-observation that contains ``<|im_end|>`` cannot forge a message boundary.
-
-Limits: templates whose framing depends on the message content or on the message's position
-(other than the first) are not supported; `ChatFormat` raises ConfigError when it cannot find
-its sentinels. Observations are sent with the ``user`` role by default, because small chat
-models (SmolLM2 included) were never trained on a ``tool`` role.
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ _O = "\x00STACX-OBSERVATION\x00"
 
 
 class ChatFormat:
-    """Builds the token pieces of an episode transcript for one tokenizer (see module doc)."""
+    """Builds the token pieces of an episode transcript for one tokenizer."""
 
     def __init__(self, tokenizer: ChatTokenizer, observation_role: str = "user") -> None:
         self.tokenizer = tokenizer
@@ -109,10 +94,6 @@ class ChatFormat:
     def observation(self, text: str) -> list[int]:
         """An observation message followed by the next assistant header."""
         return self.obs_open_ids + self.content_ids(text) + self.obs_close_ids
-
-    def scripted_output(self, text: str) -> list[int]:
-        """Output ids for a scripted actor: its text and the end-of-turn token a model emits."""
-        return [*self.content_ids(text), self.end_of_turn_id]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

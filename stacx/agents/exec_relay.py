@@ -1,21 +1,8 @@
-"""The exec relay: how a scaffold that runs *beside* the task's container (a container of its
-own, e.g. Terminus-2, which drives a tmux session in the task's container as Harbor does) acts
-in the task's sandbox.
+"""The exec relay: how a scaffold running *beside* the task's container (Terminus-2) acts in the
+task's sandbox, one JSON request per connection on a unix socket. Each request carries the episode's
+gateway credential and reaches that episode's sandbox only; errors are answers.
 
-One relay serves a run on a unix socket (mounted read-only into the scaffold's containers, next
-to the gateway's socket). A request is one JSON line, the answer one JSON line, one request per
-connection; every request carries the episode's gateway credential, and the relay answers only
-for an episode that `InstalledAgent` registered (its task sandbox), so a scaffold reaches its
-own episode's sandbox and nothing else:
-
-- ``{"op": "exec", "command", "cwd", "env", "timeout", "user"}`` -> ``{"stdout", "stderr",
-  "exit_code", "timed_out"}`` (`Sandbox.exec`: the command runs under ``bash -c``);
-- ``{"op": "read", "path"}`` -> ``{"data": base64}``;
-- ``{"op": "write", "path", "data": base64, "mode"}`` -> ``{}``.
-
-A bad request or an unknown credential is answered ``{"error": "..."}``; an exec the sandbox
-cannot reach is an error answer too (the scaffold sees it as its environment failing).
-Limits: a request line up to `MAX_LINE` bytes (file writes are base64 inside it).
+Design: docs/scaffolds.md#terminus-2-a-scaffold-beside-the-task
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ MAX_LINE = 64 * 1024 * 1024
 
 
 class ExecRelay:
-    """Credential -> the episode's task sandbox, served on a unix socket (module docstring)."""
+    """Credential -> the episode's task sandbox, served on a unix socket."""
 
     def __init__(self) -> None:
         self._sandboxes: dict[str, Sandbox] = {}
@@ -75,7 +62,7 @@ class ExecRelay:
             writer.close()
 
     async def answer(self, req: dict[str, Any]) -> dict[str, Any]:
-        """One request's answer (see the module docstring); KeyError for a missing field."""
+        """One request's answer; KeyError for a missing field."""
         sandbox = self._sandboxes.get(str(req.get("credential")))
         if sandbox is None:
             return {"error": "unknown credential: no episode of this run has it"}
@@ -88,12 +75,7 @@ class ExecRelay:
                 user=None if req.get("user") is None else str(req["user"]),
                 cwd=req.get("cwd"),
             )
-            return {
-                "stdout": done.stdout,
-                "stderr": done.stderr,
-                "exit_code": done.exit_code,
-                "timed_out": done.timed_out,
-            }
+            return {k: getattr(done, k) for k in ("stdout", "stderr", "exit_code", "timed_out")}
         if op == "read":
             return {"data": base64.b64encode(await sandbox.read_file(str(req["path"]))).decode()}
         if op == "write":

@@ -1,21 +1,9 @@
-"""How the SWE agent writes an action: the system prompt, an optional prefill, stop texts, and
-the parser. Two formats, chosen by ``agent.format`` in a recipe (or ``stacx eval --format``):
+"""How the SWE agent writes an action (``agent.format``): ``tool_call`` (Hermes/Qwen tool calls, the
+full tool set) or ``bash`` (one prefilled ```bash block per reply, what a 135M model can do): the
+system prompt, prefill, stop texts and parser. `parse` never raises and reads the text after the
+prefill; `render` is its inverse for scripted actors.
 
-``tool_call`` (default) — Hermes/Qwen tool calls, the full tool set (bash, view, create,
-str_replace, submit); what instruction-tuned models of a few billion parameters follow::
-
-    <tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>
-
-``bash`` — one ```bash block per reply, the command runs as the bash tool; ``submit`` alone in
-the block finishes (as in mini-SWE-agent). The assistant message is *prefilled* with
-"```bash\\n" (those tokens are part of the prompt the model saw, so the trace stays
-token-exact) and generation stops at the closing fence. A 135M model almost never writes a
-valid tool call, but it completes a prefilled shell block with a plausible command: this is
-the format that gives the tiny recipes a reward signal to learn from.
-
-Guarantees: `parse` never raises and takes the text the model generated *after* the prefill;
-`render` is the inverse for scripted actors (the oracle), so their demonstrations are in the
-format the student is trained to produce.
+Design: docs/agents.md#action-formats-and-task-filters
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ FENCE = "```"
 
 
 class CallFormat:
-    """The tool-call format (see the module docstring); the base of the others."""
+    """The tool-call format; the base of the others."""
 
     name: str = "tool_call"
     prefill: str = ""  # text the assistant message starts with, given to the model
@@ -54,8 +42,7 @@ class CallFormat:
         return parse_action(text)
 
     def stop_token_ids(self, chat: ChatFormat) -> list[int]:
-        """The chat's end-of-turn ids plus each stop text that is one token (one that is not
-        cannot stop generation; the parser still cuts there)."""
+        """The end-of-turn ids plus each one-token stop text (the parser cuts at the others)."""
         extra = [ids[0] for ids in map(chat.content_ids, self.stop_texts) if len(ids) == 1]
         return sorted({*chat.stop_token_ids, *extra})
 

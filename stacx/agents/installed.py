@@ -1,14 +1,9 @@
-"""Installed (black-box) scaffolds: a third-party agent program from PyPI, run unmodified inside
-the task's container, that speaks OpenAI to the model gateway.
+"""Installed (black-box) scaffolds: a third-party agent program run unmodified in (or beside) the
+task's container, calling the model through the gateway, which records its turns. Its only way out
+is the gateway's socket (and the exec relay); a scaffold that fails before its first model call is
+an InfraFailure, never scored; every exit is recorded.
 
-`InstalledAgent` is the `Agent` port over one `ScaffoldSpec`: per episode it opens a gateway
-route (a credential that attributes every call to the episode), writes the instruction and the
-forwarder into the sandbox, and runs the scaffold there; the gateway records the model's turns.
-Guarantees: the container's only way out is the gateway's socket (and, beside, the exec relay);
-a scaffold that fails before its first model call is an InfraFailure, never scored; every exit is
-recorded (`ScaffoldExited`).
-
-Specification: docs/scaffolds.md#how-an-installed-scaffold-runs
+Design: docs/scaffolds.md#how-an-installed-scaffold-runs
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from typing import Protocol
 import msgspec
 
 from stacx.agents.exec_relay import ExecRelay
-from stacx.agents.scaffold_spec import LOGS_DIR, ScaffoldSpec, resolve
+from stacx.agents.scaffold_spec import LOGS_DIR, ScaffoldSpec
 from stacx.events import Emit, FailureKind, ScaffoldExited, StopReason, derive_id
 from stacx.ports import Agent, AgentResult, InfraFailure, MakeAgent, Sandbox, Task
 
@@ -73,11 +68,6 @@ asyncio.run(main())
 """
 
 
-def scaffold(name_or_path: str) -> ScaffoldSpec:
-    """The shipped spec of that name, or the spec in that file (stacx.agents.scaffold_spec)."""
-    return resolve(name_or_path)
-
-
 class InstalledConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The recipe's [agent] settings an installed scaffold is given."""
 
@@ -107,9 +97,7 @@ class ModelGateway(Protocol):
 
 
 class BesideContainers(Protocol):
-    """Where a `beside` scaffold runs (stacx.launch.scaffolds): a container of its own per
-    episode (its image built from the spec's `beside`, network none, the gateway's and the
-    relay's sockets mounted), and the exec relay into the task's sandbox."""
+    """Where a `beside` scaffold runs: its own container per episode, and the exec relay."""
 
     relay: ExecRelay
 
@@ -117,8 +105,7 @@ class BesideContainers(Protocol):
 
 
 class InstalledAgent:
-    """The `Agent` port over one installed scaffold (see
-    docs/scaffolds.md#how-an-installed-scaffold-runs)."""
+    """The `Agent` port over one installed scaffold."""
 
     def __init__(
         self,
@@ -206,8 +193,7 @@ class InstalledAgent:
     async def _where(
         self, episode_id: str, route: GatewayRoute, sandbox: Sandbox
     ) -> AsyncIterator[Sandbox]:
-        """Where the scaffold runs: the task's sandbox, or (`beside`) a container of its own
-        whose exec relay acts in the task's sandbox under the episode's credential."""
+        """The task's sandbox, or (`beside`) a container of its own using the exec relay."""
         if self.beside is None:
             yield sandbox
             return
@@ -226,8 +212,7 @@ class InstalledAgent:
 
 
 def _crashed(scaffold: str, exit_code: int | None, stderr: str) -> InfraFailure:
-    """A scaffold that exited non-zero before its first model call (a bad flag, a missing
-    program: 127): it never tried the task, so the episode is a SCAFFOLD failure, not a 0."""
+    """Exited non-zero before its first model call (127...): a SCAFFOLD failure, not a 0."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = f": {lines[-1].strip()}" if lines else " (no stderr)"
     return InfraFailure(

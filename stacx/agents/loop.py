@@ -1,27 +1,9 @@
-"""The one in-house agent loop: prompt -> reply -> tool -> observation, token-exact, every step
-an event. What a reply means is a tool adapter's (`Tools`): the SWE tools (stacx.agents.swe) or
-ReTool's Python and boxed answer (stacx.agents.retool), the MLE agent's Python and SUBMIT
-(stacx.agents.mle); a new agent is a new adapter, not a loop.
+"""The one in-house agent loop: prompt -> reply -> tool -> observation, token-exact, every step an
+event with ids derived from (episode, turn). What a reply means is a tool adapter's (`Tools`); a new
+agent is a new adapter. Only infrastructure raises (sandbox transport, engine), and the caller
+records it. `LoopAgent` is the loop behind the `Agent` port.
 
-Per turn it emits one TurnGenerated (stacx.ports.turn_generated: the exact prompt ids the policy
-saw, its output ids, logprobs, weight_version, finish_reason, timing, actor; a prompt that
-extends the previous turn's prompt + output, as every prompt of this loop does, is recorded as
-``prefix_len`` plus its new ids only, so an episode's log grows linearly in its turns); the
-adapter then records at most one ToolCalled/ToolReturned pair (stacx.agents.tools.ToolLog). The
-next prompt is the previous prompt + output + the chat's close and observation pieces + the
-adapter's prefill, never a re-tokenized history.
-
-Stops (StopReason): SUBMITTED (the adapter says the episode is done), AGENT_DONE (a scripted
-policy ran out), MAX_TURNS, CONTEXT_EXHAUSTED (the next prompt leaves less than `min_room`
-tokens of the `context_budget`; generation is also capped so prompt + output never exceeds the
-budget). TIMEOUT is the caller's (it cancels this coroutine). What raises: sandbox transport
-errors and engine errors, i.e. infrastructure; the caller records them as InfraFailed.
-
-Event ids of turn and tool events are derived from (episode_id, turn), so a re-publish of the
-same step is de-duplicated by JetStream and the recorder.
-
-`LoopAgent` is this loop behind the `Agent` port (stacx.ports) that the episode runner drives;
-`loop_agents` makes one per episode for the rollout manager (stacx.launch wires it in).
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -67,16 +49,13 @@ class Tools(Protocol):
         ...
 
     async def step(self, gen: Generation, text: str, sandbox: Sandbox, log: ToolLog) -> str | None:
-        """Act on one reply (`text` is its decoded output), recording its call in `log`; the
-        next observation, or None when the episode is done."""
+        """Act on a reply (its decoded `text`), logging its call; the next observation or None."""
         ...
 
     async def replay(
         self, tool: str, arguments: dict[str, object], sandbox: Sandbox
     ) -> Observation | None:
-        """Run a call this adapter recorded (ToolCalled's tool and arguments) again, as `step`
-        ran it: the observation it gives now (`stacx regrade`), or None for a call that never
-        reached the sandbox (a malformed one)."""
+        """Run a recorded call again as `step` did (regrade); None if it never reached a sandbox."""
         ...
 
 
@@ -94,8 +73,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def turn_seed(seed: int, episode_id: str, turn: int) -> int:
-    """A sampling seed per (episode, turn): reproducible, yet distinct across the samples of a
-    group (one shared seed would make every sample of a task identical, and pass@k moot)."""
+    """A sampling seed per (episode, turn): reproducible, yet distinct across a group's samples."""
     return int(derive_id(seed, episode_id, turn)[:8], 16)
 
 
@@ -110,7 +88,7 @@ async def run_agent(
     config: AgentConfig,
     emit: Emit,
 ) -> AgentResult:
-    """Run one episode's agent loop in `sandbox`; see the module docstring for the contract."""
+    """Run one episode's agent loop in `sandbox` (its stops: docs/agents.md)."""
     tools: Tools = config.tools
     prompt, prefill = tools.prompt(chat, instruction), tools.prefill(chat)
     stops = tools.stop_token_ids(chat)
@@ -180,8 +158,7 @@ class LoopAgent:
 
 
 def loop_agents(chat: ChatFormat, config: AgentConfig, make_executor: MakeExecutor) -> MakeAgent:
-    """The rollout manager's agent factory: a `LoopAgent` per episode, on a fresh executor, its
-    adapter fitted to the episode's task (`Tools.for_task`)."""
+    """The rollout manager's agent factory: a `LoopAgent` per episode, fitted to its task."""
 
     def make(task: Task, sample_index: int) -> Agent:
         fitted = msgspec.structs.replace(config, tools=config.tools.for_task(task))

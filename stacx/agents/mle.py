@@ -1,31 +1,8 @@
-"""The MLE agent: machine-learning engineering on a tabular competition (MLE-Dojo style, the
-bundled recipes/tasks/mle set): it explores the data, trains models and writes a submission
-file by running Python in the sandbox, turn after turn, then says it is done.
+"""The MLE agent (MLE-Dojo style, recipes/tasks/mle): it explores a tabular competition's data, fits
+models and writes /app/submission.csv by running Python in the sandbox, then says ``SUBMIT``. The
+verifier grades the submission file whether or not the agent submitted.
 
-Per turn the model replies; the reply is read as:
-
-1. Python: a ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>`` or, if
-   the reply holds none, its first ```python block, closed or not (stacx.agents.retool's
-   reading, shared). It runs as ``python3 -c CODE`` in the sandbox's working directory (/app)
-   with `python_timeout_s`; stdout and stderr, cut to `max_output_bytes` (head and tail kept,
-   visibly), come back as the next user message (`output_message`), recorded as a ``python``
-   ToolCalled/ToolReturned pair. A malformed call is recorded as tool ``invalid``.
-2. ``SUBMIT`` (a line of its own, outside the code): the episode ends (SUBMITTED) after the
-   reply's code, if any, has run. A reply that is only SUBMIT is recorded as a ``submit``
-   pair whose output says whether `submission_path` exists (one pair per turn: with code, the
-   code's pair is the turn's). The verifier grades that file (a missing one scores 0).
-3. neither: a reminder of the two ways to act (`NO_ACTION`), with no tool events.
-
-An episode that runs out of turns is graded all the same: writing the submission is what
-counts, saying SUBMIT only ends the episode sooner.
-
-The system prompt (`SYSTEM`) gives the workflow (look at the data, fit, write
-/app/submission.csv, SUBMIT) and one worked example in the ```python format; the task message
-is the task's instruction.md (its files, metric and submission format).
-
-Limits: each block runs in a fresh interpreter (files persist, variables do not); only the
-first block of a reply runs; the sandbox needs ``python3`` with numpy, pandas and scikit-learn
-(the process backend: the host's /usr/bin/python3; Docker: the task's image).
+Design: docs/agents.md#the-mle-agent
 """
 
 from __future__ import annotations
@@ -98,8 +75,7 @@ NO_ACTION = (
 
 
 class MleTools(msgspec.Struct, frozen=True, kw_only=True, tag="mle"):
-    """The MLE adapter of the agent loop (stacx.agents.loop): parse a reply, run its Python,
-    end on SUBMIT (module docstring)."""
+    """The MLE adapter of the agent loop: run a reply's Python, end on SUBMIT."""
 
     style: Literal["python", "tool_call"] = "python"  # how the system prompt shows a run
     python_timeout_s: float = 120.0  # a model fit on a few thousand rows, with room
@@ -141,8 +117,7 @@ class MleTools(msgspec.Struct, frozen=True, kw_only=True, tag="mle"):
     async def replay(
         self, tool: str, arguments: dict[str, object], sandbox: Sandbox
     ) -> Observation | None:
-        """A recorded call run again as `step` ran it: the Python run, or the submission check;
-        None for a malformed call."""
+        """A recorded call run again as `step` ran it; None for a malformed call."""
         if tool == PYTHON:
             return await run_python(str(arguments.get("code", "")), sandbox, self)
         if tool == SUBMIT:

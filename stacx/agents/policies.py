@@ -1,24 +1,9 @@
-"""Who acts on a turn: an Engine (student or teacher), or a script (oracle, null).
+"""Who acts on a turn: an Engine (student or teacher), or a script (oracle, null), behind one
+`Policy` protocol; an `Executor` picks each turn's policy (DAgger's mixture plugs in there).
+Scripted replies go through the same scaffold and tokenization as a model's, so oracle episodes are
+demonstrations; the oracle's execution is Harbor's own solve.sh run.
 
-A `Policy` maps the exact prompt ids to a `Generation` (output ids and what produced them). The
-agent loop asks an `Executor` for the policy of each turn, which is how DAgger's beta-mixture
-roll-in plugs in (stacx.imitation.mixture.MixtureExecutor is that executor). The chosen
-policy's `actor` label is recorded in TurnGenerated.actor.
-
-Scripted policies go through the same scaffold as a model: their text is a tool call in the
-agent's format, tokenized by the same ChatFormat and ended with the end-of-turn token a model
-would sample, recorded with ``logprobs=None`` and ``weight_version=None``, so oracle episodes
-are demonstrations that SFT and DAgger can train on as they are.
-
-The oracle, decided: ONE execution, Harbor's. Its first turn's *text* is the solution's body
-(`script_body(solve.sh)`) as a bash call in the agent's format: that is the demonstration, what
-a student should learn to write (a student never has /solution). Its *execution* is the task's
-solution as Harbor's oracle runs it: solution/ uploaded to /solution, ``bash
-/solution/solve.sh`` with [solution].env, the task's agent user and its agent timeout (not the
-bash tool's 60 s cap). The reply carries that as a `ScriptedCall` (built in stacx.launch,
-which may touch the task); the loop records ToolCalled with the command that really ran and
-ToolReturned with its output, which is the observation the next (submit) turn sees. So `stacx
-tasks check`, `stacx eval --agent oracle` and the SFT demonstrations are the same episode.
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -38,16 +23,15 @@ from stacx.toolcalls import ToolCall
 
 
 class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True):
-    """A scripted turn's own call: recorded as its ToolCalled, executed by `run` in place of
-    the call its text parses to (see the module docstring: the oracle's solve.sh)."""
+    """A scripted turn's own call: recorded as its ToolCalled, executed by `run` in place of the
+    call its text parses to (the oracle's solve.sh)."""
 
     call: ToolCall
     run: ToolRun
 
 
 class ScriptedGeneration(Generation, frozen=True, kw_only=True):
-    """A scripted policy's reply: a Generation (``weight_version=None``, ``engine="script"``)
-    that may bring its own call and execution (`ScriptedCall`)."""
+    """A scripted policy's Generation (no weight version), maybe bringing its own `ScriptedCall`."""
 
     call: ScriptedCall | None = None
 
@@ -80,10 +64,8 @@ class EnginePolicy:
 
 
 class ScriptedPolicy:
-    """Plays fixed assistant texts in order, then reports that it is done.
-
-    Each text ends as a model's reply would: with the end-of-turn token, or, where the text
-    ends in one of `stop_ids` (the format's stop, e.g. the closing fence), right there."""
+    """Plays fixed assistant texts in order, then reports that it is done; each ends as a model's
+    reply would, at its end-of-turn token or at a stop text in `stop_ids`."""
 
     def __init__(
         self,
@@ -119,9 +101,8 @@ def _scripted(chat: ChatFormat, text: str, stop_ids: Sequence[int]) -> list[int]
 
 
 def script_body(script: str) -> str:
-    """`script` without its leading shebang, comment and blank lines (bash ignores them, so
-    the commands run the same): an oracle demonstration is what a model should write, and a
-    student fine-tuned on "#!/bin/bash\n# Oracle: ..." headers learns to babble them."""
+    """`script` without its leading shebang, comments and blank lines: what a model should learn
+    to write (a student trained on "#!/bin/bash\n# Oracle: ..." headers babbles them)."""
     lines = script.splitlines()
     while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
         lines.pop(0)
@@ -134,10 +115,8 @@ def oracle_policy(
     fmt: CallFormat | None = None,
     solution: ScriptedCall | None = None,
 ) -> ScriptedPolicy:
-    """The task's reference solution (its body, see `script_body`) as one bash call, then
-    submit, written in `fmt`. With `solution` (what stacx.launch gives every episode) that
-    call executes the solution itself (see the module docstring); without it, the body runs
-    through the bash tool like any model's call."""
+    """The task's solution body as one bash call, then submit, in `fmt`; with `solution` the call
+    executes the solution itself (Harbor's oracle), else the body runs through the bash tool."""
     fmt = fmt or CallFormat()
     return ScriptedPolicy(
         chat,

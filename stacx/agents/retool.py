@@ -1,30 +1,8 @@
-"""The ReTool agent: multi-turn reasoning that may run Python in the sandbox, ending with a final
-answer in ``\\boxed{...}`` (ReTool, Feng et al. 2025: code interpreter calls interleaved with
-reasoning, trained by RL on the outcome).
+"""The ReTool agent (Feng et al. 2025): multi-turn reasoning that may run Python in the sandbox,
+ending with a final answer in ``\\boxed{...}``, written where the task's verifier reads it. A
+reply's boxed answer wins over its code; only sandbox transport errors raise.
 
-Per turn the model replies; the reply is read as, in this order:
-
-1. a final answer: the content of its last ``\\boxed{...}`` (braces balanced). The episode
-   ends (SUBMITTED); the answer is recorded as an ``answer`` ToolCalled/ToolReturned pair and
-   written to the task's ``metadata.answer_path`` in the sandbox, where the verifier reads it
-   (stacx.sandbox.answers). A reply that boxes an answer after a code block ends the episode
-   without running the code: the model has committed to its answer.
-2. Python: a ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>`` or, if
-   the reply holds none, its first ```python (or ```py) block, closed or not (a reply cut by
-   the token limit still runs what it wrote). The code runs as ``python3 -c CODE`` in the
-   sandbox, in its working directory, with a timeout; stdout and stderr (cut to
-   `max_output_bytes`, head and tail kept, visibly) come back as the next user message, and
-   the run is recorded as a ``python`` ToolCalled/ToolReturned pair. A malformed tool call is
-   recorded the same way (tool ``invalid``) and its error is the observation.
-3. neither: a reminder of the two ways to act is the observation, with no tool events.
-
-`RetoolTools` is this reading as a tool adapter of the one agent loop (stacx.agents.loop),
-which records the turns token-exactly and stops the episode (SUBMITTED: a boxed answer), as
-for the SWE agent. What raises is infrastructure only: sandbox transport errors.
-
-Limits: each block runs in a fresh interpreter (files written in the sandbox persist, Python
-variables do not); only the first block of a reply runs; the sandbox needs ``python3`` on its
-PATH.
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -49,8 +27,7 @@ _CODE = re.compile(r"```(?:python|py|python3)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL
 
 
 class RetoolTools(msgspec.Struct, frozen=True, kw_only=True, tag="retool"):
-    """The ReTool adapter of the agent loop (stacx.agents.loop): parse a reply, run its Python
-    or record its answer, render the interpreter's output (module docstring)."""
+    """The ReTool adapter of the agent loop: run a reply's Python or record its answer."""
 
     style: Literal["python", "tool_call"] = "python"  # how the system prompt shows a run
     python_timeout_s: float = 10.0
@@ -92,8 +69,7 @@ class RetoolTools(msgspec.Struct, frozen=True, kw_only=True, tag="retool"):
     async def replay(
         self, tool: str, arguments: dict[str, object], sandbox: Sandbox
     ) -> Observation | None:
-        """A recorded call run again as `step` ran it (`stacx regrade`): the Python run, or the
-        answer written where the verifier reads it; None for a malformed call."""
+        """A recorded call run again as `step` ran it; None for a malformed call."""
         if tool == PYTHON:
             return await run_python(str(arguments.get("code", "")), sandbox, self)
         if tool == ANSWER:
@@ -137,7 +113,7 @@ def last_boxed(text: str) -> str | None:
 
 
 def parse_reply(text: str) -> Reply:
-    """What a reply asks for (see the module docstring for the order); never raises."""
+    """What a reply asks for (a boxed answer, then Python, else nothing); never raises."""
     boxed = last_boxed(text)
     if boxed:
         return FinalAnswer(boxed)
@@ -145,8 +121,8 @@ def parse_reply(text: str) -> Reply:
 
 
 def parse_code(text: str) -> PythonCode | MalformedCall | None:
-    """The Python a reply runs: its ``python`` tool call or else its first ```python block
-    (closed or not); a malformed call or an empty block as MalformedCall; None if neither."""
+    """A reply's ``python`` tool call, else its first ```python block (closed or not); a
+    malformed call or an empty block as MalformedCall; None if neither."""
     if OPEN_TAG in text:
         call = parse_action(text)
         if isinstance(call, MalformedCall):

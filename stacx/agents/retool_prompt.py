@@ -1,5 +1,4 @@
-"""The ReTool agent's texts: the system prompt (how to run Python, how to answer), the task
-message, and what it tells the model between turns (stacx.agents.retool)."""
+"""The ReTool agent's texts: system prompt, task message, and what it says between turns."""
 
 from __future__ import annotations
 

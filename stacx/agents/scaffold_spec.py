@@ -1,29 +1,9 @@
-"""Scaffold specs as data: what an installed (black-box) scaffold is, read from a TOML file a user
-writes. The shipped ones are such files too (``stacx/agents/scaffolds/*.toml``).
+"""Scaffold specs as data: what an installed scaffold is (packages, version checks, its `run`
+template, the API it speaks, where its trajectory lands), read from a TOML file, a shipped one
+(``stacx/agents/scaffolds/*.toml``) or a recipe's ``[agent.scaffold_spec]``. An invalid spec fails
+at load naming the key path and the accepted values.
 
-A spec says how the scaffold is installed (``pip`` packages into a venv of its own, ``npm``
-packages, ``apt`` packages, more ``install`` shell commands; all run once, as an image layer over
-the task image, with the network on), what it needs of the task image (``min_python``,
-``min_node``: the layer build fails with a message naming the version and ``base_image``), the
-environment it runs with, its ``run`` command template, where its trajectory lands, and which API
-it speaks (``api``: ``openai-chat``, ``openai-completions``, ``anthropic-messages``; the base URL
-it is given is the gateway's ``/v1`` for OpenAI, the root for Anthropic, whose clients add
-``/v1/messages``).
-
-``run`` placeholders, each shell-quoted: ``{instruction_file}``, ``{model}``, ``{base_url}``,
-``{api_key}``, ``{max_turns}``, ``{temperature}``, ``{top_p}``, ``{max_tokens}``, ``{timeout}``
-(seconds), ``{logs_dir}``, ``{venv}``. ``{venv}`` is also replaced in ``install``, ``python``,
-``env`` values and ``files`` paths.
-
-`agent.scaffold` (and ``stacx eval --agent installed:X``) names a shipped spec or a path to a
-spec file (``.toml``); or the recipe declares one inline, as its ``[agent.scaffold_spec]`` table
-(the same keys, checked the same way, errors naming ``agent.scaffold_spec.<key>``).
-
-``[beside]`` (optional): the scaffold runs in a container of its own beside the task's, built
-from ``beside.base_image`` with ``beside.apt`` / ``beside.pip`` / ``beside.install``, and acts in
-the task's sandbox through STACX's exec relay (stacx.agents.exec_relay), as Harbor runs
-Terminus-2; the top-level packages still make the task's layer. A spec that is not valid fails at load with its key path and the accepted
-values (unknown keys too).
+Design: docs/scaffolds.md#your-own-scaffold-a-spec-file-no-code
 """
 
 from __future__ import annotations
@@ -55,7 +35,10 @@ class Beside(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class ScaffoldSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one scaffold is installed and run (see the module docstring)."""
+    """How one scaffold is installed and run (docs/scaffolds.md). `run` is a shell template whose
+    placeholders are shell-quoted: {instruction_file} {model} {base_url} {api_key} {max_turns}
+    {temperature} {top_p} {max_tokens} {timeout} {logs_dir} {venv}; `base_url` is the gateway's
+    /v1 for an OpenAI `api`, its root for Anthropic's."""
 
     name: str
     run: str
@@ -162,8 +145,7 @@ def load_spec(path: Path) -> ScaffoldSpec:
 
 
 def checked(spec: ScaffoldSpec, where: str) -> ScaffoldSpec:
-    """`spec`, once its versions and `run` placeholders are valid; ConfigError naming the key
-    otherwise, after `where`: "scaffold spec PATH" (a file) or a recipe's key path (inline)."""
+    """`spec` once its versions and placeholders are valid; else ConfigError after `where`."""
 
     def key(name: str) -> str:
         return f"{where}.{name}" if where.startswith("agent.") else f"{where}: {name}"
@@ -172,7 +154,7 @@ def checked(spec: ScaffoldSpec, where: str) -> ScaffoldSpec:
         if want and not all(p.isdigit() for p in want.split(".")):
             raise ConfigError(f"{key(name)} = {want!r}: a version like '3.12'")
     try:
-        _render_check(spec)
+        spec.run.format(**dict.fromkeys(PLACEHOLDERS, "x"))
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(
             f"{key('run')}: unknown placeholder {exc}; accepted: {', '.join(sorted(PLACEHOLDERS))}"
@@ -195,10 +177,6 @@ PLACEHOLDERS = {
 }
 
 
-def _render_check(spec: ScaffoldSpec) -> None:
-    spec.run.format(**{k: "x" for k in PLACEHOLDERS})
-
-
 def _explain(message: str) -> str:
     """msgspec's message with its `$.a.b` path as a key path and Literal choices spelled out."""
     text = message.replace("$.", "").replace("at `$`", "at the top level")
@@ -215,8 +193,7 @@ def shipped() -> dict[str, Path]:
 
 
 def resolve(name_or_path: str) -> ScaffoldSpec:
-    """A shipped spec by name, or the spec in a ``.toml`` file (relative to the current
-    directory); ConfigError naming the accepted names otherwise."""
+    """A shipped spec by name, or the spec in a ``.toml`` file (relative to the cwd)."""
     specs = shipped()
     if name_or_path in specs:
         return load_spec(specs[name_or_path])

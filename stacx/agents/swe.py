@@ -1,12 +1,8 @@
-"""The SWE agent's tool adapter for the agent loop (stacx.agents.loop): a reply is read in the
-action format (`tool_call` or `bash`, stacx.agents.formats), its call runs as one of the SWE
-tools (stacx.agents.tools), and the tool's result is the next observation.
+"""The SWE agent's tool adapter for the agent loop: a reply read in the action format
+(stacx.agents.formats), its call run as a SWE tool (stacx.agents.tools), the result the next
+observation; ``submit`` ends the episode.
 
-Per turn: a reply with a call (well formed or not) is recorded as one ToolCalled/ToolReturned
-pair (a malformed one as tool ``invalid``, its error the observation); a reply with no call
-gets the format's reminder and no tool events; the ``submit`` tool ends the episode. A
-scripted reply that brings its own call (the oracle's solve.sh, stacx.agents.policies) is
-recorded and executed as that call; its text stays the demonstration.
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -69,8 +65,7 @@ class SweTools(msgspec.Struct, frozen=True, kw_only=True, tag="swe"):
     async def replay(
         self, tool: str, arguments: dict[str, object], sandbox: Sandbox
     ) -> Observation | None:
-        """A recorded call run again through the same tools (`stacx regrade`); None for a
-        malformed one (tool ``invalid``), which never ran."""
+        """A recorded call run again through the same tools; None for a malformed one."""
         if tool == "invalid":
             return None
         return await execute(ToolCall(name=tool, arguments=arguments), sandbox, self.limits)

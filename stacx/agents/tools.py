@@ -1,19 +1,8 @@
-"""The SWE agent's tools: bash, view, create, str_replace, submit, run inside a Sandbox.
+"""The SWE agent's tools (bash, view, create, str_replace, submit) inside a Sandbox, and `ToolLog`,
+which records any agent's calls. A bad call is an observation with `error` set, addressed to the
+model; only the sandbox transport raises. Observations are cut to `max_bytes`, head and tail kept.
 
-Guarantees: a bad call (unknown tool, missing or mistyped argument, a file that does not
-exist, an `old_str` that is absent or ambiguous) comes back as an `Observation` with `error`
-set, addressed to the model; it never raises. What does raise is the sandbox transport
-(a `StacxError` or OSError from `Sandbox.exec`/`read_file`/`write_file`): that is an
-infrastructure failure, which the rollout manager records as InfraFailed, never as a score.
-
-Limits: every observation is cut to `max_bytes` (head and tail kept, the middle replaced by a
-visible "[... N bytes truncated ...]"); bash runs under `bash -c` (not a login shell, which
-would reset a PATH the image set) in the image's WORKDIR, with a timeout capped at
-`max_timeout_s`; files are read and written as UTF-8 (undecodable bytes are replaced); the
-container's state persists between calls, but shell state (cd, variables) does not.
-
-`ToolLog` records any agent's calls (these tools, ReTool's python and answer) as one
-ToolCalled/ToolReturned pair per turn.
+Design: docs/agents.md#the-agent-loop
 """
 
 from __future__ import annotations
@@ -71,8 +60,8 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ToolLog:
-    """Emits one episode's tool events: per turn (set `turn`) at most one ToolCalled/ToolReturned
-    pair, with ids derived from (episode_id, turn), so a redo publishes the same events."""
+    """One episode's tool events: per turn at most one ToolCalled/ToolReturned pair, ids derived
+    from (episode_id, turn), so a redo publishes the same events."""
 
     def __init__(self, run_id: str, episode_id: str, emit: Emit) -> None:
         self.run_id, self.episode_id, self.emit = run_id, episode_id, emit
@@ -150,9 +139,7 @@ ToolRun = Callable[[Sandbox], Awaitable[Observation]]
 async def execute(
     call: ToolCall, sandbox: Sandbox, limits: ToolLimits, run: ToolRun | None = None
 ) -> Observation:
-    """Run one validated-or-not call (or `run`, for a scripted action that brings its own
-    execution); see the module docstring for what raises. Either way the observation is cut
-    to `limits.max_bytes`."""
+    """Run one call (or a scripted action's `run`); only the transport raises; output is cut."""
     t0 = time.perf_counter()
     error = "" if run is not None else validate(call)
     if run is not None:
@@ -196,8 +183,7 @@ async def _bash(args: dict[str, object], sandbox: Sandbox, limits: ToolLimits) -
 
 
 def bash_observation(res: ExecResult, timeout: float) -> Observation:
-    """What a shell command's result looks like to the model: stdout, stderr, how it ended
-    (exit code or timeout) and whether a sandbox limit killed part of it."""
+    """A shell command's result as the model sees it: stdout, stderr, how it ended, limits hit."""
     parts = [res.stdout]
     if res.stderr:
         parts.append(f"[stderr]\n{res.stderr}")

@@ -1,23 +1,8 @@
-"""Per-role NATS users with subject permissions, for a many-host deployment (a nats-server
-``authorization`` block; see README "Many machines").
-
-Roles and what each may do:
-- ``worker(run_id)``: a rollout worker / launcher of one run. Publishes the run's events
-  (``stacx.<run>.>``) and uses JetStream only on the run's stream (``STACX_<run>``: create,
-  info, its consumers, acks); requests sandboxes on any service's subject *for its run*
-  (``stacx.sandbox.svc.*.run.<run>``) and finds services (discover, adverts). It cannot read
-  another run's subjects or stream, nor send admin requests (stop, gc) to any service.
-- ``service(service_id)``: a sandbox service. Receives its own requests
-  (``stacx.sandbox.svc.<id>.>``) and discover, publishes adverts, and answers requests
-  (``allow_responses``: only to the reply subject of a request it received).
-- ``admin``: `stacx sandbox hosts|ls|stats|stop|gc`: admin requests to every service.
-
-Each user's replies come to its own inbox prefix (``_INBOX_<user>``; a client is told with
-$STACX_NATS_INBOX), so no user can subscribe to the replies meant for another: a reply to a
-worker's read_file carries the sandbox's bytes.
-
-The subject names are those of stacx.events (``subject``, ``stream_name``) and
-stacx.sandbox.remote_wire (checked equal by tests/backbone/test_nats_auth.py).
+"""Per-role NATS users with subject permissions for a many-host deployment (a nats-server
+``authorization`` block): a ``worker`` sees only its run's subjects and stream, a ``service`` only
+its own requests, an ``admin`` may stop and gc; each user reads only its own reply inbox. Subject
+names are stacx.events' and stacx.sandbox.remote_wire's (tests/backbone/test_nats_auth.py).
+Design: docs/sandboxes.md#remote-sandboxes-stacx-sandbox-serve
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Connections, the run's stream, and the publisher.
-
-One JetStream stream per run (``STACX_<run_id>``, subjects ``stacx.<run_id>.>``, file storage).
-Its duplicate window is long (a day by default) so that an actor that redoes work after a
-crash and re-publishes an event with the same ``event_id`` is de-duplicated by the server.
-Past the window the server accepts it again; the recorder then skips it (one row per
-``event_id``, ever: ``stacx.store.recorder``).
-
-The publisher batches (events of one kind handed over in the same event-loop tick share one
-message; see ``Publisher``) and pipelines: many publishes are in flight at once (bounded by ``max_pending``,
-which is the backpressure: a caller waits when the window is full), each one's ack is checked,
-and a publish that is not acknowledged raises ``PublishError`` to the caller (from ``publish``
-directly, or from ``flush`` for fire-and-forget ``submit``). Nothing is dropped silently.
+"""The run's JetStream stream (``STACX_<run_id>``, a day's duplicate window) and the publisher,
+which batches, pipelines up to ``max_pending`` publishes (the backpressure) and checks every ack:
+a publish not acknowledged raises ``PublishError``, nothing is dropped silently.
+Design: docs/concepts/events.md#the-publisher
 """
 
 from __future__ import annotations
@@ -40,10 +31,8 @@ ENV_REPLICAS = "STACX_NATS_REPLICAS"
 
 
 def stream_replicas(nc: NATS) -> int:
-    """How many servers keep a copy of a new run stream: $STACX_NATS_REPLICAS if set, else 3
-    when the client knows of 3 or more servers (a cluster: given in STACX_NATS_URL or announced
-    by the server), else 1. R3 survives the loss of any one server; R1 loses the stream with
-    its server."""
+    """Copies of a new run stream: $STACX_NATS_REPLICAS, else 3 when the client knows of 3 or
+    more servers (given or announced), else 1."""
     known = len({(u.hostname, u.port) for u in nc.servers})
     raw = os.environ.get(ENV_REPLICAS)
     if raw is None:
@@ -63,8 +52,7 @@ def stream_replicas(nc: NATS) -> int:
 
 
 async def ensure_stream(js: JetStreamContext, run_id: str, *, replicas: int = 1) -> str:
-    """Create the run's stream if missing (with `replicas` copies; see ``stream_replicas``);
-    return its name. An existing stream is used as it is."""
+    """Create the run's stream if missing, with `replicas` copies (else use it as is); its name."""
     name = stream_name(run_id)
     try:
         await js.stream_info(name)
@@ -99,24 +87,9 @@ class _Batch:
 
 
 class Publisher:
-    """Publishes events of one run with message-id de-duplication, batching and bounded
-    pipelining.
-
-    Batching: events of the same kind handed over in the same event-loop tick (a burst of
-    ``submit`` calls, or concurrent ``publish`` calls from many episodes) go out as ONE NATS
-    message (``stacx.wire.encode_batch``), up to ``batch_events`` events; a single event is
-    sent exactly as before. A batch's ``Nats-Msg-Id`` is derived from its events' ids (a re-send
-    of the same batch is de-duplicated by the server); the per-event guarantee is the
-    recorder's ``event_id`` de-duplication. All events of a message share its stream sequence.
-    Order: events of one kind keep their order; an awaited ``publish`` is acknowledged before
-    the caller goes on, so one caller's awaited publishes keep their order across kinds, while
-    events of different kinds submitted within one tick are grouped by kind.
-
-    Retries: a try that fails (no responders while a cluster elects a stream leader, a lost
-    connection) or gets no ack within ``attempt_timeout`` is sent again, same bytes and same
-    message id, so a try that did land is de-duplicated by the server; after ``ack_timeout``
-    the publish fails with ``PublishError``.
-    """
+    """Publishes events of one run with message-id de-duplication, batching (one message per
+    kind per event-loop tick) and bounded pipelining. Events of one kind keep their order; a
+    failed or unanswered try is re-sent, same message id, until ``ack_timeout`` (PublishError)."""
 
     def __init__(
         self,
@@ -160,10 +133,8 @@ class Publisher:
         return int(ack.seq)
 
     async def submit(self, event: Event) -> asyncio.Future[PubAck]:
-        """Publish without waiting for the ack (waits only while the window is full).
-
-        A failed or missing ack is raised by the next ``flush`` (and by later ``submit``
-        calls). The returned future is the ack of the event's message."""
+        """Publish without waiting for the ack (only while the window is full); a failed ack is
+        raised by the next ``flush`` or ``submit``. Returns the future of the message's ack."""
         if self._errors:
             raise PublishError(f"earlier publish failed: {self._errors[0]}") from self._errors[0]
         return await self._add(event, awaited=False)

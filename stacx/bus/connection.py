@@ -1,30 +1,8 @@
-"""Connecting to NATS: bounded, quiet, authenticated from the environment.
-
-Guarantees:
-- ``connect`` either returns a connected client or raises ``NatsUnreachable`` naming the URL and
-  the last cause, within about ``attempts x servers x (timeout + 0.2 s)`` (a hard ceiling of
-  ``ceiling_s`` on top). It never prints nats-py's tracebacks: its error, disconnect and
-  reconnect callbacks are ours and log one line each (an error repeated is logged once).
-- A connection once made reconnects forever (a cluster losing a server, a restarted server),
-  as the run's publisher and the sandbox services need; only the *first* connect is bounded.
-- A server that refuses the credentials fails at once with ``NatsAuthError`` (retrying would
-  not help), naming the environment variables that carry them; so does a certificate that
-  does not verify (``NatsUnreachable`` naming ``STACX_NATS_CA``). A server that asked for a
-  login and hung up right after ours counts as a refusal (its -ERR can be lost in the race).
-- ``connect_waiting`` is for services whose job is to wait (``stacx sandbox serve``): it says
-  once that it is waiting, retries quietly with a capped backoff, and returns None as soon as
-  ``stop`` is set (SIGTERM / Ctrl-C), so a service waiting for NATS still stops on a signal.
-
-Credentials and TLS come from the environment (never from recipes, which are recorded in the
-run directory):
-- ``STACX_NATS_URL``: ``nats://`` or ``tls://`` (TLS required); comma-separated for a cluster.
-- ``STACX_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed, decentralized auth).
-- ``STACX_NATS_USER`` / ``STACX_NATS_PASSWORD``: a user of the server's ``authorization`` block
-  (a ``user:password@`` in the URL works too).
-- ``STACX_NATS_CA``: CA bundle that signed the server's certificate (else the system's);
-  ``STACX_NATS_CERT`` / ``STACX_NATS_KEY``: a client certificate, for servers that verify them.
-- ``STACX_NATS_INBOX``: the reply inbox prefix; default `_INBOX_<user>` when logged in as a
-  user (stacx.bus.auth gives each user only its own inbox), else `_INBOX`.
+"""Connecting to NATS: bounded, quiet, authenticated from the environment ($STACX_NATS_*, never
+recipes). The first connect returns or raises ``NatsUnreachable`` within a bounded time (refused
+credentials or certificates at once); a connection once made reconnects forever; nats-py's
+tracebacks are never printed. ``connect_waiting`` waits as long as it takes, until ``stop``.
+Design: docs/sandboxes.md#remote-sandboxes-stacx-sandbox-serve
 """
 
 from __future__ import annotations
@@ -118,9 +96,8 @@ def redact(url: str) -> str:
 
 
 def inbox_prefix(url: str, opts: dict[str, Any]) -> str:
-    """$STACX_NATS_INBOX, else `_INBOX_<user>` for a connection that logs in as a user (the
-    URL's or $STACX_NATS_USER; what stacx.bus.auth lets that user subscribe to), else
-    nats-py's default `_INBOX`."""
+    """$STACX_NATS_INBOX, else `_INBOX_<user>` when logging in as a user (the URL's or
+    $STACX_NATS_USER), else nats-py's default `_INBOX`."""
     if os.environ.get(ENV_INBOX):
         return os.environ[ENV_INBOX]
     user = opts.get("user") or urlsplit(_split(url)[0]).username
@@ -176,11 +153,8 @@ class _Callbacks:
             log.warning("%s: %s", self.name, text)
 
     async def disconnected(self) -> None:
-        if (
-            self.connected
-            and self.nc is not None
-            and not (self.nc.is_closed or self.nc.is_draining)
-        ):
+        nc = self.nc
+        if self.connected and nc is not None and not (nc.is_closed or nc.is_draining):
             log.warning("%s: disconnected from NATS at %s; reconnecting", self.name, self.url)
 
     async def reconnected(self) -> None:
@@ -196,7 +170,8 @@ async def connect(
     timeout_s: float = CONNECT_TIMEOUT_S,
     ceiling_s: float = 120.0,
 ) -> NATS:
-    """Connect to `url` (comma-separated servers) or raise NatsUnreachable; see the module."""
+    """Connect to `url` (comma-separated servers) within about ``attempts x servers x (timeout
+    + 0.2 s)`` (``ceiling_s`` at most), or raise NatsUnreachable (NatsAuthError: refused)."""
     servers = _split(url)
     if not servers:
         raise ConfigError("NATS URL is empty (pass --url or set STACX_NATS_URL)")
@@ -261,9 +236,8 @@ async def _failed(nc: NATS, url: str, cause: BaseException) -> NatsUnreachable:
 async def connect_waiting(
     url: str, stop: asyncio.Event, *, name: str = "stacx", max_wait_s: float = 10.0
 ) -> NATS | None:
-    """Connect, waiting for the server as long as it takes: says once that it waits, retries
-    quietly (backoff capped at `max_wait_s`), returns None once `stop` is set. Refused
-    credentials are raised (waiting would not change them)."""
+    """Connect, however long the server takes: says once that it waits, retries quietly (backoff
+    up to `max_wait_s`), returns None once `stop` is set; refused credentials raise."""
     wait, said = 0.5, False
     while not stop.is_set():
         try:

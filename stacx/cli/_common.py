@@ -10,14 +10,21 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import ParamSpec, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
 from stacx.errors import StacxError
 
+if TYPE_CHECKING:
+    from stacx.actors.run import RunContext
+    from stacx.launch.launcher import Outcome
+    from stacx.launch.recipe import Recipe
+
 P = ParamSpec("P")
 R = TypeVar("R")
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -38,8 +45,7 @@ PORT = click.IntRange(0, 65535)  # the type of every --port option (0: a free on
 
 
 def require_free_port(host: str, port: int) -> None:
-    """Fail now, in one line, if ``host:port`` cannot be bound (in use, or not an address of
-    this machine), rather than after a model has loaded. Port 0 always binds."""
+    """Fail now, in one line, if ``host:port`` cannot be bound (port 0 always binds)."""
     import socket
 
     try:
@@ -53,6 +59,40 @@ def require_free_port(host: str, port: int) -> None:
             s.bind(addr)
         except OSError as exc:
             raise StacxError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+# click.option that shows its default in --help (a None or empty default shows nothing)
+option = functools.partial(click.option, show_default=True)
+
+
+def run_dir_option(help: str) -> Callable[[FC], FC]:
+    return click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), help=help)
+
+
+def set_option(help: str) -> Callable[[FC], FC]:
+    return click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help=help)
+
+
+def launch_or_exit(
+    recipe: Recipe,
+    run_dir: Path,
+    prepare: Callable[[RunContext], Coroutine[object, object, None]] | None = None,
+) -> Outcome:
+    """`launch` (stacx.launch.launcher) with progress on stderr; Ctrl-C or SIGTERM: exit 130."""
+    from stacx.launch.launcher import launch
+
+    echo = functools.partial(click.echo, err=True)
+    try:
+        return run_interruptible(launch(recipe, run_dir, echo=echo, prepare=prepare))
+    except KeyboardInterrupt:
+        echo(f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).")
+        sys.exit(130)
+
+
+# the --format of every command that prints a table (render's formats)
+format_option = option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table"
+)
 
 
 def render(
@@ -86,10 +126,8 @@ def _short(v: object, limit: int = 80) -> str:
 
 
 def run_interruptible(main: Coroutine[object, object, R]) -> R:
-    """`asyncio.run(main)`, where SIGTERM stops it as Ctrl-C does: the main task is cancelled
-    so every actor, sandbox and server shuts down through its own cleanup, then
-    KeyboardInterrupt is raised. (A batch scheduler's kill, `kill PID`, or a background job
-    started by a non-interactive shell, where SIGINT is ignored, all get the clean path.)"""
+    """`asyncio.run(main)` where SIGTERM stops it as Ctrl-C does (the main task cancelled, so all
+    shuts down through its own cleanup), for `kill PID` and batch schedulers."""
 
     async def guarded() -> R:
         loop = asyncio.get_running_loop()

@@ -13,34 +13,27 @@ from stacx.cli._common import friendly_errors
 from stacx.errors import StacxError
 from stacx.events import KINDS
 from stacx.store import db
-from stacx.store.schema import TABLES
+from stacx.store.schema import TABLES, to_builtins
 
 
 def _rows(
     run_dir: Path, kinds: list[str], after: int, limit: int | None
 ) -> list[dict[str, object]]:
-    con = db.connect_run(run_dir)
-    try:
+    with db.connect_run(run_dir) as con:
         out: list[dict[str, object]] = []
         for k in kinds:
             t = TABLES[k].name
             cur = con.execute(f'select * from "{t}" where _seq > ? order by _seq', [after])
             cols = [d[0] for d in cur.description or []]
-            for r in cur.fetchall():
-                row = dict(zip(cols, r, strict=True))
-                row["kind"] = k
-                out.append(row)
+            out += [{**dict(zip(cols, r, strict=True)), "kind": k} for r in cur.fetchall()]
         out.sort(key=lambda r: int(r["_seq"]))  # type: ignore[call-overload]
         return out[-limit:] if limit else out
-    finally:
-        con.close()
 
 
 async def _follow_live(url: str, run_id: str, kinds: list[str]) -> None:
     from nats.aio.msg import Msg
 
     from stacx.bus.client import connect
-    from stacx.store.schema import to_builtins
     from stacx.wire import decode_many
 
     nc = await connect(url, name="stacx-events")
@@ -63,7 +56,7 @@ async def _follow_live(url: str, run_id: str, kinds: list[str]) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--kind", "kinds", multiple=True, help="Event kind(s), e.g. TurnGenerated.")
 @click.option("--follow", is_flag=True, help="Keep printing new events as they are recorded.")
-@click.option("--limit", type=int, default=None, help="Only the last N events.")
+@click.option("--limit", type=int, help="Only the last N events.")
 @friendly_errors
 def cli(run_dir: Path, kinds: tuple[str, ...], follow: bool, limit: int | None) -> None:
     """Print RUN_DIR's events (JSON lines, in stream order)."""

@@ -1,9 +1,5 @@
-"""`stacx export RUN_DIR [--where ...] --format jsonl|parquet -o FILE`: episodes for other trainers.
-
-Each row: run/episode/task/group ids, reward, status, the token trajectory (`input_ids`),
-`loss_mask` (1 on model-produced tokens), behavior `logprobs`, chat `messages` (decoded with the
-run's tokenizer when it can be loaded), and `events_json` (the episode's full events, which
-`stacx replay --from FILE` re-imports, so a replay from an export equals one from the run).
+"""`stacx export`: a run's episodes for other trainers (JSONL / Parquet), or the run as a Harbor job
+directory (stacx.harbor.jobs).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import friendly_errors, option
 from stacx.errors import StacxError
 from stacx.store import db
 from stacx.store.episodes_io import export_row, read_records, write_export
@@ -22,9 +18,8 @@ from stacx.store.episodes_io import export_row, read_records, write_export
 def _run_model(run_dir: Path) -> str | None:
     from stacx.view.source import model_of
 
-    con = db.connect_run(run_dir)
-    row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
-    con.close()
+    with db.connect_run(run_dir) as con:
+        row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
     return model_of(str(row[0])) if row else None
 
 
@@ -47,8 +42,7 @@ def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:
 
 
 class _ExportGroup(click.Group):
-    """`stacx export RUN_DIR ...` (episodes, as ever) or `stacx export harbor RUN_DIR -o JOBDIR`:
-    a first argument that is not a subcommand is the episodes export's RUN_DIR."""
+    """A first argument that is not a subcommand is `stacx export episodes`' RUN_DIR."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
@@ -70,7 +64,7 @@ def cli() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="The job directory to write.",
 )
-@click.option("--tokenizer", default=None, help="Model dir for decoding messages; 'none' to skip.")
+@click.option("--tokenizer", help="Model dir for decoding messages; 'none' to skip.")
 @friendly_errors
 def harbor(run_dir: Path, output: Path, tokenizer: str | None) -> None:
     """Write RUN_DIR as a Harbor job dir (result.json, trials, ATIF trajectories with ids)."""
@@ -83,25 +77,26 @@ def harbor(run_dir: Path, output: Path, tokenizer: str | None) -> None:
 
 @cli.command("episodes")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--where", default=None, help='SQL predicate over the episodes view, e.g. "reward > 0".'
-)
-@click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
-)
+@click.option("--where", help='SQL predicate over the episodes view, e.g. "reward > 0".')
+@option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl")
 @click.option(
     "-o",
     "--output",
     type=click.Path(path_type=Path),
-    default=None,
     help="Output file (default: RUN_DIR/export/episodes.<format>).",
 )
-@click.option("--tokenizer", default=None, help="Model dir for decoding messages; 'none' to skip.")
+@click.option("--tokenizer", help="Model dir for decoding messages; 'none' to skip.")
 @friendly_errors
 def episodes(
     run_dir: Path, where: str | None, fmt: str, output: Path | None, tokenizer: str | None
 ) -> None:
-    """Export RUN_DIR's episodes (chat messages + token ids, loss masks, rewards)."""
+    """Export RUN_DIR's episodes (chat messages + token ids, loss masks, rewards).
+
+    Each row: run, episode, task and group ids, reward, status, the token trajectory (input_ids),
+    loss_mask (1 on model-produced tokens), the behaviour logprobs, chat messages (decoded with
+    the run's tokenizer when it loads) and events_json (the episode's events:
+    `stacx replay --from FILE` re-imports them, so a replay from an export equals one from the
+    run)."""
     db.require_run(run_dir)
     records = read_records(run_dir, where)
     if not records:

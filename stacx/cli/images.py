@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import friendly_errors, option, render
 from stacx.sandbox import images
 
 
@@ -15,18 +15,16 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
-@click.option(
+@option(
     "--suite",
     type=click.Choice(images.SUITES),
     default=images.SUITE,
-    show_default=True,
     help="bookworm (Debian, Python 3.11), trixie (Debian, Python 3.13) or noble (Ubuntu "
     "24.04, Python 3.12, from Ubuntu's archive).",
 )
-@click.option("--tag", default=None, help="Image tag to build [default: stacx/base:SUITE].")
+@click.option("--tag", help="Image tag to build [default: stacx/base:SUITE].")
 @click.option(
     "--mirror",
-    default=None,
     help="Archive (default: $STACX_DEBIAN_MIRROR, else the host apt's, for Debian; "
     "$STACX_UBUNTU_MIRROR, else archive.ubuntu.com, for noble).",
 )
@@ -34,20 +32,18 @@ def cli() -> None:
 def bootstrap(force: bool, suite: str, tag: str | None, mirror: str | None) -> None:
     """Build a base image (debootstrap minbase, host CA trust) with no registry.
 
-    Idempotent: does nothing when the image exists, unless --force. Tasks build the bases
-    they need on first use anyway; `stacx images ls` shows which exist and what maps where.
-    """
+    Idempotent unless --force. Tasks build the bases they need on first use anyway;
+    `stacx images ls` shows which exist and what maps where."""
     images.bootstrap_base_image(
         tag=tag, force=force, mirror=mirror, suite=suite, log=lambda m: click.echo(m, err=True)
     )
 
 
 @cli.command("ls")
-@click.option("--aliases", "aliases_file", default=None, help="Image alias file (TOML/JSON).")
+@click.option("--aliases", "aliases_file", help="Image alias file (TOML/JSON).")
 @friendly_errors
 def ls(aliases_file: str | None) -> None:
     """The STACX bases (built or not, size) and the alias map: which FROM image goes where."""
-    from stacx.cli._common import render
     from stacx.sandbox.aliases import AliasMap
 
     rows = images.base_table()

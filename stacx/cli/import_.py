@@ -1,10 +1,5 @@
-"""`stacx import harbor JOBDIR... --into RUN_DIR`: Harbor job directories into a STACX log.
-
-Each trial becomes one episode (see stacx.harbor.job_import): its ATIF steps' token ids when they
-have them, otherwise their text tokenized through the model's chat template (`--tokenizer`,
-default the run's default model) and marked `retokenized`. The events go through the normal
-path (NATS, the recorder, DuckDB), so `stacx sql`, `stacx export` and `stacx replay --from
-RUN_DIR` see them like any run's. Rerunning the same import changes nothing (derived ids).
+"""`stacx import harbor JOBDIR... --into RUN_DIR`: Harbor job directories into a STACX log
+(stacx.harbor.job_import).
 """
 
 from __future__ import annotations
@@ -14,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors
+from stacx.cli._common import friendly_errors, option
 
 
 @click.group()
@@ -31,18 +26,22 @@ def cli() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="The STACX run directory to record into (created).",
 )
-@click.option(
+@option(
     "--tokenizer",
     default="default",
-    show_default=True,
     help="Model whose chat template re-tokenizes text-only trajectories.",
 )
 @friendly_errors
 def harbor(job_dirs: tuple[Path, ...], run_dir: Path, tokenizer: str) -> None:
-    """Turn Harbor job dirs (or trial dirs) into a STACX run's log."""
-    from stacx.actors.run import RunContext
+    """Turn Harbor job dirs (or trial dirs) into a STACX run's log.
+
+    Each trial becomes one episode: its ATIF steps' token ids, or their text tokenized through
+    the model's chat template (--tokenizer) and marked retokenized. The events go through the
+    normal path, so `stacx sql`, `export` and `replay --from` see them like any run's; importing
+    again changes nothing."""
     from stacx.harbor.job_import import ChatTemplate, job_events, needs_tokenizer, trial_dirs
     from stacx.hf import resolve_model
+    from stacx.launch.launcher import open_run
 
     trials = trial_dirs(list(job_dirs))
     tok: ChatTemplate | None = None
@@ -58,7 +57,7 @@ def harbor(job_dirs: tuple[Path, ...], run_dir: Path, tokenizer: str) -> None:
             "job_dirs": [str(p) for p in job_dirs],
             "model": {"path": tokenizer},
         }
-        async with RunContext(run_dir, recipe="harbor-import", config=config) as run:
+        async with open_run(run_dir, "harbor-import", config) as (run, _):
             assert run.publisher is not None
             n = 0
             for event in job_events(list(job_dirs), run.run_id, tokenizer=tok):

@@ -22,9 +22,8 @@ def cli() -> None:
 def prepare(force: bool) -> None:
     """Convert the bundled SmolLM2-135M-Instruct GGUF to a safetensors checkpoint, once.
 
-    Idempotent: prints the existing checkpoint's path at once when it is there. The cache
-    directory is $STACX_CACHE/models (default ~/.cache/stacx/models).
-    """
+    Idempotent: prints the existing checkpoint's path when it is there. The cache directory is
+    $STACX_CACHE/models (default ~/.cache/stacx/models)."""
     target = models.default_model_dir()
     if models.is_prepared(target) and not force:
         click.echo(str(target))
@@ -49,8 +48,8 @@ def path(spec: str) -> None:
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), required=True, help="New directory."
 )
-@click.option("--version", type=int, default=None, help="Weight version (default: the latest).")
-@click.option("--base", default=None, help="Base model (default: the run's recipe model.path).")
+@click.option("--version", type=int, help="Weight version (default: the latest).")
+@click.option("--base", help="Base model (default: the run's recipe model.path).")
 @click.option("--merged", is_flag=True, help="LoRA runs: the base with the adapter merged in.")
 @friendly_errors
 def export(
@@ -59,10 +58,8 @@ def export(
     """Write a run's checkpoint as a standalone HF model directory.
 
     Partial checkpoints (trainer.trainable) are laid over the base model, so the output loads
-    anywhere a model path is accepted: `--model`, `teacher.path`, transformers, SGLang. A LoRA
-    run's checkpoint is written as its PEFT adapter directory, or with --merged as the merged
-    model.
-    """
+    anywhere a model path is accepted (--model, teacher.path, transformers, SGLang). A LoRA run's
+    checkpoint is written as its PEFT adapter directory, or with --merged as the merged model."""
     from stacx.train.export import export_hf
 
     click.echo(str(export_hf(run_dir, output, version=version, base=base, merged=merged)))

@@ -21,7 +21,6 @@ from stacx.cli._common import friendly_errors
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     help="Default: RUN_DIR/curves.png.",
 )
 @friendly_errors

@@ -1,20 +1,18 @@
-"""`stacx regrade RUN [--tasks DIR] [--rubric FILE] [--set judge.KEY=V] [--episodes SQL|IDS]
-[--limit N]`: new grades for a run's
-recorded episodes (stacx.regrade.driver): each episode's recorded tool calls are replayed in a
-fresh sandbox of its task (or of the task of the same id in --tasks DIR, e.g. a copy whose
-tests/ changed), the verifier grades the state they leave (joined by a judge model's score where
-a rubric applies: --rubric, the task's, the recipe's; stacx.regrade.judging), and the grade is
-recorded in RUN's log as RewardAssigned with its grader. A replay whose observations differ from the recorded
-ones is reported (EpisodeNotRegraded, issue diverged), never graded."""
+"""`stacx regrade RUN`: new grades for a run's recorded episodes, by replaying their tool calls in a
+fresh sandbox under a new verifier or judge (stacx.regrade.driver).
+
+Design: docs/regrade.md
+"""
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
 
-from stacx.cli._common import friendly_errors, render, run_interruptible
+from stacx.cli._common import format_option, friendly_errors, render, run_interruptible
 
 
 @click.command()
@@ -22,14 +20,12 @@ from stacx.cli._common import friendly_errors, render, run_interruptible
 @click.option(
     "--tasks",
     type=click.Path(path_type=Path),
-    default=None,
     help="A task set (dir, task dir, .jsonl or bundled name) whose task of the same id "
     "replaces each episode's recorded task: its environment and its verifier.",
 )
 @click.option(
     "--rubric",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
     help="A rubric (RewardKit judge TOML, stacx.rubric) that grades every selected "
     "episode: its judge's score joined to the verifier's reward by its [combine].",
 )
@@ -43,18 +39,11 @@ from stacx.cli._common import friendly_errors, render, run_interruptible
 )
 @click.option(
     "--episodes",
-    default=None,
     help="Episode ids (comma-separated) or a SQL predicate over the episodes view, "
     "e.g. \"task_id = 'sum-numbers'\". Default: every episode whose agent loop ended.",
 )
-@click.option("--limit", type=int, default=None, help="Regrade at most N episodes.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-)
+@click.option("--limit", type=int, help="Regrade at most N episodes.")
+@format_option
 @friendly_errors
 def cli(
     run_dir: Path,
@@ -65,7 +54,12 @@ def cli(
     limit: int | None,
     fmt: str,
 ) -> None:
-    """Regrade RUN's episodes by replaying their recorded actions under a new verifier or judge."""
+    """Regrade RUN's episodes by replaying their recorded actions under a new verifier or judge.
+
+    Each episode's recorded tool calls are replayed in a fresh sandbox of its task (or of the
+    task of the same id in --tasks DIR), the verifier grades the state they leave (with a judge's
+    score where a rubric applies), and the grade is recorded in RUN's log. A replay whose
+    observations differ from the recorded ones is reported as diverged, never graded."""
     from stacx.regrade.driver import regrade
 
     try:
@@ -89,15 +83,9 @@ def cli(
         (o.episode_id, o.task_id, o.old_reward, o.new_reward, o.issue or "regraded", o.grader)
         for o in outcomes
     ]
-    click.echo(
-        render(
-            ["episode_id", "task_id", "old_reward", "new_reward", "outcome", "grader"], rows, fmt
-        )
-    )
-    graded = sum(1 for o in outcomes if not o.issue)
-    counts = {
-        i: sum(1 for o in outcomes if o.issue == i)
-        for i in sorted({o.issue for o in outcomes} - {""})
-    }
-    rest = "".join(f", {n} {i}" for i, n in counts.items())
+    columns = ["episode_id", "task_id", "old_reward", "new_reward", "outcome", "grader"]
+    click.echo(render(columns, rows, fmt))
+    counts = Counter(o.issue for o in outcomes)
+    graded = counts.pop("", 0)
+    rest = "".join(f", {n} {i}" for i, n in sorted(counts.items()))
     click.echo(f'{graded} regraded{rest} (stacx sql {run_dir} "select * from grades")', err=True)

@@ -1,8 +1,5 @@
-"""`stacx run RECIPE [--set key.path=value ...] [--run-dir DIR] [--dry-run] [--placement local|ray]`.
-
-Checks the recipe and its task set, prints the resolved recipe, then runs it (or, with --dry-run, prints the actor placement and
-resource plan and exits without starting anything). Rerunning the same command on the same run
-directory resumes the run from its log. Exit status: 0 done, 2 bad input, 130 interrupted.
+"""`stacx run RECIPE`: check the recipe and its task set, print the resolved recipe, then run it
+(or, with --dry-run, print the placement and resource plan).
 """
 
 from __future__ import annotations
@@ -18,37 +15,22 @@ from typing import TYPE_CHECKING
 
 import click
 
-from stacx.cli._common import friendly_errors, run_interruptible
+from stacx.cli._common import friendly_errors, launch_or_exit, run_dir_option, set_option
 
 if TYPE_CHECKING:
     from stacx.launch.launcher import Outcome
     from stacx.launch.recipe import Recipe
+    from stacx.schedule.scheduler import TaskRef
 
 
 @click.command()
 @click.argument("recipe_file", metavar="RECIPE", type=click.Path(path_type=Path))
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY.PATH=VALUE",
-    help="Override a recipe key (value parsed as a TOML literal), e.g. trainer.steps=2.",
-)
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Default: runs/<recipe name>. An existing run dir is resumed.",
-)
+@set_option("Override a recipe key (value parsed as a TOML literal), e.g. trainer.steps=2.")
+@run_dir_option("Default: runs/<recipe name>. An existing run dir is resumed.")
 @click.option(
     "--dry-run", is_flag=True, help="Print the placement and resource plan; start nothing."
 )
-@click.option(
-    "--placement",
-    type=click.Choice(["local", "ray"]),
-    default=None,
-    help="Override placement.mode.",
-)
+@click.option("--placement", type=click.Choice(["local", "ray"]), help="Override placement.mode.")
 @click.option("--quiet", is_flag=True, help="Do not print the resolved recipe.")
 @friendly_errors
 def cli(
@@ -59,7 +41,11 @@ def cli(
     placement: str | None,
     quiet: bool,
 ) -> None:
-    """Run a recipe (train or eval); rerun on the same run dir to resume."""
+    """Run a recipe (train or eval); rerun on the same run dir to resume.
+
+    Checks the recipe and its task set and prints the resolved recipe first; --dry-run prints the
+    actor placement and resource plan and starts nothing. Exit status: 0 done, 1 ended early, 2
+    bad input, 130 interrupted."""
     from stacx.launch.loader import load_recipe, to_dict, to_toml
 
     sets = list(overrides) + ([f"placement.mode={placement}"] if placement else [])
@@ -67,26 +53,17 @@ def cli(
     run_dir = run_dir or Path("runs") / recipe.name
     from stacx.launch.launcher import selection
 
-    selection(recipe)  # the task set is checked before the plan is printed, not after it
+    tasks = selection(recipe)[0]  # the task set is checked before the plan is printed
     if not quiet:
         click.secho(f"# resolved recipe ({recipe_file})", dim=True)
         click.echo(to_toml(to_dict(recipe)))
         click.echo()
     if dry_run:
-        _dry_run(recipe, run_dir)
+        _dry_run(recipe, run_dir, tasks)
         return
     _quiet_libraries()
-    from stacx.launch.launcher import launch
-
     t0 = time.perf_counter()
-    try:
-        outcome = run_interruptible(launch(recipe, run_dir, echo=lambda s: click.echo(s, err=True)))
-    except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted; actors stopped. Resume with the same command (run dir {run_dir}).",
-            err=True,
-        )
-        sys.exit(130)
+    outcome = launch_or_exit(recipe, run_dir)
     _summary(recipe, outcome, time.perf_counter() - t0)
 
 
@@ -102,8 +79,7 @@ def _quiet_libraries() -> None:
 
 
 def _summary(recipe: Recipe, outcome: Outcome, wall: float) -> None:
-    """The run's last lines: its progress, where it is, a query to start from; exit 1 when it
-    ended early."""
+    """The run's last lines (progress, run dir, a query); exit 1 if it ended early."""
     f = outcome.final
     click.echo(
         f"\ndone in {wall:.0f} s: run {outcome.run_id}"
@@ -125,16 +101,14 @@ def _summary(recipe: Recipe, outcome: Outcome, wall: float) -> None:
         sys.exit(1)
 
 
-def _dry_run(recipe: object, run_dir: Path) -> None:
-    from stacx.launch.launcher import scheduler_plan, select_tasks
-    from stacx.launch.loader import to_dict
-    from stacx.launch.plan import describe, roles_for
-    from stacx.launch.recipe import Recipe
-    from stacx.launch.resume import check_resume
-
-    assert isinstance(recipe, Recipe)
+def _dry_run(recipe: Recipe, run_dir: Path, tasks: list[TaskRef]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from stacx.launch.launcher import scheduler_plan
+    from stacx.launch.loader import to_dict
+    from stacx.launch.plan import describe, roles_for
+    from stacx.launch.resume import check_resume
 
     table = Table(title=f"placement: {recipe.placement_mode}", show_lines=True)
     for col in ("role", "count", "cpus each", "gpus each"):
@@ -143,21 +117,17 @@ def _dry_run(recipe: object, run_dir: Path) -> None:
     for row in describe(recipe, roles_for(recipe)):
         table.add_row(*row)
     Console(width=max(120, shutil.get_terminal_size().columns), force_terminal=False).print(table)
-    plan = scheduler_plan(recipe, select_tasks(recipe))
+    plan = scheduler_plan(recipe, tasks)
     if plan.eval:
         click.echo(f"schedule: eval, {len(plan.tasks)} tasks x {plan.group_size} samples, once")
     else:
+        stale = f", max staleness {plan.max_staleness}" if plan.mode == "async" else ""
+        k = plan.steps_per_iteration
+        steps = f", {k} train steps after each" if k > 1 else ""
         click.echo(
-            f"schedule: {recipe.algorithm.name} ({plan.mode}"
-            + (f", max staleness {plan.max_staleness}" if plan.mode == "async" else "")
-            + f"), {plan.iterations} iterations of {plan.per_iteration} tasks x {plan.group_size} "
-            f"samples from {len(plan.tasks)} tasks"
-            + (
-                f", {plan.steps_per_iteration} train steps after each"
-                if plan.steps_per_iteration > 1
-                else ""
-            )
-            + f"; done at weight version {plan.steps}"
+            f"schedule: {recipe.algorithm.name} ({plan.mode}{stale}), {plan.iterations} iterations "
+            f"of {plan.per_iteration} tasks x {plan.group_size} samples from {len(plan.tasks)} "
+            f"tasks{steps}; done at weight version {plan.steps}"
         )
     previous = check_resume(run_dir, to_dict(recipe))
     state = f"resumes run {previous.run_id}" if previous else "new run"

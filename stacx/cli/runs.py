@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import duckdb
 
-from stacx.cli._common import friendly_errors, render
+from stacx.cli._common import format_option, friendly_errors, render
 from stacx.errors import StacxError
 from stacx.launch.resume import pid_alive
 from stacx.store import db
@@ -25,7 +25,7 @@ def find_runs(root: Path) -> list[Path]:
 
 @click.command()
 @click.argument("root", default="runs", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @friendly_errors
 def cli(root: Path, fmt: str) -> None:
     """List runs under ROOT (default: ./runs) with status and counts."""
@@ -38,9 +38,8 @@ def cli(root: Path, fmt: str) -> None:
         if status == "running" and not pid_alive(meta.get("pid")):
             status = "dead"  # the launcher died without a clean stop; rerun to resume
         try:
-            con = db.connect_run(run)
-            counts = con.execute(COUNTS).fetchone() or ()
-            con.close()
+            with db.connect_run(run) as con:
+                counts = con.execute(COUNTS).fetchone() or ()
         except (duckdb.Error, StacxError) as exc:
             counts = (f"unreadable: {exc}",)
         rows.append((str(run), meta.get("run_id", "?"), meta.get("recipe", "?"), status, *counts))

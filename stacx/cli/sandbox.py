@@ -1,9 +1,5 @@
-"""`stacx sandbox`: the sandbox service and its admin commands.
-
-- ``serve``: run the sandbox service of this Docker host on NATS (stacx.sandbox.service).
-- ``hosts``, ``ls``, ``stats``, ``stop``, ``gc``: across every live service found on the NATS
-  server of ``--url`` / $STACX_NATS_URL. Without a NATS URL, ``ls`` and ``gc`` look at this
-  host's Docker engine directly (every STACX container, services' or in-process runs').
+"""`stacx sandbox`: the sandbox service (`serve`, stacx.sandbox.service) and its admin commands
+across every live service on NATS, or, without a NATS URL, `ls` and `gc` on this host's Docker.
 """
 
 from __future__ import annotations
@@ -11,20 +7,22 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from stacx.cli._common import friendly_errors, render, run_interruptible
+from stacx.cli._common import format_option, friendly_errors, option, render, run_interruptible
 from stacx.errors import ConfigError
 
 if TYPE_CHECKING:
+    import aiodocker
     from nats.aio.client import Client as NATS
 
     from stacx.sandbox.gc import SandboxInfo
-    from stacx.sandbox.remote_wire import Advert, Request, SandboxRow
+    from stacx.sandbox.remote_wire import Request, SandboxRow
 
 T = TypeVar("T")
 URL_HELP = "NATS server(s) of the sandbox services (default: $STACX_NATS_URL)."
@@ -49,19 +47,31 @@ async def _with_nats(url: str, body: Callable[[NATS], Awaitable[T]]) -> T:
         await nc.close()
 
 
-async def _hosts(nc: NATS, wait: float) -> list[Advert]:
-    from stacx.sandbox.remote_hosts import discover
+async def _with_docker(body: Callable[[aiodocker.Docker], Awaitable[T]]) -> T:
+    import aiodocker
 
-    return await discover(nc, wait=wait)
+    async with aiodocker.Docker() as docker:
+        return await body(docker)
 
 
-async def _each(nc: NATS, wait: float, req: Request) -> list[SandboxRow]:
+def _each(url: str, req: Request) -> list[SandboxRow]:
     """One admin request to every live service; their rows, concatenated."""
     from stacx.sandbox.remote import admin_call
+    from stacx.sandbox.remote_hosts import discover
 
-    hosts = await _hosts(nc, wait)
-    replies = await asyncio.gather(*(admin_call(nc, h.service_id, req) for h in hosts))
-    return [row for reply in replies for row in reply.rows or []]
+    async def ask(nc: NATS) -> list[SandboxRow]:
+        hosts = await discover(nc, wait=1.0)
+        replies = await asyncio.gather(*(admin_call(nc, h.service_id, req) for h in hosts))
+        return [row for reply in replies for row in reply.rows or []]
+
+    return run_interruptible(_with_nats(url, ask))
+
+
+def _echo_rows(done: str, rows: list[SandboxRow], noun: str = "sandbox(es)") -> None:
+    """What an admin command did to how many sandboxes, then their table if any."""
+    click.echo(f"{done} {len(rows)} {noun}")
+    if rows:
+        click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))
 
 
 ROW_COLUMNS = ["service", "sandbox", "run_id", "episode_id", "image", "age_s", "idle_s"]
@@ -92,33 +102,30 @@ def cli() -> None:
 
 
 @cli.command("serve")
-@click.option("--url", default=None, help=URL_HELP)
-@click.option("--id", "service_id", default=None, help="Service id (default: <hostname>-<random>).")
-@click.option("--slots", type=click.IntRange(min=1), default=None, help="Sandboxes at once.")
-@click.option("--cpus", type=click.FloatRange(min=0.1), default=None, help="CPUs it may use.")
-@click.option("--memory-mb", type=click.IntRange(min=64), default=None, help="Memory it may use.")
-@click.option(
+@click.option("--url", help=URL_HELP)
+@click.option("--id", "service_id", help="Service id (default: <hostname>-<random>).")
+@click.option("--slots", type=click.IntRange(min=1), help="Sandboxes at once.")
+@click.option("--cpus", type=click.FloatRange(min=0.1), help="CPUs it may use.")
+@click.option("--memory-mb", type=click.IntRange(min=64), help="Memory it may use.")
+@option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path.home() / ".cache" / "stacx" / "sandbox-service",
-    show_default=True,
     help="Where received task directories are kept (by content digest).",
 )
 @click.option(
     "--aliases", default="", help="Base-image alias file (default: $STACX_IMAGE_ALIASES)."
 )
-@click.option("--heartbeat", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
+@option("--heartbeat", type=click.FloatRange(min=0.05), default=1.0)
 @click.option(
     "--runtime",
     type=click.Choice(["runc", "runsc"]),
-    default=None,
     help="OCI runtime of its sandboxes (runsc: gVisor). Default: $STACX_SANDBOX_RUNTIME or runc.",
 )
-@click.option(
+@option(
     "--lease",
     type=click.FloatRange(min=1.0),
     default=60.0,
-    show_default=True,
     help="Seconds without a client's renewal before its sandbox is stopped.",
 )
 @friendly_errors
@@ -169,8 +176,7 @@ def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        service = SandboxService(config)
-        await service.run(
+        await SandboxService(config).run(
             stop,
             ready=lambda: click.echo(
                 f"sandbox service {config.service_id}: {config.slots} slots, "
@@ -186,14 +192,16 @@ def serve(
 
 
 @cli.command("hosts")
-@click.option("--url", default=None, help=URL_HELP)
-@click.option("--wait", type=float, default=1.0, show_default=True, help="Seconds to collect.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--url", help=URL_HELP)
+@option("--wait", type=float, default=1.0, help="Seconds to collect.")
+@format_option
 @friendly_errors
 def hosts(url: str | None, wait: float, fmt: str) -> None:
     """Every live sandbox service: slots used/free, cpus, memory, images, age."""
+    from stacx.sandbox.remote_hosts import discover
+
     adverts = run_interruptible(
-        _with_nats(str(_url(url, required=True)), lambda nc: _hosts(nc, wait))
+        _with_nats(str(_url(url, required=True)), lambda nc: discover(nc, wait=wait))
     )
     now = time.time()
     rows = [
@@ -229,57 +237,46 @@ def hosts(url: str | None, wait: float, fmt: str) -> None:
 
 
 @cli.command("ls")
-@click.option("--url", default=None, help=URL_HELP)
+@click.option("--url", help=URL_HELP)
 @click.option("--local", is_flag=True, help="This host's Docker engine, not the services.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @friendly_errors
 def ls(url: str | None, local: bool, fmt: str) -> None:
     """Every sandbox of every live service, by run and episode (or this host's containers)."""
+    from stacx.sandbox.gc import list_sandboxes
     from stacx.sandbox.remote_wire import AdminLs, admin_token
 
     found = None if local else _url(url, required=False)
     if found is None:
-        click.echo(render(COLUMNS, _rows(run_interruptible(_ls())), fmt))
+        click.echo(render(COLUMNS, _rows(run_interruptible(_with_docker(list_sandboxes))), fmt))
         return
-    rows = run_interruptible(
-        _with_nats(found, lambda nc: _each(nc, 1.0, AdminLs(run_id="", token=admin_token())))
-    )
+    rows = _each(found, AdminLs(run_id="", token=admin_token()))
     click.echo(render(ROW_COLUMNS, _row_values(rows), fmt))
 
 
 @cli.command("stats")
-@click.option("--url", default=None, help=URL_HELP)
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--url", help=URL_HELP)
+@format_option
 @friendly_errors
 def stats(url: str | None, fmt: str) -> None:
     """Every live service's sandboxes with their memory use, and totals per service."""
     from stacx.sandbox.remote_wire import AdminLs, admin_token
 
-    rows = run_interruptible(
-        _with_nats(
-            str(_url(url, required=True)),
-            lambda nc: _each(nc, 1.0, AdminLs(run_id="", token=admin_token(), stats=True)),
-        )
-    )
+    rows = _each(str(_url(url, required=True)), AdminLs(run_id="", token=admin_token(), stats=True))
     click.echo(render([*ROW_COLUMNS, "memory_mb"], _row_values(rows, memory=True), fmt))
-    totals: dict[str, tuple[int, float]] = {}
-    for r in rows:
-        n, mem = totals.get(r.service_id, (0, 0.0))
-        totals[r.service_id] = (n + 1, mem + (r.memory_mb or 0.0))
     if fmt == "table":
-        click.echo(
-            render(
-                ["service", "sandboxes", "memory_mb"],
-                [(s, n, round(m, 1)) for s, (n, m) in sorted(totals.items())],
-                fmt,
-            )
-        )
+        memory: dict[str, float] = defaultdict(float)
+        for r in rows:
+            memory[r.service_id] += r.memory_mb or 0.0
+        counts = sorted(Counter(r.service_id for r in rows).items())
+        totals = [(s, n, round(memory[s], 1)) for s, n in counts]
+        click.echo(render(["service", "sandboxes", "memory_mb"], totals, fmt))
 
 
 @cli.command("stop")
 @click.argument("sandbox_id", required=False, default="")
 @click.option("--run-id", default="", help="Stop every sandbox of this run.")
-@click.option("--url", default=None, help=URL_HELP)
+@click.option("--url", help=URL_HELP)
 @friendly_errors
 def stop(sandbox_id: str, run_id: str, url: str | None) -> None:
     """Stop a sandbox (by id prefix) or every sandbox of a run, on whichever service holds it."""
@@ -288,60 +285,35 @@ def stop(sandbox_id: str, run_id: str, url: str | None) -> None:
     if not sandbox_id and not run_id:
         raise ConfigError("stop: name a SANDBOX_ID (a prefix) or --run-id")
     make = AdminStop(run_id="", token=admin_token(), sandbox_id=sandbox_id, of_run=run_id)
-    rows = run_interruptible(
-        _with_nats(str(_url(url, required=True)), lambda nc: _each(nc, 1.0, make))
-    )
-    click.echo(f"stopped {len(rows)} sandbox(es)")
-    if rows:
-        click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))
+    _echo_rows("stopped", _each(str(_url(url, required=True)), make))
 
 
 @cli.command("gc")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-@click.option(
-    "--run-id", default=None, help="Remove every sandbox of this run, owner alive or not."
-)
-@click.option("--url", default=None, help=URL_HELP)
+@click.option("--run-id", help="Remove every sandbox of this run, owner alive or not.")
+@click.option("--url", help=URL_HELP)
 @click.option("--local", is_flag=True, help="This host's Docker engine, not the services.")
 @friendly_errors
 def gc_(dry_run: bool, run_id: str | None, url: str | None, local: bool) -> None:
     """Remove sandboxes whose owning process is gone (on every service's host, or here)."""
+    from stacx.sandbox.gc import collect_garbage
     from stacx.sandbox.remote_wire import AdminGc, admin_token
 
     verb = "would remove" if dry_run else "removed"
     found = None if local else _url(url, required=False)
     if found is None:
-        removed = run_interruptible(_gc(dry_run, run_id))
+        removed = run_interruptible(
+            _with_docker(lambda docker: collect_garbage(docker, dry_run=dry_run, run_id=run_id))
+        )
         click.echo(f"{verb} {len(removed)} sandbox container(s)")
         if removed:
             click.echo(render(COLUMNS, _rows(removed), "table"))
         return
     make = AdminGc(run_id="", token=admin_token(), dry_run=dry_run, of_run=run_id)
-    rows = run_interruptible(_with_nats(found, lambda nc: _each(nc, 1.0, make)))
-    click.echo(f"{verb} {len(rows)} sandbox container(s)")
-    if rows:
-        click.echo(render(ROW_COLUMNS, _row_values(rows), "table"))
+    _echo_rows(verb, _each(found, make), "sandbox container(s)")
 
 
 # ---- this host's Docker engine -----------------------------------------------------------------
-
-
-async def _ls() -> list[SandboxInfo]:
-    import aiodocker
-
-    from stacx.sandbox.gc import list_sandboxes
-
-    async with aiodocker.Docker() as docker:
-        return await list_sandboxes(docker)
-
-
-async def _gc(dry_run: bool, run_id: str | None) -> list[SandboxInfo]:
-    import aiodocker
-
-    from stacx.sandbox.gc import collect_garbage
-
-    async with aiodocker.Docker() as docker:
-        return await collect_garbage(docker, dry_run=dry_run, run_id=run_id)
 
 
 def _rows(infos: list[SandboxInfo]) -> list[tuple[object, ...]]:

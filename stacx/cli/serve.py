@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
-from stacx.cli._common import PORT, friendly_errors, require_free_port
+from stacx.cli._common import PORT, friendly_errors, option, require_free_port
 from stacx.errors import StacxError
 
 
 @click.command()
-@click.option(
+@option(
     "--model",
     default="default",
-    show_default=True,
     help="'default' (SmolLM2-135M-Instruct), an HF checkpoint directory, or a hub id.",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=30000, show_default=True, type=PORT, help="0 picks a free port.")
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
+@option("--host", default="127.0.0.1")
+@option("--port", default=30000, type=PORT, help="0 picks a free port.")
+@option("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+@click.option("--max-batch", type=int, help="Concurrent requests (default 32 CPU, 64 CUDA).")
+@option("--max-len", default=8192, type=int, help="Longest prompt + output.")
 @click.option(
-    "--max-batch", default=None, type=int, help="Concurrent requests (default 32 CPU, 64 CUDA)."
-)
-@click.option(
-    "--max-len", default=8192, show_default=True, type=int, help="Longest prompt + output."
-)
-@click.option(
-    "--threads",
-    default=None,
-    type=int,
-    help="CPU threads for torch (default: 1 on <= 2 cores, else torch's).",
+    "--threads", type=int, help="CPU threads for torch (default: 1 on <= 2 cores, else torch's)."
 )
 @click.option(
     "--model-alias",
@@ -48,14 +42,13 @@ def cli(
     threads: int | None,
     aliases: tuple[str, ...],
 ) -> None:
-    """Serve a model over HTTP: SGLang's native POST /generate, /update_weights_from_disk,
-    /flush_cache, GET /health, /get_model_info; the OpenAI API (/v1/models[/{id}],
-    /v1/completions, /v1/chat/completions: tools, tool_choice, response_format, streaming) and
-    the Anthropic Messages API (POST /v1/messages), both from the same engine. A request naming
-    another model than --model / --model-alias gets 404 model_not_found.
+    """Serve a model over HTTP: SGLang's native API, the OpenAI API and the Anthropic Messages API.
 
-    Prints `listening on http://HOST:PORT` once the model is loaded and the port is bound.
-    """
+    SGLang's POST /generate, /update_weights_from_disk, /flush_cache, GET /health,
+    /get_model_info; OpenAI's /v1/models[/{id}], /v1/completions, /v1/chat/completions (tools,
+    tool_choice, response_format, streaming); POST /v1/messages; all from the same engine. A
+    request naming another model than --model / --model-alias gets 404 model_not_found. Prints
+    `listening on http://HOST:PORT` once the model is loaded and the port is bound."""
     import asyncio
 
     from aiohttp import web
@@ -86,7 +79,5 @@ def cli(
             await runner.cleanup()
             await engine.close()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass

@@ -7,20 +7,14 @@ from pathlib import Path
 import click
 import duckdb
 
-from stacx.cli._common import friendly_errors, render
+from stacx.cli._common import format_option, friendly_errors, render
 from stacx.errors import StacxError
 from stacx.store import db
 
 
 @click.command()
 @click.argument("args", nargs=-1, required=True, metavar="RUN_DIR... QUERY")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-)
+@format_option
 @friendly_errors
 def cli(args: tuple[str, ...], fmt: str) -> None:
     """Run QUERY over RUN_DIR(s): `stacx sql RUN_DIR [RUN_DIR...] "SELECT ..."`.

@@ -1,5 +1,4 @@
-"""`stacx tasks`: Harbor task sets: download (registry), prepare (tasks.jsonl), build (images),
-check (oracle/null)."""
+"""`stacx tasks`: Harbor task sets: download (registry), prepare (tasks.jsonl), build, check."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from stacx.cli._common import friendly_errors, render
+from stacx.cli._common import friendly_errors, option, render, run_dir_option
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily, so `stacx --help` stays fast
     from stacx.ports import Task
@@ -27,19 +26,17 @@ def cli() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--registry",
-    default=None,
     help="registry.json or dataset.toml, a path or URL (default: Harbor's registry.json).",
 )
 @click.option(
     "--task-names-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
     help="Only the tasks named in this file (one per line).",
 )
 @click.option(
     "--cache",
     type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    default=Path.home() / ".cache" / "stacx" / "harbor",
     help="Git clones and exported tasks [default: ~/.cache/stacx/harbor].",
 )
 @friendly_errors
@@ -48,10 +45,10 @@ def download(
     output: Path,
     registry: str | None,
     task_names_file: Path | None,
-    cache: Path | None,
+    cache: Path,
 ) -> None:
-    """Fetch the tasks of DATASET (NAME@VERSION) from a Harbor registry into OUTPUT, each at
-    its pinned git commit (cached), ready for `stacx tasks prepare/build/check` and eval."""
+    """Fetch the tasks of DATASET (NAME@VERSION) from a Harbor registry into OUTPUT, each at its
+    pinned git commit (cached), ready for `stacx tasks prepare/build/check` and eval."""
     from stacx.harbor.registry import DEFAULT_REGISTRY, download, load_registry, resolve
 
     chosen = resolve(load_registry(registry or DEFAULT_REGISTRY), dataset)
@@ -59,7 +56,6 @@ def download(
     if task_names_file is not None:
         lines = task_names_file.read_text().splitlines()
         names = [n.strip() for n in lines if n.strip() and not n.startswith("#")]
-    cache = cache or Path.home() / ".cache" / "stacx" / "harbor"
     fetched = download(
         chosen, output, cache=cache, task_names=names, log=lambda m: click.echo(m, err=True)
     )
@@ -106,12 +102,9 @@ def prepare(source: Path | None, tasks_dir: Path | None, output: Path) -> None:
 @cli.command()
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
 @click.option("--force", is_flag=True, help="Rebuild even when the content-hash tag exists.")
-@click.option("--concurrency", default=2, show_default=True, help="Builds at once.")
+@option("--concurrency", default=2, help="Builds at once.")
 @click.option(
-    "--aliases",
-    "aliases_file",
-    default=None,
-    help="Image alias file (TOML/JSON); default $STACX_IMAGE_ALIASES.",
+    "--aliases", "aliases_file", help="Image alias file (TOML/JSON); default $STACX_IMAGE_ALIASES."
 )
 @friendly_errors
 def build(source: Path, force: bool, concurrency: int, aliases_file: str | None) -> None:
@@ -169,26 +162,19 @@ async def _build_all(
 
 @cli.command()
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("--agent", type=click.Choice(["oracle", "null"]), default="oracle", show_default=True)
-@click.option("--concurrency", default=2, show_default=True, help="Episodes at once.")
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where to record the run (default: a new temp dir, kept; its path is printed).",
-)
-@click.option("--aliases", "aliases_file", default=None, help="Image alias file (TOML/JSON).")
+@option("--agent", type=click.Choice(["oracle", "null"]), default="oracle")
+@option("--concurrency", default=2, help="Episodes at once.")
+@run_dir_option("Where to record the run (default: a new temp dir, kept; its path is printed).")
+@click.option("--aliases", "aliases_file", help="Image alias file (TOML/JSON).")
 @friendly_errors
 def check(
     source: Path, agent: str, concurrency: int, run_dir: Path | None, aliases_file: str | None
 ) -> None:
     """Run every task with the oracle (must score 1.0) or null agent (must score < 1.0).
 
-    The check is an eval recipe (agent oracle or null, one sample and one attempt per task)
-    run by the launcher through the episode runner that training and `stacx eval` use; the
-    table is computed from the run's log. Exit status 0 iff every task meets the bar; 1
-    otherwise; 2 on bad input.
-    """
+    An eval recipe (one sample, one attempt per task) run through the episode runner that
+    training and `stacx eval` use; the table comes from the run's log. Exit status: 0 iff every
+    task meets the bar, 1 otherwise, 2 on bad input."""
     from stacx.launch.presets import check_tasks
 
     run_dir, rows = asyncio.run(
@@ -223,21 +209,16 @@ def check(
 
 
 def warned(run_dir: Path) -> list[tuple[str, str]]:
-    """The run's warnings (EpisodeWarned: task.toml keys not honoured, unfaithful base images),
-    one per task and message; `stacx sql RUN "select * from episode_warned"` has them all."""
+    """The run's warnings (EpisodeWarned), one per task and message."""
     from stacx.store.db import connect_run
 
-    con = connect_run(run_dir)
-    try:
+    with connect_run(run_dir) as con:
         found = con.execute("SELECT DISTINCT task_id, message FROM episode_warned ORDER BY 1, 2")
         return [(str(t), str(m)) for t, m in found.fetchall()]
-    finally:
-        con.close()
 
 
 def privilege_lines(source: Path) -> list[str]:
-    """One line per task whose [environment.stacx] asks for more than the hardened default
-    sandbox (stacx.sandbox.privileges): extra capabilities, setuid binaries."""
+    """One line per task whose [environment.stacx] asks for more than the default sandbox."""
     from stacx.harbor.tasks import load_task_set
     from stacx.sandbox.privileges import requests
 

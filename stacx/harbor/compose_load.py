@@ -1,26 +1,9 @@
-"""Reading a Harbor task's docker-compose.yaml as the Compose specification defines it.
+"""A task's docker-compose.yaml read as the Compose specification defines it: interpolated as
+`docker compose` does, validated against the vendored Compose JSON schema, then every form the
+schema allows read for the keys STACX honours. An error about the file's content is a TaskError; any
+other exception on a file that passed the schema is STACX's own bug.
 
-Three steps, in the order `docker compose` takes them:
-
-1. interpolation of every string value (never keys): `$VAR`, `${VAR}`, `${VAR:-default}` (unset
-   or empty), `${VAR-default}` (unset), `${VAR:?message}` / `${VAR?message}` (an error when
-   missing), `${VAR:+alt}` / `${VAR+alt}`, nested defaults (`${A:-${B:-x}}`), and `$$` for a
-   literal `$`. Variables come from the host's environment, then from the `.env` file beside the
-   compose file (the environment wins, as in Compose). An unset variable with no default becomes
-   "" with a note, as Compose warns;
-2. validation against the official Compose JSON schema (vendored: compose_spec.json), so a
-   malformed file is a TaskError naming the key path in the file and what the schema expected;
-3. STACX's reading of the keys it honours, every form the schema allows for them: `depends_on`
-   as a list or a map (`condition`, `required: false` for an optional service), `environment`
-   as a list (`KEY=VAL`, or `KEY` alone: the host's value) or a map (a null value: the host's),
-   `command`/`entrypoint` as a string (split as a shell would) or a list, `build` as a context
-   string or a map (`context`, `dockerfile` relative to the context, `args` as a list or map
-   like `environment`, `target`), `healthcheck.test` as a string (CMD-SHELL) or a list starting CMD, CMD-SHELL
-   or NONE (`disable: true` is NONE), durations as Go writes them ("1m30s", "250ms", "1h").
-
-Every error raised here about the file's content is a TaskError (the task is invalid). An
-exception of any other type raised while reading a file that passed the schema is STACX's own
-bug (see stacx.harbor.tasks.discover_all for how a task set treats each).
+Design: docs/tasks.md#compose-files
 """
 
 from __future__ import annotations
@@ -33,6 +16,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import msgspec
@@ -46,20 +30,8 @@ FILES = ("docker-compose.yaml", "docker-compose.yml")
 # compose-spec/compose-spec, schema/compose-spec.json at commit
 # a08f8d51631b7127ddac3d2c65537db429d0f1d0 (2025-10-28), vendored unmodified.
 SCHEMA_FILE = Path(__file__).with_name("compose_spec.json")
-_KEYS = {
-    "image",
-    "build",
-    "environment",
-    "command",
-    "entrypoint",
-    "healthcheck",
-    "depends_on",
-    "working_dir",
-    "user",
-    "container_name",
-    "volumes",
-}
 _MAIN_KEYS = {"build", "environment", "depends_on", "image", "container_name", "volumes"}
+_KEYS = _MAIN_KEYS | {"command", "entrypoint", "healthcheck", "working_dir", "user"}
 _TOP_KEYS = {"services", "version", "name", "volumes"}
 _MOUNT_KEYS = {"type", "source", "target", "read_only"}
 CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
@@ -99,8 +71,7 @@ class Service(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def dotenv(path: Path) -> dict[str, str]:
-    """The `KEY=VALUE` lines of a .env file (comments, blank lines and `export ` skipped; one
-    pair of surrounding quotes removed)."""
+    """The `KEY=VALUE` pairs of a .env file (`export ` and one pair of quotes dropped)."""
     out: dict[str, str] = {}
     if not path.is_file():
         return out
@@ -117,7 +88,7 @@ def dotenv(path: Path) -> dict[str, str]:
 
 
 def interpolate(text: str, env: Mapping[str, str], where: str, notes: list[str]) -> str:
-    """`text` with Compose's variable syntax expanded (see the module docstring)."""
+    """`text` with Compose's variable syntax expanded (`$VAR`, `${VAR:-default}`, `$$`, ...)."""
     out: list[str] = []
     i = 0
     while i < len(text):
@@ -204,8 +175,7 @@ def _validator() -> jsonschema.Draft7Validator:
 
 
 def validate(data: object, name: str) -> None:
-    """TaskError naming the key path and the schema's message when `data` is not a valid
-    Compose file (the most relevant error, as jsonschema's best_match ranks them)."""
+    """TaskError naming the key path and the schema's message if `data` is not valid Compose."""
     error = jsonschema.exceptions.best_match(_validator().iter_errors(data))
     if error is None:
         return
@@ -301,8 +271,7 @@ def healthcheck(raw: object, where: str) -> dict[str, JSONValue] | None:
 
 
 def environment(raw: object, env: Mapping[str, str]) -> dict[str, str]:
-    """A service's `environment:`, list or map; a key with no value takes the host's value
-    (left out when the host has none, as Compose does)."""
+    """A service's `environment:`, list or map; a bare key takes the host's value, if any."""
     pairs: list[tuple[str, object]] = []
     if isinstance(raw, list):
         for entry in raw:
@@ -342,20 +311,11 @@ def depends_on(raw: object, where: str, names: set[str], notes: list[str]) -> di
     return out
 
 
-class BuildSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A service's `build:` read: the Service fields of the same names."""
-
-    build_dir: str
-    dockerfile: str
-    build_args: dict[str, str]
-    build_target: str | None
-
-
-def build_spec(raw: object, where: str, env_dir: Path, env: Mapping[str, str]) -> BuildSpec | None:
-    """`build:` (a context string or a map): the context made absolute, the dockerfile relative
-    to it (it must be a file there), args interpolated, target; None when absent."""
+def build_spec(raw: object, where: str, env_dir: Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """`build:` (string or map) as the Service fields build_dir (absolute), dockerfile (in it),
+    build_args and build_target; {} without one."""
     if raw is None:
-        return None
+        return {}
     spec: dict[str, object] = {"context": raw} if isinstance(raw, str) else dict(raw)  # type: ignore[call-overload]
     context = (env_dir / str(spec.get("context", "."))).resolve()
     if not context.is_dir():
@@ -370,17 +330,16 @@ def build_spec(raw: object, where: str, env_dir: Path, env: Mapping[str, str]) -
             f"context {context}"
         )
     target = spec.get("target")
-    return BuildSpec(
-        build_dir=str(context),
-        dockerfile=path.relative_to(context).as_posix(),
-        build_args=environment(spec.get("args"), env),
-        build_target=None if target is None else str(target),
-    )
+    return {
+        "build_dir": str(context),
+        "dockerfile": path.relative_to(context).as_posix(),
+        "build_args": environment(spec.get("args"), env),
+        "build_target": None if target is None else str(target),
+    }
 
 
 def read_file(path: Path) -> tuple[dict[str, object], dict[str, str], list[str]]:
-    """The compose file interpolated and validated (steps 1 and 2), the variables it was
-    interpolated with, and the notes so far."""
+    """The compose file interpolated and validated, the variables used, and the notes so far."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -475,9 +434,7 @@ def compose_file(env_dir: Path) -> Path | None:
 
 
 def load_compose(path: Path) -> tuple[dict[str, Service], list[str]]:
-    """The services of a compose file, and notes on what is not honoured (keys, unset
-    variables, absent optional services). TaskError when the file is not valid Compose or asks
-    for what STACX refuses."""
+    """A compose file's services and notes on what is not honoured; TaskError if refused."""
     data, env, notes = read_file(path)
     declared = _declared_volumes(data.get("volumes"), path.name)
     services_raw: dict[str, dict[str, object]] = {
@@ -489,13 +446,13 @@ def load_compose(path: Path) -> tuple[dict[str, Service], list[str]]:
         where = f"{path.name}: services.{name}"
         keys = _MAIN_KEYS if name == MAIN else _KEYS
         notes += [f"{where}.{k}: ignored" for k in spec if k not in keys and not k.startswith("x-")]
-        build = build_spec(spec.get("build"), where, path.parent, env) if name != MAIN else None
-        if name != MAIN and build is None and not spec.get("image"):
+        build = build_spec(spec.get("build"), where, path.parent, env) if name != MAIN else {}
+        if name != MAIN and not build and not spec.get("image"):
             raise TaskError(f"{where}: neither image nor build")
         services[name] = Service(
             name=name,
             image=None if spec.get("image") is None else str(spec["image"]),
-            **(msgspec.structs.asdict(build) if build else {}),
+            **build,
             environment=environment(spec.get("environment"), env),
             command=argv(spec.get("command")),
             entrypoint=argv(spec.get("entrypoint")),

@@ -1,16 +1,8 @@
-"""Harbor job directories read back as STACX events (writing them: `stacx.harbor.jobs`).
+"""Harbor job directories read back as STACX events, one episode per trial (writing them:
+stacx.harbor.jobs). Reads ATIF v1.4 to v1.7; text-only steps are re-tokenized and marked so; ids are
+derived from the job and trial names, so importing twice changes nothing.
 
-Import (`trial_events`) turns one trial into the events of one episode: EpisodeStarted,
-TurnGenerated per agent step (the ATIF token ids when the step has them; otherwise its text,
-tokenized through the model's chat template, with `retokenized` set), ToolCalled/ToolReturned
-from its tool calls and observations, EpisodeFinished, then RewardAssigned (the trial's
-rewards) or InfraFailed (its exception, when it has no verifier result). Ids are derived from
-the job and trial names, so importing twice changes nothing.
-
-Import reads ATIF v1.4 to v1.7 (another schema_version is refused, naming the file). v1.7's
-`subagent_trajectories` (embedded sub-agent documents) become further turns of the same episode,
-one gateway-style `segment` per sub-agent (their prompts do not extend the parent's); the
-`extra.stacx` of tool calls and observation results restores what export put there.
+Design: docs/tasks.md#the-import
 """
 
 from __future__ import annotations
@@ -96,8 +88,7 @@ _Doc = dict[str, Any]  # a parsed JSON document (trajectory.json), read defensiv
 
 
 class _Steps:
-    """An ATIF step list as an episode's turn and tool events (one trial's, or one embedded
-    sub-agent's: each list is its own conversation, so its own chain of prompts)."""
+    """An ATIF step list (a trial's, or a sub-agent's) as an episode's turn and tool events."""
 
     def __init__(
         self, run_id: str, episode: str, path: Path, tokenizer: ChatTemplate | None
@@ -117,12 +108,8 @@ class _Steps:
             ts = _ts(step.get("timestamp"), ts)
             text = _text(step.get("message"))
             if step.get("source") != "agent":
-                messages.append(
-                    {
-                        "role": "system" if step.get("source") == "system" else "user",
-                        "content": text,
-                    }
-                )
+                role = "system" if step.get("source") == "system" else "user"
+                messages.append({"role": role, "content": text})
                 continue
             whole, out_ids, logprobs = self._ids(step, messages, text)
             prefix_len, new_ids = prompt_split(whole, seen)
@@ -188,27 +175,25 @@ class _Steps:
         call_id = str(call.get("tool_call_id") or f"{turn}-{i}")
         tool = str(call.get("function_name") or "")
         raw = ((call.get("extra") or {}).get("stacx") or {}).get("arguments_json")
-        yield ToolCalled(
+        common: dict[str, Any] = dict(
             run_id=self.run_id,
-            event_id=self.eid("call", turn, i),
             ts=ts,
             episode_id=self.episode,
             turn=turn,
             call_id=call_id,
             tool=tool,
+        )
+        yield ToolCalled(
+            **common,
+            event_id=self.eid("call", turn, i),
             arguments_json=raw or json.dumps(call.get("arguments") or {}),
         )
         result = results.get(call_id) or {}
         kept = (result.get("extra") or {}).get("stacx") or {}  # what export kept (v1.7 `extra`)
         error, content = str(kept.get("error") or ""), _text(result.get("content"))
         yield ToolReturned(
-            run_id=self.run_id,
+            **common,
             event_id=self.eid("return", turn, i),
-            ts=ts,
-            episode_id=self.episode,
-            turn=turn,
-            call_id=call_id,
-            tool=tool,
             output="" if error and content == error else content,
             exit_code=kept.get("exit_code"),
             timed_out=bool(kept.get("timed_out")),
@@ -235,7 +220,7 @@ def _text(content: object) -> str:
 def trial_events(
     trial: Path, run_id: str, *, index: int, tokenizer: ChatTemplate | None
 ) -> Iterator[Event]:
-    """The events of one Harbor trial as one STACX episode (see the module docstring)."""
+    """The events of one Harbor trial as one STACX episode."""
     result = json.loads((trial / "result.json").read_text())
     traj_path = trial / "agent" / "trajectory.json"
     traj = _trajectory(traj_path)
@@ -244,14 +229,10 @@ def trial_events(
     task = str(result.get("task_name") or trial_name.split("__")[0])
     episode = derive_id("harbor", job, trial_name)
     t0 = _ts(result.get("started_at"), 0.0)
-
-    def eid(*parts: object) -> str:
-        return derive_id(run_id, episode, *parts)
-
     agent_info = result.get("agent_info") or {}
     yield EpisodeStarted(
         run_id=run_id,
-        event_id=eid("start"),
+        event_id=derive_id(run_id, episode, "start"),
         ts=t0,
         episode_id=episode,
         task_id=task,
@@ -271,7 +252,7 @@ def trial_events(
     stop = meta.get("stop_reason") or StopReason.AGENT_DONE
     yield EpisodeFinished(
         run_id=run_id,
-        event_id=eid("finish"),
+        event_id=derive_id(run_id, episode, "finish"),
         ts=end,
         episode_id=episode,
         stop_reason=StopReason(stop)
@@ -303,14 +284,13 @@ def _outcome(
         for k, v in (verifier.get("rewards") or {}).items()
         if isinstance(v, int | float)
     }
+    ids: dict[str, Any] = {"run_id": run_id, "ts": ts, "episode_id": episode}
     if rewards:
         reward = rewards.get("reward", next(iter(rewards.values())))
         stdout = trial / "verifier" / "test-stdout.txt"
         return RewardAssigned(
-            run_id=run_id,
+            **ids,
             event_id=derive_id(run_id, episode, "reward"),
-            ts=ts,
-            episode_id=episode,
             reward=reward,
             metrics_json=json.dumps({"reward": reward, **rewards}, sort_keys=True),
             verifier_output=stdout.read_text()[-2000:] if stdout.is_file() else "",
@@ -318,10 +298,8 @@ def _outcome(
     exc = result.get("exception_info") or {}
     kind = str(exc.get("exception_type") or "")
     return InfraFailed(
-        run_id=run_id,
+        **ids,
         event_id=derive_id(run_id, episode, "failed"),
-        ts=ts,
-        episode_id=episode,
         task_id=task,
         failure_kind=FailureKind(kind)
         if kind in FailureKind._value2member_map_
@@ -331,8 +309,7 @@ def _outcome(
 
 
 def needs_tokenizer(paths: list[Path]) -> bool:
-    """Whether some agent step of the trials (or of their embedded sub-agents) has text but
-    no token ids."""
+    """Whether some agent step of the trials (or their sub-agents) has text but no token ids."""
     for trial in trial_dirs(paths):
         traj = trial / "agent" / "trajectory.json"
         if traj.is_file():

@@ -1,12 +1,8 @@
-"""Harbor job directories, written: a STACX run as Harbor's job layout (reading them back:
-`stacx.harbor.job_import`).
+"""A STACX run written as a Harbor job directory (reading one back: stacx.harbor.job_import):
+config.json, result.json with pass@k, and per trial its result, ATIF v1.7 trajectory (token ids and
+logprobs kept) and verifier output. A trial failed for infrastructure is an error, not a 0.
 
-`export_job` writes the job's config.json and result.json (pass@k among its stats) and, per
-trial, its result.json, its ATIF v1.7 trajectory (token ids and logprobs kept) and its verifier's
-output. A trial that failed for infrastructure is an error, not a 0. Limits: Harbor's trial config
-is not reproduced; gateway segments stay steps of the one trajectory, not sub-agents.
-
-Specification: docs/tasks.md#the-export-layout
+Design: docs/tasks.md#the-export-layout
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from stacx.errors import StacxError
-from stacx.events import (
-    TurnActor,
-    derive_id,
-)
+from stacx.events import TurnActor, derive_id
 from stacx.store import db
 from stacx.store.episodes_io import EpisodeRecord, read_records, whole_turns
 
@@ -56,8 +49,7 @@ def _by_kind(rec: EpisodeRecord) -> dict[str, list[Json]]:
 def _agent_step(
     t: Json, step_id: int, model_name: str, decode: Callable[[list[int]], str] | None
 ) -> Json:
-    """One model turn as an ATIF agent step: the message, token ids and logprobs, STACX's own
-    fields under extra.stacx."""
+    """One model turn as an ATIF agent step (token ids, logprobs; STACX's fields in extra.stacx)."""
     prompt, output = list(t["prompt_ids"]), list(t["output_ids"])  # type: ignore[call-overload]
     model_turn = t.get("actor") in (TurnActor.STUDENT, TurnActor.TEACHER)
     return {
@@ -186,16 +178,13 @@ def pass_at_k(successes: dict[str, list[bool]]) -> dict[str, float]:
 
 
 def _run_meta(run_dir: Path) -> tuple[Json, dict[str, str]]:
-    con = db.connect_run(run_dir)
-    try:
+    with db.connect_run(run_dir) as con:
         row = con.execute("select config_json from run_started order by _seq limit 1").fetchone()
         paths = dict(
             con.execute(
                 "select task_id, any_value(task_path) from task_scheduled group by 1"
             ).fetchall()
         )
-    finally:
-        con.close()
     config = json.loads(row[0]) if row else {}
     return config, {str(k): str(v) for k, v in paths.items()}
 
@@ -223,9 +212,7 @@ def _agent_result(rec: EpisodeRecord, turns: list[Json], finished: Json) -> Json
 
 
 def _step_results(metrics: dict[str, object], failed: list[Json]) -> list[Json] | None:
-    """A multi-step trial's `step_results` (None for a single-step one, as Harbor): each
-    verified step's rewards from the ``step.<name>.<key>`` metrics, in order, then the step that
-    could not start (a StepFailed event) with its exception_info and no verifier result."""
+    """A multi-step trial's `step_results` (None for one step): verified steps, a failed one."""
     per_step: dict[str, dict[str, object]] = {}
     for key, value in metrics.items():
         if key.startswith("step.") and key.count(".") >= 2:
@@ -236,19 +223,19 @@ def _step_results(metrics: dict[str, object], failed: list[Json]) -> list[Json] 
         for name, rewards in per_step.items()
     ]
     for f in failed:
-        out.append(
-            {
-                "step_name": f["step"],
-                "verifier_result": None,
-                "exception_info": {
-                    "exception_type": str(f.get("exception_type") or ""),
-                    "exception_message": str(f.get("message") or ""),
-                    "exception_traceback": "",
-                    "occurred_at": _iso(f.get("ts")),
-                },
-            }
-        )
+        info = _exception_info(f.get("exception_type"), f)
+        out.append({"step_name": f["step"], "verifier_result": None, "exception_info": info})
     return out or None
+
+
+def _exception_info(kind: object, event: Json) -> Json:
+    """Harbor's exception_info of a failure `kind` that `event` (with its message) records."""
+    return {
+        "exception_type": str(kind or ""),
+        "exception_message": str(event.get("message") or ""),
+        "exception_traceback": "",
+        "occurred_at": _iso(event.get("ts")),
+    }
 
 
 def _timing(start: object, end: object) -> Json | None:
@@ -258,8 +245,7 @@ def _timing(start: object, end: object) -> Json | None:
 
 
 def _copy_artifacts(kept: Path, trial_dir: Path) -> None:
-    """The episode's artifacts (<run dir>/artifacts/<episode>) in Harbor's trial layout:
-    artifacts/, or a multi-step task's steps/<name>/artifacts/."""
+    """The episode's artifacts in Harbor's trial layout (artifacts/, or steps/<name>/artifacts/)."""
     if not kept.is_dir():
         return
     items = list(kept.iterdir())
@@ -286,8 +272,7 @@ def export_job(
 
 
 class _JobWriter:
-    """One Harbor job directory being written: the run's identity (model, agent, dataset) and
-    the job-level totals its trials add to (pass@k, reward and exception stats, time span)."""
+    """One Harbor job directory being written: the run's identity and the job-level totals."""
 
     def __init__(
         self,
@@ -304,8 +289,7 @@ class _JobWriter:
         self.model_name = str(model.get("path") if isinstance(model, dict) else model or "unknown")
         agent = config.get("agent")
         self.agent_name = str(agent.get("name") if isinstance(agent, dict) else agent or "stacx")
-        self.tasks_cfg = config.get("tasks")
-        tasks_cfg = self.tasks_cfg
+        self.tasks_cfg = tasks_cfg = config.get("tasks")
         self.dataset = str(tasks_cfg.get("path") if isinstance(tasks_cfg, dict) else "") or "tasks"
         self.successes: dict[str, list[bool]] = defaultdict(list)
         self.reward_stats: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -315,8 +299,7 @@ class _JobWriter:
         self.ends: list[float] = []
 
     def trial(self, rec: EpisodeRecord) -> None:
-        """Write one episode as a trial directory (result, config, verifier output, artifacts,
-        the ATIF trajectory) and count it in the job's totals."""
+        """Write one episode as a trial directory and count it in the job's totals."""
         ev = _by_kind(rec)
         trial = f"{rec.task_id}__{rec.episode_id[:8]}"
         tdir = self.job_dir / trial
@@ -364,12 +347,7 @@ class _JobWriter:
         if failure is None:
             return None
         self.exception_stats[str(failure["failure_kind"])].append(trial)
-        return {
-            "exception_type": str(failure["failure_kind"]),
-            "exception_message": str(failure.get("message") or ""),
-            "exception_traceback": "",
-            "occurred_at": _iso(failure.get("ts")),
-        }
+        return _exception_info(failure["failure_kind"], failure)
 
     def _result(
         self,
@@ -470,6 +448,3 @@ class _JobWriter:
                 },
             },
         )
-
-
-# ---- import -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Task sets as JSON lines: `write_jsonl` / `read_jsonl` (what `stacx tasks prepare` writes),
-and the light answer-task format (one ``{"id", "problem", "answer", "difficulty"?}`` per line;
-see stacx.harbor.tasks)."""
+"""Task sets as JSON lines (what `stacx tasks prepare` writes), and the light answer-task format,
+one ``{"id", "problem", "answer", "difficulty"?}`` per line.
+"""
 
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ def answer_task(record: AnswerRecord, source: str | Path) -> Task:
 
 
 def read_jsonl(path: str | Path) -> list[Task]:
-    """Read a tasks.jsonl written by `write_jsonl`, or a file of answer records (a line with a
-    "problem" is one); a bad line is a TaskError naming it."""
+    """A tasks.jsonl (`write_jsonl`'s) or a file of answer records; TaskError naming a bad line."""
     tasks = []
     for lineno, line in enumerate(Path(path).read_bytes().splitlines(), 1):
         if not line.strip():

@@ -1,13 +1,6 @@
-"""The Harbor task model: task.toml (schema_version 1.x) as frozen Structs, and `Task`, one
-loaded task (its directory, instruction and config). Loading and checking a task directory is
-`stacx.harbor.tasks`; running one is the sandbox engine's (`stacx.sandbox`).
-
-`StacxEnvironment` is STACX's own extension ([environment.stacx]); `check_request` refuses a
-capability name that Linux does not have (the hardened default and what a request adds are
-`stacx.sandbox.privileges`).
-
-Guarantees: data only (no I/O but `Path` arithmetic); importing it loads nothing heavy, so the
-ports (`stacx.ports`, which re-exports `Task`) can speak it.
+"""The Harbor task model: task.toml (schema 1.x) as frozen Structs, and `Task`, one loaded task.
+Data only (no I/O but `Path` arithmetic) and nothing heavy to import, so stacx.ports can speak it.
+Loading is stacx.harbor.tasks; running is stacx.sandbox's.
 """
 
 from __future__ import annotations
@@ -51,9 +44,8 @@ class ArtifactConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class StacxVerifier(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """``[verifier.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys).
-    ``rubric``: a rubric file (stacx.rubric; RewardKit's judge format), relative to the task
-    directory, scored by the recipe's judge model and combined with the verifier's reward."""
+    """``[verifier.stacx]``, a STACX extension: ``rubric``, a rubric file (stacx.rubric) relative
+    to the task directory, scored by the recipe's judge and combined with the verifier's reward."""
 
     rubric: str | None = None
 
@@ -83,9 +75,8 @@ class SolutionConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class StacxEnvironment(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """``[environment.stacx]`` of a task.toml: a STACX extension (Harbor has no such keys) by
-    which a task asks for more privilege than the hardened default sandbox gives, or less.
-    `stacx tasks check` lists the tasks that ask for more."""
+    """``[environment.stacx]``, a STACX extension: a task asks for more privilege than the
+    hardened sandbox gives, or less (`stacx tasks check` lists those asking for more)."""
 
     cap_add: list[str] = msgspec.field(default_factory=list)  # e.g. ["NET_RAW"] for ping
     new_privileges: bool = False  # true: setuid binaries such as sudo work for a non-root user
@@ -148,11 +139,8 @@ class TaskConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Task(msgspec.Struct, kw_only=True, frozen=True):
-    """One Harbor task, as `stacx tasks prepare` writes it (one JSON line each).
-
-    A multi-step task's step is a Task too (`stacx.harbor.tasks.step_tasks`): the same
-    directory and config with `step` set, the step's instruction, and tests/solution under
-    steps/<step>/."""
+    """One Harbor task, as `stacx tasks prepare` writes it. A multi-step task's step is a Task
+    too (`step` set, the step's instruction, tests and solution under steps/<step>/)."""
 
     task_id: str
     path: str  # absolute path of the task directory
@@ -187,9 +175,8 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
         return self._files / "solution"
 
     def step_passes(self, name: str, verdict: Scored) -> bool:
-        """Whether the steps after step `name` of this multi-step task run: the step's
-        min_reward (a float gates `reward`, a table gates each key it names; a missing key
-        fails)."""
+        """Whether the steps after step `name` run: its min_reward (a float gates `reward`, a
+        table each key it names; a missing key fails)."""
         config = next(s for s in self.config.steps or [] if s.name == name)
         gate = config.min_reward
         if gate is None:

@@ -1,21 +1,8 @@
-"""Harbor's dataset registry: `registry.json` and `dataset.toml` manifests, resolved to task
-directories fetched from git at their pinned commits.
+"""Harbor's dataset registry: registry.json and dataset.toml manifests, resolved to task directories
+fetched from git at their pinned commits, through a cache (each repository cloned once, each task
+exported once per commit). Any URL git can clone; no HTTP package registry.
 
-A registry is a JSON list of datasets, each ``{"name", "version", "description", "tasks":
-[{"name", "git_url", "git_commit_id", "path"}]}`` (Harbor's registry.json). A dataset.toml
-manifest names one dataset (``[dataset]`` name/version, or top-level keys) and lists its
-``[[tasks]]`` in the same shape; a task entry with no ``git_url`` is a directory next to the
-manifest (``path``, default its name).
-
-Fetching: each git repository is cloned once into the cache (``<cache>/git/<hash of url>``),
-fetched again only when a pinned commit is missing, and each task is exported from its commit
-with ``git archive`` into ``<cache>/tasks/<hash>/<commit>/<path>`` (a cache hit the next time),
-then copied to the output directory under the task's name. Works with any URL git can clone:
-``file://`` and local paths included.
-
-Limits: Harbor's newer package registry (task entries pinned by content digest only, served
-over HTTP by Harbor's registry service) is not reachable offline: such an entry is an error
-naming it. ``git_commit_id = "head"`` (or none) takes the remote's current HEAD.
+Design: docs/tasks.md#registries-download-prepare-build-eval
 """
 
 from __future__ import annotations
@@ -110,14 +97,13 @@ def resolve(datasets: list[Dataset], spec: str, *, where: str = "dataset") -> Da
     if not named:
         known = sorted({d.name for d in datasets})
         raise StacxError(f"{where} {spec!r}: no dataset named {name!r}; known: {', '.join(known)}")
+    versions = ", ".join(d.version for d in named)
     if version:
         found = [d for d in named if d.version == version]
         if not found:
-            versions = ", ".join(d.version for d in named)
             raise StacxError(f"{where} {spec!r}: no version {version!r}; known: {versions}")
         return found[0]
     if len(named) > 1:
-        versions = ", ".join(d.version for d in named)
         raise StacxError(f"{where} {spec!r}: several versions ({versions}); say NAME@VERSION")
     return named[0]
 

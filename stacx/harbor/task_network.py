@@ -21,22 +21,18 @@ def bad_entry(entry: str) -> bool:
 
 
 def network_mode(task: Task, phase: str) -> str:
-    """The network policy of `phase` ("agent" | "verifier"): the phase's own override, else
-    [environment].network_mode, else the deprecated allow_internet ("public" when true)."""
+    """The network policy of `phase`: its own, else [environment]'s, else from allow_internet."""
     env = task.config.environment
-    override = task.config.agent.network_mode if phase == "agent" else None
-    if phase == "verifier":
-        override = task.config.verifier.network_mode
-    if override is not None:
-        return override
+    own = task.config.agent if phase == "agent" else task.config.verifier
+    if own.network_mode is not None:
+        return own.network_mode
     if env.network_mode is not None:
         return env.network_mode
     return "public" if env.allow_internet else "no-network"
 
 
 def allowed_hosts(task: Task, phase: str) -> list[str]:
-    """The hosts an "allowlist" phase may reach: the phase's own allowed_hosts when it sets
-    its network_mode, else [environment].allowed_hosts (none listed: no egress at all)."""
+    """The hosts an "allowlist" phase may reach: its own if it sets a mode, else [environment]'s."""
     own = task.config.agent if phase == "agent" else task.config.verifier
     if own.network_mode is not None and own.allowed_hosts is not None:
         return list(own.allowed_hosts)
@@ -44,8 +40,7 @@ def allowed_hosts(task: Task, phase: str) -> list[str]:
 
 
 def episode_network(task: Task) -> tuple[set[str], list[str] | None]:
-    """The network modes of every phase of the task (and its steps), and the allowed hosts
-    when some phase is "allowlist" (the same for all of them: _check_allowlist)."""
+    """Every phase's (and step's) network mode, and the allowed hosts when one is "allowlist"."""
     modes: set[str] = set()
     hosts: list[str] | None = None
     for view in task.step_tasks or [task]:
@@ -58,10 +53,7 @@ def episode_network(task: Task) -> tuple[set[str], list[str] | None]:
 
 
 def check_allowlist(task: Task, where: Path) -> None:
-    """What the Docker backend cannot do with "allowlist", refused at load (rather than run
-    with a looser policy): next to a "public" phase (the proxy variables are fixed when the
-    container starts), with other hosts in another phase, with compose services; and
-    allowed_hosts entries that are not host names / IPs with an optional port."""
+    """What the Docker backend cannot do with "allowlist": refused at load, not run looser."""
     modes, hosts = episode_network(task)
     if hosts is None:
         return

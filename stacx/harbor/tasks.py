@@ -1,12 +1,8 @@
-"""Harbor tasks: task.toml (the full schema, unknown keys kept), instruction.md, and task sets.
+"""Harbor tasks: task.toml (the full schema; unknown keys kept in `Task.unknown`, never fatal),
+instruction.md, and task sets (directories, tasks.jsonl, answer-task .jsonl). A wrong type is a
+TaskError naming the file and key path; a task that does not load fails alone (`Unloadable`).
 
-A Harbor task is a directory (instruction.md, task.toml, environment/, tests/test.sh, optional
-solution/); answer tasks (math sets) come in a light .jsonl format instead. The schema mirrors
-Harbor's TaskConfig; keys it does not know are kept in `Task.unknown`, never fatal; a wrong type
-is a TaskError naming the file and the key path. Guarantee: a task that does not load fails alone
-(`Unloadable`, recorded as `task_invalid`), whether by its fault or STACX's.
-
-Specification: docs/tasks.md#the-task-directory
+Design: docs/tasks.md#the-task-directory
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from stacx.errors import TaskError, strict
 from stacx.harbor.compose_load import compose_file, load_compose
 from stacx.harbor.jsonl_tasks import read_jsonl
 from stacx.harbor.model import Task, TaskConfig, VerifierConfig, check_request
-from stacx.harbor.task_network import check_allowlist, network_mode
-from stacx.ports import Limits
+from stacx.harbor.task_network import check_allowlist
 from stacx.rubric import task_rubric
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
@@ -60,8 +55,7 @@ def _known_fields(struct: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct
 
 
 def did_you_mean(path: str) -> str | None:
-    """The known task.toml key nearest to an unknown dotted `path`'s last part, among the keys
-    at the same level (`verifier.timeout_secs` -> `timeout_sec`), or None."""
+    """The known key nearest to an unknown dotted `path`'s last part, at the same level, or None."""
     *parents, last = re.sub(r"\[\d+\]", "", path).split(".")
     struct: type[msgspec.Struct] | None = TaskConfig
     for part in parents:
@@ -75,8 +69,7 @@ def did_you_mean(path: str) -> str | None:
 def _split_unknown(
     raw: dict[str, object], struct: type[msgspec.Struct], prefix: str, unknown: dict[str, object]
 ) -> dict[str, object]:
-    """The part of `raw` that `struct` knows; the rest goes to `unknown` under dotted paths
-    (list items as `steps[0].key`)."""
+    """The part of `raw` that `struct` knows; the rest goes to `unknown` under dotted paths."""
     known = _known_fields(struct)
     kept: dict[str, object] = {}
     for key, value in raw.items():
@@ -167,10 +160,7 @@ def _check_values(config: TaskConfig, where: str) -> None:
 
 
 def step_verifier(task: VerifierConfig, step: VerifierConfig) -> VerifierConfig:
-    """A step's [steps.verifier] over the task's [verifier], key by key: what the step sets
-    wins (env merged), the rest is the task's. The mode as Harbor resolves it: the step's
-    environment_mode, else separate if the step has its own environment, else the task's
-    (its environment: the step's, else the task's verifier environment)."""
+    """A step's [steps.verifier] over the task's [verifier], with the mode as Harbor resolves it."""
     own_mode = step.environment_mode or ("separate" if step.environment is not None else None)
     phase = step if step.network_mode is not None else task
     return msgspec.structs.replace(
@@ -198,8 +188,7 @@ def verifier_separate(config: TaskConfig) -> bool:
 
 
 def task_notes(task_dir: Path, config: TaskConfig, unknown: dict[str, object]) -> list[str]:
-    """The task.toml keys (and files) this STACX does not honour, one line each: unknown keys,
-    and known keys set to something the Docker backend does not do."""
+    """The task.toml keys (and files) not honoured, one line each."""
     notes = [
         f"{key}: unknown key, ignored" + (f" (did you mean {near!r}?)" if near else "")
         for key in sorted(unknown)
@@ -229,14 +218,8 @@ def task_notes(task_dir: Path, config: TaskConfig, unknown: dict[str, object]) -
 
 
 def load_task(task_dir: str | Path) -> Task:
-    """Load one Harbor task directory; raises TaskError naming the missing or bad file.
-
-    What is the task's fault and what is STACX's: every check of a task file's content raises
-    TaskError (the Compose file is checked against the Compose schema before STACX reads it),
-    and a file that cannot be read (OSError, bad UTF-8) is the task's too. Any other exception
-    is STACX's own bug: with STACX_STRICT set it propagates (a traceback); otherwise it
-    becomes a TaskError that says so, so the one task fails (task_invalid) and the set goes on.
-    """
+    """Load one Harbor task directory; TaskError naming the missing or bad file. Any other
+    exception is a STACX bug: raised under STACX_STRICT, else a TaskError saying so."""
     try:
         return _load_task(task_dir)
     except TaskError:
@@ -263,10 +246,9 @@ def _load_task(task_dir: str | Path) -> Task:
     if not task_dir.is_dir():
         raise TaskError(f"{task_dir}: not a directory")
     toml_path = task_dir / "task.toml"
-    if toml_path.is_file():
-        config, unknown = parse_task_config(toml_path.read_text(), where=str(toml_path))
-    else:
+    if not toml_path.is_file():
         raise TaskError(f"{task_dir}: missing task.toml (not a Harbor task)")
+    config, unknown = parse_task_config(toml_path.read_text(), where=str(toml_path))
     if config.environment.os.lower() != "linux":  # its tests are test.bat: nothing to run
         raise TaskError(
             f"{toml_path}: environment.os = {config.environment.os!r}: only linux containers "
@@ -281,25 +263,24 @@ def _load_task(task_dir: str | Path) -> Task:
         if rubric is not None:
             raise TaskError(f"{toml_path}: verifier.stacx.rubric: not supported with [[steps]]")
         task = _multi_step_task(task_dir, config, unknown, notes)
-        check_allowlist(task, toml_path)
-        return task
-    instruction_path = task_dir / "instruction.md"
-    if not instruction_path.is_file():
-        raise TaskError(f"{task_dir}: missing instruction.md")
-    # No environment/Dockerfile and no environment.docker_image: an image-less task (the
-    # process backend runs it; the Docker backend reports it when it builds, as IMAGE_BUILD).
-    if not (task_dir / "tests" / "test.sh").is_file():
-        raise TaskError(f"{task_dir}: missing tests/test.sh")
-    task = Task(
-        task_id=task_dir.name,
-        path=str(task_dir),
-        instruction=instruction_path.read_text(),
-        config=config,
-        unknown=unknown,
-        has_solution=(task_dir / "solution" / "solve.sh").is_file(),
-        notes=notes,
-        rubric=rubric,
-    )
+    else:
+        instruction_path = task_dir / "instruction.md"
+        if not instruction_path.is_file():
+            raise TaskError(f"{task_dir}: missing instruction.md")
+        # No environment/Dockerfile and no environment.docker_image: an image-less task (the
+        # process backend runs it; the Docker backend reports it when it builds, as IMAGE_BUILD).
+        if not (task_dir / "tests" / "test.sh").is_file():
+            raise TaskError(f"{task_dir}: missing tests/test.sh")
+        task = Task(
+            task_id=task_dir.name,
+            path=str(task_dir),
+            instruction=instruction_path.read_text(),
+            config=config,
+            unknown=unknown,
+            has_solution=(task_dir / "solution" / "solve.sh").is_file(),
+            notes=notes,
+            rubric=rubric,
+        )
     check_allowlist(task, toml_path)
     return task
 
@@ -307,8 +288,7 @@ def _load_task(task_dir: str | Path) -> Task:
 def _multi_step_task(
     task_dir: Path, config: TaskConfig, unknown: dict[str, object], notes: list[str]
 ) -> Task:
-    """A task with [[steps]]: each step needs steps/<name>/instruction.md and tests/test.sh
-    (its own, or the task's tests/ when the step has none)."""
+    """A task with [[steps]]: each needs an instruction.md and a tests/test.sh (or the task's)."""
     names = [s.name for s in config.steps or []]
     if len(set(names)) != len(names):
         raise TaskError(f"{task_dir}/task.toml: step names repeat: {names}")
@@ -369,11 +349,7 @@ class Unloadable(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def discover(tasks_dir: str | Path) -> list[Task]:
-    """Every task under `tasks_dir` (a directory holding task.toml is a task), sorted by id.
-
-    `tasks_dir` may itself be one task. Task ids must be unique within the set. A task that
-    does not load is a TaskError here; `discover_all` returns it as `Unloadable` instead.
-    """
+    """Every task under `tasks_dir` (maybe one task), sorted by id; one that fails: TaskError."""
     tasks, broken = discover_all(tasks_dir)
     if broken:
         raise TaskError(broken[0].reason)
@@ -381,8 +357,7 @@ def discover(tasks_dir: str | Path) -> list[Task]:
 
 
 def discover_all(tasks_dir: str | Path) -> tuple[list[Task], list[Unloadable]]:
-    """The tasks under `tasks_dir` that load, and those that do not (with the reason), each
-    sorted by id: one bad task never hides the others."""
+    """The tasks that load and those that do not (with the reason), each sorted by id."""
     root = Path(tasks_dir)
     if not root.is_dir():
         raise TaskError(f"{root}: not a directory")
@@ -417,8 +392,7 @@ def discover_all(tasks_dir: str | Path) -> tuple[list[Task], list[Unloadable]]:
 
 
 def load_tasks(source: str | Path) -> list[Task]:
-    """Tasks from a task directory, a directory of tasks (or of .jsonl files), a tasks.jsonl
-    file, or a .jsonl of answer records (docs/tasks.md#the-task-directory)."""
+    """Tasks from a task dir, a dir of tasks or .jsonl files, a tasks.jsonl, or answer records."""
     source = Path(source)
     if source.is_file():
         return read_jsonl(source)
@@ -437,11 +411,7 @@ _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def resolve_env(env: dict[str, str], *, where: str) -> dict[str, str]:
-    """Expand Harbor's `${VAR}` / `${VAR:-default}` templates from the host environment.
-
-    A `${VAR}` with no default and no host value is a TaskError naming it (`where` says which
-    table), rather than an empty string the task never expected.
-    """
+    """Expand `${VAR}` / `${VAR:-default}` from the host; an unset `${VAR}` is a TaskError."""
     out: dict[str, str] = {}
     for key, value in env.items():
 
@@ -457,26 +427,6 @@ def resolve_env(env: dict[str, str], *, where: str) -> dict[str, str]:
     return out
 
 
-def task_limits(task: Task, *, pids: int = 1024) -> Limits:
-    """The sandbox limits a task asks for (STACX adds the pids limit). Not applied: gpus and
-    gpu_types (this backend gives none); storage_mb applies only where quotas are enabled."""
-    env = task.config.environment
-    return Limits(
-        cpus=env.cpus,
-        memory_mb=env.memory_mb,
-        pids=pids,
-        # the agent's phase decides how the sandbox starts (stacx.sandbox.environments
-        # switches it for a verifier phase with another policy)
-        allow_internet=network_mode(task, "agent") == "public",
-        storage_mb=env.storage_mb,
-        env=resolve_env(env.env, where=f"{task.path}/task.toml: environment.env"),
-        workdir=env.workdir,
-        cap_add=env.stacx.cap_add,
-        new_privileges=env.stacx.new_privileges,
-        read_only_root=env.stacx.read_only_root,
-    )
-
-
 def select(
     tasks: list[Task],
     *,
@@ -486,9 +436,8 @@ def select(
     limit: int | None = None,
     where: str = "tasks",
 ) -> list[Task]:
-    """`tasks` sorted by id, narrowed: `include`/`exclude` are task ids or fnmatch patterns
-    ("create-*"), `difficulty` the accepted values of metadata.difficulty, `limit` the first N.
-    A pattern that matches nothing, or nothing left, is a ConfigError naming `where`."""
+    """`tasks` sorted by id, narrowed by ids or fnmatch patterns, difficulty and `limit`; a
+    pattern that matches nothing, or nothing left, is a ConfigError naming `where`."""
     from fnmatch import fnmatchcase
 
     tasks = sorted(tasks, key=lambda t: t.task_id)

@@ -1,28 +1,9 @@
-"""AggreVaTe branching: cost-to-go of (state, action) pairs by replaying a learner episode.
-
-For a scored learner episode (the parent) and a turn ``t`` of it, each of ``k`` branches:
-
-1. starts a FRESH sandbox of the parent's task and replays the parent's actions of turns
-   ``0..t-1`` token for token (the recorded output ids are played back, their tool calls
-   executed again);
-2. checks that the replay reproduces the recorded state: every replayed ``ToolReturned``
-   (output, exit code, timeout flag, error) must equal the parent's, and every replayed
-   prompt must equal the parent's prompt ids of that turn. A mismatch (a command printing
-   ``$RANDOM`` or the time, a network fetch) raises `ReplayMismatch`: the branch is recorded as
-   ``InfraFailed(non_determinism)`` and dropped (no cost, so never trained on);
-3. lets the learner take exploration action ``action_index`` at turn ``t`` (sampled with a
-   per-branch seed), then the teacher finishes the episode;
-4. runs the verifier: ``CostToGoEstimated(cost = 1 - reward)``.
-
-Events: ``BranchCreated`` first, then the branch's own episode (``EpisodeStarted.policy =
-"branch"``, its turns, tool calls, ``EpisodeFinished``, ``RewardAssigned``), then
-``CostToGoEstimated``. Every id is derived from (parent, turn, action_index), and a branch that
-already has a cost or a failure in the log is not run again, so a redelivered parent changes
-nothing.
-
-Limits: replay assumes the task's environment is deterministic given the same actions;
-sandbox snapshots (checkpoint/restore) are not used. Timing-dependent observations can still
-match by chance and go undetected.
+"""AggreVaTe branching: the cost-to-go of (state, action) pairs, by replaying a scored learner
+episode to a turn in a fresh sandbox, taking an exploration action, letting the teacher finish and
+running the verifier. Guarantees: a replay that does not reproduce the recorded state is dropped as
+``InfraFailed(non_determinism)``; ids derive from (parent, turn, action), so a redelivered parent
+changes nothing. Limits: assumes a deterministic environment.
+Design: docs/training.md#imitation-roll-ins-teacher-signals-branches
 """
 
 from __future__ import annotations
@@ -31,7 +12,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -101,8 +82,7 @@ class ReplayPolicy:
 
 
 class StatePolicy:
-    """The policy acting at the branched state: checks the state, then acts with its own
-    temperature (exploration for the learner, the teacher's own for continuations)."""
+    """The policy at the branched state: checks the state, then acts at its own temperature."""
 
     def __init__(self, policy: Policy, temperature: float, state: RecordedTurn | None) -> None:
         self.policy = policy
@@ -120,14 +100,8 @@ class StatePolicy:
 
 def check_prompt(recorded: RecordedTurn, prompt_ids: list[int]) -> None:
     if prompt_ids != recorded.prompt_ids:
-        at = next(
-            (
-                i
-                for i, (a, b) in enumerate(zip(prompt_ids, recorded.prompt_ids, strict=False))
-                if a != b
-            ),
-            min(len(prompt_ids), len(recorded.prompt_ids)),
-        )
+        n = min(len(prompt_ids), len(recorded.prompt_ids))
+        at = next((i for i in range(n) if prompt_ids[i] != recorded.prompt_ids[i]), n)
         raise ReplayMismatch(
             f"turn {recorded.turn}: the replayed prompt differs from the "
             f"recorded one at token {at} ({len(prompt_ids)} vs "
@@ -183,29 +157,23 @@ class BranchSetup(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def created(self, action_index: int) -> BranchCreated:
-        branch_id = self.branch_id(action_index)
-        return BranchCreated(
-            run_id=self.run_id,
-            event_id=derive_id(branch_id, "BranchCreated"),
-            branch_id=branch_id,
-            parent_episode_id=self.parent_episode_id,
-            turn=self.turn,
-            action_index=action_index,
-            episode_id=self.spec(action_index).episode_id,
-            iteration=self.iteration,
-        )
+        episode_id = self.spec(action_index).episode_id
+        return BranchCreated(**self._fields(action_index, "BranchCreated"), episode_id=episode_id)
 
     def estimated(self, action_index: int, cost: float, reward: float) -> CostToGoEstimated:
+        fields = self._fields(action_index, "CostToGoEstimated")
+        return CostToGoEstimated(**fields, cost=cost, reward=reward)
+
+    def _fields(self, action_index: int, kind: str) -> dict[str, Any]:
+        """The fields every event of branch `action_index` carries."""
         branch_id = self.branch_id(action_index)
-        return CostToGoEstimated(
+        return dict(
             run_id=self.run_id,
-            event_id=derive_id(branch_id, "CostToGoEstimated"),
+            event_id=derive_id(branch_id, kind),
             branch_id=branch_id,
             parent_episode_id=self.parent_episode_id,
             turn=self.turn,
             action_index=action_index,
-            cost=cost,
-            reward=reward,
             iteration=self.iteration,
         )
 
@@ -221,7 +189,7 @@ async def run_branch(
     teacher: Policy,
     emit: Emit,
 ) -> float | None:
-    """Run one branch (see the module docstring); its cost, or None when it was dropped."""
+    """Run one branch; its cost, or None when it was dropped."""
     t = setup.turn
     if not 0 <= t < len(recorded):
         raise ValueError(f"turn {t} is not a turn of the parent ({len(recorded)} turns)")
@@ -285,11 +253,8 @@ WHERE b.parent_episode_id = $episode_id AND (
 
 
 class BranchActor(Actor):
-    """Branches every scored roll-in episode of an AggreVaTe run (see the module docstring).
-
-    ``make_learner(action_index)`` and ``make_teacher()`` give the policies of one branch
-    (fresh per branch, so stateful scripted policies work too).
-    """
+    """Branches every scored roll-in episode of an AggreVaTe run. ``make_learner(action_index)`` and
+    ``make_teacher()`` give fresh policies per branch (stateful scripts work too)."""
 
     name: ClassVar[str] = "aggrevate-branches"
     kinds: ClassVar[tuple[type[Event], ...]] = (RewardAssigned,)

@@ -1,12 +1,6 @@
-"""The imitation engine's configuration: the frozen teacher and the imitation algorithm.
-
-Both are frozen msgspec Structs that forbid unknown keys, so a recipe can embed them as its
-``[teacher]`` and ``[algorithm]`` tables and a typo fails at load with the key's path.
-
-The beta schedule (DAgger's mixture roll-in, Ross, Gordon & Bagnell 2011) is
-``beta_i = max(beta_min, beta0 * beta_decay ** i)``: the probability that the TEACHER executes
-a turn of an iteration-``i`` roll-in episode. ``beta0 = 1, beta_decay = 0`` is the paper's
-"pure teacher at iteration 0, pure student afterwards" choice.
+"""The imitation engine's configuration: the frozen teacher (``[teacher]``) and the imitation
+algorithm (``[algorithm.imitation]``), frozen Structs that forbid unknown keys.
+Design: docs/training.md#imitation-roll-ins-teacher-signals-branches
 """
 
 from __future__ import annotations
@@ -21,13 +15,11 @@ ImitationAlgorithm = Literal["dagger", "aggrevate", "opd"]
 
 
 class TeacherConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The frozen teacher: which checkpoint, which backend, how it labels.
+    """The frozen teacher: which checkpoint, which backend, how it labels (``sglang``/``openai``:
+    ``url`` names the running server)."""
 
-    ``path`` is an HF checkpoint directory (e.g. ``stacx models export`` of a run of
-    ``recipes/imitation/teacher.toml``), a hub id in the local cache, or ``default``; for the
-    ``sglang``/``openai`` backends ``url`` names the running server instead.
-    """
-
+    # an HF checkpoint directory (e.g. ``stacx models export`` of a run of
+    # recipes/imitation/teacher.toml), a hub id in the local cache, or "default"
     path: str = ""
     name: str = "teacher"  # recorded in TeacherLabeled.teacher / TeacherScored.teacher
     backend: Literal["torch", "sglang", "openai"] = "torch"
@@ -72,7 +64,6 @@ class ImitationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ConfigError(f"algorithm.imitation.iterations = {self.iterations}: must be >= 1")
 
     def beta(self, iteration: int) -> float:
-        """The teacher probability of iteration `iteration` (see the module docstring)."""
         return beta_at(iteration, self.beta0, self.beta_decay, self.beta_min)
 
 

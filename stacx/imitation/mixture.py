@@ -1,21 +1,7 @@
 """Beta-mixture roll-ins: per turn, the teacher executes with probability beta, else the student.
-
-DAgger (and AggreVaTe's roll-in) runs the mixture policy ``pi_i = beta_i * teacher +
-(1 - beta_i) * student``. Here the mixture is an `Executor` for the agent loop's per-turn hook:
-it flips one coin per turn and returns the chosen policy, whose ``actor`` label the agent
-records in ``TurnGenerated.actor``.
-
-Guarantees: the coin of turn ``t`` depends only on (seed, t), never on call order or on other
-episodes, so an episode's choices are reproducible from its seed; the empirical teacher share
-converges to beta (a plain Bernoulli(beta) per turn, tested). ``beta = 0`` never calls the
-teacher, ``beta = 1`` never calls the student.
-
-`MixtureRollIn` builds one executor per episode for the rollout manager and stamps
-``EpisodeStarted.policy = "mixture"`` and ``EpisodeStarted.beta`` through
-`MixtureRolloutManager`. The manager's executor factory is not told the episode's iteration,
-so `MixtureRolloutManager` passes the TaskScheduled's iteration down through a context variable
-(each handled event runs in its own asyncio task, whose context the episode tasks inherit);
-outside such a manager, ``MixtureRollIn.iteration`` is used.
+Guarantees: turn ``t``'s coin depends only on (seed, t), so an episode's choices are reproducible;
+``beta = 0`` never calls the teacher, ``beta = 1`` never the student.
+Design: docs/training.md#imitation-roll-ins-teacher-signals-branches
 """
 
 from __future__ import annotations
@@ -23,7 +9,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import ClassVar
 
 import msgspec
 
@@ -49,17 +34,15 @@ class MixtureExecutor:
         self.beta = beta
         self.seed = str(seed)
 
-    def teacher_acts(self, turn: int) -> bool:
+    def __call__(self, turn: int) -> Policy:
         # A string seed is hashed with SHA-512 by `random`, so it is stable across processes
         # (unlike hash()), and per-turn streams are independent of how many turns ran before.
-        return random.Random(f"{self.seed}:{turn}").random() < self.beta
-
-    def __call__(self, turn: int) -> Policy:
-        return self.teacher if self.teacher_acts(turn) else self.student
+        teacher_acts = random.Random(f"{self.seed}:{turn}").random() < self.beta
+        return self.teacher if teacher_acts else self.student
 
 
 class MixtureRollIn:
-    """The rollout manager's executor factory for mixture roll-ins (see the module docstring)."""
+    """The rollout manager's executor factory for mixture roll-ins."""
 
     def __init__(
         self, student: Policy, teacher: Policy, config: ImitationConfig, run_seed: str
@@ -68,17 +51,12 @@ class MixtureRollIn:
         self.teacher = teacher
         self.config = config
         self.run_seed = run_seed
-        self.iteration = 0
-
-    def current_iteration(self) -> int:
-        scoped = _ITERATION.get()
-        return self.iteration if scoped is None else scoped
 
     def seed_for(self, iteration: int, task_id: str, sample_index: int) -> str:
         return derive_id(self.run_seed, self.config.seed, iteration, task_id, sample_index)
 
     def __call__(self, task: Task, sample_index: int) -> Executor:
-        iteration = self.current_iteration()
+        iteration = _ITERATION.get() or 0  # the TaskScheduled's (MixtureRolloutManager.handle)
         return MixtureExecutor(
             self.student,
             self.teacher,
@@ -88,13 +66,8 @@ class MixtureRollIn:
 
 
 class MixtureRolloutManager(RolloutManager):
-    """A RolloutManager whose episodes record their roll-in: policy "mixture" and beta_i.
-
-    The beta stamped on EpisodeStarted is computed from the event's own iteration (the
-    TaskScheduled's), the same schedule the executor uses.
-    """
-
-    name: ClassVar[str] = "rollout"
+    """A RolloutManager whose episodes record their roll-in (policy "mixture", beta of the
+    TaskScheduled's iteration)."""
 
     def __init__(
         self,

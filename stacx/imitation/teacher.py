@@ -1,35 +1,14 @@
-"""The teacher actor: DAgger labels and on-policy-distillation scores, as events.
-
-It consumes a run's ``EpisodeStarted`` and ``TurnGenerated`` and, for each turn of a roll-in
-episode (EpisodeStarted.policy ``student`` or ``mixture``):
-
-- ``label=True`` (DAgger): asks the teacher Engine for ITS action on the turn's exact
-  ``prompt_ids`` and publishes ``TeacherLabeled(prompt_ids, label_ids)``. The label never
-  touches the environment: the episode already advanced with the executed action.
-  Turns whose actor is not in ``TeacherConfig.label_actors`` are skipped.
-- ``score=True`` (OPD): asks the teacher for the logprob of each of the student's sampled
-  ``output_ids`` given the identical ``prompt_ids`` (``Engine.score``) and publishes
-  ``TeacherScored`` (one logprob per output id). Only turns with actor ``student``.
-
-A turn recorded linearly (``prefix_len`` > 0: only the ids after the previous turn's prompt +
-output) is labeled and scored on its whole prompt, read from the log's ``turns`` view.
-
-Guarantees: event ids are ``derive_id(episode_id, turn, kind, teacher)``, so a redelivered turn
-(after a crash or a retry) publishes the same ids and JetStream drops the duplicate; labels are
-sampled with a seed derived from (episode_id, turn), so a redo also gives the same label on a
-deterministic backend. A label or score the teacher cannot make (the prompt does not fit its
-context, an engine error after the actor's retries) becomes an ``InfraFailed(engine)``.
-Branch episodes of AggreVaTe (policy ``branch``), oracle and eval-only teacher episodes are
-never labeled or scored.
-
-Limits: the teacher shares the student's tokenizer (token ids are passed through unchanged);
-a teacher with another vocabulary needs a re-tokenizing adapter, which is not provided.
+"""The teacher actor: DAgger labels (``TeacherLabeled``) and OPD scores (``TeacherScored``) for the
+turns of roll-in episodes, on each turn's whole prompt. Guarantees: ids and label seeds derive from
+(episode, turn), so a redelivered turn publishes the same events; a label or score the teacher
+cannot make is ``InfraFailed(engine)``. Limits: the teacher shares the student's tokenizer.
+Design: docs/training.md#imitation-roll-ins-teacher-signals-branches
 """
 
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -55,11 +34,6 @@ log = logging.getLogger(__name__)
 ROLL_IN_POLICIES = (RollIn.STUDENT, RollIn.MIXTURE)
 
 
-def label_seed(episode_id: str, turn: int) -> int:
-    """A stable 31-bit sampling seed per visited state."""
-    return int(derive_id(episode_id, turn, "label-seed")[:8], 16) & 0x7FFFFFFF
-
-
 def label_params(
     config: TeacherConfig, n_prompt: int, stop_token_ids: list[int], episode_id: str, turn: int
 ) -> SamplingParams | None:
@@ -71,12 +45,12 @@ def label_params(
         max_new_tokens=min(config.max_new_tokens, room),
         temperature=config.temperature,
         stop_token_ids=list(stop_token_ids),
-        seed=label_seed(episode_id, turn),
+        seed=int(derive_id(episode_id, turn, "label-seed")[:8], 16) & 0x7FFFFFFF,  # per state
     )
 
 
 class TeacherActor(Actor):
-    """See the module docstring. One consumer shared by all teacher workers of a run."""
+    """One consumer shared by all teacher workers of a run."""
 
     name: ClassVar[str] = "teacher"
     kinds: ClassVar[tuple[type[Event], ...]] = (EpisodeStarted, TurnGenerated)
@@ -125,8 +99,8 @@ class TeacherActor(Actor):
             await self._score(event)
 
     async def _prompt(self, turn: TurnGenerated) -> list[int]:
-        """The whole prompt of a turn stored as ``prefix_len`` + new ids (the ``turns`` view;
-        this query sees the delivered turn and every earlier one, see ``Actor.query``)."""
+        """The whole prompt of a turn stored as ``prefix_len`` + new ids (this query sees the
+        delivered turn and every earlier one)."""
         table = await self.query(
             "SELECT prompt_ids FROM turns WHERE episode_id = ? AND turn = ?",
             [turn.episode_id, turn.turn],
@@ -172,13 +146,9 @@ class TeacherActor(Actor):
             return
         await self.publish(
             TeacherLabeled(
-                run_id=self.run_id,
-                event_id=derive_id(turn.episode_id, turn.turn, "TeacherLabeled", self.config.name),
-                episode_id=turn.episode_id,
-                turn=turn.turn,
+                **self._fields(turn, "TeacherLabeled"),
                 prompt_ids=list(turn.prompt_ids),
                 label_ids=list(gen.output_ids),
-                teacher=self.config.name,
                 iteration=iteration,
                 logprobs=None if gen.logprobs is None else list(gen.logprobs),
             )
@@ -197,13 +167,20 @@ class TeacherActor(Actor):
             return
         await self.publish(
             TeacherScored(
-                run_id=self.run_id,
-                event_id=derive_id(turn.episode_id, turn.turn, "TeacherScored", self.config.name),
-                episode_id=turn.episode_id,
-                turn=turn.turn,
+                **self._fields(turn, "TeacherScored"),
                 teacher_logprobs=[float(x) for x in logprobs],
-                teacher=self.config.name,
             )
+        )
+
+    def _fields(self, turn: TurnGenerated, kind: str) -> dict[str, Any]:
+        """The fields of this teacher's label or score of `turn`."""
+        name = self.config.name
+        return dict(
+            run_id=self.run_id,
+            event_id=derive_id(turn.episode_id, turn.turn, kind, name),
+            episode_id=turn.episode_id,
+            turn=turn.turn,
+            teacher=name,
         )
 
     async def _failed(self, turn: TurnGenerated, what: str, message: str) -> None:

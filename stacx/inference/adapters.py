@@ -1,21 +1,7 @@
-"""LoRA adapters served by the torch engine: merged into the weights at load.
-
-A trainer with ``[trainer.lora]`` publishes each weight version as a PEFT adapter directory
-(``adapter_config.json`` + the A and B tensors under PEFT's names,
-``base_model.model.<module>.lora_A.weight``; see stacx.train.lora). :class:`LoraMerge` serves
-one by rewriting each adapted weight as ``W = W_base + scaling * B @ A`` in place (``copy_``
-into the parameter, as every engine weight load does, so fused tensors and captured CUDA graphs
-stay valid).
-
-Guarantees: the merge is always against the unmerged base (the first adapter load keeps a copy
-of every weight it adapts; a module the next adapter no longer adapts gets its base back), so
-versions never stack; the product is computed in fp32 and rounded once to the weights' dtype;
-a bad adapter (unknown module, shape mismatch, unsupported config) is an :class:`EngineError`
-raised before any weight changes. Cost: nothing at decode (the engine runs plain weights:
-decode tok/s equal the base model's); per load, one ``B @ A`` per adapted module (measured in
-tools/bench/grpo_iteration.py as ``sync ms``), and memory for the base copies of the adapted
-weights (all linear layers: about the decoder's size again, on the engine's device).
-Limits: plain LoRA (``rank_pattern``/``alpha_pattern``, DoRA and bias adapters are refused).
+"""LoRA adapters served by the torch engine: each adapted weight becomes ``W_base + scaling * B @
+A`` in place (fp32 product, rounded once), always against a kept base, so versions never stack.
+A bad adapter is an :class:`EngineError` before any weight changes; plain LoRA only.
+Design: docs/training.md#lora-trainerlora
 """
 
 from __future__ import annotations

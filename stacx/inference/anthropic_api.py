@@ -1,13 +1,7 @@
-"""Anthropic's Messages API (``POST /v1/messages``) as the model gateway speaks it: a request is
-translated to the OpenAI chat request the gateway's one chat path takes (so it is rendered,
-generated and recorded exactly as ``/v1/chat/completions`` is: one `TurnGenerated` per call with
-the exact prompt and output ids, segments), and the chat answer back to an Anthropic message.
-
-Guarantees: errors are Anthropic-shaped and name the field; what it does not support (images,
-documents, extended thinking) is refused, never ignored. Limits: a streamed message is sent once
-generated, not token by token; ``n`` is 1.
-
-Specification: docs/scaffolds.md#anthropic-messages-api
+"""Anthropic's Messages API (``POST /v1/messages``) as the model gateway speaks it: translated to
+the gateway's one chat path (recorded as ``/v1/chat/completions`` is) and back. Errors are
+Anthropic-shaped and name the field; what it does not support is refused, never ignored.
+Design: docs/scaffolds.md#anthropic-messages-api
 """
 
 from __future__ import annotations
@@ -18,7 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from stacx.inference.openai_api import ApiError, Handler, Json
+from stacx.inference.openai_api import ApiError, Handler, Json, content_text, tool_call_json
+from stacx.inference.streaming import sse, sse_response
 
 KEYS = {
     "model",
@@ -45,16 +40,8 @@ KEYS = {
     "user_profile_id",
     "workspace_id",
 }
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    529: "overloaded_error",
-}
+# Anthropic's error types of the statuses the gateway answers with (ApiError's)
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 
 
@@ -69,8 +56,7 @@ def chat_body(raw: Json) -> Json:
     max_tokens = raw.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise ApiError("max_tokens: a positive integer is required", param="max_tokens")
-    thinking = raw.get("thinking")
-    if thinking is not None and thinking != {"type": "disabled"}:
+    if raw.get("thinking") not in (None, {"type": "disabled"}):
         raise ApiError("thinking: only {'type': 'disabled'} is supported", param="thinking")
     output = raw.get("output_config")
     if output is not None and (not isinstance(output, dict) or output.get("format") is not None):
@@ -80,7 +66,8 @@ def chat_body(raw: Json) -> Json:
     stops = raw.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise ApiError("stop_sequences must be a list of non-empty strings", param="stop_sequences")
-    messages = [*_system(raw.get("system"))]
+    system = raw.get("system")
+    messages = [] if system in (None, "", []) else [_text(system, "system", "system")]
     if not isinstance(raw.get("messages"), list) or not raw["messages"]:
         raise ApiError("messages: a non-empty list is required", param="messages")
     for i, m in enumerate(raw["messages"]):
@@ -91,9 +78,7 @@ def chat_body(raw: Json) -> Json:
     body: Json = {"model": raw.get("model"), "messages": messages, "max_tokens": max_tokens}
     if stops:
         body["stop"] = stops
-    for key in ("temperature", "top_p", "top_k"):
-        if raw.get(key) is not None:
-            body[key] = raw[key]
+    body.update({k: raw[k] for k in ("temperature", "top_p", "top_k") if raw.get(k) is not None})
     tools = raw.get("tools")
     if tools:
         body["tools"] = [_tool(t, f"tools.{k}") for k, t in enumerate(_list(tools, "tools"))]
@@ -108,28 +93,9 @@ def _list(value: object, where: str) -> list[Any]:
     return value
 
 
-def _text(content: object, where: str) -> str:
-    """A string, or text blocks joined (``cache_control`` and citations ignored)."""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for k, block in enumerate(_list(content, where)):
-        if (
-            not isinstance(block, dict)
-            or block.get("type") != "text"
-            or not isinstance(block.get("text"), str)
-        ):
-            raise ApiError(
-                f"{where}.{k}: only text blocks are supported here", param=f"{where}.{k}"
-            )
-        parts.append(block["text"])
-    return "".join(parts)
-
-
-def _system(system: object) -> list[Json]:
-    if system is None or system == "" or system == []:
-        return []
-    return [{"role": "system", "content": _text(system, "system")}]
+def _text(content: object, where: str, role: str) -> Json:
+    """A message of a string or of text blocks joined (``cache_control`` and citations ignored)."""
+    return {"role": role, "content": content_text(content, where, role, item=".{}")}
 
 
 def _turn(m: object, where: str) -> list[Json]:
@@ -151,30 +117,17 @@ def _turn(m: object, where: str) -> list[Json]:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
                 raise ApiError(f"{at}: a tool_use block needs name and input (an object)", param=at)
-            calls.append(
-                {
-                    "id": str(block.get("id") or ""),
-                    "type": "function",
-                    "function": {"name": block["name"], "arguments": json.dumps(block["input"])},
-                }
-            )
+            call_id, args = str(block.get("id") or ""), json.dumps(block["input"])
+            calls.append(tool_call_json(call_id, block["name"], args))
         elif kind == "tool_result" and role == "user":
-            text = _text(block.get("content") or "", f"{at}.content")
+            result = _text(block.get("content") or "", f"{at}.content", "tool")
             if block.get("is_error"):
-                text = f"Error: {text}"
-            results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(block.get("tool_use_id") or ""),
-                    "content": text,
-                }
-            )
+                result["content"] = f"Error: {result['content']}"
+            results.append({**result, "tool_call_id": str(block.get("tool_use_id") or "")})
         else:
+            other = "tool_use" if role == "assistant" else "tool_result"
             raise ApiError(
-                f"{at}: a {role} message's blocks may be text"
-                + (", tool_use" if role == "assistant" else ", tool_result")
-                + f"; got {kind!r}",
-                param=at,
+                f"{at}: a {role} message's blocks may be text, {other}; got {kind!r}", param=at
             )
     out = list(results)
     if calls:
@@ -188,14 +141,8 @@ def _tool(t: object, where: str) -> Json:
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
         raise ApiError(f"{where}: a tool needs a name and an input_schema", param=where)
     schema = t.get("input_schema") or {"type": "object", "properties": {}}
-    return {
-        "type": "function",
-        "function": {
-            "name": t["name"],
-            "description": t.get("description") or "",
-            "parameters": schema,
-        },
-    }
+    fn = {"name": t["name"], "description": t.get("description") or "", "parameters": schema}
+    return {"type": "function", "function": fn}
 
 
 def _tool_choice(choice: object) -> object:
@@ -214,20 +161,13 @@ def _tool_choice(choice: object) -> object:
 
 
 def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> Json:
-    """The Anthropic message of a chat answer (its first choice). `decode` tells which stop
-    sequence ended the reply (the recorded ids run through it)."""
+    """The Anthropic message of a chat answer's first choice (`decode` finds its stop sequence)."""
     choice = out["choices"][0]
     msg = choice["message"]
     blocks: list[Json] = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
     for c in msg.get("tool_calls") or []:
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": c["id"],
-                "name": c["function"]["name"],
-                "input": json.loads(c["function"]["arguments"]),
-            }
-        )
+        tool = {"type": "tool_use", "id": c["id"], "name": c["function"]["name"]}
+        blocks.append({**tool, "input": json.loads(c["function"]["arguments"])})
     reason, matched = STOP_REASONS[choice["finish_reason"]], None
     if reason == "end_turn" and stops:
         text = decode(choice["token_ids"])
@@ -252,22 +192,14 @@ def message(out: Json, stops: list[str], decode: Callable[[list[int]], str]) -> 
 
 def stream_events(msg: Json) -> list[tuple[str, Json]]:
     """A whole message as Anthropic's stream events, in their order."""
-    head = {
-        **msg,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {**msg["usage"], "output_tokens": 0},
-    }
+    ends = {"stop_reason": msg["stop_reason"], "stop_sequence": msg["stop_sequence"]}
+    head = {**msg, "content": [], "stop_reason": None, "stop_sequence": None}
+    head["usage"] = {**msg["usage"], "output_tokens": 0}
     events: list[tuple[str, Json]] = [("message_start", {"message": head}), ("ping", {})]
     for i, block in enumerate(msg["content"]):
-        start: Json
-        if block["type"] == "text":
-            start, delta = (
-                {"type": "text", "text": ""},
-                {"type": "text_delta", "text": block["text"]},
-            )
-        else:
+        start: Json = {"type": "text", "text": ""}
+        delta: Json = {"type": "text_delta", "text": block.get("text")}
+        if block["type"] == "tool_use":
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         events += [
@@ -275,28 +207,15 @@ def stream_events(msg: Json) -> list[tuple[str, Json]]:
             ("content_block_delta", {"index": i, "delta": delta}),
             ("content_block_stop", {"index": i}),
         ]
-    events += [
-        (
-            "message_delta",
-            {
-                "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": msg["stop_sequence"]},
-                "usage": {"output_tokens": msg["usage"]["output_tokens"]},
-            },
-        ),
-        ("message_stop", {}),
-    ]
-    return events
+    usage = {"output_tokens": msg["usage"]["output_tokens"]}
+    return [*events, ("message_delta", {"delta": ends, "usage": usage}), ("message_stop", {})]
 
 
 async def send_stream(request: web.Request, msg: Json) -> web.StreamResponse:
     """Send `msg` as an SSE stream of Anthropic's events."""
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await resp.prepare(request)
+    resp = await sse_response(request)
     for name, data in stream_events(msg):
-        payload = json.dumps({"type": name, **data})
-        await resp.write(f"event: {name}\ndata: {payload}\n\n".encode())
+        await resp.write(sse({"type": name, **data}, event=name))
     await resp.write_eof()
     return resp
 
@@ -308,11 +227,7 @@ def anthropic_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ApiError as e:
-            kind = ERROR_TYPES.get(
-                e.status, "invalid_request_error" if e.status < 500 else "api_error"
-            )
-            return web.json_response(
-                {"type": "error", "error": {"type": kind, "message": e.message}}, status=e.status
-            )
+            error = {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}
+            return web.json_response({"type": "error", "error": error}, status=e.status)
 
     return route

@@ -1,31 +1,27 @@
-"""The model's chat template, as the gateway uses it: for `tool_choice`, for a request's
-messages (`template_messages`) and for the ids that end a reply (`turn_stop_ids`).
+"""The model's chat template, as the gateway uses it: forced tool calls (`ToolChoice`, an opening
+read off a rendered call plus a grammar of its arguments), ``response_format`` grammars, a
+request's messages (`template_messages`) and the ids that end a reply (`turn_stop_ids`).
 
-`ToolChoice.prefills` gives what a reply is forced to start with for "required" or a named
-function: the template's own tool-call opening up to the arguments (Hermes:
-``<tool_call>\n{"name": "bash", "arguments":``), read off a call the template renders (so it works
-for any template that renders assistant tool calls, and for STACX's text format where the
-template has none); for "required" of several tools, one per tool, and the gateway picks among
-them by the model's scores (`pick_function`). `Opening.grammar` then holds the rest of the reply
-to the call's shape: the arguments as JSON valid under the tool's schema, then the call's
-closing text, decoded under that grammar by an engine that constrains (`SamplingParams.grammar`).
-`response_grammar` does the same for ``response_format`` json_object / json_schema.
-
-JSON is constrained to json.dumps' layout (``", "`` and ``": "``, no other whitespace), as the
-templates render calls: a small model cannot then wander in whitespace until its token limit.
-Limits: an engine without grammars gets the prefill alone (the arguments are the model's, and a
-reply that is not a well-formed call stays text); a reply cut by its token limit is a prefix.
+JSON is held to json.dumps' layout, so a small model cannot wander in whitespace.
+Design: docs/scaffolds.md#gateway-reference
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 from typing import NamedTuple
 
 from stacx.inference.gateway_episode import GatewayEpisode
-from stacx.inference.openai_api import ApiError, Json, assistant_calls, content_text
+from stacx.inference.openai_api import (
+    ApiError,
+    Json,
+    assistant_calls,
+    content_text,
+    tool_call_json,
+)
 from stacx.ports import ChatTokenizer
 from stacx.toolcalls import render_tool_call, tools_system_prompt
 
@@ -51,12 +47,9 @@ def response_grammar(fmt: object) -> str:
     if kind == "json_object":
         return json_grammar({"type": "object"})
     spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
-    if (
-        kind == "json_schema"
-        and isinstance(spec, dict)
-        and isinstance(spec.get("schema", {}), dict)
-    ):
-        return json_grammar(spec.get("schema") or {})
+    schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+    if kind == "json_schema" and isinstance(schema, dict):
+        return json_grammar(schema)
     raise ApiError(
         "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
         "{'type': 'json_schema', 'json_schema': {'name': N, 'schema': {...}}}; "
@@ -88,15 +81,12 @@ class ToolChoice:
 
     def __init__(self, tok: ChatTokenizer, native_tools: bool) -> None:
         self.tok, self.native_tools = tok, native_tools
-        self._openings: dict[str, Opening] = {}
+        self._openings = functools.cache(self._opening)  # by function name
 
     def prefills(self, choice: object, tools: list[Json]) -> list[Opening]:
-        """What the reply may be forced to start with for `tool_choice` (see `Opening`): nothing
-        for "auto" and "none"; the model's tool-call opening up to the arguments for a named
-        function ({"type": "function", "function": {"name": ...}}) and for "required" of one
-        tool; for "required" of several tools, that opening for each of them (the caller picks
-        one: `pick_function`). The rest of the reply is decoded under `Opening.grammar`; the
-        reply ends at the call's closing tag (a stop string) either way."""
+        """The openings a reply may be forced to start with: none for "auto" and "none", one for
+        a named function or "required" of one tool, one per tool for "required" of several (the
+        caller picks: `pick_function`)."""
         if choice in ("auto", "none"):
             return [Opening()]
         names = list(dict.fromkeys(t["function"]["name"] for t in tools))
@@ -119,10 +109,7 @@ class ToolChoice:
             )
         if not tools:
             raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
-        for name in chosen:
-            if name not in self._openings:
-                self._openings[name] = self._opening(name)
-        return [self._openings[name] for name in chosen]
+        return [self._openings(name) for name in chosen]
 
     def _opening(self, name: str) -> Opening:
         """How this template's assistant turn starts a call of `name`, cut before its
@@ -134,23 +121,12 @@ class ToolChoice:
         else:
             user = [{"role": "user", "content": "u"}]
             head = self.tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-            full = self.tok.apply_chat_template(
-                [
-                    *user,
-                    {
-                        "role": "assistant",
-                        "content": "",
-                        "tool_calls": [
-                            {
-                                "type": "function",
-                                "id": "call_0",
-                                "function": {"name": name, "arguments": args},
-                            }
-                        ],
-                    },
-                ],
-                tokenize=False,
-            )
+            call = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [tool_call_json("call_0", name, args)],
+            }
+            full = self.tok.apply_chat_template([*user, call], tokenize=False)
             if not full.startswith(head):
                 raise ApiError(
                     "tool_choice: this model's chat template does not render an "
@@ -178,11 +154,8 @@ class ToolChoice:
 
 
 def pick_function(scores: list[float], temperature: float, seed: int | None) -> int:
-    """Which of several forced openings (one per tool, `ToolChoice.prefills`) a reply takes,
-    given the model's log-probability of each after the prompt: the likeliest at temperature 0,
-    else one drawn from the model's distribution restricted to the tools (softmax of
-    scores / temperature, seeded by the request's seed). What a constrained decoder does at the
-    function's name, done for the whole name at once."""
+    """Which forced opening (one per tool) a reply takes, from the model's log-probability of
+    each: the likeliest at temperature 0, else drawn from softmax(scores / T) with `seed`."""
     if temperature == 0:
         return max(range(len(scores)), key=scores.__getitem__)
     top = max(scores)
@@ -193,9 +166,8 @@ def pick_function(scores: list[float], temperature: float, seed: int | None) -> 
 def template_messages(
     native_tools: bool, raw: object, tools: list[Json], ep: GatewayEpisode | None
 ) -> list[Json]:
-    """A request's `messages` as the template's conversation: an assistant call the model wrote
-    is replayed as exactly what it wrote (`ep.raw_text`); tools without native template support
-    go in STACX's text format."""
+    """A request's `messages` as the template's conversation: a call the model wrote replays as
+    exactly what it wrote (`ep.raw_texts`); tools the template lacks go in STACX's text format."""
     if not isinstance(raw, list) or not raw:
         raise ApiError("messages must be a non-empty list of message objects", param="messages")
     out: list[Json] = []
@@ -213,24 +185,12 @@ def template_messages(
         content = content_text(m.get("content"), f"{where}.content", role)
         if role == "assistant" and m.get("tool_calls"):
             calls = assistant_calls(m["tool_calls"], f"{where}.tool_calls")
-            raw_text = ep.raw_text(tuple(c[0] for c in calls)) if ep else None
+            raw_text = ep.raw_texts.get(tuple(c[0] for c in calls)) if ep else None
             if raw_text is not None:  # exactly what the model wrote
                 out.append({"role": "assistant", "content": raw_text})
             elif native_tools:
-                out.append(
-                    {
-                        "role": "assistant",
-                        "content": content,
-                        "tool_calls": [
-                            {
-                                "type": "function",
-                                "id": cid,
-                                "function": {"name": name, "arguments": args},
-                            }
-                            for cid, name, args in calls
-                        ],
-                    }
-                )
+                native = [tool_call_json(cid, name, args) for cid, name, args in calls]
+                out.append({"role": "assistant", "content": content, "tool_calls": native})
             else:
                 text = "\n".join(render_tool_call(name, args) for _, name, args in calls)
                 out.append(
@@ -264,8 +224,6 @@ def turn_stop_ids(tok: ChatTokenizer) -> list[int]:
         )
     except Exception:  # a template that cannot render this pair: EOS alone ends a reply
         return sorted(stops)
-    close = text[text.index(marker) + len(marker) :] if marker in text else ""
-    ids = tok.encode(close.strip() or close, add_special_tokens=False) if close.strip() else []
-    if ids:
-        stops.add(ids[0])
+    close = text.partition(marker)[2].strip()  # what ends the assistant message
+    stops.update(tok.encode(close, add_special_tokens=False)[:1] if close else [])
     return sorted(stops)

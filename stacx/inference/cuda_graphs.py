@@ -1,24 +1,9 @@
-"""CUDA-graph replay of the decode step.
+"""CUDA-graph replay of the decode step, captured once per (batch bucket, key-length bucket),
+and multi-step replays (``launch_chunk``) that pick each step's token on the GPU.
 
-Per decode step the engine runs ~25 small kernels per layer; at small batch the GPU waits on
-Python and kernel launches, not on math. Capturing :meth:`Decoder.decode` once per
-(batch bucket, key-length bucket) and replaying it removes that overhead.
-
-Greedy rows go further (``launch_chunk``): one graph holds ``steps`` consecutive decode steps
-with the argmax and its logprob computed on the GPU and each step's token fed to the next, so
-the host launches once and synchronizes once per ``steps`` tokens instead of per token. With the
-Triton step, rows sampled at a plain temperature (no top-p/top-k) run the same way: each step's
-draw is the Gumbel-max pick of triton_pick.pick, its noise keyed on (seed, position). Rows
-that stop inside a chunk simply have their extra tokens discarded by the engine; the keys they
-wrote past their end are never read (a position is always written before it is read), and a
-row that would run past the cache writes to the scratch cell instead.
-
-Guarantees: a graph reads its inputs from static buffers and the cache's fixed tensors, so the
-cache must not be reallocated after capture (the engine allocates it at full size on CUDA), and
-weights must be loaded in place (``copy_``), which ``load_state_dict`` does. Padded rows use
-the scratch cell (see decoder.py), so running a bucket larger than the live batch is safe. A
-paged cache's block table is one more input of fixed shape (rows x max blocks per row), at a
-fixed address; the engine edits its host copy and it is uploaded before each launch.
+A graph reads static buffers and the cache's fixed tensors: the cache must never be reallocated
+after capture and weights must load in place (``copy_``). Padded rows write the scratch cell.
+Design: docs/engine.md#cuda-graphs
 """
 
 from __future__ import annotations
@@ -108,14 +93,10 @@ class GraphedDecode:
         steps: int,
         sample: tuple[list[float], list[int]] | None = None,
     ) -> Chunk:
-        """``steps`` tokens for rows ``[0, len(ids))`` in one replay, without waiting for them:
-        the replay, then the copy of its [2, steps, n] tokens (exact in float32: ids < 2**24)
-        and logprobs (under the raw logits) to pinned host memory, then the inputs advanced on
-        the device (each row's last token, at its position + ``steps``), from which
-        `continue_chunk` can launch the next chunk before this one's tokens are read.
-        ``kv_len`` must cover every real row's last position: ``max(pos) + steps``. Greedy, or
-        with ``sample`` = (temperature, seed) per row: each row drawn at its temperature (0:
-        greedy) by `triton_pick.pick` (the Triton step only)."""
+        """Launch ``steps`` tokens for rows ``[0, len(ids))`` in one replay without waiting: tokens
+        and logprobs go to pinned host memory, the advanced inputs stay on the device for
+        `continue_chunk`. ``kv_len`` >= ``max(pos) + steps``. Greedy, or ``sample`` =
+        (temperature, seed) per row, drawn by `triton_pick.pick` (Triton step only)."""
         n = len(ids)
         if sample is not None and not self.decoder.kernels:
             raise ValueError("sampled multi-step replays need the Triton decode step")

@@ -1,13 +1,9 @@
-"""The forward pass of the in-process engine over a slotted KV cache.
+"""The in-process engine's forward pass: batched prefill and decode over a KV cache.
 
-A transformers model supplies the weights and the per-layer modules; this module owns attention
-and the cache, so that requests of different lengths share one batched decode step and join or
-leave between steps, and so that the CUDA decode step has fixed shapes that CUDA graphs capture.
-Guarantees: padding never corrupts a row; fused projections keep the model's parameters the same
-objects with the same values. Supported: Llama-style decoder-only models
-(``SUPPORTED_MODEL_TYPES``).
-
-Specification: docs/engine.md#the-decoder-cache-layout-and-fused-projections
+It owns attention and the cache (the transformers model supplies weights and layers), so requests
+of different lengths share one graph-capturable decode step; padding never corrupts a row, and
+fused projections keep the model's parameters the same objects. Llama-style models only.
+Design: docs/engine.md#the-decoder-cache-layout-and-fused-projections
 """
 
 from __future__ import annotations
@@ -31,11 +27,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class Decoder:
-    """Prefill and decode over a :class:`KVCache`, reading weights from a transformers model.
-
-    The model's parameters are used in place, so a weight load into the model (``copy_``)
-    takes effect on the next step and keeps captured CUDA graphs valid.
-    """
+    """Prefill and decode over a :class:`KVCache` with a transformers model's parameters, used
+    in place: a ``copy_`` load takes effect next step and keeps captured CUDA graphs valid."""
 
     def __init__(self, model: nn.Module, max_len: int, *, fuse: bool = True) -> None:
         # transformers modules are dynamically typed (config fields, submodules by name)
@@ -157,11 +150,8 @@ class Decoder:
     def _linear(
         self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``F.linear``; while compiling a decode step of at most ``gemv_rows`` rows, written as
-        a multiply-and-sum that inductor turns into one bandwidth-bound reduction kernel (a
-        GEMV, fp32 accumulation as in cuBLAS) which also absorbs neighbouring pointwise ops (H200,
-        batch 1: 1.14 ms of kernels per step against 1.42 with cuBLAS). Never eagerly: there
-        it would materialize [rows, out, in]."""
+        """``F.linear``; while compiling a step of at most ``gemv_rows`` rows, a multiply-and-sum
+        that inductor makes one GEMV kernel (never eagerly: it would build [rows, out, in])."""
         if h.dim() == 2 and h.shape[0] <= self.gemv_rows and torch.compiler.is_compiling():
             out = (h[:, None, :].float() * weight.float()).sum(-1)
             if bias is not None:
@@ -170,15 +160,9 @@ class Decoder:
         return F.linear(h, weight, bias)
 
     def enable_compile(self, mode: str | None = None, gemv_rows: int = 0) -> None:
-        """Run the decode step through ``torch.compile`` (fuses the ~60 small kernels per layer
-        that otherwise dominate a CUDA step). Shapes: the key length is always static (one
-        compile per key-length bucket: with a symbolic length inductor's softmax kernel ran
-        ~4x slower, 0.44 against ~0.1 ms per step at batch 64 on the H200); the batch is
-        static first and dynamic after a recompile.
-        ``mode``: torch.compile's (e.g. "max-autotune-no-cudagraphs": inductor benchmarks GEMM
-        kernels per shape, slower to compile; graphs are captured by GraphedDecode either way).
-        ``gemv_rows``: steps of at most this many rows are compiled per shape (static, one
-        compile per batch x key-length bucket) with reduction GEMVs (`_linear`)."""
+        """Run the decode step through ``torch.compile`` (``mode``: its mode); steps of at most
+        ``gemv_rows`` rows compile per shape with GEMVs (`_linear`). Shapes and figures:
+        docs/engine.md#the-compiled-step."""
         # every shape of the static small-batch compile is one cache entry of the same code
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.gemv_rows, self.compiled = gemv_rows, True
@@ -219,11 +203,8 @@ class Decoder:
         return None
 
     def enable_kernels(self, gemv_rows: int = 0, gemm_rows: int = 64) -> None:
-        """Run decode steps as the hand-written step of triton_kernels.py instead of torch ops
-        (8-9 kernels per layer; 6-7 for at most ``gemv_rows`` rows; attention reads each row's
-        valid keys only). Projections: GEMVs up to ``gemv_rows`` rows, Triton GEMMs up to
-        ``gemm_rows`` (<= triton_kernels.GEMM_ROWS), cuBLAS beyond. No torch.compile, so no
-        compile per shape either."""
+        """Run decode steps as triton_kernels.py's step: GEMVs up to ``gemv_rows`` rows, Triton
+        GEMMs up to ``gemm_rows`` (<= GEMM_ROWS), cuBLAS beyond; EngineError if unsupported."""
         reason = self.kernels_unsupported()
         if reason is not None:
             raise EngineError(f"the Triton decode step cannot run this model: {reason}")
@@ -255,10 +236,7 @@ class Decoder:
         self, cache: KVCache, ids_B: torch.Tensor, pos_B: torch.Tensor, kv_len: int
     ) -> torch.Tensor:
         """One token for each of rows ``[0, B)``: writes its k/v at ``pos``, returns logits [B, V].
-
-        Reads keys ``[0, kv_len)``; every real row needs ``pos < kv_len <= capacity``.
-        Fixed shapes for fixed (B, kv_len): safe to capture in a CUDA graph.
-        """
+        Reads keys ``[0, kv_len)`` (``pos < kv_len <= capacity``); graph-capturable shapes."""
         table = None if cache.table is None else cache.table[: ids_B.shape[0]]  # paged: row r's
         if self.kernels:
             return self._decode_kernels(cache.k, cache.v, ids_B, pos_B, kv_len, table)
@@ -278,8 +256,7 @@ class Decoder:
         visible_B_T: torch.Tensor,
         table_B_W: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The torch-op step; ``table_B_W``: the rows' block tables of a paged cache (None:
-        row r is slot r), see kv_cache.py."""
+        """The torch-op step; ``table_B_W``: a paged cache's block tables (None: slot r)."""
         n, kv_len = visible_B_T.shape
         rows = torch.arange(n, device=ids_B.device)
         cell_rows, cells = rows, pos_B
@@ -319,12 +296,7 @@ class Decoder:
         kv_len: int,
         table_B_W: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`_decode_impl` as Triton kernels; row r is cache slot r (paged: reads and writes go
-        through its block table ``table_B_W``). Projections: for at most
-        ``gemv_rows`` rows GEMV kernels with the norms, the residual adds and the SiLU gate
-        folded in (6 kernels per layer, plus attention's combine); up to ``gemm_rows`` Triton
-        GEMMs with the SiLU gate folded in and the narrow ones split-K, their partial sums
-        added in the next add+RMSNorm; beyond, cuBLAS."""
+        """`_decode_impl` as Triton kernels (projections as chosen in `enable_kernels`)."""
         from stacx.inference import triton_kernels as tk
 
         n = ids_B.shape[0]
@@ -367,8 +339,7 @@ class Decoder:
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        """``log_softmax(logits)[token]`` of each output token after the prompt (teacher
-        forcing), in a cache of its own."""
+        """Teacher-forced ``log_softmax(logits)[token]`` of each output token (own cache)."""
         ids = prompt_ids + output_ids
         cache = self.new_cache()
         cache.grow(1, len(ids) + 1)
@@ -378,9 +349,8 @@ class Decoder:
         return logp.gather(1, target).squeeze(1).tolist()  # type: ignore[no-any-return]
 
     def load_in_place(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy `state` into the model's parameters in place (``copy_``: the fused tensors and
-        captured CUDA graphs stay valid); an unknown name or a shape mismatch is an
-        :class:`EngineError` and changes nothing."""
+        """Copy `state` into the parameters in place (fused tensors, CUDA graphs stay valid); an
+        unknown name or a shape mismatch is an :class:`EngineError` and changes nothing."""
         own = self.model.state_dict()
         unknown = [k for k in state if k not in own]
         if unknown:
@@ -393,9 +363,8 @@ class Decoder:
                 own[k].copy_(t.to(device=own[k].device, dtype=own[k].dtype))
 
     def changes_keys(self, names: Mapping[str, object]) -> bool:
-        """Whether loading these parameter names changes any cached key or value: every
-        parameter does except the final norm, the lm_head (unless tied to the embedding) and the
-        last layer's o_proj, MLP and post-attention norm, which act after the last keys."""
+        """Whether loading these names changes cached keys: all do but the final norm, an untied
+        lm_head and the last layer's o_proj, MLP and post-attention norm."""
         own = self.model.state_dict(keep_vars=True)
         last = self.layers[-1]
         feeding = [self.embed, *self.layers[:-1], last.input_layernorm, last.self_attn]
@@ -413,13 +382,9 @@ class Decoder:
         logits_from: list[int],
         token_budget: int | None = None,
     ) -> list[torch.Tensor]:
-        """Feed ``new_ids[i]`` into slot ``slots[i]`` at positions ``offsets[i]...`` (batched,
-        right-padded, chunked in time so that at most ~`token_budget` tokens run at once).
-
-        Returns, per row, the logits [t_i - logits_from[i], V] predicting the token after each
-        new token from index ``logits_from[i]`` on. Rows' cached positions ``[0, offset)`` must
-        already be valid (prefix reuse).
-        """
+        """Feed ``new_ids[i]`` into slot ``slots[i]`` from position ``offsets[i]`` (positions before
+        it must be valid), chunked to ~`token_budget` tokens at once. Returns per row the logits
+        [t_i - logits_from[i], V] after each new token from index ``logits_from[i]`` on."""
         cache.sync_table()
         n = len(slots)
         lens = [len(ids) for ids in new_ids]
@@ -471,10 +436,8 @@ class Decoder:
         kv_len: int,
         fresh: bool = False,
     ) -> torch.Tensor:
-        """One chunk of prefill; ``fresh``: every row starts at position 0 and this chunk holds
-        its whole prompt (right-padded), so causal attention over the chunk's own keys is exact
-        (a real token never sees a padded one) and runs as one fused kernel without a mask.
-        ``rows`` selects the rows' cache slots for the attention's reads (a slice: a view);
+        """One chunk of prefill. ``fresh``: each row's whole prompt from position 0, so attention
+        is causal over the chunk's own keys, no mask; ``rows``: the slots attention reads;
         ``where``: each token's (storage row, cell), from ``cache.locate``."""
         n, c = ids.shape
         x = self.embed(ids)
@@ -517,9 +480,7 @@ class Decoder:
         kv_len: int,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """`_prefill_chunk` with the kernel step's fused norms, rope + cache writes and SiLU
-        gate (~9 launches per layer instead of ~25); attention reads the keys back from the
-        cache (``mask`` None: causal over the chunk, as in `_prefill_chunk`)."""
+        """`_prefill_chunk` with the kernel step's fused norms, rope + cache writes, SiLU gate."""
         from stacx.inference import triton_kernels as tk
 
         n, c, _ = x.shape
@@ -597,10 +558,8 @@ def _kernel_mlp(
     small: bool,
     mid: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | Partials | None]:
-    """A layer's output projection and MLP after its attention ``attn``, as kernels: the new
-    ``x`` and the residual the next add+RMSNorm adds (None: already added). ``small``: GEMVs
-    with the norm and the residual adds folded in; ``mid``: Triton GEMMs whose partial sums the
-    next add+RMSNorm adds; neither: cuBLAS."""
+    """A layer's o projection and MLP as kernels (``small``: GEMVs, ``mid``: Triton GEMMs, else
+    cuBLAS): the new ``x`` and the residual the next add+RMSNorm adds (None: already added)."""
     from stacx.inference import triton_kernels as tk
 
     if small:
@@ -620,11 +579,9 @@ def _norm(norm: Any) -> tuple[torch.Tensor, float]:
 
 
 def fuse_rows(linears: list[Any]) -> Fused | None:
-    """One weight whose row blocks ARE the given layers' weights: each layer's ``weight.data``
-    (and ``bias.data``) is re-pointed to its block, so ``F.linear(x, fused)`` equals the layers'
-    outputs concatenated and a later in-place load into any layer updates the fused tensor.
-    None (nothing changed) unless all are plain ``nn.Linear`` on one device and dtype, all with
-    or all without bias."""
+    """One weight whose row blocks ARE the layers' weights (``weight.data``/``bias.data``
+    re-pointed), so in-place loads land in it. None, changing nothing, unless all are plain
+    ``nn.Linear`` of one device and dtype, all with or all without bias."""
     if not linears or not all(type(m) is nn.Linear for m in linears):
         return None
     ws = [m.weight for m in linears]

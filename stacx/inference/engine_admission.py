@@ -1,31 +1,10 @@
-"""Admission when requests outnumber the torch engine's rows: an episode's next turn before
-new work, and prefill in rounds that keep decode going (host-side policy, no tensors).
+"""Admission when requests outnumber the torch engine's rows: an episode's next turn before new
+work, and prefill in rounds that keep decode going (host-side policy, no tensors).
 
-An agent submits turn t+1 as soon as turn t returns: its prompt is turn t's prompt + reply +
-an observation. Under FIFO admission, with more episodes (or GRPO group samples) than rows, the
-rows turn t frees go to whatever waited longest, usually another episode's first turn, and turn
-t+1 then waits for some other episode's whole turn (the group bench measured a TTFT p50 of 11.6 s
-on an H100). Here:
-
-- `Holds`: a request that finishes (not aborted) leaves a *hold* on one row for ``hold_s``
-  seconds. A request that arrives while a hold on a prompt it extends is live (all of that
-  prompt: an episode's next turn, each sample of a group's next turn) is a *next turn*: it
-  goes before other waiting requests and takes a free row even if every free row is held
-  (its own hold ends then); other requests wait while every free row is held. A hold ends
-  when claimed or after ``hold_s`` (the episode ended, or its tool runs longer). ``hold_s``
-  0: no holds. Holds pay only where next turns come: after ``patience`` holds in a row expired
-  with no next turn arriving (one-shot requests, a batch of prompts, tools slower than
-  ``hold_s``) they stop holding rows back, and they resume at the next next turn (finished
-  prompts are still watched for one).
-- Order: next turns first (stable), then the KV plan's order (those extending a cached prefix
-  first); a group's samples share a prompt, so they stay together.
-- ``prefill_tokens`` (the engine's): a round admits requests until their new (not reused)
-  tokens pass it (at least one request per round), then a decode step runs for the rows
-  already running: a burst of first turns is prefilled over several rounds, not one long stall.
-
-Limits: the engine knows no episodes; "extends the prompt" is its whole test, so a request that
-happens to extend another's whole prompt counts as its next turn. One request's own prefill is
-never split across rounds (a long prompt stalls decode for its whole prefill).
+A finished request holds its row ``hold_s`` for a next turn (a request extending its whole
+prompt); holds stop holding rows back after ``patience`` in a row expire unclaimed. The engine
+knows no episodes: prompt extension is the whole test. One prefill is never split across rounds.
+Design: docs/engine.md#against-the-bandwidth-bound-admission-when-episodes-outnumber-rows
 """
 
 from __future__ import annotations
@@ -67,7 +46,7 @@ class Hold:
 
 
 class Holds:
-    """Rows held for the next turn of the episodes that just finished one (module docstring)."""
+    """Rows held for the next turn of the episodes that just finished one."""
 
     def __init__(self, hold_s: float, patience: int) -> None:
         if hold_s < 0:
@@ -117,9 +96,8 @@ class Holds:
             del self.held[i]
 
     def wait_s(self) -> float | None:
-        """Seconds until the next hold that holds a row back expires (None: none does). Expired
-        holds go first: a hold past its end would make this 0, and the engine's idle wait a spin
-        that takes a core and the GIL until the next request (a whole train step, in sync mode)."""
+        """Seconds until the next hold that holds a row back expires (None: none does); drops
+        expired holds first, which would make it 0 and the engine's idle wait a spin."""
         self.expire()
         return max(self.held[0].until - time.monotonic(), 0.0) if len(self) else None
 
@@ -128,9 +106,7 @@ class Holds:
 
 
 class Admission:
-    """The engine's choice of the requests it admits next (a mixin of
-    :class:`~stacx.inference.torch_engine.TorchEngine`, split out by concept; it reads the
-    engine's queue, rows and KV plan; see the module docstring)."""
+    """What the engine admits next (a TorchEngine mixin over its queue, rows and KV plan)."""
 
     _waiting: collections.deque[Request]
     _owner: list[Request | None]
@@ -154,10 +130,8 @@ class Admission:
         return self._held_back
 
     def _order_waiting(self) -> None:
-        """Next turns (requests that extend a held prompt) first, then those that extend a
-        cached prefix (the KV plan's `first`), otherwise as they came (stable); again only
-        after a submission, a release or a new hold. A request is tested against the holds
-        once, at its first ordering: a next turn comes after the turn it extends."""
+        """Next turns first, then the KV plan's `first`, else as they came (stable); redone only
+        after a submission, a release or a new hold. Each request meets the holds once."""
         key = (self._submits, self._kv.tick, self._holds.version)
         if key == self._order_key:
             return
@@ -172,10 +146,8 @@ class Admission:
         )
 
     def _take_waiting(self) -> list[tuple[Request, Place]]:
-        """Rows for the requests at the head of the queue (the caller holds ``_cv``), until the
-        rows, the pool, the round's context (ADMIT_TOKENS) or its new tokens (``prefill_tokens``,
-        past the first request) run out, or the free rows are all held for next turns that the
-        head of the queue is not."""
+        """Rows for the head of the queue (caller holds ``_cv``) until rows, pool, ADMIT_TOKENS or
+        ``prefill_tokens`` (past the first) run out, or every free row is held for another."""
         batch: list[tuple[Request, Place]] = []
         self._holds.expire()
         context = new = 0  # a prefill reads each row's keys (paged: a copy)

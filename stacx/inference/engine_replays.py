@@ -1,12 +1,8 @@
-"""Multi-step decode replays of the in-process engine (CUDA graphs only): when to run several
-decode steps in one graph replay, and the replay launched ahead while the host reads the last
-one's tokens (a mixin of :class:`~stacx.inference.torch_engine.TorchEngine`, split out by
-concept: it reads the engine's state and hands each token to the engine's `_take`).
-
-Guarantees: a replay is launched ahead only while the batch goes on unchanged (nothing
-waits, no job, no cancel) and, with a paged cache, only when the blocks for its positions are
-reserved; every token is read before a weight load runs (`_drain`), so each carries the
-version that sampled it. Rows that stop inside a replay have their extra tokens discarded.
+"""Multi-step decode replays of the torch engine (CUDA graphs only): when to run several steps
+in one replay, and the replay launched ahead while the host reads the last one's tokens (a
+TorchEngine mixin). A replay is launched ahead only while the batch goes on unchanged (paged: with
+its blocks reserved); every token is read before a weight load runs (`_drain`).
+Design: docs/engine.md#cuda-graphs
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class MultiStepReplays(Admission):
-    """The engine's multi-step replay scheduling (see the module docstring)."""
+    """The engine's multi-step replay scheduling."""
 
     _graphed: GraphedDecode | None
     _ahead: tuple[list[Request], Chunk] | None
@@ -44,9 +40,8 @@ class MultiStepReplays(Admission):
     stats: dict[str, int]
 
     def _admissible(self) -> bool:
-        """Requests wait that a free row may take now (not while the paged pool refuses them,
-        nor while the free rows are held for next turns: until a row ends, a hold ends or a
-        next turn comes, the batch goes on in multi-step replays)."""
+        """Requests wait that a free row may take now (not while the paged pool refuses them or
+        the free rows are held for next turns: the batch then goes on in multi-step replays)."""
         return (
             bool(self._waiting)
             and self._n_active() < self.max_batch
@@ -58,12 +53,8 @@ class MultiStepReplays(Admission):
         raise NotImplementedError
 
     def _chunk_plan(self, live: list[Request]) -> tuple[int, bool]:
-        """How many steps to run in one replay (1: the per-step path), and whether sampled.
-
-        Greedy rows, and with the Triton step rows sampled at a plain temperature, run in
-        multi-step replays; a row with top-p/top-k truncation takes the per-step path, as do
-        all while requests wait that a free row can take (they are admitted between replays). Steps: see
-        `_chunk_steps`."""
+        """Steps in one replay (1: the per-step path, for top-p/top-k rows or while admissible
+        requests wait), and whether sampled (plain temperature, Triton step only)."""
         if (
             self._graphed is None
             or self.decode_steps == 1
@@ -99,23 +90,17 @@ class MultiStepReplays(Admission):
         return k
 
     def _run_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take a launched multi-step replay's tokens; first launch its continuation where the
-        batch goes on unchanged, so that the GPU runs it while this thread reads these tokens
-        (the host work per chunk, ~3 ms at 64 rows, would otherwise leave the GPU idle)."""
-        self.stats["decode_steps"] += chunk.steps
-        self.stats["decode_calls"] += 1
+        """Take a launched replay's tokens, first launching its continuation where the batch goes
+        on unchanged, so the GPU runs it while this thread reads them."""
         self._ahead = self._continuation(reqs, chunk)
         self._accept_chunk(reqs, chunk)
 
     def _continuation(
         self, reqs: list[Request], chunk: Chunk
     ) -> tuple[list[Request], Chunk] | None:
-        """Launch the chunk after `chunk` over the same rows from the inputs it left on the
-        device, before its tokens are read (None: the batch may change, so the next step is
-        planned on the host). Rows that stop inside `chunk` go on in the continuation; their
-        extra tokens are discarded, like a chunk's tokens after a stop, and the keys they write
-        lie past their end. Only while nothing else waits: a new request, a job (a weight load
-        must not land between a chunk's launch and the reading of its tokens) or a cancel."""
+        """Launch the chunk after `chunk` before its tokens are read, only while no request, job
+        (a weight load must not land between launch and read) or cancel waits; None otherwise.
+        Rows that stopped inside `chunk` run on, their extra tokens discarded."""
         assert self._graphed is not None
         if self._admissible() or self._jobs or any(r.cancelled for r in reqs):
             return None
@@ -141,8 +126,10 @@ class MultiStepReplays(Admission):
             self._accept_chunk(reqs, chunk)
 
     def _accept_chunk(self, reqs: list[Request], chunk: Chunk) -> None:
-        """Take each row's tokens of a multi-step replay up to its stop; discard the rest (and
-        all of a row that had finished before it: a continuation runs rows that stopped)."""
+        """Take each row's tokens up to its stop; discard the rest (all of a row already done).
+        Every replay the GPU ran is counted here, a continuation drained early included."""
+        self.stats["decode_steps"] += chunk.steps
+        self.stats["decode_calls"] += 1
         tok_K_B, lp_K_B = chunk.read()  # the one device->host transfer of the chunk
         reqs = [r for r in reqs if self._owner[r.slot] is r]
         done: set[int] = set()

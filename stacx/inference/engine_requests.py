@@ -76,9 +76,8 @@ def new_request(
     device: torch.device,
     eos: frozenset[int],
 ) -> Request:
-    """Prompt `index` of a ``generate`` call: its seed is ``params.seed + index`` (a random
-    one without a seed: the Philox key of a GPU draw), its stop ids the params' plus EOS
-    unless ``ignore_eos``."""
+    """Prompt `index` of a ``generate`` call: seed ``params.seed + index`` (else random, for a
+    GPU draw's key); stop ids the params' plus EOS unless ``ignore_eos``."""
     gen = None
     if params.seed is not None and params.temperature > 0:
         gen = torch.Generator(device=device).manual_seed(params.seed + index)

@@ -1,13 +1,9 @@
 """The model gateway: an OpenAI-compatible HTTP front of any `Engine` that records every call as
 token ids, so black-box scaffolds (mini-swe-agent, ...) can be trained token-faithfully.
 
-Guarantees: a call made with an episode's credential is recorded (one `TurnGenerated` per choice:
-the exact prompt ids the engine saw and the ids it produced) before the response is sent; a
-prompt that does not extend the episode's earlier calls opens a new ``segment``; a streamed reply
-joins to exactly the non-streamed one; every error answer to an episode's call is recorded
-(`GatewayRefused`). The gateway owns the chat template and the tool-call format.
-
-Specification: docs/scaffolds.md#gateway-reference
+An episode's call is recorded (one `TurnGenerated` per choice, exact ids) before its response is
+sent, and its error answers as `GatewayRefused`; a streamed reply joins to the non-streamed one.
+Design: docs/scaffolds.md#gateway-reference
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import msgspec
 from aiohttp import web
@@ -49,6 +45,7 @@ from stacx.inference.openai_api import (
     request_tools,
     shown,
     stop_strings,
+    tool_call_json,
 )
 from stacx.inference.streaming import (
     ChoiceStreams,
@@ -106,7 +103,7 @@ class Gateway:
             except ApiError as err:
                 ep = self._episodes.get(_credential(request))
                 if ep is not None:
-                    await ep.refused(request.path, err.status, err.json()["error"])
+                    await ep.refused(request.path, err.status, err.error)
                 raise
 
         return route
@@ -128,29 +125,20 @@ class Gateway:
         finally:
             del self._episodes[ep.credential]
 
-    # ---- routes -------------------------------------------------------------------------------
-
     async def models(self, request: web.Request) -> web.Response:
         self._episode_of(request)
-        return web.json_response(
-            {"object": "list", "data": [self._model_card(name) for name in self.model_names]}
-        )
+        cards = [self._model_card(name) for name in self.model_names]
+        return web.json_response({"object": "list", "data": cards})
 
     async def model(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}`` (the client's ``models.retrieve``): the card, or 404."""
         self._episode_of(request)
-        return web.json_response(
-            self._model_card(self.served_model(request.match_info["model_id"]))
-        )
+        name = self.served_model(request.match_info["model_id"])
+        return web.json_response(self._model_card(name))
 
     def _model_card(self, name: str) -> Json:
-        return {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "stacx",
-            "max_model_len": self.max_len,
-        }
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "stacx"}
+        return {**card, "max_model_len": self.max_len}
 
     def served_model(self, name: object) -> str:
         """The model name a request asked for (absent: the served name); 404 model_not_found,
@@ -170,20 +158,26 @@ class Gateway:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         ep = self._episode_of(request)
         body = await request_body(request, CHAT_KEYS)
+        return await self._answer(body, self.chat(body, ep, request))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        ep = self._episode_of(request)
+        body = await request_body(request, COMPLETION_KEYS)
+        return await self._answer(body, self._completion(body, ep, request))
+
+    async def _answer(self, body: Json, reply: Awaitable[_Reply]) -> web.StreamResponse:
+        """The reply streamed (its finish chunks) or as one JSON; nothing to a client gone."""
         try:
-            out, call, finals = await self.chat(body, ep, request)
+            out, call, finals = await reply
         except StreamClosed as closed:
             return closed.resp or web.Response(status=499)  # nobody reads it
         if call.streams is not None:
             return await call.streams.finish(out["choices"], finals, out["usage"])
         return web.json_response(shown(out, body))
 
-    async def chat(
-        self, body: Json, ep: GatewayEpisode | None, request: web.Request
-    ) -> tuple[Json, _Call, list[str]]:
-        """One chat request (an OpenAI chat body whose keys are checked) rendered, generated and
-        recorded: the ``chat.completion`` answer, the call, each choice's content. The one path
-        of the OpenAI and Anthropic routes (`stacx.inference.anthropic_api` translates)."""
+    async def chat(self, body: Json, ep: GatewayEpisode | None, request: web.Request) -> _Reply:
+        """One checked OpenAI chat body rendered, generated and recorded (the one path of the
+        OpenAI and Anthropic routes): the ``chat.completion``, the call, each choice's content."""
         model = self.served_model(body.get("model"))
         tools = request_tools(body)
         choice_mode = body.get("tool_choice") or "auto"
@@ -203,78 +197,46 @@ class Gateway:
             )
         messages = template_messages(self.native_tools, body.get("messages"), tools, ep)
         kwargs: Json = {"tools": tools} if tools and self.native_tools else {}
+        kwargs |= {"tokenize": False, "add_generation_prompt": True}
         try:
-            text = self.tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **kwargs
-            )
+            text = self.tok.apply_chat_template(messages, **kwargs)
         except Exception as exc:  # jinja raises its own TemplateError on what it rejects
             raise ApiError(
                 f"the chat template rejected the messages: {exc}", param="messages"
             ) from exc
-        max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        prompt, opening = await self._prefilled(text, options, body, max_key, ep)
-        prefill = opening.prefill
+        prompt, opening = await self._prefilled(text, options, body, ep)
         if opening.name and self.grammars:  # the arguments under the tool's schema
             grammar = opening.grammar(tools)
         parse = bool(tools) and choice_mode != "none"
         call = await self._generate(
-            body,
-            [prompt],
-            max_key,
-            ep,
-            request_json=_debug_json(body),
-            request=request,
-            parse_tools=parse,
-            held=bool(prefill),
-            close=opening.close,
-            grammar=grammar,
+            body, [prompt], ep, request, parse, opening=opening, grammar=grammar
         )
-        choices, finals = self._chat_choices(call, prompt, prefill, parse, body, ep)
+        choices, finals = self._chat_choices(call, opening.prefill, parse, body, ep)
         return _envelope("chat.completion", call, choices, model), call, finals
 
     def _chat_choices(
-        self,
-        call: _Call,
-        prompt: list[int],
-        prefill: str,
-        parse: bool,
-        body: Json,
-        ep: GatewayEpisode | None,
+        self, call: _Call, prefill: str, parse: bool, body: Json, ep: GatewayEpisode | None
     ) -> tuple[list[Json], list[str]]:
         """The ``chat.completion`` choices of a generated call (tool calls parsed when `parse`;
         each call id remembered by the episode) and each choice's content."""
         choices, finals = [], []
-        for i, (gen, generated) in enumerate(call.outputs):
+        for i, (gen, generated, _) in enumerate(call.outputs):
             out_text = prefill + generated  # the assistant message as the model's turn reads
             content, calls = parse_tool_calls(out_text) if parse else (out_text, [])
             finals.append(content)
             message: Json = {"role": "assistant", "content": content}
-            finish = _finish(gen, call.stopped[i])
+            lp = self._chat_logprobs(gen) if body.get("logprobs") else None
+            fields: Json = {"message": message, "logprobs": lp}
             if calls:
                 message["tool_calls"] = [
-                    {
-                        "id": f"call_{new_id()[:24]}",
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                    }
+                    tool_call_json(f"call_{new_id()[:24]}", c.name, json.dumps(c.arguments))
                     for c in calls
                 ]
                 message["content"] = content or None
-                finish = "tool_calls"
+                fields["finish_reason"] = "tool_calls"
                 if ep is not None:
-                    ep.remember(tuple(c["id"] for c in message["tool_calls"]), out_text)
-            lp = self._chat_logprobs(gen) if body.get("logprobs") else None
-            choices.append(
-                {
-                    "index": i,
-                    "message": message,
-                    "logprobs": lp,
-                    "finish_reason": finish,
-                    "token_ids": gen.output_ids,
-                    "prompt_token_ids": prompt,
-                    "weight_version": gen.weight_version,
-                }
-            )
+                    ep.raw_texts[tuple(c["id"] for c in message["tool_calls"])] = out_text
+            choices.append(_choice(call, i, fields))
         return choices, finals
 
     async def _prefilled(
@@ -282,12 +244,10 @@ class Gateway:
         text: str,
         options: list[Opening],
         body: Json,
-        max_key: str,
         ep: GatewayEpisode | None,
     ) -> tuple[list[int], Opening]:
-        """The prompt ids of the rendered `text` + a forced prefill, and its `Opening`: the only option, or for "required" of several tools the one whose call
-        the model scores likeliest (`pick_function`; one extra scoring pass per tool), sampled
-        with the request's own temperature and seed."""
+        """The prompt ids of `text` + a forced prefill, and its `Opening` (for "required" of
+        several tools: `pick_function`, one scoring pass per tool, at the request's seed)."""
         prompts = [
             ep.prompt_ids(text + p, self.tok)
             if ep is not None
@@ -296,7 +256,7 @@ class Gateway:
         ]
         if len(options) == 1:
             return prompts[0], options[0]
-        params = self._sampling(body, prompts, max_key)  # the request's limits, checked once
+        params = self._sampling(body, prompts)  # the request's limits, checked once
         # where the names part: the openings differ before the shorter one ends
         at = next(i for i, t in enumerate(zip(*prompts, strict=False)) if len(set(t)) > 1)
         try:  # each call's opening from where the names part, given the prompt before
@@ -320,8 +280,7 @@ class Gateway:
         }
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """Anthropic's ``POST /v1/messages``, translated to the chat path (and back) by
-        `stacx.inference.anthropic_api`: generated and recorded as a chat call is."""
+        """Anthropic's ``POST /v1/messages`` through the chat path (`anthropic_api` translates)."""
         ep = self._episode_of(request)
         raw = await json_object(request)
         out, _, _ = await self.chat(anthropic_api.chat_body(raw), ep, request)
@@ -330,9 +289,9 @@ class Gateway:
             return await anthropic_api.send_stream(request, msg)
         return web.json_response(msg)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        ep = self._episode_of(request)
-        body = await request_body(request, COMPLETION_KEYS)
+    async def _completion(
+        self, body: Json, ep: GatewayEpisode | None, request: web.Request
+    ) -> _Reply:
         model = self.served_model(body.get("model"))
         for key in ("suffix", "best_of"):
             if body.get(key) not in (None, 1) or (key == "suffix" and body.get(key)):
@@ -340,42 +299,18 @@ class Gateway:
         n_lp = opt(body, "logprobs", int, 0, 1, None)
         echo = opt(body, "echo", bool, None, None, False)
         prompts = self._completion_prompts(body.get("prompt"))
-        try:
-            call = await self._generate(
-                body,
-                prompts,
-                "max_tokens",
-                ep,
-                request=request,
-                request_json=_debug_json(body),
-                echo=echo,
-            )
-        except StreamClosed as closed:
-            return closed.resp or web.Response(status=499)  # nobody reads it
+        call = await self._generate(body, prompts, ep, request, echo=echo)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
-        for i, (gen, out_text) in enumerate(call.outputs):
+        for i, (gen, out_text, _) in enumerate(call.outputs):
             prompt = call.prompts[i]
             text = (self.tok.decode(prompt) if echo else "") + out_text
             lp = (
                 None if n_lp is None else await self._completion_logprobs(gen, prompt, echo, as_ids)
             )
-            choices.append(
-                {
-                    "index": i,
-                    "text": text,
-                    "logprobs": lp,
-                    "finish_reason": _finish(gen, call.stopped[i]),
-                    "token_ids": gen.output_ids,
-                    "prompt_token_ids": prompt,
-                    "weight_version": gen.weight_version,
-                }
-            )
-        out = _envelope("text_completion", call, choices, model)
-        if call.streams is not None:
-            finals = [text for _, text in call.outputs]
-            return await call.streams.finish(choices, finals, out["usage"])
-        return web.json_response(shown(out, body))
+            choices.append(_choice(call, i, {"text": text, "logprobs": lp}))
+        finals = [text for _, text, _ in call.outputs]
+        return _envelope("text_completion", call, choices, model), call, finals
 
     async def _completion_logprobs(
         self, gen: Generation, prompt: list[int], echo: bool, as_ids: bool
@@ -391,15 +326,8 @@ class Gateway:
             f"token_id:{t}" if as_ids else self.tok.decode([t], skip_special_tokens=False)
             for t in ids
         ]
-        offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
-        return {
-            "tokens": tokens,
-            "token_logprobs": values,
-            "top_logprobs": None,
-            "text_offset": offsets,
-        }
-
-    # ---- requests -> prompt ids ---------------------------------------------------------------
+        at = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": None, "text_offset": at}
 
     def _episode_of(self, request: web.Request) -> GatewayEpisode | None:
         ep = self._episodes.get(_credential(request))
@@ -414,17 +342,11 @@ class Gateway:
         return ep
 
     def _completion_prompts(self, raw: object) -> list[list[int]]:
-        if isinstance(raw, str):
+        if isinstance(raw, str) or _ids(raw):
             raw = [raw]
         if isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
             return [list(self.tok.encode(p)) for p in raw]
-        if isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
-            return [list(raw)]
-        if (
-            isinstance(raw, list)
-            and raw
-            and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in raw)
-        ):
+        if isinstance(raw, list) and raw and all(_ids(p) for p in raw):
             return [list(p) for p in raw]
         raise ApiError(
             "prompt must be a string, a list of strings, a list of token ids or a list "
@@ -432,36 +354,29 @@ class Gateway:
             param="prompt",
         )
 
-    # ---- generation and recording -------------------------------------------------------------
-
     async def _generate(
         self,
         body: Json,
         prompts: list[list[int]],
-        max_key: str,
         ep: GatewayEpisode | None,
-        *,
-        request_json: str,
         request: web.Request,
         parse_tools: bool = False,
+        *,
         echo: bool = False,
-        held: bool = False,
-        close: str = "",
+        opening: Opening = Opening(),
         grammar: str = "",
     ) -> _Call:
-        """Generate (n per prompt), cut at stop strings, record; with ``stream: true`` the
-        choices' text goes out to `request`'s client as the engine's ids arrive (`call.streams`;
-        the finish chunks are the caller's, after the recording). A client gone before the
-        generation is done aborts it and records nothing (`StreamClosed`). `held`: no text is
-        streamed as it comes (the reply continues a prefilled tool call); `close`: a stop string
-        of the gateway's own (a forced tool call's closing tag), kept in the reply's text;
-        `grammar`: the output is decoded under it (`SamplingParams.grammar`)."""
+        """Generate (n per prompt), cut at stop strings, record; streamed as ids arrive (finish
+        chunks are the caller's). A client gone first aborts it, unrecorded (`StreamClosed`).
+        A forced call's `opening`: no text until the end, its close a stop string kept in it."""
         n = opt(body, "n", int, 1, MAX_N, 1)
+        close = opening.close
         stops = stop_strings(body.get("stop")) + ([close] if close else [])
-        params = msgspec.structs.replace(self._sampling(body, prompts, max_key), grammar=grammar)
+        params = msgspec.structs.replace(self._sampling(body, prompts), grammar=grammar)
         expanded = [p for p in prompts for _ in range(n)]
         skip_special = bool(opt(body, "skip_special_tokens", bool, None, None, True))
-        kind = "chatcmpl" if "messages" in body else "cmpl"  # OpenAI's id prefixes
+        chat = "messages" in body
+        kind = "chatcmpl" if chat else "cmpl"  # OpenAI's id prefixes
         call = _Call(
             prompts=expanded, n=n, request_id=f"{kind}-{new_id()}", created=int(time.time())
         )
@@ -469,30 +384,38 @@ class Gateway:
         def decode(ids: list[int]) -> str:
             return self.tok.decode(ids, skip_special_tokens=skip_special)
 
+        held = bool(opening.prefill)  # a forced call's text goes out at the end
         texts = [TextStream(decode, stops, parse_tools, held=held) for _ in expanded]
-        if body.get("stream"):
-            call.streams = self._streams(request, body, call, texts, echo)
+        if body.get("stream"):  # the chunks of each choice, sent as its text arrives
+            base = {"id": call.request_id, "created": call.created}
+            base["model"] = body.get("model") or self.model_name
+            base["object"] = "chat.completion.chunk" if chat else "text_completion"
+            call.streams = ChoiceStreams(
+                request,
+                base,
+                texts,
+                chat=chat,
+                usage=include_usage(body),
+                heads=[self.tok.decode(p) for p in call.prompts] if echo else None,
+                token_ids=bool(body.get("return_token_ids")),
+            )
         gens = await self._run(call, params, texts if stops else None)
-        for gen in gens:
-            gen, text, stopped = cut_at_stop(decode, gen, stops, keep=close)
-            call.outputs.append((gen, text))
-            call.stopped.append(stopped)
+        call.outputs = [cut_at_stop(decode, gen, stops, keep=close) for gen in gens]
         if ep is not None:
             await ep.record(
-                [g for g, _ in call.outputs],
+                [g for g, _, _ in call.outputs],
                 call.prompts,
                 engine=f"gateway:{self.engine.name}",
                 request_id=call.request_id,
-                request_json=request_json,
+                request_json=_debug_json(body),
             )
         return call
 
     async def _run(
         self, call: _Call, params: SamplingParams, texts: list[TextStream] | None
     ) -> list[Generation]:
-        """The engine's generations of the call's prompts (`texts`: cut at stop strings as they
-        stream). Raises the engine's refusal as an ApiError (into the stream once its 200 is
-        sent), `StreamClosed` when the streaming client left before the end."""
+        """The engine's generations (`texts`: cut at stop strings as they stream). Raises its
+        refusal as an ApiError (into the stream once 200 is sent), or `StreamClosed`."""
         try:
             gens = await run_choices(self.engine, call.prompts, params, call.streams, texts)
         except EngineError as exc:
@@ -504,28 +427,9 @@ class Gateway:
             raise StreamClosed(call.streams.resp)  # nobody saw this reply: not recorded
         return gens
 
-    def _streams(
-        self, request: web.Request, body: Json, call: _Call, texts: list[TextStream], echo: bool
-    ) -> ChoiceStreams:
-        """The chunks of a ``stream: true`` request's choices, sent as their text arrives."""
-        return ChoiceStreams(
-            request,
-            {
-                "id": call.request_id,
-                "created": call.created,
-                "model": body.get("model") or self.model_name,
-                "object": "chat.completion.chunk" if "messages" in body else "text_completion",
-            },
-            texts,
-            chat="messages" in body,
-            usage=include_usage(body),
-            heads=[self.tok.decode(p) for p in call.prompts] if echo else None,
-            token_ids=bool(body.get("return_token_ids")),
-        )
-
-    def _sampling(self, body: Json, prompts: list[list[int]], max_key: str) -> SamplingParams:
-        """The engine's sampling parameters for a request body (its limits checked: the prompt
-        within the context, unsupported penalties refused)."""
+    def _sampling(self, body: Json, prompts: list[list[int]]) -> SamplingParams:
+        """The engine's sampling parameters for a body (limits checked, penalties refused)."""
+        max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         longest = max(len(p) for p in prompts)
         if longest >= self.max_len:
             raise ApiError(
@@ -566,18 +470,32 @@ class _Call:
 
     def __init__(self, *, prompts: list[list[int]], n: int, request_id: str, created: int) -> None:
         self.prompts, self.n, self.request_id, self.created = prompts, n, request_id, created
-        self.outputs: list[tuple[Generation, str]] = []
-        self.stopped: list[bool] = []
+        self.outputs: list[tuple[Generation, str, bool]] = []  # cut at stop strings: text, cut
         self.streams: ChoiceStreams | None = None
 
 
-def _finish(gen: Generation, stopped: bool) -> str:
-    return "stop" if stopped or gen.finish_reason == "stop" else "length"
+_Reply = tuple[Json, _Call, list[str]]  # the answer, its call, each choice's final text
+
+
+def _choice(call: _Call, i: int, fields: Json) -> Json:
+    gen, _, stopped = call.outputs[i]
+    return {
+        "index": i,
+        "finish_reason": "stop" if stopped or gen.finish_reason == "stop" else "length",
+        **fields,
+        "token_ids": gen.output_ids,
+        "prompt_token_ids": call.prompts[i],
+        "weight_version": gen.weight_version,
+    }
+
+
+def _ids(raw: object) -> bool:
+    return isinstance(raw, list) and bool(raw) and all(isinstance(t, int) for t in raw)
 
 
 def _envelope(kind: str, call: _Call, choices: list[Json], model: str) -> Json:
     n_in = sum(len(p) for p in call.prompts[:: call.n])  # each prompt once, not once per choice
-    n_out = sum(len(g.output_ids) for g, _ in call.outputs)
+    n_out = sum(len(g.output_ids) for g, _, _ in call.outputs)
     return {
         "id": call.request_id,
         "object": kind,
@@ -590,8 +508,7 @@ def _envelope(kind: str, call: _Call, choices: list[Json], model: str) -> Json:
 
 
 def _credential(request: web.Request) -> str:
-    """The episode credential of a request: the URL's ``/e/<key>``, the bearer key, or
-    Anthropic's ``x-api-key``."""
+    """A request's episode credential: the URL's ``/e/<key>``, the bearer key or ``x-api-key``."""
     credential = request.match_info.get("credential")
     if credential is None:
         auth = request.headers.get("Authorization", "")
@@ -600,36 +517,36 @@ def _credential(request: web.Request) -> str:
 
 
 def _debug_json(body: Json) -> str:
-    """What a turn records of its request for a reader (`TurnGenerated.request_json`): the
-    input and what shaped the reply's start (`tool_choice`: a forced prefill is in the prompt
-    ids). Training reads the ids, never this."""
+    """`TurnGenerated.request_json`: the input and `tool_choice`, for a reader (training reads
+    the ids, never this)."""
     keys = ("messages", "tools", "tool_choice", "prompt")
     return json.dumps({k: body[k] for k in keys if k in body})
+
+
+@contextlib.asynccontextmanager
+async def _serving(gateway: Gateway) -> AsyncIterator[web.AppRunner]:
+    runner = web.AppRunner(gateway.app(), access_log=None)
+    await runner.setup()
+    try:
+        yield runner
+    finally:
+        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
 async def serve_unix(gateway: Gateway, path: str) -> AsyncIterator[str]:
     """Serve `gateway` on a unix socket at `path` (mode 0666: a container's non-root user may
     connect) until exit; yields the path."""
-    runner = web.AppRunner(gateway.app(), access_log=None)
-    await runner.setup()
-    try:
+    async with _serving(gateway) as runner:
         await web.UnixSite(runner, path).start()
         os.chmod(path, 0o666)
         yield path
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
 async def serve_tcp(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve `gateway` over TCP until exit; yields its base URL (``http://host:port/v1``)."""
-    runner = web.AppRunner(gateway.app(), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
+    async with _serving(gateway) as runner:
+        await web.TCPSite(runner, host, port).start()
         bound = runner.addresses[0][1] if runner.addresses else port
         yield f"http://{host}:{bound}/v1"
-    finally:
-        await runner.cleanup()

@@ -1,9 +1,7 @@
-"""What the model gateway remembers of one episode's calls: its credential, the segment its
-calls are in (a prompt that does not extend an earlier call's prompt + output opens a new one),
-the previous turn's ids (so a turn is stored as the ids after them), and the exact text the
-model wrote for the tool calls it returned (so an echoed history re-renders token for token);
-a history that echoes a reply the tokenizer would split otherwise continues from the model's
-own ids (`prompt_ids`)."""
+"""What the model gateway remembers of one episode's calls: its credential, its segment, the
+previous turn's ids, and the exact text of the tool calls the model wrote, so an echoed history
+continues token for token. Design: docs/scaffolds.md#segments-what-a-multi-segment-episode-trains-on
+"""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ class GatewayEpisode:
         self.segment = 0
         self.transcript_ids: list[int] = []  # the last call's prompt + output (choice 0)
         self._ends: list[list[int]] = []  # prompt + output of each choice of the last call
-        self._raw: dict[tuple[str, ...], str] = {}  # tool-call ids -> the text the model wrote
+        self.raw_texts: dict[tuple[str, ...], str] = {}  # tool-call ids -> what the model wrote
         self.lock = asyncio.Lock()
         self.n_refused = 0  # error answers recorded so far
 
@@ -45,25 +43,15 @@ class GatewayEpisode:
             )
         )
 
-    def remember(self, call_ids: tuple[str, ...], text: str) -> None:
-        """The text the model wrote for the tool calls it returned with these ids."""
-        self._raw[call_ids] = text
-
-    def raw_text(self, call_ids: tuple[str, ...]) -> str | None:
-        return self._raw.get(call_ids)
-
     def extends(self, ids: list[int]) -> bool:
         """Whether `ids` continue the episode's current segment: there is no call yet, or they
         extend a choice of the last call (its prompt + output)."""
         return not self._ends or any(ids[: len(e)] == e for e in self._ends)
 
     def prompt_ids(self, text: str, tok: ChatTokenizer) -> list[int]:
-        """`text` (the rendered conversation) as prompt ids that keep the model's own tokens:
-        where the text extends the text of an earlier choice's prompt + output but its
-        tokenization does not extend those ids (the model sampled a non-canonical split, such
-        as two newlines as two tokens, or a reply cut mid-word at max_tokens), the ids are that
-        choice's ids + the rest of the text encoded: what the engine continues from, and one
-        segment to train on, is what the model saw and wrote. Otherwise, the text encoded."""
+        """The rendered `text` as prompt ids: where it extends an earlier choice's prompt + output
+        whose ids its encoding would not extend (a non-canonical split, a reply cut mid-word),
+        that choice's ids + the rest encoded, so the segment goes on; else the text encoded."""
         ids = list(tok.encode(text, add_special_tokens=False))
         if self.extends(ids):
             return ids
@@ -82,10 +70,8 @@ class GatewayEpisode:
         request_id: str,
         request_json: str,
     ) -> None:
-        """Emit one call's choices as `TurnGenerated` events, in order. Stored linearly: a
-        prompt that extends the previous turn's (the last choice of the last call) prompt +
-        output keeps only its new ids, with prefix_len; a first choice whose prompt extends no
-        choice of the last call opens a new segment."""
+        """Emit one call's choices as `TurnGenerated` events: a prompt extending the previous
+        turn keeps only its new ids (prefix_len); one extending no choice opens a segment."""
         async with self.lock:
             if not self.extends(prompts[0]):
                 self.segment += 1

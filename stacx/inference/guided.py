@@ -1,17 +1,7 @@
-"""Constrained decoding in the torch engine: a request whose `SamplingParams.grammar` is set
-(an llguidance grammar in its Lark form: ``%json {schema}`` and literals) samples each token
-among those the grammar allows next, and ends when the grammar is complete.
-
-Guarantees: every token of such a request's output keeps the output a prefix of a string of the
-grammar (llguidance computes the allowed set from the bytes so far, whatever the tokenization),
-and the request finishes (``stop``) as soon as the grammar is complete, or at its token limit
-(``length``: a prefix only). The reported logprob of a constrained token is under the masked
-distribution it was drawn from (disallowed tokens have probability 0), which is what the
-behaviour policy was. A grammar llguidance rejects is an EngineError naming the cause.
-
-Limits: a constrained row takes the per-step path (no multi-step replay) and costs one mask
-computation on the CPU per token; llguidance's tokenizer view is built once per engine (about a
-second for a 50k vocabulary).
+"""Constrained decoding in the torch engine: a request with `SamplingParams.grammar` (llguidance,
+Lark form) samples only tokens the grammar allows and stops once it is complete; its logprobs are
+under the masked distribution it was drawn from. A rejected grammar is an EngineError.
+Design: docs/engine.md#constrained-decoding
 """
 
 from __future__ import annotations
@@ -59,9 +49,8 @@ class Guides:
 
 
 def mask_logits(logits_B_V: torch.Tensor, guides: Sequence[Guide | None]) -> torch.Tensor:
-    """`logits_B_V` with each guided row's disallowed tokens at -inf (a copy; unchanged when
-    no row is guided). The bits are unpacked with plain tensor ops (llguidance's own apply
-    kernel is a torch.compile, which needs a compiler at run time)."""
+    """`logits_B_V` with each guided row's disallowed tokens at -inf (a copy). Plain tensor ops:
+    llguidance's own apply kernel is a torch.compile, needing a compiler at run time."""
     rows = [i for i, g in enumerate(guides) if g is not None]
     if not rows:
         return logits_B_V

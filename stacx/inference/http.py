@@ -1,19 +1,13 @@
-"""The HTTP boundary shared by the SGLang and OpenAI clients: sessions, retries, errors.
-
-Owns one real boundary (slime's rule): a session per event loop (a client object may outlive
-the loop it was first used on, as in tests and in the launcher), retries with capped backoff
-(a server that is restarting), and every non-2xx answer turned into an :class:`EngineError`
-that carries the server's message.
-
-Retries: a request the server never received (the connection could not be made) is always
-retried. One that may have reached it (a timeout, a connection dropped mid-request) is retried
-only when the caller says it is idempotent (``idempotent=True``: reads such as ``/health`` or
-scoring); a ``/generate`` or a weight update is never sent twice, its failure is the caller's.
+"""The HTTP boundary shared by the SGLang and OpenAI clients: a session per event loop, retries
+with capped backoff, and every non-2xx answer an :class:`EngineError` with the server's message.
+A request that may have reached the server is retried only when idempotent (never a generate).
+Design: docs/engine.md#the-openai-client
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 
@@ -79,8 +73,6 @@ class HttpClient:
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
-            try:
+            with contextlib.suppress(RuntimeError):  # its loop is gone
                 await self._session.close()
-            except RuntimeError:  # its loop is gone
-                pass
         self._session = None

@@ -1,25 +1,9 @@
 """The in-process engine's KV storage: one row per slot (`KVCache`), or a pool of fixed-size
 blocks read through per-row block tables (`PagedKVCache`).
 
-Both keep one tensor per layer for keys and one for values, shaped ``[n, kv_heads, width,
-head_dim]``: for slots ``n`` is the slot and ``width`` the capacity; for blocks ``n`` is the
-block and ``width`` the block size. The decoder never indexes them itself: it asks
-``locate(rows, pos)`` where a token's keys go and ``keys(store, rows, kv_len)`` for the keys a
-row attends to, so the same forward pass (and the Triton kernels, through ``table``) runs over
-either layout.
-
-Paged layout: row r's position p lives in block ``table[r, p // block]`` at offset
-``p % block``. Block 0 is the scratch block: it is never handed out, and every table entry past
-a row's blocks points at it, so a padded row (at the scratch position ``capacity - 1`` =
-``max_len``) and the positions past a finished row's end write there, never into a live block.
-The table is a fixed-shape tensor (``rows x ceil((max_len + 1) / block)``) whose address never
-changes, so CUDA graphs read it as an input; the engine edits a host copy and uploads it
-(`sync_table`) before a step. Which blocks a row holds, and who shares them, is kv_plan.py.
-
-Guarantees: the keys a row reads are bit-for-bit those the slot layout holds for the same
-tokens (a gather, not a recomputation), so the paged path's logits equal the slot path's
-(tested). Limits: reads gather a row's blocks into a contiguous tensor on the torch path (a
-copy of the context per layer; the Triton decode kernel reads through the table instead).
+The decoder only asks ``locate`` and ``keys``, so one forward pass runs over either layout; a
+paged row reads bit-for-bit the keys the slot layout holds. Who holds which blocks: kv_plan.py.
+Design: docs/engine.md#the-kv-cache-prefix-reuse-grpo-groups-the-paged-pool
 """
 
 from __future__ import annotations
@@ -28,13 +12,9 @@ import torch
 
 
 class KVCache:
-    """Per-slot key/value storage, one tensor per layer (``k[layer]: [slots, kv_heads,
-    capacity, head_dim]``); grows by reallocation (CPU) or is allocated once (CUDA graphs).
-
-    Separate tensors per layer (not one [layers, ...] tensor) matter under torch.compile: an
-    in-place write into a view of a graph input is functionalized into a copy of the WHOLE
-    input, per layer; a write into an input itself stays in place.
-    """
+    """Per-slot storage, ``k[layer]: [slots, kv_heads, capacity, head_dim]``; grows on CPU, is
+    allocated once on CUDA. One tensor per layer: under torch.compile, a write through a view
+    of an input copies the whole input."""
 
     table: torch.Tensor | None = None  # slots: row r IS storage row r
 
@@ -82,8 +62,7 @@ class KVCache:
         return rows, pos
 
     def keys(self, store: torch.Tensor, rows: slice | torch.Tensor, kv_len: int) -> torch.Tensor:
-        """``[n, kv_heads, kv_len, head_dim]``: positions ``[0, kv_len)`` of ``rows`` of one
-        layer's ``store`` (a view for a slice of slots)."""
+        """Positions ``[0, kv_len)`` of ``rows`` of one layer's ``store`` (a view for a slice)."""
         return store[rows, :, :kv_len]
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
@@ -97,9 +76,8 @@ class KVCache:
 
 
 class PagedKVCache(KVCache):
-    """A pool of ``blocks`` blocks of ``block`` positions per layer, read through ``table``
-    (see the module docstring). On CUDA the pool is allocated at full size up front (graphs
-    need fixed addresses); on CPU it starts small and doubles as blocks are handed out."""
+    """A pool of ``blocks`` blocks of ``block`` positions per layer, read through ``table``;
+    allocated in full on CUDA (graphs need fixed addresses), doubled as needed on CPU."""
 
     def __init__(
         self,
@@ -143,8 +121,7 @@ class PagedKVCache(KVCache):
         """Rows and capacity are fixed at construction (the pool grows in `set_row`)."""
 
     def set_row(self, row: int, blocks: list[int]) -> None:
-        """Row `row`'s table becomes `blocks` (then the scratch block); the storage grows to
-        hold the highest block (CPU)."""
+        """Row `row`'s table becomes `blocks`, then the scratch block (a CPU pool grows to fit)."""
         if blocks and max(blocks) >= self.k[0].shape[0]:
             self._grow_pool(max(blocks) + 1)
         line = self.host_table[row]
@@ -165,10 +142,8 @@ class PagedKVCache(KVCache):
                 store[i] = new
 
     def sync_table(self) -> None:
-        """Upload the host table's edits, in stream order (a step running on the device reads
-        the old table; the next reads the new). Through a pinned buffer, so that the host never
-        waits for the device (a pageable copy may: it would stall the replay launched ahead);
-        each of the two buffers is reused only once its last upload has completed."""
+        """Upload the host table's edits in stream order, through one of two pinned buffers (a
+        pageable copy could wait for the device, stalling the replay launched ahead)."""
         if not self._dirty or self.rows_table is self.host_table:
             self._dirty = False
             return
@@ -205,8 +180,7 @@ class PagedKVCache(KVCache):
 
 
 def gather_blocks(store: torch.Tensor, table_N_B: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """``[n, kv_heads, kv_len, head_dim]`` from blocks ``table_N_B`` of ``store`` ([blocks,
-    kv_heads, block, head_dim]), in order."""
+    """``[n, kv_heads, kv_len, head_dim]`` from the blocks ``table_N_B`` of ``store``, in order."""
     n, nb = table_N_B.shape
     _, heads, block, dim = store.shape
     got = store[table_N_B]  # [n, nb, heads, block, dim]

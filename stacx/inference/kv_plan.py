@@ -1,31 +1,10 @@
 """Who holds which keys in the in-process engine's KV cache: prefix reuse, group sharing,
 admission and eviction (host-side bookkeeping; the tensors are kv_cache.py's).
 
-Two policies with one interface, chosen by ``TorchEngine(kv_cache=...)``:
-
-- `SlotKV` ("slots"): a request owns one cache row of ``max_len`` positions while it runs;
-  a finished row keeps its keys as a cached prefix until the row is handed to another request.
-- `PagedKV` ("paged"): a pool of fixed-size blocks; a row's table lists its blocks, so
-  memory goes to the tokens that exist. Blocks are shared by reference (refcounts): a group's
-  n samples and the next turn of an episode point at their prompt's blocks; a shared block
-  that would be written (the partial last block of a prefix) is copied first (copy-on-write).
-  Finished rows' blocks stay as cached prefixes, evicted least recently used when the pool
-  needs room. A request is admitted only when its prompt's blocks fit (admission control);
-  a step that cannot get blocks for its rows preempts the youngest row (the engine recomputes
-  it later), so a full pool never raises an out-of-memory error.
-
-Prefix matching (both): a new request's tokens (its prompt, plus the output so far when it
-was preempted) are compared with every *source*: a running row's valid keys, a cached
-prefix, and the rows admitted earlier in the same step (the siblings of a GRPO group arrive
-together: the first computes the prompt, the others reuse it once its prefill has run, see
-`Place.after`). The longest common prefix wins, at most ``len(tokens) - 1`` (the last token
-is computed: it gives the first logits) and at least `MIN_PREFIX_REUSE`. Keys computed under
-an older *epoch* are never reused: the engine bumps the epoch (`invalidate`) at a weight load
-that changes keys and at ``flush_cache``; rows running across it finish, but their keys are
-not offered to later requests.
-
-Limits: matching is linear in the sources (a C-speed list comparison each), not a radix tree;
-a prefix shorter than MIN_PREFIX_REUSE is recomputed.
+`SlotKV` ("slots") gives a request one row; `PagedKV` ("paged") a table of shared copy-on-write
+blocks, admitting only what fits and preempting the youngest row rather than running out of
+memory. Keys computed before `invalidate` (a key-changing weight load, a flush) are never reused.
+Design: docs/engine.md#the-kv-cache-prefix-reuse-grpo-groups-the-paged-pool
 """
 
 from __future__ import annotations
@@ -78,8 +57,7 @@ class Place:
 
 
 class KVPlan:
-    """The interface the engine drives (see the module docstring); ``tokens[row]`` are the
-    tokens whose keys are valid in `row` (the engine appends as decode steps write them)."""
+    """The interface the engine drives; ``tokens[row]``: the tokens whose keys `row` holds."""
 
     cache: KVCache
 
@@ -140,9 +118,8 @@ class KVPlan:
         return list(range(len(prompts)))
 
     def usage(self) -> dict[str, int]:
-        """Positions the cache holds (``pool_tokens``), those in use now (``used_tokens``:
-        running rows and cached prefixes), those running rows held at the peak since
-        `reset_peak` (``peak_tokens``), the bytes allocated and the bytes per position."""
+        """Positions held (``pool_tokens``), in use (``used_tokens``), held by running rows at the
+        peak since `reset_peak` (``peak_tokens``), bytes allocated and bytes per position."""
         return {
             "pool_tokens": 0,
             "used_tokens": 0,
@@ -427,17 +404,11 @@ def new_plan(
 ) -> KVPlan:
     """The engine's KV cache and its policy: the ONE place where the cache's size is decided.
 
-    ``slots``: ``rows`` rows of ``max_len + 1`` positions (allocated at full size on CUDA,
-    grown on demand on CPU). ``paged``: a pool of ``kv_tokens`` positions (default: as many as
-    the slots would hold, capped on CUDA at 80% of the free device memory) in blocks of
-    ``block``, shared by ``rows`` decode rows. On CUDA an explicit size over 80% of the free
-    memory (or a slot cache over it) is an :class:`EngineError` naming the numbers.
-
-    ``cache_bytes`` (CUDA only; ``placement.engine_cache_gib`` when engine and trainer share the
-    GPU, stacx.launch.memory): the cache's declared budget, which replaces the 80% rule: slots
-    are lowered to the full-length rows that fit it (the plan's ``max_rows``), a paged pool
-    defaults to the positions that fit it; a budget that holds no row (slots) or less than
-    ``kv_tokens`` (paged), or more than the free memory, is an :class:`EngineError`."""
+    Slots: ``rows`` rows of ``max_len + 1`` positions (grown on demand on CPU); paged:
+    ``kv_tokens`` positions (default: what the slots would hold) in blocks of ``block``. On CUDA
+    the cache gets at most 80% of the free memory, or the ``cache_bytes`` budget
+    (placement.engine_cache_gib; slots lower ``max_rows`` to fit it); a size that does not fit
+    is an :class:`EngineError` naming the numbers."""
     if mode not in KV_CACHE_MODES:
         raise EngineError(f"kv_cache must be one of {', '.join(KV_CACHE_MODES)}, got {mode!r}")
     cuda = decoder.device.type == "cuda"
@@ -473,8 +444,7 @@ def new_plan(
 def _check_fits(
     decoder: Decoder, mode: str, rows: int, tokens: int, per_token: int, free: int, budgeted: bool
 ) -> None:
-    """EngineError, naming the numbers, for a cache of `tokens` positions over the `free`
-    device memory (over 80% of it without a declared budget)."""
+    """EngineError when `tokens` positions exceed `free` (80% of it without a budget)."""
     if tokens * per_token <= (free if budgeted else 0.8 * free):
         return
     what = (

@@ -1,8 +1,5 @@
-"""The OpenAI HTTP API's request side as the gateway accepts it: the accepted keys, field
-validation that names the offending field, and the OpenAI-shaped error answer (``error.param``).
-
-Kept apart from `stacx.inference.gateway` (which renders, generates and records) so the request
-contract reads in one place; `stacx serve` mounts the same error middleware.
+"""The OpenAI HTTP API's request side as the gateway accepts it: the accepted keys, validation
+naming the offending field, and the OpenAI-shaped error answer (``error.param``), in one place.
 """
 
 from __future__ import annotations
@@ -92,23 +89,11 @@ class ApiError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.message, self.param, self.status, self.type, self.code = (
-            message,
-            param,
-            status,
-            type,
-            code,
-        )
+        self.message, self.status = message, status
+        self.error = {"message": message, "type": type, "param": param, "code": code}
 
     def json(self) -> Json:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return {"error": self.error}
 
 
 async def json_object(request: web.Request) -> Json:
@@ -155,14 +140,10 @@ def opt(body: Json, key: str, kind: type, lo: float | None, hi: float | None, de
 def stop_strings(raw: object) -> list[str]:
     if raw is None:
         return []
-    stops = [raw] if isinstance(raw, str) else raw
-    if (
-        not isinstance(stops, list)
-        or len(stops) > 4
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
+    out = [raw] if isinstance(raw, str) else raw
+    if not isinstance(out, list) or len(out) > 4 or not all(isinstance(s, str) and s for s in out):
         raise ApiError("stop must be a non-empty string or a list of up to 4 of them", param="stop")
-    return stops
+    return out
 
 
 def request_tools(body: Json) -> list[Json]:
@@ -173,13 +154,8 @@ def request_tools(body: Json) -> list[Json]:
         raise ApiError("tools must be a list", param="tools")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if (
-            not isinstance(t, dict)
-            or t.get("type") != "function"
-            or not isinstance(fn, dict)
-            or not isinstance(fn.get("name"), str)
-            or not fn["name"]
-        ):
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name or t.get("type") != "function":
             raise ApiError(
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
                 "'parameters': {...}}}}",
@@ -188,29 +164,27 @@ def request_tools(body: Json) -> list[Json]:
     return tools
 
 
-def content_text(content: object, where: str, role: str) -> str:
+def content_text(content: object, where: str, role: str, item: str = "[{}]") -> str:
+    """A string, or a list of text parts joined (`item`: how a part's path follows `where`)."""
     if content is None:
         if role in ("assistant", "tool"):
             return ""
         raise ApiError(f"{where} is required for a {role} message", param=where)
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for k, p in enumerate(content):
-            if (
-                not isinstance(p, dict)
-                or p.get("type") != "text"
-                or not isinstance(p.get("text"), str)
-            ):
-                raise ApiError(
-                    f"{where}[{k}]: only text parts ({{'type': 'text', 'text': ...}}) "
-                    "are supported",
-                    param=f"{where}[{k}]",
-                )
-            parts.append(p["text"])
-        return "".join(parts)
-    raise ApiError(f"{where} must be a string or a list of text parts", param=where)
+    if not isinstance(content, list):
+        raise ApiError(f"{where} must be a string or a list of text parts", param=where)
+    for k, p in enumerate(content):
+        if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+            at = where + item.format(k)
+            raise ApiError(
+                f"{at}: only text parts ({{'type': 'text', 'text': ...}}) are supported", param=at
+            )
+    return "".join(p["text"] for p in content)
+
+
+def tool_call_json(call_id: str, name: str, arguments: object) -> Json:
+    return {"type": "function", "id": call_id, "function": {"name": name, "arguments": arguments}}
 
 
 def assistant_calls(raw: object, where: str) -> list[tuple[str, str, dict[str, object]]]:
@@ -224,19 +198,13 @@ def assistant_calls(raw: object, where: str) -> list[tuple[str, str, dict[str, o
                 f"{where}[{k}] must hold function.name and function.arguments",
                 param=f"{where}[{k}]",
             )
-        args = fn.get("arguments") or "{}"
+        args, at = fn.get("arguments") or "{}", f"{where}[{k}].function.arguments"
         try:
             parsed = json.loads(args) if isinstance(args, str) else args
         except json.JSONDecodeError as exc:
-            raise ApiError(
-                f"{where}[{k}].function.arguments is not JSON: {exc}",
-                param=f"{where}[{k}].function.arguments",
-            ) from exc
+            raise ApiError(f"{at} is not JSON: {exc}", param=at) from exc
         if not isinstance(parsed, dict):
-            raise ApiError(
-                f"{where}[{k}].function.arguments must be a JSON object",
-                param=f"{where}[{k}].function.arguments",
-            )
+            raise ApiError(f"{at} must be a JSON object", param=at)
         calls.append((str(c.get("id") or ""), fn["name"], parsed))
     return calls
 

@@ -1,21 +1,8 @@
 """An :class:`Engine` backed by any OpenAI-compatible ``/v1/completions`` server (teachers).
 
-What it does: sends the prompt as token ids (vLLM, SGLang and `stacx serve` accept a list of
-ints as ``prompt``) and asks for ``logprobs``. With ``extensions=True`` (the default) it also
-sends the vLLM/SGLang extras ``return_token_ids``, ``return_tokens_as_token_ids``,
-``stop_token_ids``, ``top_k``, ``ignore_eos``, ``skip_special_tokens=false`` so that output
-token ids come back exactly.
-
-What it cannot do:
-
-- On servers without token-id prompts (OpenAI itself), set ``prompt_as_text=True`` and give a
-  tokenizer: the prompt is then decoded to text and re-tokenized by the server, so the prompt
-  the teacher saw is NOT token-exact, and output ids are re-derived from text with the local
-  tokenizer (also not exact). Use such servers for labels, not for token-level training signal.
-- ``score`` needs ``echo`` with ``logprobs`` (vLLM, `stacx serve`); OpenAI's current models
-  refuse it.
-- ``load_weights``: a remote teacher's weights are not ours to change; it raises.
-- Servers that return no logprobs give ``logprobs=None``.
+Prompts go as token ids and, with ``extensions`` (vLLM/SGLang extras), output ids come back
+exactly; ``prompt_as_text`` (OpenAI itself) is not token-exact. ``load_weights`` raises.
+Design: docs/engine.md#the-openai-client
 """
 
 from __future__ import annotations
@@ -51,11 +38,7 @@ class OpenAIEngine:
         self.http = HttpClient(base, headers=headers, timeout_s=timeout_s)
         self.model, self.tokenizer = model, tokenizer
         self.extensions, self.prompt_as_text = extensions, prompt_as_text
-        self._version = weight_version
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
+        self.weight_version = weight_version
 
     def _body(
         self, prompt: list[int], params: SamplingParams, **extra: object
@@ -120,16 +103,12 @@ class OpenAIEngine:
         if logprobs is not None and len(logprobs) != len(ids):
             logprobs = None  # re-derived ids (text mode) need not line up; better none than wrong
         reason = choice.get("finish_reason")
-        version = choice.get("weight_version", self._version)
+        version = choice.get("weight_version", self.weight_version)
         return Generation(
             output_ids=ids,
             logprobs=logprobs,
-            finish_reason="stop"
-            if reason == "stop"
-            else "length"
-            if reason == "length"
-            else "abort",
-            weight_version=int(version) if isinstance(version, int) else self._version,
+            finish_reason=str(reason) if reason in ("stop", "length") else "abort",
+            weight_version=int(version) if isinstance(version, int) else self.weight_version,
         )
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

@@ -1,25 +1,7 @@
-"""Token sampling for a batch of rows that each carry their own sampling parameters.
-
-Pure tensor functions, no model state. Guarantees:
-
-- ``temperature == 0`` is greedy (argmax of the raw logits), independent of top_p/top_k.
-- Otherwise the token is drawn from softmax(logits / temperature) restricted to the top_k
-  tokens (``top_k <= 0``: no limit) and then to the smallest set whose probability reaches
-  ``top_p`` (the token that crosses the threshold is kept).
-- The reported logprob is ``log_softmax(raw logits)[token]``: the model's own distribution at
-  temperature 1, before any truncation. That is what teacher scoring (:meth:`score`) returns
-  too, so behaviour and teacher logprobs compare like for like; it is NOT the probability under
-  the tempered/truncated sampling distribution.
-- Rows with a seed draw their noise from their own ``torch.Generator``, so a seeded request
-  reproduces its tokens whatever else shares the batch.
-- The TorchEngine's Triton step on CUDA draws rows sampled at a plain temperature (no top-p /
-  top-k truncation, see `RowParams.truncated`) with ``triton_pick.pick`` instead, inside its
-  multi-step CUDA graphs: the same distribution, by the Gumbel-max form of the same race, with
-  noise from Philox keyed on (the row's ``seed``, the position, the token id), which again
-  depends on nothing else in the batch. Truncated rows keep this module's path.
-
-Sampling uses the exponential-race form of the categorical draw
-(``argmax(p / Exp(1))``), which lets every row share one vectorized argmax.
+"""Token sampling for a batch of rows that each carry their own sampling parameters (pure tensor
+functions). Temperature 0 is greedy; the logprob reported is under the raw logits (temperature 1,
+untruncated), as teacher scoring returns; a seeded row repeats its draw whatever shares the batch.
+Design: docs/engine.md#sampling
 """
 
 from __future__ import annotations
@@ -70,10 +52,8 @@ def sample(logits_B_V: torch.Tensor, rows: list[RowParams]) -> tuple[torch.Tenso
 def sample_rows(
     logits_B_V: torch.Tensor, rows: list[RowParams], positions: list[int], on_gpu_pick: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample`, or with ``on_gpu_pick`` (the Triton step) greedy rows and rows at a plain
-    temperature drawn by ``triton_pick.pick`` at ``positions`` (the position of the token each
-    row's logits follow), as the multi-step replays draw them, so a row's draw does not depend
-    on which path its batch took; truncated rows (top-p/top-k) by `sample`."""
+    """`sample`; with ``on_gpu_pick`` (the Triton step) untruncated rows are drawn by
+    ``triton_pick.pick`` at ``positions``, as multi-step replays draw them, whatever the path."""
     if not on_gpu_pick:
         return sample(logits_B_V, rows)
     from stacx.inference.triton_pick import pick

@@ -1,28 +1,7 @@
-"""`stacx serve`: the in-process engine over HTTP, speaking SGLang's native subset + OpenAI.
-
-Native routes (request and response shapes follow SGLang's ``/generate`` so that
-:class:`~stacx.inference.sglang_client.SGLangEngine` talks to this server and to a real SGLang
-server alike):
-
-- ``POST /generate`` ``{input_ids | text, sampling_params, return_logprob, logprob_start_len}``
-  (``sampling_params.ebnf``: an llguidance grammar in its Lark form, decoded under it)
-  -> ``{text, output_ids, meta_info{id, finish_reason, prompt_tokens, completion_tokens,
-  weight_version, output_token_logprobs[[logprob, id, null]...], input_token_logprobs}}``; a
-  list of prompts gives a list of results. ``finish_reason`` is ``{"type": "stop", "matched":
-  id}``, ``{"type": "length", "length": n}`` or ``{"type": "abort", "message": ...}``.
-- ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: a safetensors file or a
-  directory of them. ``weight_version`` is SGLang's string field; here it must hold an integer
-  (the version stamped on later tokens); absent, the current version + 1 is used.
-- ``POST /load_lora_adapter`` ``{lora_name, lora_path}``, ``POST /unload_lora_adapter``
-  ``{lora_name}`` and ``lora_path`` in ``/generate`` (SGLang's LoRA serving): one adapter at a
-  time, merged into the weights (stacx.inference.adapters); a request naming another adapter
-  (or none while one is merged) is a 400.
-- ``POST /flush_cache``, ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``.
-
-OpenAI routes (``/v1/models[/{id}]``, ``/v1/chat/completions``, ``/v1/completions``, with
-tools, streaming, n, stop strings, logprobs) and Anthropic's ``/v1/messages``: the model gateway, `stacx.inference.gateway.Gateway`,
-mounted on this app. Served alone, nothing is recorded (no run); the launcher's gateway records
-every call of an episode as a TurnGenerated.
+"""`stacx serve`: the in-process engine over HTTP, speaking SGLang's native subset (so that
+`SGLangEngine` talks to it and to a real SGLang server alike) plus the model gateway's OpenAI and
+Anthropic routes. Served alone, nothing is recorded (no run).
+Routes: docs/engine.md#stacx-serve
 """
 
 from __future__ import annotations
@@ -37,11 +16,10 @@ from aiohttp import web
 
 from stacx.errors import EngineError
 from stacx.inference.gateway import Gateway
-from stacx.inference.openai_api import Handler, json_object, openai_errors
+from stacx.inference.openai_api import Handler, Json, json_object, openai_errors
 from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import ChatTokenizer, Generation, SamplingParams
 
-Json = dict[str, Any]
 # sampling_params keys accepted without effect when they hold their neutral value
 _NEUTRAL = {
     "n": 1,
@@ -75,15 +53,11 @@ class BadRequest(EngineError):
 def sampling_from_sglang(raw: Json) -> SamplingParams:
     """SGLang ``sampling_params`` -> :class:`SamplingParams`; unknown or unsupported keys fail."""
     for key, value in raw.items():
-        if key in _KNOWN:
-            continue
-        if key in _NEUTRAL:
-            if value not in (_NEUTRAL[key], None, [], ""):
-                raise BadRequest(f"sampling_params.{key}={value!r} is not supported here")
-            continue
-        raise BadRequest(
-            f"sampling_params.{key} is unknown; accepted: {', '.join(sorted(_KNOWN | set(_NEUTRAL)))}"
-        )
+        if key not in _KNOWN and key not in _NEUTRAL:
+            accepted = ", ".join(sorted(_KNOWN | set(_NEUTRAL)))
+            raise BadRequest(f"sampling_params.{key} is unknown; accepted: {accepted}")
+        if key in _NEUTRAL and value not in (_NEUTRAL[key], None, [], ""):
+            raise BadRequest(f"sampling_params.{key}={value!r} is not supported here")
     seed = raw.get("sampling_seed", raw.get("seed"))
     try:
         return SamplingParams(
@@ -120,8 +94,8 @@ class Server:
     def __init__(
         self, engine: TorchEngine, model_name: str = "default", aliases: Sequence[str] = ()
     ) -> None:
-        """`model_name` and `aliases` are the names OpenAI requests may ask for (also served:
-        the checkpoint's path and directory name); any other is a 404 model_not_found."""
+        """`model_name`, `aliases` (and the checkpoint's path and directory name): the names OpenAI
+        requests may ask for; any other is a 404 model_not_found."""
         self.engine, self.model_name = engine, model_name
         self.loras: dict[str, str] = {}  # SGLang's loaded adapters: name -> path
         self.merged: str | None = None  # the one the engine serves (merged into its weights)
@@ -148,17 +122,6 @@ class Server:
             )
             self.gateway.add_routes(r)
 
-    # ---- helpers ------------------------------------------------------------------------------
-
-    def _tokenizer(self) -> Any:
-        if self.engine.tokenizer is None:
-            raise BadRequest("this engine has no tokenizer: send token ids")
-        return self.engine.tokenizer
-
-    def _decode(self, ids: list[int], skip_special: bool = True) -> str:
-        tok: Any = self.engine.tokenizer
-        return "" if tok is None else str(tok.decode(ids, skip_special_tokens=skip_special))
-
     def _prompts(self, body: Json, ids_key: str, text_key: str) -> tuple[list[list[int]], bool]:
         """(prompts, single) from token ids or text, one prompt or a list of them."""
         raw = body.get(ids_key)
@@ -167,7 +130,9 @@ class Server:
             texts = [text] if isinstance(text, str) else text
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise BadRequest(f"{text_key} must be a string or a list of strings")
-            tok = self._tokenizer()
+            tok: Any = self.engine.tokenizer
+            if tok is None:
+                raise BadRequest("this engine has no tokenizer: send token ids")
             return [list(tok.encode(t)) for t in texts], isinstance(text, str)
         if not isinstance(raw, list) or not raw:
             raise BadRequest(f"{ids_key} must be a non-empty list of token ids (or of lists)")
@@ -178,13 +143,10 @@ class Server:
         return prompts, single
 
     async def _prompt_logprobs(self, ids: list[int], start: int) -> list[float | None]:
-        """logprob of ids[p] given ids[:p] for p in [start, len); None at p = 0."""
-        start = max(0, start)
+        """logprob of ids[p] given ids[:p] for p in [start >= 0, len); None at p = 0."""
         head: list[float | None] = [None] if start == 0 else []
         lo = max(1, start)
-        if lo >= len(ids):
-            return head
-        return head + list(await self.engine.score(ids[:lo], ids[lo:]))
+        return head + (list(await self.engine.score(ids[:lo], ids[lo:])) if lo < len(ids) else [])
 
     # ---- native routes ------------------------------------------------------------------------
 
@@ -199,6 +161,7 @@ class Server:
         gens = await self.engine.generate(prompts, params)
         want_lp = bool(body.get("return_logprob"))
         start = body.get("logprob_start_len", -1)
+        tok: Any = self.engine.tokenizer
         out = []
         for prompt, gen in zip(prompts, gens, strict=True):
             meta: Json = {
@@ -219,18 +182,12 @@ class Server:
                     meta["input_token_logprobs"] = [
                         [lp, t, None] for lp, t in zip(lps, prompt[start:], strict=True)
                     ]
-            out.append(
-                {
-                    "text": self._decode(gen.output_ids),
-                    "output_ids": gen.output_ids,
-                    "meta_info": meta,
-                }
-            )
+            text = "" if tok is None else str(tok.decode(gen.output_ids))
+            out.append({"text": text, "output_ids": gen.output_ids, "meta_info": meta})
         return web.json_response(out[0] if single else out)
 
     def _check_lora(self, names: object, n: int) -> None:
-        """SGLang's ``lora_path`` (a name, or one per prompt) must name the merged adapter:
-        this engine serves one adapter at a time, merged into its weights."""
+        """SGLang's ``lora_path`` (a name, or one per prompt) must name the one merged adapter."""
         want = names if isinstance(names, list) else [names] * n
         if any(name != self.merged for name in want):
             raise BadRequest(
@@ -239,8 +196,7 @@ class Server:
             )
 
     async def load_lora(self, request: web.Request) -> web.Response:
-        """SGLang's ``/load_lora_adapter`` ``{lora_name, lora_path, pinned}``: merge the adapter
-        (a PEFT directory) into the weights, as the next weight version."""
+        """SGLang's ``/load_lora_adapter``: merge the PEFT directory in, as the next version."""
         body = await json_object(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
@@ -248,28 +204,25 @@ class Server:
         try:
             await self.engine.load_adapter(path, self.engine.weight_version + 1)
         except EngineError as e:
-            return web.json_response({"success": False, "error_message": str(e)}, status=400)
+            return self._lora_answer(str(e))
         self.loras[name], self.merged = path, name
-        return web.json_response(
-            {"success": True, "error_message": "", "loaded_adapters": self.loras}
-        )
+        return self._lora_answer()
 
     async def unload_lora(self, request: web.Request) -> web.Response:
-        """SGLang's ``/unload_lora_adapter`` ``{lora_name}``; unloading the merged adapter
-        restores the base weights."""
+        """SGLang's ``/unload_lora_adapter``: the merged adapter's goes, the base comes back."""
         body = await json_object(request)
         name = body.get("lora_name")
         if name not in self.loras:
-            return web.json_response(
-                {"success": False, "error_message": f"adapter {name!r} is not loaded"}, status=400
-            )
+            return self._lora_answer(f"adapter {name!r} is not loaded")
         path = self.loras.pop(str(name))
         if name == self.merged:  # an empty adapter: every adapted weight gets its base back
             await self.engine.load_adapter(path, self.engine.weight_version + 1, {})
             self.merged = None
-        return web.json_response(
-            {"success": True, "error_message": "", "loaded_adapters": self.loras}
-        )
+        return self._lora_answer()
+
+    def _lora_answer(self, error: str = "") -> web.Response:
+        body = {"success": not error, "error_message": error, "loaded_adapters": self.loras}
+        return web.json_response(body, status=400 if error else 200)
 
     async def update_weights(self, request: web.Request) -> web.Response:
         body = await json_object(request)
@@ -285,13 +238,8 @@ class Server:
             await self.engine.load_weights(path, version)
         except EngineError as e:
             return web.json_response({"success": False, "message": str(e)}, status=400)
-        return web.json_response(
-            {
-                "success": True,
-                "message": f"loaded {path} as version {version}",
-                "num_paused_requests": 0,
-            }
-        )
+        message = f"loaded {path} as version {version}"
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         await self.engine.flush_cache()
@@ -301,14 +249,10 @@ class Server:
         return web.Response(text="")
 
     async def model_info(self, request: web.Request) -> web.Response:
+        path, version = self.engine.model_path, str(self.engine.weight_version)
+        info = {"model_path": path, "tokenizer_path": path, "is_generation": True}
         return web.json_response(
-            {
-                "model_path": self.engine.model_path,
-                "tokenizer_path": self.engine.model_path,
-                "is_generation": True,
-                "weight_version": str(self.engine.weight_version),
-                "max_len": self.engine.max_len,
-            }
+            {**info, "weight_version": version, "max_len": self.engine.max_len}
         )
 
     async def weight_version(self, request: web.Request) -> web.Response:

@@ -1,23 +1,21 @@
-"""An :class:`Engine` backed by an SGLang server's native API (or by `stacx serve`).
+"""An :class:`Engine` backed by an SGLang server's native API (or by `stacx serve`): token in,
+token out, SGLang's three weight-update paths and its LoRA routes.
 
-Speaks ``POST /generate`` with ``input_ids`` and ``return_logprob`` (token in, token out; no
-re-tokenization), the three weight-update paths of SGLang (disk, tensor, distributed), its LoRA
-adapter routes, ``POST /flush_cache`` and ``GET /health``. Guarantees: ``output_ids`` are the
-server's; a partial checkpoint is refused, never half-loaded; a state it cannot hand over
-(no CUDA) raises :class:`StateNotAccepted`, so the caller loads the file instead.
-
-Specification: docs/engine.md#the-sglang-client
+``output_ids`` are the server's; a partial checkpoint is refused, never half-loaded; a state it
+cannot hand over (no CUDA) raises :class:`StateNotAccepted`, so the caller loads the file.
+Design: docs/engine.md#the-sglang-client
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import io
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
@@ -29,14 +27,10 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-
 
 def sglang_sampling_params(params: SamplingParams, *, grammars: bool = False) -> dict[str, object]:
-    """SGLang's ``sampling_params`` for ``params``. A grammar (llguidance's Lark form) goes as
-    ``ebnf`` only to a server known to read that form (``grammars``: the engine role's own
-    server, or an SGLang server run with ``--grammar-backend llguidance``); otherwise it is
-    refused, never dropped."""
+    """SGLang's ``sampling_params``; a grammar goes as ``ebnf`` only where ``grammars`` (a server
+    reading llguidance's Lark form), otherwise it is refused, never dropped."""
     if params.grammar and not grammars:
         raise EngineError(
             "constrained decoding (SamplingParams.grammar) needs a server that reads llguidance's "
@@ -58,8 +52,7 @@ def sglang_sampling_params(params: SamplingParams, *, grammars: bool = False) ->
 
 
 def disk_update_request(path: str, version: int) -> dict[str, object]:
-    """The body of SGLang's ``/update_weights_from_disk`` for weights at ``path`` (see
-    docs/engine.md#the-sglang-client): the checkpoint's directory when it is a loadable HF one."""
+    """``/update_weights_from_disk``'s body for ``path`` (its directory if a loadable HF one)."""
     target = Path(path)
     model_path = str(target)
     if target.is_file() and target.suffix == ".safetensors":
@@ -71,12 +64,11 @@ def disk_update_request(path: str, version: int) -> dict[str, object]:
                 )
         if (target.parent / "config.json").is_file():
             model_path = str(target.parent)
-    return {
-        "model_path": model_path,
-        "weight_version": str(version),
-        "abort_all_requests": False,
-        "flush_cache": True,
-    }
+    return {"model_path": model_path, **_update_fields(version)}
+
+
+def _update_fields(version: int) -> dict[str, object]:
+    return {"weight_version": str(version), "abort_all_requests": False, "flush_cache": True}
 
 
 class StateNotAccepted(EngineError):
@@ -86,62 +78,23 @@ class StateNotAccepted(EngineError):
 UPDATE_GROUP = "weight_update_group"  # SGLang's default group_name
 
 
-def lora_name(version: int) -> str:
-    """The name a LoRA weight version is loaded under (SGLang's ``lora_name``)."""
-    return f"stacx-v{version}"
-
-
-def lora_load_request(path: str, version: int) -> dict[str, object]:
-    """SGLang's ``LoadLoRAAdapterReqInput{lora_name, lora_path, pinned=False}``: ``path`` is a
-    PEFT adapter directory the server can read."""
-    return {"lora_name": lora_name(version), "lora_path": path, "pinned": False}
-
-
-def serialize_named_tensors(state: Mapping[str, torch.Tensor]) -> str:
-    """``list[(name, tensor)]`` as SGLang's ``MultiprocessingSerializer.serialize(obj,
-    output_str=True)`` writes it: torch's ForkingPickler reductions (a CUDA tensor becomes its
-    IPC handle, no bytes of the tensor), base64."""
+def tensor_update_request(
+    state: Mapping[str, torch.Tensor], version: int, *, tp_size: int = 1
+) -> dict[str, object]:
+    """The body of ``/update_weights_from_tensor``: ``list[(name, tensor)]`` as SGLang's
+    ``MultiprocessingSerializer.serialize(obj, output_str=True)`` writes it (CUDA tensors as IPC
+    handles, base64), one entry per TP rank."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  (registers torch's reductions on ForkingPickler)
 
     buf = io.BytesIO()
     ForkingPickler(buf).dump(list(state.items()))
-    return base64.b64encode(buf.getvalue()).decode("utf-8")
-
-
-def tensor_update_request(
-    state: Mapping[str, torch.Tensor], version: int, *, tp_size: int = 1
-) -> dict[str, object]:
-    """The body of ``/update_weights_from_tensor`` (one serialized entry per TP rank)."""
-    entry = serialize_named_tensors(state)
+    entry = base64.b64encode(buf.getvalue()).decode("utf-8")
     return {
         "serialized_named_tensors": [entry] * tp_size,
         "load_format": None,
-        "flush_cache": True,
-        "abort_all_requests": False,
-        "weight_version": str(version),
-    }
-
-
-def init_group_request(
-    *,
-    master_address: str,
-    master_port: int,
-    rank_offset: int,
-    world_size: int,
-    group_name: str = UPDATE_GROUP,
-    backend: str = "nccl",
-) -> dict[str, object]:
-    """The body of ``/init_weights_update_group``: the server's TP ranks join as
-    ``rank_offset + tp_rank`` of a group of ``world_size`` whose rank 0 is the sender."""
-    return {
-        "master_address": master_address,
-        "master_port": master_port,
-        "rank_offset": rank_offset,
-        "world_size": world_size,
-        "group_name": group_name,
-        "backend": backend,
+        **_update_fields(version),
     }
 
 
@@ -155,9 +108,7 @@ def distributed_update_request(
         "dtypes": [str(t.dtype).removeprefix("torch.") for t in state.values()],
         "shapes": [list(t.shape) for t in state.values()],
         "group_name": group_name,
-        "flush_cache": True,
-        "abort_all_requests": False,
-        "weight_version": str(version),
+        **_update_fields(version),
     }
 
 
@@ -171,9 +122,8 @@ def join_update_group(
     backend: str = "nccl",
     timeout_s: float = 600.0,
 ) -> ProcessGroup:
-    """Join a weight-update group the way SGLang's ``init_custom_process_group`` does (a TCP
-    rendezvous at ``master_address:master_port``, a prefix store named ``group_name``, a new
-    process group beside any default one). Blocks until all ``world_size`` ranks joined."""
+    """Join a weight-update group as SGLang's ``init_custom_process_group`` does (TCP rendezvous,
+    a prefix store named ``group_name``); blocks until all ``world_size`` ranks joined."""
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -194,14 +144,6 @@ def join_update_group(
     return pg
 
 
-def broadcast_state(state: Mapping[str, torch.Tensor], group: ProcessGroup) -> None:
-    """Rank 0's side of ``/update_weights_from_distributed``: each tensor, in order."""
-    import torch.distributed as dist
-
-    for tensor in state.values():
-        dist.broadcast(tensor.contiguous(), src=0, group=group)
-
-
 class SGLangEngine:
     name = "sglang"
 
@@ -214,17 +156,12 @@ class SGLangEngine:
         retries: int = 3,
         grammars: bool = False,
     ) -> None:
-        """``retries``: attempts after a refused connection (nothing was sent), with backoff
-        from 0.5 s doubling to 4 s. ``grammars``: the server reads llguidance's Lark grammars
-        (see :func:`sglang_sampling_params`), so the gateway may constrain through it."""
+        """``retries``: attempts after a refused connection (nothing sent), backoff 0.5 s to 4 s.
+        ``grammars``: the server reads llguidance's Lark grammars (`sglang_sampling_params`)."""
         self.http = HttpClient(base_url, timeout_s=timeout_s, retries=retries)
         self.grammars = grammars
-        self._version = weight_version
+        self.weight_version = weight_version
         self._lora: str | None = None  # the adapter generations use (load_adapter)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     def _parse(self, item: object) -> Generation:
         if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
@@ -239,15 +176,14 @@ class SGLangEngine:
             raise EngineError(f"server returned {len(ids)} ids but {len(logprobs)} logprobs")
         fr = meta.get("finish_reason")
         kind = fr.get("type") if isinstance(fr, dict) else fr
-        version = self._version
-        try:  # with an adapter, the server's weight_version is its base's: ours says more
+        version = self.weight_version
+        # with an adapter, the server's weight_version is its base's: ours says more
+        with contextlib.suppress(TypeError, ValueError):
             version = version if self._lora else int(meta.get("weight_version"))
-        except (TypeError, ValueError):
-            pass
         return Generation(
             output_ids=[int(t) for t in ids],
             logprobs=logprobs,
-            finish_reason=_FINISH.get(str(kind), "abort"),
+            finish_reason=str(kind) if kind in ("stop", "length") else "abort",
             weight_version=version,
             gen_ms=float(meta.get("e2e_latency") or 0.0) * 1e3,
         )
@@ -294,30 +230,22 @@ class SGLangEngine:
     async def load_adapter(
         self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """`LoadsAdapter`: ``/load_lora_adapter`` of the adapter directory (read by the SERVER:
-        ``state`` is not sent), then every generation names it in ``lora_path``; the previous
-        adapter is unloaded after (SGLang lets requests in flight on it finish first)."""
-        name = lora_name(version)
-        answer = await self.http.request(
-            "POST", "/load_lora_adapter", lora_load_request(path, version)
+        """`LoadsAdapter`: ``/load_lora_adapter`` of the directory (read by the SERVER; ``state``
+        is not sent), named in every later ``lora_path``; then the previous one is unloaded."""
+        name = f"stacx-v{version}"  # SGLang's lora_name
+        await self._post(
+            "/load_lora_adapter", {"lora_name": name, "lora_path": path, "pinned": False}
         )
-        if isinstance(answer, dict) and not answer.get("success", False):
-            raise EngineError(f"load_lora_adapter refused: {answer.get('error_message')}")
-        old, self._lora, self._version = self._lora, name, version
+        old, self._lora, self.weight_version = self._lora, name, version
         if old is not None and old != name:
             await self._update("/unload_lora_adapter", {"lora_name": old}, version)
 
     async def load_weights(self, path: str, version: int) -> None:
-        answer = await self.http.request(
-            "POST", "/update_weights_from_disk", disk_update_request(path, version)
-        )
-        if isinstance(answer, dict) and not answer.get("success", False):
-            raise EngineError(f"weight update refused: {answer.get('message')}")
-        self._version = version
+        await self._update("/update_weights_from_disk", disk_update_request(path, version), version)
 
     async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Tensors to the server through ``/update_weights_from_tensor`` (CUDA IPC handles; see
-        docs/engine.md#the-sglang-client). :class:`StateNotAccepted` when there is no GPU to share from."""
+        """Tensors to the server as CUDA IPC handles (``/update_weights_from_tensor``);
+        :class:`StateNotAccepted` when there is no GPU to share from."""
         import torch
 
         if not torch.cuda.is_available():
@@ -355,34 +283,22 @@ class SGLangEngine:
         backend: str = "nccl",
         timeout_s: float = 600.0,
     ) -> ProcessGroup:
-        """Ask the server to join a weight-update group (its ranks 1..world_size-1) and join
-        it here as rank 0, concurrently; returns this side's group."""
-        body = init_group_request(
-            master_address=master_address,
-            master_port=master_port,
-            rank_offset=1,
-            world_size=world_size,
-            group_name=group_name,
-            backend=backend,
-        )
+        """Join a weight-update group here as rank 0 while the server joins as ranks 1 and up."""
+        group: dict[str, Any] = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
         joined = asyncio.create_task(
-            asyncio.to_thread(
-                join_update_group,
-                master_address=master_address,
-                master_port=master_port,
-                world_size=world_size,
-                group_name=group_name,
-                backend=backend,
-                timeout_s=timeout_s,
-            )
+            asyncio.to_thread(join_update_group, **group, timeout_s=timeout_s)
         )
-        try:
-            answer = await self.http.request("POST", "/init_weights_update_group", body)
+        try:  # the server's ranks join after this one: rank_offset 1
+            await self._post("/init_weights_update_group", {**group, "rank_offset": 1})
         except BaseException:
             joined.cancel()
             raise
-        if isinstance(answer, dict) and not answer.get("success", False):
-            raise EngineError(f"init_weights_update_group refused: {answer.get('message')}")
         return await joined
 
     async def update_weights_from_distributed(
@@ -398,14 +314,24 @@ class SGLangEngine:
         request = asyncio.create_task(
             self._update("/update_weights_from_distributed", body, version)
         )
-        await asyncio.to_thread(broadcast_state, state, group)
+        import torch.distributed as dist
+
+        def broadcast() -> None:  # rank 0's side: each tensor, in order
+            for tensor in state.values():
+                dist.broadcast(tensor.contiguous(), src=0, group=group)
+
+        await asyncio.to_thread(broadcast)
         await request
 
-    async def _update(self, route: str, body: dict[str, object], version: int) -> None:
+    async def _post(self, route: str, body: dict[str, object]) -> None:
         answer = await self.http.request("POST", route, body)
         if isinstance(answer, dict) and not answer.get("success", False):
-            raise EngineError(f"{route.lstrip('/')} refused: {answer.get('message')}")
-        self._version = version
+            reason = answer.get("message") or answer.get("error_message")
+            raise EngineError(f"{route.lstrip('/')} refused: {reason}")
+
+    async def _update(self, route: str, body: dict[str, object], version: int) -> None:
+        await self._post(route, body)
+        self.weight_version = version
 
     async def flush_cache(self) -> None:
         await self.http.request("POST", "/flush_cache", idempotent=True)

@@ -1,16 +1,12 @@
-"""Launch a real SGLang server (GPU machines with the optional ``sglang`` extra).
-
-``start_sglang_server`` runs ``python -m sglang.launch_server`` as a child process and returns
-once ``GET /health`` answers; talk to it with :class:`~stacx.inference.sglang_client.SGLangEngine`.
-On machines without SGLang (this CPU box) it raises an :class:`EngineError` that says what to
-install; `stacx serve` is the CPU stand-in speaking the same native API.
+"""Launch a real SGLang server as a child process (GPU machines with the optional ``sglang``
+extra) and wait for ``/health``; without SGLang, an :class:`EngineError` saying what to install.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from stacx.bus.server import free_port
 from stacx.errors import EngineError
 
 
@@ -36,18 +33,6 @@ class SGLangServer:
                 self.process.kill()
                 self.process.wait()
 
-    def __enter__(self) -> SGLangServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
     """Poll ``url/health`` until it answers 200; fail early if the process exits."""
@@ -56,12 +41,9 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, l
         if process.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise EngineError(f"server exited with code {process.returncode}; log {log}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
+            if r.status == 200:
+                return
         time.sleep(0.5)
     process.kill()
     raise EngineError(f"server at {url} not healthy after {timeout_s:.0f}s; log {log}")
@@ -82,7 +64,7 @@ def start_sglang_server(
             "SGLang is not installed: `pip install 'stacx[sglang]'` on a GPU machine, "
             "or use `stacx serve` (the in-process engine behind the same API)"
         )
-    port = port or free_port(host)
+    port = port or free_port()
     log = Path(log_dir or ".") / f"sglang-{port}.log"
     cmd = [
         sys.executable,

@@ -1,41 +1,39 @@
-"""Streaming for the model gateway: generations as deltas from any engine, and each choice's
-text as its ids arrive, released only where it can no longer change.
+"""Streaming for the model gateway: generations as deltas from any engine (one per prompt at the
+end where it cannot stream), and each choice's text released only where it can no longer change.
 
-`stream_generations` uses an engine's `StreamsGenerations` capability (the torch engine hands
-over each step's ids) and falls back to one delta per prompt at the end for an engine without
-it, so every engine streams (the SGLang and OpenAI clients: one chunk per choice at the end).
-`run_choices` runs a call's generations (streamed, and ended early once every choice has
-written a stop string); `cut_at_stop` cuts a finished generation at its first stop string.
-
-`TextStream` decodes a choice's ids as they arrive and holds back what may still change or be
-cut: an incomplete UTF-8 character (the decode ends in U+FFFD), text that could be the start of
-a stop string (vLLM's rule), and, where tool calls are parsed, everything from a ``<tool_call>``
-opening (or the start of one) on, and trailing whitespace (the content before a call is
-stripped). The text sent is therefore always a prefix of the text the non-streamed call
-returns, and the rest is sent once the generation is done and cut. Special tokens are whole
-ids, so no decode splits one.
-
-Limits: the prefix property assumes a tokenizer whose decode of a longer id list extends the
-decode of a shorter one (byte-level BPE: SmolLM2, Qwen, Llama 3; a tokenizer that cleans up
-spaces before punctuation can break it, and then the late part of the text is not re-sent).
-Each arrival decodes a window of the last few ids (vLLM's offsets), so the cost per token does
-not grow with the reply.
+The text sent is always a prefix of the non-streamed reply (for prefix-stable tokenizers:
+byte-level BPE), and stop strings end a call's generations early, with the same recorded ids.
+Design: docs/scaffolds.md#streaming
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
 
 from aiohttp import web
 
+from stacx.inference.openai_api import Json
 from stacx.ports import Engine, Generation, GenerationDelta, SamplingParams, StreamsGenerations
 from stacx.toolcalls import OPEN_TAG
 
-Json = dict[str, Any]
+
+async def sse_response(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    return resp
+
+
+def sse(data: object, event: str = "") -> bytes:
+    """One server-sent event of `data` as JSON (a str as it is: ``[DONE]``)."""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
 
 
 class StreamClosed(Exception):
@@ -50,8 +48,7 @@ class StreamClosed(Exception):
 async def stream_generations(
     engine: Engine, prompts: list[list[int]], params: SamplingParams
 ) -> AsyncGenerator[GenerationDelta, None]:
-    """The engine's generations as deltas: streamed where the engine can, else one per prompt
-    once `generate` returns."""
+    """The engine's generations as deltas (one per prompt at the end where it cannot stream)."""
     if isinstance(engine, StreamsGenerations):
         async with contextlib.aclosing(engine.generate_stream(prompts, params)) as deltas:
             async for d in deltas:
@@ -74,14 +71,12 @@ class TextStream:
         *,
         held: bool = False,
     ) -> None:
-        """`held`: nothing goes out as it comes (a reply that continues a prefilled tool call:
-        its text is all part of the call, sent whole at the end)."""
         self.decode, self.stops, self.tools = decode, stops, tools
         self.ids: list[int] = []
         self.text = ""  # the decoded text of `ids`, less an incomplete last character
         self.sent = ""  # the prefix of `text` sent so far
         self._prefix = self._read = 0  # the decode window (vLLM's prefix and read offsets)
-        self.held = held
+        self.held = held  # nothing goes out until the end (a reply continuing a forced call)
         self.done = False  # a stop string (or a tool call) appeared: nothing more goes out
         self.stopped = False  # a stop string appeared: the rest of the generation is not needed
 
@@ -118,14 +113,12 @@ class TextStream:
         return new
 
     def rest(self, final: str) -> str:
-        """What is left to send of `final` (the choice's whole text, cut as the non-streamed
-        call cuts it)."""
+        """What is left to send of `final`, the choice's whole text as the call cuts it."""
         return final[len(self.sent) :] if final.startswith(self.sent) else ""
 
 
 def _partial_start(text: str, patterns: list[str]) -> int:
-    """Where the longest suffix of `text` that is a proper prefix of a pattern begins
-    (len(text) if none)."""
+    """Start of the longest suffix of `text` that is a proper prefix of a pattern (else len)."""
     start = len(text)
     for p in patterns:
         for k in range(min(len(p) - 1, len(text)), 0, -1):
@@ -136,10 +129,8 @@ def _partial_start(text: str, patterns: list[str]) -> int:
 
 
 class ChoiceStreams:
-    """The SSE side of one streamed call: a first chunk per choice (the role, or the echoed
-    prompt) once the engine's first delta arrives, each choice's text deltas, then the finish
-    chunks, the usage chunk and ``[DONE]`` in `finish`. Raises `StreamClosed` as soon as the
-    connection is seen closed (checked at every engine delta, so within one decode step)."""
+    """The SSE side of one streamed call: first chunks at the engine's first delta, text deltas,
+    then `finish`. Raises `StreamClosed` once the connection is seen closed (at every delta)."""
 
     def __init__(
         self,
@@ -152,10 +143,9 @@ class ChoiceStreams:
         heads: list[str] | None = None,
         token_ids: bool = False,
     ) -> None:
-        """`token_ids`: each choice's last chunk carries its ``token_ids`` (the request's
-        ``return_token_ids``)."""
         self.request, self.base, self.texts, self.chat = request, base, texts, chat
-        self.usage, self.heads, self.token_ids = usage, heads, token_ids
+        self.usage, self.heads = usage, heads
+        self.token_ids = token_ids  # each choice's last chunk carries its ``token_ids``
         self.resp: web.StreamResponse | None = None
 
     @property
@@ -167,10 +157,7 @@ class ChoiceStreams:
         if self.resp is None:
             if not self.connected:
                 raise StreamClosed(None)
-            self.resp = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await self.resp.prepare(self.request)
+            self.resp = await sse_response(self.request)
             for i in range(len(self.texts)):
                 head = self.heads[i] if self.heads else ""
                 if self.chat:
@@ -186,56 +173,40 @@ class ChoiceStreams:
     async def finish(
         self, choices: list[Json], finals: list[str], usage: Json
     ) -> web.StreamResponse:
-        """The rest of each choice's text (`finals`: its whole text, as the non-streamed call
-        returns it), its tool calls and finish reason; usage if asked; ``[DONE]``. A client gone
-        by now just misses them (the call is recorded)."""
+        """The rest of each choice's text (`finals`: the non-streamed texts), tool calls, finish
+        reason; usage if asked; ``[DONE]``. A client gone by now just misses them."""
         assert self.resp is not None  # the last delta of every choice came through `delta`
         with contextlib.suppress(StreamClosed):
-            await self._finish(choices, finals, usage)
+            for c, text, final in zip(choices, self.texts, finals, strict=True):
+                i, rest = c["index"], text.rest(final)
+                if rest:
+                    await self._send(i, {"content": rest} if self.chat else rest)
+                calls = c.get("message", {}).get("tool_calls")
+                if calls:
+                    await self._send(
+                        i, {"tool_calls": [{"index": k, **t} for k, t in enumerate(calls)]}
+                    )
+                ids = {"token_ids": c["token_ids"]} if self.token_ids else {}
+                end = {"logprobs": c["logprobs"], "finish_reason": c["finish_reason"], **ids}
+                await self._send(i, {} if self.chat else "", **end)
+            if self.usage:
+                await self._chunk([], usage=usage)
+            await self._write(sse("[DONE]"))
+            await self.resp.write_eof()
         return self.resp
 
-    async def _finish(self, choices: list[Json], finals: list[str], usage: Json) -> None:
-        assert self.resp is not None
-        for c, text, final in zip(choices, self.texts, finals, strict=True):
-            i = c["index"]
-            rest = text.rest(final)
-            if rest:
-                await self._send(i, {"content": rest} if self.chat else rest)
-            calls = c.get("message", {}).get("tool_calls")
-            if calls:
-                await self._send(
-                    i, {"tool_calls": [{"index": k, **t} for k, t in enumerate(calls)]}
-                )
-            end: Json = {"index": i, "logprobs": c["logprobs"], "finish_reason": c["finish_reason"]}
-            if self.token_ids:
-                end["token_ids"] = c["token_ids"]
-            if self.chat:
-                end["delta"] = {}
-            else:
-                end["text"] = ""
-            await self._chunk([end])
-        if self.usage:
-            await self._chunk([], usage=usage)
-        await self._write(b"data: [DONE]\n\n")
-        await self.resp.write_eof()
-
     async def error(self, error: Json) -> StreamClosed:
-        """Send `error` (an OpenAI error object) as the stream's last event; the exception to
-        raise."""
+        """Send `error` (an OpenAI error object) as the last event; return what to raise."""
         with contextlib.suppress(StreamClosed):
-            await self._write(b"data: " + json.dumps(error).encode() + b"\n\n")
-            await self._write(b"data: [DONE]\n\n")
+            await self._write(sse(error))
+            await self._write(sse("[DONE]"))
         return StreamClosed(self.resp)
 
-    async def _send(self, index: int, piece: Json | str) -> None:
-        if isinstance(piece, str):
-            await self._chunk(
-                [{"index": index, "text": piece, "logprobs": None, "finish_reason": None}]
-            )
-        else:
-            await self._chunk(
-                [{"index": index, "delta": piece, "logprobs": None, "finish_reason": None}]
-            )
+    async def _send(self, index: int, piece: Json | str, **end: object) -> None:
+        key = "text" if isinstance(piece, str) else "delta"
+        await self._chunk(
+            [{"index": index, key: piece, "logprobs": None, "finish_reason": None, **end}]
+        )
 
     async def _chunk(self, choices: list[Json], **extra: object) -> None:
         chunk = {
@@ -244,7 +215,7 @@ class ChoiceStreams:
             **({"usage": None} if self.usage else {}),
             **extra,
         }
-        await self._write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await self._write(sse(chunk))
 
     async def _write(self, data: bytes) -> None:
         assert self.resp is not None
@@ -261,10 +232,8 @@ async def run_choices(
     streams: ChoiceStreams | None,
     texts: list[TextStream] | None,
 ) -> list[Generation]:
-    """The engine's generations; streamed to `streams`, and, given `texts` (there are stop
-    strings), ended early once every choice is done or has written a stop string: the rest
-    would be cut. Such a choice's Generation is built here ("stop", the engine's version
-    now, the call's wall time), from the ids the engine handed over."""
+    """The engine's generations, streamed to `streams`; given `texts` (stop strings), ended once
+    every choice is done or wrote one (its Generation built here from the ids handed over)."""
     if streams is None and texts is None:
         return await engine.generate(prompts, params)
     gens: list[Generation | None] = [None] * len(prompts)
@@ -301,21 +270,15 @@ async def run_choices(
 def cut_at_stop(
     decode: Callable[[list[int]], str], gen: Generation, stops: list[str], keep: str = ""
 ) -> tuple[Generation, str, bool]:
-    """The generation cut after the first token that completes a stop string, its text (by
-    `decode`) without the stop string (with it, when it is `keep`), and whether a stop string
-    ended it (vLLM's semantics)."""
+    """The generation cut after the token completing its first stop string, its text without it
+    (with it if `keep`), and whether a stop string ended it (vLLM's semantics)."""
     text = decode(gen.output_ids)
     hits = [(text.find(s), s) for s in stops if s in text]
     if not hits:
         return gen, text, False
     at, stop = min(hits)
-    lo, hi = 1, len(gen.output_ids)  # the shortest prefix whose text holds the stop string
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if stop in decode(gen.output_ids[:mid]):
-            hi = mid
-        else:
-            lo = mid + 1
+    ids = gen.output_ids  # cut after the shortest prefix whose text holds the stop string
+    lo = 1 + bisect.bisect_left(range(1, len(ids)), True, key=lambda k: stop in decode(ids[:k]))
     cut = Generation(
         output_ids=gen.output_ids[:lo],
         logprobs=None if gen.logprobs is None else gen.logprobs[:lo],

@@ -1,13 +1,9 @@
-"""The in-process torch engine: the embedded default backend (CPU or CUDA).
+"""The in-process torch engine, the embedded default backend (CPU or CUDA).
 
-Continuous batching: one worker thread owns the model and loops over pending jobs, admission
-(prefix-reusing, chunked prefill) and one batched decode step; the asyncio loop only enqueues and
-awaits. Guarantees: greedy output equals transformers' ``generate`` whatever shares the batch; a
-seeded request repeats its tokens; ``output_ids`` include the stop token; every token is
-attributed to the weights that sampled it. Limits: one process, one device, Llama-style models;
-a prompt longer than the context is an error.
-
-Specification: docs/engine.md#the-torch-engine
+One worker thread owns the model and loops over jobs, admission and one batched decode step; the
+asyncio loop only enqueues and awaits. Greedy output equals transformers' ``generate`` whatever
+shares the batch; every token is attributed to the weights that sampled it. One device, no TP.
+Design: docs/engine.md#the-torch-engine
 """
 
 from __future__ import annotations
@@ -55,26 +51,11 @@ T = TypeVar("T")
 class TorchEngine(MultiStepReplays):
     """An :class:`~stacx.ports.Engine` running a transformers model in this process.
 
-    ``cache_bytes`` (CUDA; the recipe's ``placement.engine_cache_gib`` when engine and
-    trainer share the GPU): the KV cache's budget, applied by kv_plan's `new_plan` (slots:
-    ``max_batch`` is lowered to the full-length sequences that fit it; paged: the pool's
-    default size). None: refused above 80% of the free memory. Ignored on CPU.
-    ``decode_steps`` (CUDA graphs only): when every running request is greedy (with the
-    Triton step: or sampled at a plain temperature, drawn on the GPU), up to this
-    many decode steps run in one graph replay with the argmax on the GPU, and the host syncs
-    once per replay (1: one step per replay, sampled on the host side as for other rows);
-    the next replay is launched before the last one's tokens are read, while the batch
-    goes on unchanged. H200, Qwen3-0.6B shape, compiled step: 16 steps per replay gave
-    18,656 tok/s at batch 64 against 10,077 with 1.
-    ``kv_cache``: "slots" (one row of max_len per running request) or "paged" (a pool of
-    ``kv_tokens`` positions in blocks of ``kv_block``, shared copy-on-write between
-    prefixes; admission control and preemption when full), see kv_plan.py, which also
-    decides the cache's size (`new_plan`).
-    ``hold_s``: how long a row stays held for the next turn of the request that freed it;
-    ``prefill_tokens``: new tokens prefilled per admission round (default: one prefill
-    chunk, `Decoder.prefill_chunk`), see engine_admission.py.
-    ``threads``, ``kernels``, ``compile``, ``compile_mode``, ``gemv_rows``, ``fuse``: see
-    engine_setup.py.
+    ``kv_cache`` ("slots"/"paged", with ``kv_tokens``, ``kv_block``) and ``cache_bytes`` (its
+    CUDA budget): kv_plan.new_plan. ``decode_steps``: steps per CUDA-graph replay while every row
+    is greedy or plainly sampled (docs/engine.md#the-gpu-decode-step). ``hold_s``,
+    ``prefill_tokens``: engine_admission.py. ``threads``, ``kernels``, ``compile``,
+    ``compile_mode``, ``gemv_rows``, ``fuse``: engine_setup.py.
     """
 
     name = "torch"
@@ -104,8 +85,7 @@ class TorchEngine(MultiStepReplays):
         hold_s: float = 0.5,
         prefill_tokens: int | None = None,
     ) -> None:
-        """Load `model` ("default"/None, an HF directory, a hub id, or a ready nn.Module); the
-        options are described on the class."""
+        """Load `model`: "default"/None, an HF directory, a hub id, or a ready nn.Module."""
         if decode_steps < 1:
             raise EngineError(f"decode_steps must be >= 1, got {decode_steps}")
         self.decode_steps = decode_steps
@@ -212,8 +192,7 @@ class TorchEngine(MultiStepReplays):
     async def generate_stream(
         self, prompts: list[list[int]], params: SamplingParams
     ) -> AsyncGenerator[GenerationDelta, None]:
-        """`generate`, streamed: each prompt's new ids as each step produces them (see
-        docs/engine.md#the-torch-engine); leaving early aborts the unfinished requests."""
+        """`generate`, streamed as each step produces ids; leaving early aborts the unfinished."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         reqs = [self._request(p, params, i, loop) for i, p in enumerate(prompts)]
@@ -270,37 +249,28 @@ class TorchEngine(MultiStepReplays):
         await self.load_state(state, version)
 
     async def load_state(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load an in-memory state dict (the `LoadsState` capability of stacx.ports).
-
-        Keys must be names of this model's parameters (a subset is fine: the others keep their
-        values); an unknown key or a shape mismatch is an :class:`EngineError` and changes nothing.
-        """
+        """Load a state dict (`LoadsState`); a subset of the parameters is fine; an unknown key
+        or a shape mismatch is an :class:`EngineError` and changes nothing."""
         await self._call(lambda: self._apply_weights(state, version))
 
     async def load_adapter(
         self, path: str, version: int, state: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """Serve base + a LoRA adapter, merged into the weights (`LoadsAdapter`; see
-        stacx.inference.adapters: no decode cost, a ``B @ A`` per adapted module per load)."""
+        """Serve base + a LoRA adapter, merged into the weights (`LoadsAdapter`, adapters.py)."""
         scale = await asyncio.to_thread(adapters.scaling, path)
         if state is None:
             state = await asyncio.to_thread(adapters.read_adapter, path)
         await self._call(lambda: self._apply_weights(state, version, scale))
 
     def kv_usage(self) -> dict[str, int]:
-        """The KV cache's positions (``pool_tokens``), those in use now (paged: running rows'
-        blocks and cached prefixes), those running rows held at the peak since `reset_kv_peak`
-        (slots: all of them, a slot holds max_len whatever its length), its allocated
-        ``bytes`` and ``token_bytes`` per position."""
+        """`KVPlan.usage` (slots: a running row holds max_len positions whatever its length)."""
         return self._kv.usage()
 
     def reset_kv_peak(self) -> None:
         self._kv.reset_peak()
 
     async def flush_cache(self) -> None:
-        """Never reuse keys computed so far: cached prefixes are dropped, and requests in flight
-        finish on their own keys without offering them to later ones; rows held for next turns
-        are let go."""
+        """Never reuse keys computed so far; drop cached prefixes and next-turn holds."""
         await self._call(self._flush)
 
     def _flush(self) -> None:
@@ -402,9 +372,8 @@ class TorchEngine(MultiStepReplays):
                 self._kv.release(i, keep=False)
 
     def _admit(self) -> None:
-        """Admit waiting requests while rows (paged: and blocks) are free, in order (a next turn
-        first: engine_admission.py), then prefill them: first those whose reused keys exist,
-        then the group siblings reusing a prompt admitted in this same step (see kv_plan.py)."""
+        """Admit waiting requests while rows (paged: blocks) are free, then prefill them, group
+        siblings reusing a prompt admitted in this step last (`Place.after`)."""
         if self._blocked:
             return
         with self._cv:
@@ -449,10 +418,8 @@ class TorchEngine(MultiStepReplays):
         return {p.row: lg for (_, p), lg in zip(batch, logits, strict=True)}
 
     def _reserve(self, live: list[Request], steps: int) -> bool:
-        """Room for each row's next `steps` positions (paged). Where the pool is full the
-        youngest rows are preempted (put back in front of the queue, recomputed when
-        readmitted); a row alone that cannot grow finishes at "length". False: the batch
-        changed (plan the step again)."""
+        """Room for each row's next `steps` positions (paged), preempting the youngest rows to
+        the queue's front; a lone row that cannot grow finishes at "length". False: replan."""
         ok = True
         for r in sorted(live, key=lambda r: r.admitted):
             while self._owner[r.slot] is r and not self._kv.reserve(r.slot, r.cached + steps):

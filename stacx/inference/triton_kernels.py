@@ -1,12 +1,8 @@
-"""Triton kernels of the hand-written CUDA decode step (see :meth:`Decoder.enable_kernels`).
+"""Triton kernels of the hand-written CUDA decode step (:meth:`Decoder.enable_kernels`).
 
-A decode step is bound by the bytes it reads and by the number of kernels it launches, not by
-arithmetic: these kernels make the torch-op step's ~15 kernels per layer 9 (10 when attention is
-split), and attention reads only each row's valid keys. Numerics follow transformers' eager
-modules op by op. Every kernel also runs under Triton's interpreter on CPU tensors (the tests);
-importing this module needs the ``triton`` package. The token pick is triton_pick.py.
-
-Specification: docs/engine.md#the-kernels
+Fewer launches and reads than the torch-op step (attention reads only each row's valid keys),
+with transformers' eager numerics op by op; every kernel also runs under Triton's CPU interpreter.
+Importing this module needs ``triton``. Design: docs/engine.md#the-kernels
 """
 
 from __future__ import annotations
@@ -79,9 +75,8 @@ class Partials(NamedTuple):
 def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor | Partials | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x + residual, rmsnorm(x + residual) * weight)``, or ``(x, rmsnorm(x) * weight)``
-    without a residual; ``x`` [..., hidden] contiguous; a `Partials` residual is summed (and
-    rounded to x's dtype) first."""
+    """``(x + residual, rmsnorm(x + residual) * weight)`` (no residual: ``x``); ``x`` [..., hidden]
+    contiguous; a `Partials` residual is summed and rounded to x's dtype first."""
     n_cols = x.shape[-1]
     rows = x.numel() // n_cols
     y = torch.empty_like(x)
@@ -195,14 +190,9 @@ def rope_cache(
     heads: int | None = None,
     cell: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """From ``qkv`` [T, (H + 2 Hkv) * D] (rows may be strided), return q [T, H, D] with its
-    norm (``q_norm``: the q and k norm weights and their eps, or None) and rope applied, and
-    write each token's normed, roped k and its v into the caches ([slots, Hkv, capacity, D])
-    at ``(slot[t], pos[t])`` (``slot`` None: token t's slot is t, as in a decode step);
-    ``cos``/``sin``: [positions, D] tables; ``heads``: heads per program (a power of two; by
-    default all of a token's for many tokens, 4 for a decode step's few); ``cell``: where in
-    its slot token t's keys go when not at ``pos[t]`` (a paged cache: the offset in the block
-    ``slot[t]``, see kv_cache.py)."""
+    """q [T, H, D] from ``qkv`` [T, (H + 2 Hkv) * D] with ``q_norm`` (q/k weights, eps; or None)
+    and rope applied; writes k and v into the caches at ``(slot[t], pos[t])`` (``slot`` None:
+    t; ``cell``: the paged offset instead of ``pos[t]``). ``heads``: heads per program (pow2)."""
     tokens, dim = qkv.shape[0], k_cache.shape[-1]
     pos = pos.contiguous()  # the kernel reads pos[t] and slot[t] at t's offset
     slot = None if slot is None else slot.contiguous()
@@ -419,9 +409,8 @@ def attention_splits(batch: int, n_kv: int, keys: int) -> int:
 def _split_partials(
     out: torch.Tensor, splits: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`decode_attention`'s buffers for its key ranges: each one's partial output, running max
-    and sum (fp32), that `_combine_kernel` merges into `out` [B, H, D]; one range writes `out`
-    directly (the three are `out`, unused)."""
+    """Each key range's partial output, running max and sum (fp32) for `_combine_kernel` to
+    merge into `out` [B, H, D]; one range writes `out` directly (the three are `out`)."""
     if splits <= 1:
         return out, out, out
     batch, n_heads, dim = out.shape
@@ -440,12 +429,9 @@ def decode_attention(
     table: torch.Tensor | None = None,
     splits: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one query token per row: ``q`` [B, H, D]; row b attends to its cache slot
-    b's keys ``[0, pos[b]]`` if ``pos[b] < keys``, else to none (a padded row: zeros). ``keys``
-    bounds the grid (the step's key bucket), not the reads. Returns [B, H, D] in q's dtype.
-    ``table`` [B, W] (a paged cache, kv_cache.py): row b's position p is in block
-    ``table[b, p // block]`` of the caches ([blocks, Hkv, block, D]). ``splits``: key ranges
-    per (row, kv head) (default `attention_splits`; tools/bench/decode_attention.py)."""
+    """One query per row, ``q`` [B, H, D] -> [B, H, D]: row b attends to slot b's keys
+    ``[0, pos[b]]`` (none, zeros, if ``pos[b] >= keys``: ``keys`` bounds the grid, not the
+    reads); ``table``: a paged cache's block tables; ``splits``: default `attention_splits`."""
     batch, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
@@ -587,10 +573,8 @@ def gemv(
     residual: torch.Tensor | None = None,
     glu: bool = False,
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows (<= 4) as one bandwidth-bound kernel with
-    its neighbours folded in: ``norm`` (weight, eps) applies that RMSNorm to ``x`` first;
-    ``glu``: ``weight`` holds gate rows then up rows, the result is ``silu(gate) * up``;
-    ``residual`` is added to the result. fp32 accumulation, as cuBLAS."""
+    """``F.linear`` for <= 4 rows as one kernel, fp32 accumulation: ``norm`` (weight, eps) first,
+    ``glu`` (gate rows then up rows) gives ``silu(gate) * up``, ``residual`` is added after."""
     rows, n_in = x.shape
     n_out = weight.shape[0] // 2 if glu else weight.shape[0]
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
@@ -735,9 +719,7 @@ def _gemm(
 def gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for at most `GEMM_ROWS` rows in one Triton kernel (fp32
-    accumulation); ``glu``: ``weight`` holds gate rows then up rows, the result is
-    ``silu(gate) * up``."""
+    """``F.linear`` for <= `GEMM_ROWS` rows in one Triton kernel (fp32; ``glu`` as in `gemv`)."""
     return _gemm(x, weight, bias, glu, split_k=False)
 
 

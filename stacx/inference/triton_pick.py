@@ -1,9 +1,7 @@
 """The token pick of the Triton decode step: per row, the argmax or a temperature draw and its
-logprob, in one pass over the logits (a partial kernel per vocabulary range, then a combine).
-The multi-step CUDA graphs (cuda_graphs.py) pick each step's token with it, and the per-step
-path draws the same rows with it (sampling.sample_rows), so a row's draw never depends on the
-path its batch took. Tests: tests/inference/test_triton_kernels.py (under Triton's CPU
-interpreter without a GPU)."""
+logprob, in one pass over the logits; multi-step replays and the per-step path both use it, so a
+row's draw never depends on the path its batch took. Design: docs/engine.md#sampling
+"""
 
 from __future__ import annotations
 
@@ -112,14 +110,9 @@ def pick(
     out_lp: torch.Tensor,
     sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Per row of ``logits`` [B, V], one pass over the logits (two small kernels): the token
-    and its ``log_softmax`` under the raw logits (as `sampling.sample` reports it). Greedy
-    (``sample`` None, or a row's temperature 0): the argmax, the first index of a tie as
-    ``torch.argmax``. ``sample`` = (temperature [B] float32, seed [B] int64, position [B]):
-    a draw from ``softmax(logits / temperature)`` by the Gumbel-max race, its noise from
-    Philox keyed on (seed, position, token id), so a row's draw depends on nothing else in
-    the batch and repeats for the same seed. Writes the token (as float32) to ``out_tok``
-    [B] and its logprob to ``out_lp`` [B]; returns the tokens as int64 [B]."""
+    """Per row of ``logits`` [B, V]: the token and its raw-logit ``log_softmax``, written to
+    ``out_tok`` (float32) and ``out_lp``, returned as int64 [B]. Greedy (``sample`` None or T 0):
+    the argmax, first index of a tie. ``sample`` = (temperature, seed, position) per row."""
     rows, vocab = logits.shape
     splits = max(
         1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows))

@@ -1,8 +1,6 @@
-"""Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer.
-(``stacx.weights.sync.WeightSync`` keeps each one on the newest published weights.)
-
-Lifecycle: every engine (and any SGLang server started for it) is registered on the caller's
-AsyncExitStack, so a role's exit (done, error, Ctrl-C) closes it: no orphan servers.
+"""Engines for roles: a recipe's engine settings -> a running Engine and its tokenizer. Every engine
+(and any SGLang server started for it) is closed with the caller's AsyncExitStack: no orphan
+servers.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ async def open_engine(
     kv_cache: str = "slots",
     cache_bytes: int | None = None,
 ) -> tuple[Engine, ChatTokenizer]:
-    """Start (or connect to) an engine; it is closed when `stack` closes. ``lora``: the
-    trainer's ``[trainer.lora]`` (an SGLang server started here then serves adapters).
-    ``kv_cache``, ``cache_bytes``: the torch engine's KV cache and its budget on CUDA
-    (``placement.engine_cache_gib``), both sized by stacx.inference.kv_plan's ``new_plan``."""
+    """Start (or connect to) an engine, closed with `stack`. ``lora``: ``[trainer.lora]`` (SGLang
+    then serves adapters); ``kv_cache``, ``cache_bytes``: the torch engine's KV cache and budget."""
     if backend == "torch":
         return await _open_torch(
             stack, model, device, dtype, max_batch, max_len, kv_cache, cache_bytes
@@ -109,8 +105,8 @@ async def _open_torch(
 
 
 async def open_tokenizer(model: str) -> tuple[str, ChatTokenizer]:
-    """The model's resolved path and its tokenizer alone (what a scripted agent needs to frame
-    its turns, and what a server-backed engine's chat format is built from)."""
+    """The model's resolved path and its tokenizer alone (for a scripted agent, or a server-backed
+    engine's chat format)."""
     from transformers import AutoTokenizer
 
     from stacx.hf import resolve_model

@@ -1,11 +1,7 @@
-"""The recipe's judge engine (``[judge]``; its rubric: stacx.launch.recipe.recipe_rubric), for
-the rollout workers (stacx.judge scores; stacx.rollout.episode calls it), and its frozen teacher
-engine (``[teacher]``: labels, scores, or the judge with ``judge.use = "teacher"``).
-
-Which Engine judges is the recipe's choice (``judge.use``): an engine of its own (a torch
-checkpoint, an SGLang or OpenAI-compatible server), one of the ``[teacher]`` settings, or the
-student engine the worker already runs. The judge engine is opened per rollout worker and closed
-with it; it never loads published weights (except ``use = "student"``, which is the student).
+"""The recipe's judge engine (``[judge]``, ``judge.use``: its own, a ``[teacher]``-like engine, or
+the worker's student engine), opened per rollout worker and never loading published weights (except
+the student), and the frozen teacher engine (``[teacher]``).
+Design: docs/judges.md
 """
 
 from __future__ import annotations
@@ -15,10 +11,11 @@ from pathlib import Path
 
 from stacx.agents.chat import ChatFormat
 from stacx.errors import ConfigError
+from stacx.imitation.config import TeacherConfig
 from stacx.judge import JudgeModel
 from stacx.launch.engines import open_engine
 from stacx.launch.placement import ActorEnv
-from stacx.launch.recipe import Recipe, recipe_rubric
+from stacx.launch.recipe import JudgeSection, Recipe, recipe_rubric
 from stacx.ports import ChatTokenizer, Engine
 
 
@@ -28,8 +25,8 @@ async def open_judge(
     env: ActorEnv,
     student: tuple[Engine, ChatTokenizer] | None = None,
 ) -> JudgeModel | None:
-    """The recipe's judge (closed with `stack`), or None when it names none. `student` is the
-    worker's own engine and tokenizer (for ``judge.use = "student"``)."""
+    """The recipe's judge (closed with `stack`), or None when it names none; `student` is the
+    worker's own engine and tokenizer."""
     j = recipe.judge
     if not j.enabled:
         return None
@@ -42,17 +39,7 @@ async def open_judge(
         engine, tokenizer = await open_teacher_engine(stack, recipe, env)
         max_len = recipe.teacher.max_len
     else:
-        engine, tokenizer = await open_engine(
-            stack,
-            backend=j.backend,
-            model=j.path,
-            device=j.device,
-            dtype=j.dtype,
-            url=j.url,
-            max_batch=j.max_batch,
-            max_len=j.max_len,
-            log_dir=Path(env.run_dir),
-        )
+        engine, tokenizer = await _open(stack, j, j.dtype, env)
         max_len = j.max_len
     return JudgeModel(
         engine,
@@ -73,14 +60,20 @@ async def open_teacher_engine(
         raise ConfigError(
             f"algorithm.name = {recipe.algorithm.name!r} needs teacher.path or teacher.url"
         )
+    return await _open(stack, t, "auto", env)
+
+
+async def _open(
+    stack: contextlib.AsyncExitStack, s: JudgeSection | TeacherConfig, dtype: str, env: ActorEnv
+) -> tuple[Engine, ChatTokenizer]:
     return await open_engine(
         stack,
-        backend=t.backend,
-        model=t.path,
-        device=t.device,
-        dtype="auto",
-        url=t.url,
-        max_batch=t.max_batch,
-        max_len=t.max_len,
+        backend=s.backend,
+        model=s.path,
+        device=s.device,
+        dtype=dtype,
+        url=s.url,
+        max_batch=s.max_batch,
+        max_len=s.max_len,
         log_dir=Path(env.run_dir),
     )

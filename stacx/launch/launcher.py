@@ -1,24 +1,8 @@
-"""The launcher: one recipe -> one run (RunContext), its roles placed, a scheduler, progress
-and metrics, until the log says the run is done; then a clean stop and a plot.
-
-    outcome = asyncio.run(launch(recipe, Path("runs/quickstart")))
-
-Order on start: the resume check (a different recipe on an existing run dir is refused with the
-diff), RunContext (NATS, the recorder, RunStarted with the resolved recipe), the roles (their
-actors start consuming; rollout workers load the latest published weights), then the
-scheduler, which emits what the log says is due. Order on stop (done, error or Ctrl-C): the
-scheduler and every role's actors stop (a step in progress is lost, a background checkpoint
-write is finished first; a rerun redoes the steps after the newest durable checkpoint; engines, SGLang servers and sandbox containers are released
-by the role builders' exit), metrics are flushed, RunFinished is published and the recorder
-drains.
-
-Guarantees: the launcher holds no state that matters; kill -9 at any point and the same command
-continues from the log (see ``stacx.schedule.scheduler`` and ``stacx.launch.resume``), ending with
-the counts of an uninterrupted run (tests/launch/test_crash.py). Limits: an episode in flight at
-a kill is redone as a new attempt once its task is redelivered (up to the rollout worker's ack
-wait after the restart), and its abandoned attempt counts against ``sandbox.max_attempts``, so
-that many kills landing on one sample's episodes fail it for good, as infrastructure failures
-would (its group then differs from an uninterrupted run's).
+"""The launcher: one recipe -> one run (RunContext), its roles placed, a scheduler, progress and
+metrics, until the log says the run is done; then a clean stop and a plot. Guarantees: it holds no
+state that matters: kill -9 at any point and the same command continues from the log, ending with
+the counts of an uninterrupted run.
+Design: docs/concepts/actors.md#the-launcher
 """
 
 from __future__ import annotations
@@ -26,26 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
 
 from stacx.actors.run import RunContext
 from stacx.errors import ConfigError, TaskError
-from stacx.launch.loader import to_dict
+from stacx.launch.loader import ConfigDict, to_dict
 from stacx.launch.metrics import MetricsWriter, make_sinks
-from stacx.launch.placement import (
-    LocalPlacement,
-    Placement,
-    RayPlacement,
-    resolve_builder,
-)
+from stacx.launch.placement import LocalPlacement, Placement, RayPlacement, resolve_builder
 from stacx.launch.plan import RoleSpec, roles_for
 from stacx.launch.processes import ProcessPlacement
 from stacx.launch.progress import ProgressView, Snapshot, snapshot
 from stacx.launch.recipe import Recipe, resolve_tasks
-from stacx.launch.resume import check_resume, remove_orphan_sandboxes
+from stacx.launch.resume import Previous, check_resume, remove_orphan_sandboxes
 from stacx.schedule.scheduler import EvalPlan, Plan, Scheduler, TaskRef, eval_versions
 
 log = logging.getLogger(__name__)
@@ -62,22 +41,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     skipped_tasks: list[str] = []  # selected, but left out (an oracle run: no solve.sh)
 
 
-def select_tasks(recipe: Recipe) -> list[TaskRef]:
-    """The recipe's tasks after include / exclude / difficulty / limit, as (id, path), by id;
-    an oracle run leaves out the tasks without a solution (see `unsolvable_tasks`)."""
-    return selection(recipe)[0]
-
-
-def unsolvable_tasks(recipe: Recipe) -> list[str]:
-    """The selected tasks an oracle run leaves out: they have no solution/solve.sh."""
-    return selection(recipe)[1]
-
-
 def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
-    """(tasks to schedule, tasks an oracle run leaves out, notes to show). A task directory of
-    the set that does not load is scheduled all the same, when its id is selected: the
-    rollout worker cannot load it either and records that as the task's failure, with the
-    reason, so one bad task fails alone. The notes name the task.toml keys not honoured."""
+    """(tasks to schedule, tasks an oracle run leaves out, notes on task.toml keys not honoured). A
+    selected task that does not load is scheduled all the same, to fail alone in its worker."""
     from fnmatch import fnmatchcase
 
     from stacx.harbor.tasks import load_task_set, select
@@ -87,16 +53,13 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
     def matches(task_id: str, patterns: list[str]) -> bool:
         return any(fnmatchcase(task_id, p) for p in patterns)
 
+    def kept(task_id: str, include: list[str], exclude: list[str]) -> bool:
+        return (not t.include or matches(task_id, include)) and not matches(task_id, exclude)
+
     try:
         loaded, broken = load_task_set(resolve_tasks(t.path))
         every = sorted([x.task_id for x in loaded] + [b.task_id for b in broken])
-        broken = [
-            b
-            for b in broken
-            if (not t.include or matches(b.task_id, t.include))
-            and not matches(b.task_id, t.exclude)
-            and not t.difficulty
-        ]
+        broken = [b for b in broken if kept(b.task_id, t.include, t.exclude) and not t.difficulty]
         # a pattern that names only tasks that do not load selects those (they fail alone)
         ids = [x.task_id for x in loaded]
         include = [p for p in t.include if any(fnmatchcase(i, p) for i in ids)]
@@ -107,11 +70,7 @@ def selection(recipe: Recipe) -> tuple[list[TaskRef], list[str], list[str]]:
                 raise TaskError(
                     f"tasks.{key}: {loose} match no task id; accepted: {', '.join(every)}"
                 )
-        chosen = [
-            x
-            for x in loaded
-            if (not t.include or matches(x.task_id, include)) and not matches(x.task_id, exclude)
-        ]
+        chosen = [x for x in loaded if kept(x.task_id, include, exclude)]
         tasks = select(chosen, difficulty=t.difficulty, limit=t.limit) if chosen else []
     except TaskError as exc:
         raise ConfigError(f"{exc} (in {t.path})") from None
@@ -149,8 +108,7 @@ def scheduler_plan(recipe: Recipe, tasks: list[TaskRef]) -> Plan:
 
 
 def eval_plan(recipe: Recipe) -> EvalPlan | None:
-    """The recipe's periodic eval ([eval]): its task set selected like [tasks] (the same
-    loading and filters, on eval.path or else tasks.path)."""
+    """The recipe's periodic eval ([eval]), its task set selected like [tasks]."""
     ev = recipe.eval
     if ev.every == 0:
         return None
@@ -168,7 +126,6 @@ def eval_plan(recipe: Recipe) -> EvalPlan | None:
 
 
 def make_placement(run: RunContext, recipe: Recipe) -> Placement:
-    """The recipe's placement (``placement.mode``: stacx.launch.placement's docstring)."""
     mode = recipe.placement_mode
     if mode == "ray":
         return RayPlacement(run, recipe)
@@ -177,18 +134,31 @@ def make_placement(run: RunContext, recipe: Recipe) -> Placement:
     return LocalPlacement(run, recipe)
 
 
+@contextlib.asynccontextmanager
+async def open_run(
+    run_dir: Path, name: str, config: ConfigDict, *, attempt: ConfigDict | None = None
+) -> AsyncIterator[tuple[RunContext, Previous | None]]:
+    """The one way a run is opened or continued (by `launch`, ``stacx regrade``, ``stacx import
+    harbor`` and the benches): the resume rules first (stacx.launch.resume: a live launcher, or
+    a log of another recipe than `config`, is refused), then RunContext (NATS, the recorder,
+    RunStarted with `config` and `attempt`'s keys: what this attempt does beyond the recipe).
+    Yields the run and its previous attempts' facts (None: a fresh run)."""
+    previous = await asyncio.to_thread(check_resume, run_dir, config)
+    async with RunContext(run_dir, recipe=name, config={**config, **(attempt or {})}) as run:
+        yield run, previous
+
+
 async def launch(
     recipe: Recipe,
     run_dir: Path,
     *,
     roles: list[RoleSpec] | None = None,
     echo: Callable[[str], None] = print,
-    poll_s: float = 1.0,
+    poll_s: float = 3.0,
     prepare: Callable[[RunContext], Awaitable[None]] | None = None,
 ) -> Outcome:
-    """Run (or resume) `recipe` in `run_dir` until done; see the module docstring."""
+    """Run (or resume) `recipe` in `run_dir` until done."""
     config = to_dict(recipe)
-    previous = await asyncio.to_thread(check_resume, run_dir, config)
     tasks, skipped, notes = await asyncio.to_thread(selection, recipe)
     plan = scheduler_plan(recipe, tasks)
     roles = roles_for(recipe) if roles is None else roles
@@ -198,7 +168,7 @@ async def launch(
         from stacx.sandbox.remote import remote_url
 
         remote_url(recipe.sandbox.url)
-    async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
+    async with open_run(run_dir, recipe.name, config) as (run, previous):
         if previous is not None:
             removed = await remove_orphan_sandboxes(run.run_id)
             echo(
@@ -234,21 +204,12 @@ async def _drive(
     scheduler: Scheduler,
     config: dict[str, object],
 ) -> Snapshot | None:
-    """Place the roles and the scheduler, keep the metrics and the progress view going until
-    the scheduler says done (or a placed actor crashed), then stop everything; the final
-    progress snapshot, read once every actor stopped and the recorder caught up."""
+    """Place the roles and the scheduler, run metrics and progress until done (or an actor crashed),
+    stop everything; returns the final progress snapshot, read once the recorder caught up."""
     placement = make_placement(run, recipe)
     lg = recipe.logging
     metrics = MetricsWriter(
-        run.query,
-        lambda: make_sinks(
-            run.run_dir,
-            run.run_id,
-            config,
-            tensorboard=lg.tensorboard,
-            wandb_project=lg.wandb_project,
-        ),
-        interval_s=lg.interval_s,
+        run.query, lambda: make_sinks(run.run_dir, run.run_id, config, lg), interval_s=lg.interval_s
     )
     progress = ProgressView(
         run.query,

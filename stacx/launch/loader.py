@@ -1,15 +1,8 @@
-"""Reading recipes: TOML file + ``--set key.path=value`` overrides -> a validated :class:`Recipe`.
-
-Guarantees: every error is a :class:`ConfigError` whose message names the file, the dotted key
-path and what is accepted there (the section's keys for an unknown key, the allowed values for
-a choice, the expected type otherwise). Overrides are applied to the parsed TOML before
-validation, so a ``--set`` typo fails exactly like a typo in the file.
-
-``--set`` values are parsed as TOML literals (``3``, ``1e-5``, ``true``, ``"x"``, ``[1, 2]``),
-falling back to the raw string (``--set model.path=/ckpt``); ``none`` or ``null`` set ``None``.
-
-Limits: TOML has no null, so a ``None`` in the resolved recipe is written as a comment by
-:func:`to_toml`; that is only for display.
+"""Reading recipes: TOML file + ``--set key.path=value`` overrides -> a validated :class:`Recipe`,
+with the trainer keys that other sections decide derived. Guarantees: every error is a
+:class:`ConfigError` naming the file, the key path and what is accepted there; an override is
+applied before validation, so a ``--set`` typo fails like one in the file.
+Design: docs/recipes.md
 """
 
 from __future__ import annotations
@@ -70,8 +63,8 @@ def read_toml(path: Path) -> ConfigDict:
 
 
 def load_recipe(path: Path | str, overrides: list[str] | None = None) -> Recipe:
-    """Read, override, validate. The recipe's ``name`` defaults to the file's stem. An error
-    at a key that a ``--set`` gave is reported against that ``--set``, not the file."""
+    """Read, override, validate (``name`` defaults to the file's stem); an error at a key that a
+    ``--set`` gave is reported against that ``--set``."""
     path = Path(path)
     data = apply_overrides(read_toml(path), overrides or [])
     data.setdefault("name", path.stem)
@@ -120,14 +113,8 @@ def _get(data: ConfigDict, path: str, default: object) -> object:
 
 
 def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
-    """Fill the trainer's keys that other sections decide, so the recipe says each thing once.
-
-    trainer.algorithm = algorithm.name, trainer.model = model.path, trainer.mode =
-    algorithm.mode, trainer.max_staleness = algorithm.max_staleness (async; 0 in sync), for OPD
-    trainer.opd_discount / opd_grpo_weight / opd_center = algorithm.imitation's, and,
-    unless given, trainer.batch_groups = tasks.per_iteration (GRPO: one iteration per step)
-    and trainer.batch_episodes = tasks.per_iteration * tasks.group_size. A recipe may repeat a
-    derived key only with the same value (so a printed resolved recipe loads back)."""
+    """Fill the trainer's keys that other sections decide (docs/recipes.md#derived-keys); a recipe
+    may repeat a derived key only with the same value, so a printed resolved recipe loads back."""
     algo = _get(data, "algorithm.name", "grpo")
     trainer = data.get("trainer", {})
     if not isinstance(algo, str) or not isinstance(trainer, dict):
@@ -153,8 +140,7 @@ def derive(data: ConfigDict, *, source: str = "recipe") -> ConfigDict:
 
 
 def _derive_imitation(data: ConfigDict, algo: object, steps: object) -> ConfigDict:
-    """algorithm.imitation.name / iterations = algorithm.name / trainer.steps (DAgger,
-    AggreVaTe, OPD); a recipe that says otherwise is refused."""
+    """algorithm.imitation's name and iterations from algorithm.name and trainer.steps."""
     algorithm = data.get("algorithm", {})
     imitation = _get(data, "algorithm.imitation", {})
     if not (
@@ -198,36 +184,30 @@ def _trainer_keys(data: ConfigDict, algo: object) -> dict[str, tuple[object, str
 
 
 def to_dict(recipe: Recipe) -> ConfigDict:
-    """The resolved recipe as plain JSON data (what RunStarted records, so that a recorded
-    recipe and a freshly loaded one compare equal: tuples become lists)."""
+    """The resolved recipe as plain JSON data (what RunStarted records; tuples become lists, so a
+    recorded and a loaded recipe compare equal)."""
     out: ConfigDict = msgspec.json.decode(msgspec.json.encode(recipe))
     return out
 
 
 # ---- error messages --------------------------------------------------------------------------
 
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$(.*)`)?")
-_MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$(.*)`)?")
+_FIELD = re.compile(
+    r"Object (contains unknown|missing required) field `([^`]+)`(?: - at `\$(.*)`)?"
+)
 _AT = re.compile(r"^(.*) - at `\$(.*)`$")
-
-
-def _dotted(path: str) -> str:
-    return path.lstrip(".")
 
 
 def explain(message: str) -> str:
     """Rewrite msgspec's validation message in terms of the recipe's key paths."""
-    if m := _UNKNOWN.match(message):
-        parent = _dotted(m.group(2) or "")
-        key = f"{parent}.{m.group(1)}" if parent else m.group(1)
-        keys = _keys_at(parent)
-        return f"unknown key {key}; accepted: {', '.join(keys)}"
-    if m := _MISSING.match(message):
-        parent = _dotted(m.group(2) or "")
-        key = f"{parent}.{m.group(1)}" if parent else m.group(1)
-        return f"missing required key {key}"
+    if m := _FIELD.match(message):
+        parent = (m.group(3) or "").lstrip(".")
+        key = f"{parent}.{m.group(2)}" if parent else m.group(2)
+        if m.group(1) == "missing required":
+            return f"missing required key {key}"
+        return f"unknown key {key}; accepted: {', '.join(_keys_at(parent))}"
     if m := _AT.match(message):
-        what, path = m.group(1), _dotted(m.group(2))
+        what, path = m.group(1), m.group(2).lstrip(".")
         accepted = _accepted_at(path)
         tail = f"; accepted: {accepted}" if accepted else ""
         return f"{path}: {what.replace('`', '')}{tail}"
@@ -241,12 +221,9 @@ def _field_type(path: str) -> object | None:
         if not part:
             continue
         struct = _struct_of(tp)
-        if struct is None:
+        tp = None if struct is None else typing.get_type_hints(struct).get(part)
+        if tp is None:
             return None
-        hints = typing.get_type_hints(struct)
-        if part not in hints:
-            return None
-        tp = hints[part]
     if re.search(r"\[\d+\]$", path):
         args = typing.get_args(tp)
         return args[0] if args else None
@@ -296,12 +273,8 @@ def flatten(data: ConfigDict, prefix: str = "") -> dict[str, object]:
 def diff(old: ConfigDict, new: ConfigDict) -> list[str]:
     """Lines ``key: old -> new`` for every leaf that differs (missing leaves shown as <absent>)."""
     a, b = flatten(old), flatten(new)
-    lines = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
-        if va != vb:
-            lines.append(f"{key}: {json.dumps(va)} -> {json.dumps(vb)}")
-    return lines
+    pairs = ((k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b)))
+    return [f"{k}: {json.dumps(va)} -> {json.dumps(vb)}" for k, va, vb in pairs if va != vb]
 
 
 def _literal(v: object) -> str:
@@ -326,6 +299,5 @@ def to_toml(data: ConfigDict, prefix: str = "") -> str:
         else:
             lines.append(f"{k} = {_literal(v)}")
     for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.append(to_toml(table, name + "."))
+        lines += [f"\n[{name}]", to_toml(table, name + ".")]
     return "\n".join(line for line in lines if line != "")

@@ -1,21 +1,9 @@
-"""The memory split of one GPU shared by the torch engine and the trainer.
-
-A recipe declares it in ``[placement]``: ``engine_cache_gib`` (the engine's KV cache: the torch
-engine sizes its cache to it, lowering ``engine.max_batch`` to the full-length sequences that fit)
-and ``trainer_gib`` (the trainer's share: weights, gradients, optimizer state, activations).
-:func:`check_split` runs when the rollout role has built its engine, before any episode or step:
-it refuses, naming the keys and the figures, a split that does not fit the device (engine weights
-+ cache + trainer share above the device's memory, less a reserve for the CUDA context and the
-allocator's slack) and a trainer share below what the trainer's weights, gradients and AdamW
-state alone take.
-
-Enforcement: with ``placement.mode = "processes"`` (the GPU default) the trainer is a process of
-its own, and :func:`enforce_trainer_share` caps its caching allocator at ``trainer_gib``
-(``torch.cuda.set_per_process_memory_fraction``): a step that needs more fails with CUDA's
-out-of-memory error in the trainer instead of taking the engine's cache. With ``local`` the
-share is checked, not enforced (engine and trainer are threads of one process with one caching
-allocator). Activations are not estimated (declare room for them). Ray placement may put the
-trainer on another GPU: there the engine's part is checked alone.
+"""The memory split of one GPU shared by the torch engine and the trainer (``[placement]``
+``engine_cache_gib``, ``trainer_gib``): :func:`check_split` refuses, before any episode or step, a
+split that does not fit the device or a trainer share below its static needs;
+:func:`enforce_trainer_share` caps the trainer's allocator when it is a process of its own. Limits:
+activations are not estimated; with ``local`` placement the share is checked only.
+Design: docs/concepts/placement.md#engine-and-trainer-on-one-gpu
 """
 
 from __future__ import annotations
@@ -34,8 +22,8 @@ RESERVE_GIB = 2.0  # CUDA context, cuBLAS workspaces, the allocator's fragmentat
 
 
 def trainer_static_bytes(n_params: int, dtype_bytes: int, *, fp32_master: bool = False) -> int:
-    """Weights + gradients + AdamW's two moments, per parameter (fp32 master weights and state
-    with ``trainer.mixed_precision``)."""
+    """Weights + gradients + AdamW's two moments per parameter (fp32 master weights and state with
+    ``trainer.mixed_precision``)."""
     if fp32_master:
         return n_params * (dtype_bytes + 4 + 4 + 8)
     return n_params * dtype_bytes * 4
@@ -49,7 +37,7 @@ def check_split(
     trainer_gib: float,
     trainer_static: int,
 ) -> None:
-    """Raise ConfigError when the declared split does not fit (see the module docstring);
+    """Raise ConfigError, naming the keys and figures, when the declared split does not fit;
     ``trainer_gib`` 0: the trainer is elsewhere or undeclared."""
     total = device_bytes / GIB
     parts = {
@@ -107,8 +95,7 @@ def check_recipe_split(recipe: Recipe, engine: object) -> None:
 
 
 def enforce_trainer_share(recipe: Recipe) -> None:
-    """Cap this process's CUDA allocations at ``placement.trainer_gib`` (the trainer's process
-    under ``placement.mode = "processes"``); nothing without a declared share or a GPU."""
+    """Cap this process's CUDA allocations at ``placement.trainer_gib``, when declared."""
     gib = recipe.placement.trainer_gib
     if not gib or recipe.placement_mode != "processes" or not torch.cuda.is_available():
         return

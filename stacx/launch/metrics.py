@@ -1,13 +1,7 @@
-"""Metrics writers: TensorBoard event files always (``<run_dir>/tb/``), Weights & Biases when
-``WANDB_API_KEY`` is set and ``wandb`` is installed. Both are fed from the log by SQL.
-
-Per train step: loss, reward_mean, samples, tokens, step time (``train/*``). Per weight version:
-the reward of the episodes that version generated (``rollout/*``). Resume: a restarted writer
-re-reads the log from the start and opens TensorBoard with ``purge_step=0``, so events that an
-earlier attempt wrote are superseded, not doubled.
-
-Limits: W&B runs are resumed by id (``resume="allow"``); W&B errors are logged and disable W&B
-for the rest of the run, never stop it.
+"""Metrics writers, fed from the log by SQL: TensorBoard always (``<run_dir>/tb/``: ``train/*`` per
+step, ``rollout/*`` reward per weight version), Weights & Biases when ``WANDB_API_KEY`` is set. A
+restarted writer re-reads the log and opens TensorBoard with ``purge_step=0``, so nothing is
+doubled. Limits: W&B errors are logged and disable W&B for the run, never stop it.
 """
 
 from __future__ import annotations
@@ -18,9 +12,12 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stacx.actors.base import Query
+
+if TYPE_CHECKING:
+    from stacx.launch.recipe import LoggingSection
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +67,14 @@ class WandbSink:
 
 
 def make_sinks(
-    run_dir: Path, run_id: str, config: dict[str, object], *, tensorboard: bool, wandb_project: str
+    run_dir: Path, run_id: str, config: dict[str, object], settings: LoggingSection
 ) -> list[Sink]:
     sinks: list[Sink] = []
-    if tensorboard:
+    if settings.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tb"))
     if os.environ.get("WANDB_API_KEY"):
         try:
-            sinks.append(WandbSink(wandb_project, run_id, config, run_dir))
+            sinks.append(WandbSink(settings.wandb_project, run_id, config, run_dir))
         except Exception as exc:  # missing package, network: W&B is optional
             log.warning("W&B disabled: %r", exc)
     return sinks
@@ -87,13 +84,13 @@ class MetricsWriter:
     """Copies new train steps and per-version rewards from the log to the sinks."""
 
     def __init__(
-        self, query: Query, sinks: list[Sink] | Callable[[], list[Sink]], *, interval_s: float = 2.0
+        self, query: Query, sinks: Callable[[], list[Sink]], *, interval_s: float = 2.0
     ) -> None:
         self.query = query
-        # A factory is called (in a thread) on the first run(): TensorBoard imports torch,
-        # which may take seconds that the run should not wait for.
-        self._factory = sinks if callable(sinks) else None
-        self.sinks: list[Sink] = [] if callable(sinks) else sinks
+        # `sinks` is called (in a thread) on the first run(): TensorBoard imports torch, which
+        # may take seconds that the run should not wait for.
+        self._factory = sinks
+        self.sinks: list[Sink] = []
         self._ready: asyncio.Task[list[Sink]] | None = None
         self.interval_s = interval_s
         self.last_step = -1
@@ -133,10 +130,9 @@ class MetricsWriter:
                 self.sinks.remove(sink)
 
     async def _sinks(self) -> None:
-        if self._factory is not None and self._ready is None:
+        if self._ready is None:
             self._ready = asyncio.create_task(asyncio.to_thread(self._factory))
-        if self._ready is not None:
-            self.sinks = await asyncio.shield(self._ready)
+        self.sinks = await asyncio.shield(self._ready)
 
     async def run(self) -> None:
         """Write new metrics every ``interval_s`` until cancelled; then call :meth:`finish`."""
@@ -146,8 +142,8 @@ class MetricsWriter:
             await asyncio.sleep(self.interval_s)
 
     async def _flush_reported(self) -> None:
-        """Flush; a failure (a broken view, a bad row) is logged with its traceback once, not
-        every interval, until a flush succeeds again. The run goes on without its metrics."""
+        """Flush; a failure is logged with its traceback once (not every interval) until a flush
+        succeeds again. The run goes on without its metrics."""
         try:
             await self.flush()
         except Exception as exc:
@@ -164,9 +160,6 @@ class MetricsWriter:
         """Write what is left and close the sinks (waits for them if they are being created)."""
         await self._sinks()
         await self._flush_reported()
-        self.close()
-
-    def close(self) -> None:
         for sink in self.sinks:
             with contextlib.suppress(Exception):
                 sink.close()

@@ -1,21 +1,9 @@
-"""Placement: where a role's actors run, one ``Placement`` protocol with three runners.
-``local``: asyncio tasks in the launcher's process (the CPU default). ``processes``: each role
-instance in a spawned process of this node (``stacx.launch.processes``; the GPU default, with
-the engine as a role of its own serving the rollout workers). ``ray``: one Ray actor per role
-instance, with the role's CPU/GPU request. All run the SAME role builders and actor code: they
-build an instance and spawn its actors with ``host_instance`` over a
-``stacx.actors.run.Spawner`` (the launcher's ``RunContext.actors``, or a host's own from
-``remote_run``; processes and Ray hosts share ``serve_role``), so numbering, supervision,
-stopping and strict-mode crashes are one routine.
-
-NATS stays the data plane either way: a Ray actor connects to the run's NATS URL, publishes
-with its own Publisher and consumes through its own durable consumers; only SQL goes through
-the launcher (``stacx.store.query``), because the recorder, the log's only writer, lives there.
-
-Limits: the embedded NATS server listens on loopback, so Ray actors on *other* machines need
-``STACX_NATS_URL`` pointing at a server they can reach (a local Ray cluster works as is).
-Role builders are found by dotted path (``module:function``), so they must be importable in
-the Ray workers (the launcher passes its ``sys.path`` along).
+"""Placement: where a role's actors run. One ``Placement`` protocol with three runners (``local``:
+asyncio tasks of the launcher; ``processes``: spawned processes of this node; ``ray``: one Ray actor
+per role instance), all running the same role builders and spawning through one ``host_instance``
+routine. NATS stays the data plane; only SQL goes through the launcher. Limits (ray): actors on
+other machines need a reachable ``STACX_NATS_URL``, and role builders must be importable there.
+Design: docs/concepts/placement.md
 """
 
 from __future__ import annotations
@@ -36,6 +24,7 @@ import msgspec
 from stacx.actors.base import Actor, ActorContext, Query, causal_context
 from stacx.actors.load import ProcessLoadWatch
 from stacx.actors.run import RunContext, Spawner
+from stacx.bus.server import free_port
 from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
 from stacx.launch.plan import RoleSpec
@@ -50,9 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class ActorEnv(msgspec.Struct, frozen=True, kw_only=True):
-    """What a role builder may use: the run's id and directory, publish, the log's SQL, and
-    the process's weight handoff: in memory for local placement, across the node's processes
-    (CUDA IPC / shared memory, stacx.weights.share) in a Ray actor; None: the file."""
+    """What a role builder may use: the run's id and directory, publish, the log's SQL, and the
+    process's weight handoff (None: the file)."""
 
     run_id: str
     run_dir: str
@@ -82,22 +70,18 @@ def resolve_builder(path: str) -> RoleBuilder:
 
 
 class Placement(Protocol):
-    """Where the roles' actors run: one protocol, two interchangeable runners (local, ray) that
-    share one spawn routine (``host_instance`` over a ``Spawner``)."""
+    """Where the roles' actors run; every runner spawns through ``host_instance``."""
 
     mode: str
 
     async def start(self, role: RoleSpec) -> None:
         """Build and start every instance of ``role``; return once its actors run."""
-        ...
 
     async def check(self) -> None:
         """Raise the error that ended an actor of a started role (strict mode), if any."""
-        ...
 
     async def stop(self) -> None:
         """Stop every actor placed (and the run's own), then release what the roles built."""
-        ...
 
 
 async def host_instance(
@@ -108,10 +92,8 @@ async def host_instance(
     env: ActorEnv,
     index: int,
 ) -> None:
-    """Build instance ``index`` of a role (its resources released when ``stack`` closes) and
-    spawn its actors. Unshared actors are numbered ``index * n + k`` (n same-named actors per
-    instance), the numbers spawn order gives in one process, so consumers are the same whether
-    the instances share the launcher or each has a Ray actor."""
+    """Build instance ``index`` of a role (released with ``stack``) and spawn its actors, unshared
+    ones numbered ``index * n + k`` as in one process, whichever runner hosts it."""
     actors = await stack.enter_async_context(builder(recipe, env, index))
     per_name = Counter(a.name for a in actors if not a.shared)
     seen: Counter[str] = Counter()
@@ -161,10 +143,9 @@ class LocalPlacement:
 async def remote_run(
     nats_url: str, run_id: str, run_dir: str, name: str
 ) -> AsyncIterator[tuple[Spawner, ActorContext]]:
-    """What a process other than the launcher's needs to host actors: its own NATS connection
-    and publisher, SQL through the launcher's query service, and a ``Spawner`` whose actors'
-    contexts start from the stream's head at entry (a resumed run's log included); also one
-    context for the role builder itself."""
+    """What a process other than the launcher's needs to host actors: its NATS connection, SQL
+    through the launcher, a ``Spawner`` reading from the stream's head, a context for the builder.
+    """
     from stacx.bus.client import Publisher, connect
 
     nc = await connect(nats_url, name=name)
@@ -198,8 +179,7 @@ async def remote_run(
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What a process other than the launcher's needs to host one role instance (a Ray actor's
-    ``RoleHost.serve`` or a ``processes`` child, ``stacx.launch.processes``)."""
+    """What a process other than the launcher's needs to host one role instance."""
 
     recipe_json: bytes
     builder: str
@@ -212,11 +192,38 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     engine_url: str = ""  # the run's served engine, for rollout workers (ActorEnv.engine_url)
 
 
+def host_specs(
+    run: RunContext, recipe: Recipe, role: RoleSpec, engine_url: str = ""
+) -> list[HostSpec]:
+    """One spec per instance of `role`, for the hosts (Ray actors, processes) that serve them."""
+    recipe_json = msgspec.json.encode(recipe)
+    return [
+        HostSpec(
+            recipe_json=recipe_json,
+            builder=role.builder,
+            index=index,
+            nats_url=run.nats_url,
+            run_id=run.run_id,
+            run_dir=str(run.run_dir),
+            sys_path=list(sys.path),
+            role=role.name,
+            engine_url=engine_url,
+        )
+        for index in range(role.count)
+    ]
+
+
+async def query_service(run: RunContext) -> QueryService:
+    """The run's started QueryService: the log's queries answered for roles in other processes."""
+    assert run.nc is not None
+    service = QueryService(run.nc, run.run_id, run.query)
+    await service.start()
+    return service
+
+
 async def serve_role(spec: HostSpec, ready: Callable[[], None], stop: asyncio.Event) -> None:
-    """The body of every role host outside the launcher: build one role instance with its own
-    NATS connection and the node's cross-process weight handoff, run its actors (and publish
-    this process's load) until ``stop`` is set, then stop them; raise an actor's programming
-    error (strict mode) after the clean stop."""
+    """Every role host outside the launcher: build one instance, run its actors and publish its load
+    until ``stop``, stop them, then raise an actor's programming error (strict mode)."""
     for p in reversed(spec.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -270,6 +277,13 @@ class RoleHost:
         await self._ready.wait()
         return True
 
+    def address(self) -> str:
+        """A URL on this actor's node for the engine role to serve on: rollout workers on any node
+        of the cluster reach it."""
+        import ray
+
+        return f"http://{ray.util.get_node_ip_address()}:{free_port()}"
+
     async def stop(self) -> None:
         self._stop.set()
 
@@ -285,14 +299,13 @@ class RayPlacement:
         self.service: QueryService | None = None
         self._hosts: list[tuple[Any, Any]] = []  # (ray actor handle, serve() ObjectRef)
         self._started_ray = False
+        self.engine_url = ""  # the engine role's, on its node; the rollout workers' server
 
     async def _init(self) -> None:
         import ray
 
         if self.service is None:
-            assert self.run.nc is not None
-            self.service = QueryService(self.run.nc, self.run.run_id, self.run.query)
-            await self.service.start()
+            self.service = await query_service(self.run)
         if not ray.is_initialized():
             p = self.recipe.placement
             kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": True}
@@ -309,23 +322,15 @@ class RayPlacement:
         await self._init()
         resolve_builder(role.builder)  # fail here, with the path, rather than inside Ray
         remote_cls = ray.remote(RoleHost)
-        recipe_json = msgspec.json.encode(self.recipe)
-        for index in range(role.count):
+        for spec in host_specs(self.run, self.recipe, role, self.engine_url):
             host: Any = remote_cls.options(  # type: ignore[attr-defined]
                 num_cpus=role.resources.cpus,
                 num_gpus=role.resources.gpus,
-                name=f"stacx-{self.run.run_id}-{role.name}-{index}",
+                name=f"stacx-{self.run.run_id}-{role.name}-{spec.index}",
             ).remote()
-            spec = HostSpec(
-                recipe_json=recipe_json,
-                builder=role.builder,
-                index=index,
-                nats_url=self.run.nats_url,
-                run_id=self.run.run_id,
-                run_dir=str(self.run.run_dir),
-                sys_path=list(sys.path),
-                role=role.name,
-            )
+            if role.name == "engine" and not self.engine_url:  # started before the rollout role
+                self.engine_url = await asyncio.to_thread(ray.get, host.address.remote())
+                spec = msgspec.structs.replace(spec, engine_url=self.engine_url)
             ref = host.serve.remote(msgspec.json.encode(spec))
             self._hosts.append((host, ref))
             ready = host.ready.remote()
@@ -334,8 +339,8 @@ class RayPlacement:
                 await asyncio.to_thread(ray.get, ref)
 
     async def check(self) -> None:
-        """Raise if a Ray actor's serve() ended (crashed) while the run is live, or an actor of
-        the launcher's own (the scheduler) died of a programming error."""
+        """Raise if a Ray actor's serve() ended while the run is live, or a launcher actor (the
+        scheduler) died of a programming error."""
         import ray
 
         if self.run.crashes:

@@ -1,26 +1,8 @@
-"""The placement plan: which actors a recipe starts, how many, where, with what resources.
-
-Pure: a function of the recipe only, so ``stacx run --dry-run`` prints it on any machine (no
-GPU, no Docker, no model needed) and the launcher starts exactly what it printed.
-
-Roles (each built by a function ``module:function`` with the signature of
-``stacx.launch.roles.RoleBuilder``; the same function runs in the launcher's process for
-``local`` placement and inside a Ray actor for ``ray``):
-
-- ``engine``   ``placement.mode = "processes"`` with the torch engine: one process holding the
-  student engine behind its HTTP server (SGLang's native API), loading each published weight
-  version; every rollout worker generates through it (more workers: more agents per engine,
-  not more copies of the model);
-- ``rollout``  ``placement.rollout_workers`` workers; each owns a student engine (loading each
-  published weight version; or the engine role's client), the Docker environments, and a
-  rollout manager sharing the TaskScheduled work queue; DAgger/AggreVaTe roll-ins also hold a teacher engine, and
-  AggreVaTe's branch actor (replay, explore, teacher finishes) runs there too.
-- ``trainer``  one (absent in eval recipes): reads batches from the log by SQL, steps,
-  checkpoints, publishes WeightsPublished.
-- ``teacher``  one, for DAgger (labels every visited state) and OPD (scores student tokens);
-  AggreVaTe's teacher finishes branches inside the rollout workers, next to the sandboxes.
-- ``scheduler``, the recorder, the query service, progress and metrics stay in the launcher
-  (control plane; they read the log, which lives there).
+"""The placement plan: which roles a recipe starts (engine, rollout, trainer, teacher), how many,
+where, with what resources; the scheduler, recorder, query service, progress and metrics stay in the
+launcher. Pure, a function of the recipe only: ``stacx run --dry-run`` prints it on any machine, and
+the launcher starts exactly what it printed.
+Design: docs/concepts/placement.md
 """
 
 from __future__ import annotations
@@ -43,15 +25,12 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _engine_detail(engine: EngineSection, model: str, dtype: str) -> str:
-    """What the worker starts, with only the settings it passes on (see stacx.launch.engines)."""
+    """What the worker starts, with only the settings it passes on."""
     if engine.url:  # a running server: its own settings, none of the recipe's
         return f"{engine.backend} engine at {engine.url} serving {model}"
     where = "in-process" if engine.backend == "torch" else "server started by the worker"
-    tp = (
-        f", tp={engine.tp}, mem_fraction={engine.mem_fraction:g}"
-        if engine.backend == "sglang"
-        else ""
-    )
+    sglang = engine.backend == "sglang"
+    tp = f", tp={engine.tp}, mem_fraction={engine.mem_fraction:g}" if sglang else ""
     return (
         f"{engine.backend} engine ({where}, device={engine.device}, dtype={dtype}, "
         f"max_batch={engine.max_batch}, max_len={engine.max_len}{tp}) serving {model}"
@@ -60,11 +39,8 @@ def _engine_detail(engine: EngineSection, model: str, dtype: str) -> str:
 
 def _teacher_detail(recipe: Recipe) -> str:
     t = recipe.teacher
-    where = (
-        f"at {t.url}"
-        if t.url
-        else (f"{'in-process' if t.backend == 'torch' else 'server'}, device={t.device}")
-    )
+    kind = "in-process" if t.backend == "torch" else "server"
+    where = f"at {t.url}" if t.url else f"{kind}, device={t.device}"
     what = {Teacher.LABEL: "labels visited states", Teacher.SCORE: "scores student tokens"}[
         recipe.algorithm.algo.teacher
     ]
@@ -77,14 +53,8 @@ def _trainer_detail(recipe: Recipe) -> str:
     what = f"{recipe.algorithm.name} on {recipe.model.path}, {t.steps} steps"
     gpus = recipe.placement.trainer.gpus
     on_gpu = gpus > 0 or t.device.startswith("cuda")
-    extras = [
-        name
-        for name, on in (
-            ("activation checkpointing", t.activation_checkpointing),
-            ("fp32 master weights", t.mixed_precision),
-        )
-        if on
-    ]
+    extras = ["activation checkpointing"] if t.activation_checkpointing else []
+    extras += ["fp32 master weights"] if t.mixed_precision else []
     if on_gpu and t.fast:
         extras.append(
             "varlen attention" + (" + compile" if t.compile else "") + ", chunked lm_head"
@@ -144,19 +114,12 @@ def roles_for(recipe: Recipe) -> list[RoleSpec]:
 
 
 def served_engine(recipe: Recipe) -> bool:
-    """Whether the student engine is a role of its own (``placement.mode = "processes"``, the
+    """Whether the student engine is a role of its own (``processes`` or ``ray`` placement, the
     torch engine, a model that generates), served to the rollout workers over HTTP."""
     return (
-        recipe.placement_mode == "processes"
+        recipe.placement_mode in ("processes", "ray")
         and recipe.engine.backend == "torch"
         and not recipe.scripted_agent
-    )
-
-
-def totals(roles: list[RoleSpec]) -> Resources:
-    return Resources(
-        cpus=sum(r.count * r.resources.cpus for r in roles),
-        gpus=sum(r.count * r.resources.gpus for r in roles),
     )
 
 
@@ -168,31 +131,20 @@ def describe(recipe: Recipe, roles: list[RoleSpec]) -> list[tuple[str, str, str,
         "processes": "a process of its own",
         "ray": f"Ray actor ({p.ray_address or 'local cluster'})",
     }[recipe.placement_mode]
-    rows = [
+    service = ", SQL query service for the roles' processes" if where != "launcher process" else ""
+    control = f"launcher process: NATS, DuckDB recorder, scheduler, progress, metrics{service}"
+    rows = [("scheduler+recorder", "1", "-", "-", control)]
+    rows += [
         (
-            "scheduler+recorder",
-            "1",
-            "-",
-            "-",
-            "launcher process: NATS, DuckDB recorder, scheduler, "
-            "progress, metrics"
-            + (
-                ", SQL query service for the roles' processes"
-                if recipe.placement_mode != "local"
-                else ""
-            ),
+            r.name,
+            str(r.count),
+            f"{r.resources.cpus:g}",
+            f"{r.resources.gpus:g}",
+            f"{where}: {r.detail}",
         )
+        for r in roles
     ]
-    for r in roles:
-        rows.append(
-            (
-                r.name,
-                str(r.count),
-                f"{r.resources.cpus:g}",
-                f"{r.resources.gpus:g}",
-                f"{where}: {r.detail}",
-            )
-        )
-    t = totals(roles)
-    rows.append(("total", "", f"{t.cpus:g}", f"{t.gpus:g}", ""))
+    cpus = sum(r.count * r.resources.cpus for r in roles)
+    gpus = sum(r.count * r.resources.gpus for r in roles)
+    rows.append(("total", "", f"{cpus:g}", f"{gpus:g}", ""))
     return rows

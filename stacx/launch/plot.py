@@ -1,11 +1,7 @@
-"""Learning curves as PNG, from SQL over a run's log (matplotlib, Agg backend: no display).
-
-Each metric is one SQL query returning (x, y, version, n); points are coloured by the weight
-version that produced them, and a line joins the per-x means. Besides the learning curves,
-``engine_busy``, ``trainer_busy``, ``sandbox_busy`` and ``tokens_per_s`` plot the time accounting
-(the ``time_accounting`` view: busy fraction and generated tokens/s per weight version), e.g.
-``stacx plot RUN --metric engine_busy --metric trainer_busy``. Works on live runs too (the log
-is read through a snapshot).
+"""Learning curves as PNG, from SQL over a run's log (matplotlib Agg; live runs too, through a
+snapshot). Each metric is one query returning (x, y, version, n): points coloured by weight version,
+a line through the per-x means; ``engine_busy``, ``trainer_busy``, ``sandbox_busy`` and
+``tokens_per_s`` plot the ``time_accounting`` view.
 """
 
 from __future__ import annotations
@@ -103,9 +99,7 @@ def write_plot(
     metrics, data = _read(run_dir, metrics)
     if not any(data.values()):
         raise StacxError(f"{run_dir}: nothing to plot yet (no scored episodes, no train steps)")
-    versions = sorted({int(r[2]) for rows in data.values() for r in rows if r[2] is not None}) or [
-        0
-    ]
+    versions = sorted({int(r[2]) for rs in data.values() for r in rs if r[2] is not None}) or [0]
     cmap = plt.get_cmap("viridis", max(2, len(versions)))
     fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 3.2 * len(metrics)), squeeze=False)
     for ax, m in zip(axes[:, 0], metrics, strict=True):
@@ -127,24 +121,20 @@ def write_plot(
 def _read(
     run_dir: Path, metrics: tuple[str, ...] | list[str]
 ) -> tuple[tuple[str, ...] | list[str], dict[str, list[tuple[Any, ...]]]]:
-    """Each metric's rows (x, y, weight version, count); the default set gains "eval" when
-    the run has a periodic eval."""
-    con = db.connect_run(run_dir)
-    try:
+    """Each metric's rows (x, y, weight version, count); the defaults gain "eval" with a periodic
+    eval."""
+    with db.connect_run(run_dir) as con:
         if tuple(metrics) == DEFAULT_METRICS and con.execute(METRICS["eval"][2]).fetchall():
             metrics = (*DEFAULT_METRICS, "eval")
         data = {
             m: con.execute(METRICS[m][2].replace("{PERIODIC}", PERIODIC)).fetchall()
             for m in metrics
         }
-    finally:
-        con.close()
     return metrics, data
 
 
 def _panel(ax: Any, metric: str, data: list[tuple[Any, ...]], color: Callable[[int], Any]) -> None:
-    """One metric's panel: a point per row (colored by weight version, sized by count) and
-    the mean at each x."""
+    """One metric's panel: points coloured by version and sized by count, the mean at each x."""
     from matplotlib.ticker import MaxNLocator
 
     xlabel, ylabel, _sql = METRICS[metric]

@@ -1,19 +1,6 @@
-"""Presets: `stacx eval` and `stacx tasks check` as recipes run by the one launcher.
-
-Neither verb has a runner of its own. Each builds a :class:`Recipe` (``algorithm.name =
-"eval"``) from its flags, validated like a recipe file (so the same cross-checks apply), runs
-it with :func:`stacx.launch.launcher.launch`, and computes what it prints from the run's log
-once the launcher has returned:
-
-- ``eval``: the report of :mod:`stacx.rollout.report` (scores, effort, stop reasons, failures),
-  the same numbers ``stacx sql`` gives on the run directory. ``stacx run recipes/eval/*.toml``
-  is the same lane, with the recipe written out in a file.
-- ``tasks check``: the oracle (which must score 1.0) or the null agent (which must score below
-  1.0) on every task, one sample and one attempt each (an infrastructure failure is reported,
-  not retried), and one verdict row per task from the log (:data:`CHECK_SQL`).
-
-A rerun on the same run directory resumes (samples already done are not run again), as for
-any recipe.
+"""Presets: `stacx eval` and `stacx tasks check` as recipes run by the one launcher. Each builds an
+eval :class:`Recipe` from its flags (validated like a file), launches it, and computes what it
+prints by SQL over the run's log; a rerun on the same directory resumes.
 """
 
 from __future__ import annotations
@@ -29,10 +16,10 @@ import msgspec
 import pyarrow as pa
 
 from stacx.actors.base import Params
-from stacx.errors import ConfigError
+from stacx.errors import ConfigError, StacxError
 from stacx.launch.launcher import Outcome, launch
 from stacx.launch.loader import convert
-from stacx.launch.recipe import Recipe
+from stacx.launch.recipe import Recipe, resolve_tasks
 from stacx.rollout import report
 from stacx.store.db import connect_run
 
@@ -68,13 +55,11 @@ def eval_recipe(
     progress: Progress = "auto",
     backend: Literal["docker", "process", "auto"] = "auto",
 ) -> Recipe:
-    """`stacx eval`'s flags as a recipe (every task once, `n_samples` samples each).
-
-    ``backend = "auto"``: the process sandbox when every task of the set is a light-format
-    answer task (no image to run), else Docker."""
+    """`stacx eval`'s flags as a recipe (every task once, `n_samples` samples each); ``backend =
+    "auto"``: the process sandbox when every task is an image-less answer task, else Docker."""
     if backend == "auto":
         backend = "process" if _all_answer_tasks(tasks) else "docker"
-    return convert(
+    return _eval_recipe(
         {
             "name": name,
             "model": {"path": model},
@@ -97,16 +82,19 @@ def eval_recipe(
                 "concurrency": concurrency,
                 "max_attempts": max_attempts,
             },
-            "algorithm": {"name": "eval"},
-            "logging": {"progress": progress, "tensorboard": False, "plot": False},
         },
-        source="stacx eval",
+        progress,
+        "stacx eval",
     )
 
 
+def _eval_recipe(data: dict[str, object], progress: Progress, source: str) -> Recipe:
+    logging = {"progress": progress, "tensorboard": False, "plot": False}
+    return convert({**data, "algorithm": {"name": "eval"}, "logging": logging}, source=source)
+
+
 def _agent_keys(agent: str, format: str, seed: int | None) -> dict[str, object]:
-    """--agent NAME or installed:<scaffold> as [agent] keys (a black-box scaffold writes its own
-    prompts and calls: no format, no seed)."""
+    """--agent NAME or installed:<scaffold> as [agent] keys (a scaffold has no format, no seed)."""
     name, _, scaffold = agent.partition(":")
     if not scaffold:
         return {"name": name, "format": format, "seed": seed}
@@ -116,9 +104,7 @@ def _agent_keys(agent: str, format: str, seed: int | None) -> dict[str, object]:
 
 
 def _all_answer_tasks(spec: str) -> bool:
-    from stacx.errors import StacxError
     from stacx.harbor.tasks import load_tasks
-    from stacx.launch.recipe import resolve_tasks
     from stacx.sandbox.answers import is_answer_task
 
     try:
@@ -155,15 +141,12 @@ async def run_eval(recipe: Recipe, run_dir: Path, *, echo: Echo = _stderr) -> Ev
 
 async def read_report(run_dir: Path, k: int) -> list[tuple[str, report.Table]]:
     """The eval report of a (finished) run, by SQL over its log."""
-    con = connect_run(run_dir)
-    try:
+    with connect_run(run_dir) as con:
 
         async def query(sql: str, params: Params = None, /) -> pa.Table:
             return con.sql(sql, params=params).to_arrow_table()
 
         return await report.report(query, k)
-    finally:
-        con.close()
 
 
 # ---- stacx tasks check -------------------------------------------------------------------------
@@ -183,8 +166,7 @@ class CheckRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def passes(agent: str, reward: float) -> bool:
-    """The bar: the oracle must solve the task; the null agent must not (else the task tests
-    nothing)."""
+    """The bar: the oracle must score 1.0; the null agent must not (else the task tests nothing)."""
     return reward >= 1.0 if agent == "oracle" else reward < 1.0
 
 
@@ -196,8 +178,9 @@ def check_recipe(
     aliases: str = "",
     progress: Progress = "off",
 ) -> Recipe:
-    """`stacx tasks check`'s flags as a recipe: one sample, one attempt per task."""
-    return convert(
+    """`stacx tasks check`'s flags as a recipe: one sample and one attempt per task (an
+    infrastructure failure is reported, not retried)."""
+    return _eval_recipe(
         {
             "name": f"tasks-check-{agent}",
             "tasks": {"path": str(Path(source).resolve()), "group_size": 1},
@@ -206,10 +189,9 @@ def check_recipe(
             "sandbox": {"concurrency": concurrency, "max_attempts": 1, "aliases": aliases},
             # a check is of the verifier: a task's rubric (stacx.rubric) is not scored
             "judge": {"use": "off"},
-            "algorithm": {"name": "eval"},
-            "logging": {"progress": progress, "tensorboard": False, "plot": False},
         },
-        source="stacx tasks check",
+        progress,
+        "stacx tasks check",
     )
 
 
@@ -223,8 +205,8 @@ async def check_tasks(
     progress: Progress = "off",
     echo: Echo = _stderr,
 ) -> tuple[Path, list[CheckRow]]:
-    """Check every task of `source` with `agent` in `run_dir` (a new temp dir when None, kept
-    so the run can be queried); the run dir and one row per task, by task id."""
+    """Check every task of `source` with `agent` in `run_dir` (None: a new temp dir, kept for
+    queries); returns the run dir and one row per task, by task id."""
     recipe = check_recipe(
         source, agent, concurrency=concurrency, aliases=aliases, progress=progress
     )
@@ -263,13 +245,9 @@ ORDER BY s.task_id"""
 
 
 def check_rows(outcome: Outcome, agent: str) -> list[CheckRow]:
-    """One verdict per task, from the check run's log (CHECK_SQL), plus the tasks the oracle
-    could not play (no solve.sh), which fail the check."""
-    con = connect_run(outcome.run_dir)
-    try:
+    """One verdict per task from the check's log, plus failures for tasks with no solve.sh."""
+    with connect_run(outcome.run_dir) as con:
         found = con.sql(CHECK_SQL).to_arrow_table().to_pylist()
-    finally:
-        con.close()
     rows = [_row(r, agent) for r in found]
     rows += [
         CheckRow(task_id=t, agent=agent, ok=False, failure="no_solution", reason="no solve.sh")

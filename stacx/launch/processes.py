@@ -1,22 +1,9 @@
-"""``placement.mode = "processes"``: every role instance in a process of its own on this node.
-
-The launcher keeps the control plane (NATS, the recorder, the scheduler, the SQL query service)
-and holds no model; each role instance (the engine, each rollout worker, the trainer, a teacher)
-runs ``python -m stacx.launch.processes`` with the same body as a Ray role host
-(``stacx.launch.placement.serve_role``): its own NATS connection, SQL through the launcher, the
-node's cross-process weight handoff (CUDA IPC or /dev/shm, ``stacx.weights.share``). Ray places
-the same roles on other machines; this mode needs no Ray on one node.
-
-Processes are spawned, never forked from a big process (posix_spawn/vfork: no ``preexec_fn``),
-with the spec on stdin. A child stops when its stdin closes (the launcher stopped it, or died:
-no orphan outlives a killed launcher by more than its clean stop) or on SIGTERM; its output goes
-to ``<run_dir>/logs/<role>-<index>.log``, its pid to ``<role>-<index>.pid`` beside it. Each process publishes its load (``ProcessLoad``).
-
-Supervision: a child killed by a signal (kill -9, the OOM killer) is started again, up to
-``MAX_RESTARTS`` times per instance, with the same spec (the engine on the same port); its
-durable consumers redeliver what it had not acknowledged, so nothing is lost or duplicated. A
-child that exits with a non-zero status on its own (an error in a role builder or, in strict
-mode, an actor's programming error) ends the run with its log's tail.
+"""``placement.mode = "processes"``: every role instance in a spawned process of its own on this
+node (``python -m stacx.launch.processes``, the spec on stdin, the body ``serve_role``), while the
+launcher keeps the control plane. Guarantees: no fork of a big process; a child stops when its stdin
+closes (no orphan outlives a killed launcher); a child killed by a signal restarts with the same
+spec (``MAX_RESTARTS``); one that exits with an error ends the run with its log's tail.
+Design: docs/concepts/placement.md#processes-one-node-many-processes
 """
 
 from __future__ import annotations
@@ -27,6 +14,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -35,7 +24,7 @@ from stacx.actors.load import ProcessLoadWatch
 from stacx.actors.run import RunContext
 from stacx.bus.server import free_port
 from stacx.errors import StacxError
-from stacx.launch.placement import HostSpec, serve_role
+from stacx.launch.placement import HostSpec, host_specs, query_service, serve_role
 from stacx.launch.plan import RoleSpec
 from stacx.launch.recipe import Recipe
 from stacx.store.query import QueryService
@@ -46,6 +35,8 @@ MAX_RESTARTS = 3
 READY = b"stacx-role-ready\n"
 START_TIMEOUT_S = 600.0  # a role builder loads models and builds sandboxes
 STOP_TIMEOUT_S = 60.0
+LAUNCHER_PID = "STACX_LAUNCHER_PID"  # the child's parent to watch, set before it can die
+ORPHAN_GRACE_S = 20.0  # a child whose launcher died: its stop path's NATS calls time out one by one
 
 
 class RoleProcessError(StacxError):
@@ -77,6 +68,7 @@ class RoleProcess:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
                 start_new_session=True,  # a Ctrl-C to the launcher's group is the launcher's
+                env={**os.environ, LAUNCHER_PID: str(os.getpid())},
             )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(msgspec.json.encode(self.spec) + b"\n")
@@ -125,7 +117,7 @@ class RoleProcess:
 
 
 class ProcessPlacement:
-    """Each role instance in a spawned process of this node (see the module docstring)."""
+    """Each role instance in a spawned process of this node."""
 
     mode = "processes"
 
@@ -139,32 +131,18 @@ class ProcessPlacement:
 
     async def start(self, role: RoleSpec) -> None:
         if self.service is None:
-            assert self.run.nc is not None
-            self.service = QueryService(self.run.nc, self.run.run_id, self.run.query)
-            await self.service.start()
+            self.service = await query_service(self.run)
             self._watch.start()
         if role.name == "engine" and not self.engine_url:
             self.engine_url = f"http://127.0.0.1:{free_port()}"  # kept across restarts
-        recipe_json = msgspec.json.encode(self.recipe)
-        for index in range(role.count):
-            spec = HostSpec(
-                recipe_json=recipe_json,
-                builder=role.builder,
-                index=index,
-                nats_url=self.run.nats_url,
-                run_id=self.run.run_id,
-                run_dir=str(self.run.run_dir),
-                sys_path=list(sys.path),
-                role=role.name,
-                engine_url=self.engine_url,
-            )
-            child = RoleProcess(spec, self.run.run_dir / "logs" / f"{role.name}-{index}.log")
+        for spec in host_specs(self.run, self.recipe, role, self.engine_url):
+            child = RoleProcess(spec, self.run.run_dir / "logs" / f"{role.name}-{spec.index}.log")
             self.children.append(child)
             await child.start()
 
     async def check(self) -> None:
-        """Raise an actor's programming error of the launcher, or a child's own exit with an
-        error; start again a child killed by a signal."""
+        """Raise the launcher's actors' programming error or a child's own error exit; restart a
+        child killed by a signal."""
         if self.run.crashes:
             raise self.run.crashes[0]
         for child in self.children:
@@ -201,6 +179,22 @@ class ProcessPlacement:
 # ---- the child ------------------------------------------------------------------------------
 
 
+def _end_when_orphaned(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, launcher: int) -> None:
+    """A daemon thread's body: once the launcher is gone (this process re-parented), ask the loop to
+    stop; if the process still lives ``ORPHAN_GRACE_S`` later (its stop path waits on the NATS that
+    died with the launcher, or the loop is blocked), kill its process group, itself included."""
+    while os.getppid() == launcher:
+        time.sleep(0.5)
+    with contextlib.suppress(RuntimeError):  # the loop already closed
+        loop.call_soon_threadsafe(stop.set)
+    time.sleep(ORPHAN_GRACE_S)
+    sys.stderr.write(
+        f"the launcher is gone and this role did not stop in {ORPHAN_GRACE_S:.0f} s; killed\n"
+    )
+    sys.stderr.flush()
+    os.killpg(os.getpgrp(), signal.SIGKILL)  # the role leads its own session (start_new_session)
+
+
 async def _child_main() -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -210,6 +204,8 @@ async def _child_main() -> None:
     os.dup2(2, 1)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    launcher = int(os.environ.get(LAUNCHER_PID, os.getppid()))  # it may be gone already
+    threading.Thread(target=_end_when_orphaned, args=(loop, stop, launcher), daemon=True).start()
 
     async def until_eof() -> None:
         while await reader.read(1 << 12):

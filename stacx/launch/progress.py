@@ -1,16 +1,13 @@
-"""Live progress, computed from the log by one SQL query (never from in-memory counters, so a
-resumed run shows the whole run, not just this attempt).
-
-On a TTY: a rich panel refreshed every ``logging.interval_s``. Otherwise: one plain log line
-per refresh in which something changed (CI logs stay short).
+"""Live progress from the log by one SQL query (never in-memory counters, so a resumed run shows the
+whole run): a rich panel on a TTY, else a plain line per refresh in which something changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
-from typing import TextIO
 
 import msgspec
 from rich.console import Console
@@ -96,12 +93,11 @@ class ProgressView:
         steps: int | None,
         mode: str = "auto",
         interval_s: float = 2.0,
-        stream: TextIO | None = None,
     ) -> None:
         self.query = query
         self.title = title
         self.steps = steps
-        self.stream = stream or sys.stderr
+        self.stream = sys.stderr
         self.mode = ("rich" if self.stream.isatty() else "plain") if mode == "auto" else mode
         self.interval_s = interval_s
         self.last: Snapshot | None = None
@@ -110,22 +106,17 @@ class ProgressView:
         if self.mode == "off":
             return
         t0 = time.monotonic()
-        if self.mode == "rich":
-            console = Console(file=self.stream)
-            with Live(console=console, auto_refresh=False, transient=False) as live:
-                while True:
-                    s = await snapshot(self.query)
-                    self.last = s
-                    live.update(
-                        table(s, self.title, self.steps, time.monotonic() - t0), refresh=True
-                    )
-                    await asyncio.sleep(self.interval_s)
         printed = ""
-        while True:
-            s = await snapshot(self.query)
-            self.last = s
-            text = line(s, self.steps)
-            if text != printed:
-                print(f"[{time.monotonic() - t0:6.0f}s] {text}", file=self.stream, flush=True)
-                printed = text
-            await asyncio.sleep(self.interval_s)
+        with contextlib.ExitStack() as stack:
+            if self.mode == "rich":
+                live = Live(console=Console(file=self.stream), auto_refresh=False, transient=False)
+                stack.enter_context(live)
+            while True:
+                s = self.last = await snapshot(self.query)
+                elapsed = time.monotonic() - t0
+                if self.mode == "rich":
+                    live.update(table(s, self.title, self.steps, elapsed), refresh=True)
+                elif (text := line(s, self.steps)) != printed:
+                    print(f"[{elapsed:6.0f}s] {text}", file=self.stream, flush=True)
+                    printed = text
+                await asyncio.sleep(self.interval_s)

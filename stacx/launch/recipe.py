@@ -1,42 +1,21 @@
-"""The recipe: one frozen, validated Struct tree that describes a whole run (train or eval).
-
-A recipe file is TOML whose tables are the sections below; every key has a default, so a recipe
-states only what differs. ``stacx.launch.loader`` reads the file, applies ``--set`` overrides and
-converts it into :class:`Recipe` with unknown keys forbidden, so a typo or a wrong type fails at
-load with the key path and what is accepted there.
-
-The resolved recipe (``msgspec.to_builtins(recipe)``) is the run's identity: it is printed,
-recorded in ``RunStarted.config_json``, and compared on resume (a different recipe on an
-existing run directory is refused with the diff).
-
-Sections and who reads them:
-
-- ``model``      the student checkpoint (every engine of the student loads it)
-- ``engine``     the student's inference backend and where it runs
-- ``sandbox``    the environment engine (Docker)
-- ``tasks``      the task set, tasks per iteration and group size (GRPO's n)
-- ``agent``      the SWE agent loop's limits and sampling
-- ``algorithm``  what is trained (a module of ``stacx.train.algorithms``: sft, grpo, rloo, opd,
-  dagger, aggrevate) or ``eval``; sync/async
-- ``eval``       periodic evaluation during training (every N weight versions, a task set)
-- ``trainer``    optimizer, steps, batches, checkpoints: ``stacx.train.config.TrainerConfig``;
-  its algorithm, model, mode and max_staleness are derived from the sections above
-- ``teacher``    the frozen teacher (DAgger, AggreVaTe, OPD), its checkpoint and engine
-- ``judge``      the judge model that scores rubrics (``stacx.rubric``), and a task set's rubric
-- ``placement``  local (asyncio, one process) or ray; workers and resources per actor
-- ``logging``    progress display, TensorBoard, Weights & Biases
+"""The recipe: one frozen, validated Struct tree that describes a whole run (train or eval), with
+every key defaulted and unknown keys forbidden; ``cross_check`` rejects, at every construction, what
+the chosen path does not honour. The field comments and section docstrings here are the recipe
+reference (``tools/gen_docs.py`` builds docs/reference/recipe.md from them).
+Design: docs/recipes.md
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
-from stacx.agents.scaffold_spec import ScaffoldSpec
+from stacx.agents.scaffold_spec import ScaffoldSpec, checked, resolve
 from stacx.errors import ConfigError, TaskError
 from stacx.imitation.config import ImitationConfig, TeacherConfig
 from stacx.rubric import Rubric, load_rubric
@@ -54,9 +33,8 @@ DType = Literal["float32", "bfloat16", "float16", "auto"]
 
 
 class ModelSection(_Section, frozen=True):
-    path: str = (
-        "default"  # "default" (bundled SmolLM2-135M), a local HF dir, or a hub id in the cache
-    )
+    # "default" (bundled SmolLM2-135M), a local HF dir, or a hub id in the cache
+    path: str = "default"
     dtype: DType = "auto"  # auto: float32 on CPU, bfloat16 on GPU
 
 
@@ -98,9 +76,8 @@ class SandboxSection(_Section, frozen=True):
 
 
 class TasksSection(_Section, frozen=True):
-    path: str = (
-        "basic"  # a bundled set name (recipes/tasks/<name>), a task dir, a dir of tasks, a .jsonl
-    )
+    # a bundled set name (recipes/tasks/<name>), a task dir, a dir of tasks, a .jsonl
+    path: str = "basic"
     include: list[str] = []  # only these task ids or fnmatch patterns (empty: all)
     exclude: list[str] = []
     difficulty: list[str] = []  # only tasks whose metadata.difficulty is one of these
@@ -154,18 +131,16 @@ class EvalSection(_Section, frozen=True):
 
 
 class JudgeSection(_Section, frozen=True):
-    """The judge model of rubric rewards (``stacx.rubric``, ``stacx.judge``): which Engine
-    scores the tasks that declare a rubric (``[verifier.stacx] rubric`` in their task.toml), and
-    ``rubric``, a rubric for every task of the set that declares none.
+    """The judge model of rubric rewards (``stacx.rubric``, ``stacx.judge``): which Engine scores
+    the tasks that declare a rubric (``[verifier.stacx] rubric`` in their task.toml), and
+    ``rubric``, a rubric for every task of the set that declares none."""
 
-    ``use``: ``own`` (the engine this section describes: ``path`` for the torch or sglang
-    backend, ``url`` for an OpenAI-compatible or running SGLang server), ``teacher`` (an engine
-    of the ``[teacher]`` section's settings), ``student`` (the rollout worker's own engine, on
-    whatever weights it serves), ``off`` (rubrics are not scored: the reward is the verifier's
-    alone; what ``stacx tasks check`` does, as it checks verifiers). No judge (the default) is
-    ``use = "own"`` with neither ``path`` nor ``url``; a task with a rubric then fails as an
-    infrastructure failure (judge), never silently unjudged."""
-
+    # own: the engine this section describes (`path` for torch or sglang, `url` for an
+    # OpenAI-compatible or running SGLang server); teacher: an engine of [teacher]'s settings;
+    # student: the rollout worker's own engine, on whatever weights it serves; off: rubrics are not
+    # scored, the reward is the verifier's alone (what `stacx tasks check` does). No judge (the
+    # default: own with neither path nor url): a task with a rubric fails as an infrastructure
+    # failure (judge), never silently unjudged
     use: Literal["own", "teacher", "student", "off"] = "own"
     path: str = ""  # "default" (the bundled SmolLM2-135M), a local HF dir, or a hub id
     name: str = "judge"  # recorded in JudgeScored.judge
@@ -217,10 +192,10 @@ class PlacementSection(_Section, frozen=True):
     ray_address: str = ""  # empty: start a local Ray cluster; "auto" or an address: join one
     ray_num_cpus: int | None = None  # a local cluster's size (None: Ray's default)
     rollout_workers: int = 1
-    rollout: Resources = Resources(cpus=1.0)
+    rollout: Resources = Resources(cpus=1.0)  # each rollout worker
     engine: Resources = Resources(cpus=1.0)  # the engine role (mode "processes")
-    trainer: Resources = Resources(cpus=1.0)
-    teacher: Resources = Resources(cpus=1.0)
+    trainer: Resources = Resources(cpus=1.0)  # the trainer role
+    teacher: Resources = Resources(cpus=1.0)  # the teacher role
     # The memory split of one GPU shared by the torch engine and the trainer (stacx.launch.memory):
     # the engine's KV cache in GiB (it sizes its cache to it) and the trainer's share in GiB
     # (checked, not enforced: one process, one caching allocator); 0: no declared split
@@ -242,18 +217,25 @@ class LoggingSection(_Section, frozen=True):
 class Recipe(_Section, frozen=True):
     name: str
     description: str = ""
+    # the student checkpoint (every engine of the student loads it)
     model: ModelSection = ModelSection()
-    engine: EngineSection = EngineSection()
-    sandbox: SandboxSection = SandboxSection()
+    engine: EngineSection = EngineSection()  # the student's inference backend and where it runs
+    sandbox: SandboxSection = SandboxSection()  # the environment engine (Docker)
+    # the task set, tasks per iteration and group size (GRPO's n)
     tasks: TasksSection = TasksSection()
-    agent: AgentSection = AgentSection()
+    agent: AgentSection = AgentSection()  # the SWE agent loop's limits and sampling
+    # what is trained (a module of ``stacx.train.algorithms``: sft, grpo, rloo, opd, dagger,
+    # aggrevate) or ``eval``; sync/async
     algorithm: AlgorithmSection = AlgorithmSection()
+    # periodic evaluation during training (every N weight versions, a task set)
     eval: EvalSection = EvalSection()
     trainer: TrainerConfig = TrainerConfig()  # the trainer actor's own config (see loader.derive)
     teacher: TeacherConfig = TeacherConfig()  # the imitation engine's own config
+    # the judge model that scores rubrics (``stacx.rubric``), and a task set's rubric
     judge: JudgeSection = JudgeSection()
+    # local (asyncio, one process) or ray; workers and resources per actor
     placement: PlacementSection = PlacementSection()
-    logging: LoggingSection = LoggingSection()
+    logging: LoggingSection = LoggingSection()  # progress display, TensorBoard, Weights & Biases
 
     def __post_init__(self) -> None:
         cross_check(self)
@@ -264,8 +246,8 @@ class Recipe(_Section, frozen=True):
 
     @property
     def placement_mode(self) -> Literal["local", "processes", "ray"]:
-        """``placement.mode`` with "auto" resolved: "processes" when the engine or the trainer
-        runs on a GPU (named, or "auto" on a machine with an NVIDIA device), else "local"."""
+        """``placement.mode`` with "auto" resolved: "processes" when the engine or the trainer runs
+        on a GPU (named, or "auto" on a machine with an NVIDIA device), else "local"."""
         mode = self.placement.mode
         if mode != "auto":
             return mode
@@ -293,100 +275,92 @@ def _without(flag: str) -> str:
     return ", ".join(n for n, a in algorithms.ALGORITHMS.items() if not getattr(a, flag))
 
 
-def _eval_problems(r: Recipe) -> list[str]:
-    ev, out = r.eval, []
+def _eval_problems(r: Recipe) -> Iterator[str]:
+    ev = r.eval
     if ev.every < 0 or ev.samples < 1:
-        out.append(
+        yield (
             f"eval.every = {ev.every}, eval.samples = {ev.samples}: need every >= 0, samples >= 1"
         )
     if ev.every == 0:
         if ev != EvalSection():
-            out.append("[eval]: set eval.every (weight versions between evals) to evaluate")
-        return out
+            yield "[eval]: set eval.every (weight versions between evals) to evaluate"
+        return
     if r.is_eval:
-        out.append(
+        yield (
             "eval.every: periodic eval is for training runs (algorithm.name = 'eval' "
             "already evaluates every task)"
         )
     if r.algorithm.algo.roll_in:
-        out.append(
+        yield (
             f"eval.every with algorithm.name = {r.algorithm.name!r}: not supported (its roll-in "
             f"workers mix teacher turns into every episode); use {_without('roll_in')}"
         )
-    return out
 
 
-def _installed_problems(r: Recipe) -> list[str]:
-    """What an installed scaffold honours: its name, the docker backend, and of the [agent]
-    settings max_turns, max_new_tokens, temperature, top_p, context_budget, episode_timeout_s."""
-    a, out = r.agent, []
+def _installed_problems(r: Recipe) -> Iterator[str]:
+    """What an installed scaffold honours: its name, the docker backend, some [agent] keys."""
+    a = r.agent
     if a.name != "installed":
         if a.scaffold or a.scaffold_spec is not None:
             key = "agent.scaffold" + ("" if a.scaffold else "_spec")
-            out.append(f"{key}: used by agent.name = 'installed' only")
-        return out
+            yield f"{key}: used by agent.name = 'installed' only"
+        return
     try:
         scaffold_of(a)  # a shipped name, a spec file or an inline spec, read and checked
     except ConfigError as exc:
-        out.append(str(exc))
+        yield str(exc)
     if r.sandbox.backend != "docker":
-        out.append(
+        yield (
             f"sandbox.backend = {r.sandbox.backend!r}: an installed scaffold runs in a local "
             "Docker container (its gateway socket is bind-mounted); use 'docker'"
         )
     if not r.algorithm.algo.installed_agents:
         accepted = ", ".join(n for n, a in algorithms.ALGORITHMS.items() if a.installed_agents)
-        out.append(
+        yield (
             f"algorithm.name = {r.algorithm.name!r} with agent.name = 'installed': accepted: "
             f"{accepted}"
         )
     if a.format != AgentSection().format or a.seed is not None:
-        out.append(
+        yield (
             "agent.format / agent.seed: not used by an installed scaffold (it writes its own "
             "prompts and calls); remove them"
         )
-    return out
 
 
-def _judge_problems(r: Recipe) -> list[str]:
-    """What the [judge] section needs: an engine for a rubric, the engine it names, and a
-    rubric file that parses (`recipe_rubric`)."""
-    j, out = r.judge, []
+def _judge_problems(r: Recipe) -> Iterator[str]:
+    """What [judge] needs: an engine for a rubric, the engine it names, a rubric that parses."""
+    j = r.judge
     if j.use != "own" and (j.path or j.url):
-        out.append(f"judge.path / judge.url: not used with judge.use = {j.use!r}; remove them")
+        yield f"judge.path / judge.url: not used with judge.use = {j.use!r}; remove them"
     if j.use == "teacher" and not (r.teacher.path or r.teacher.url):
-        out.append("judge.use = 'teacher': needs teacher.path or teacher.url")
+        yield "judge.use = 'teacher': needs teacher.path or teacher.url"
     if j.use == "student" and r.scripted_agent:
-        out.append(f"judge.use = 'student': agent.name = {r.agent.name!r} runs no model")
+        yield f"judge.use = 'student': agent.name = {r.agent.name!r} runs no model"
     if j.use == "own" and j.enabled:
         if j.backend == "openai" and not (j.path and j.url):
-            out.append(
+            yield (
                 "judge.path, judge.url: backend 'openai' needs both (the model, whose "
                 "tokenizer frames the prompt, and the server)"
             )
         if j.backend == "torch" and j.url:
-            out.append("judge.url: backend 'torch' runs in the worker's process; set judge.path")
+            yield "judge.url: backend 'torch' runs in the worker's process; set judge.path"
         if j.backend == "sglang" and not j.path:
-            out.append("judge.path: backend 'sglang' needs the model (its tokenizer)")
+            yield "judge.path: backend 'sglang' needs the model (its tokenizer)"
     if j.enabled and r.algorithm.algo.roll_in:
-        out.append(
+        yield (
             f"[judge] with algorithm.name = {r.algorithm.name!r}: not supported (its "
             f"roll-in and branch episodes are not judged); use {_without('roll_in')}"
         )
     if j.rubric and not j.enabled:
-        out.append("judge.rubric: needs a judge model: set judge.path, judge.url or judge.use")
+        yield "judge.rubric: needs a judge model: set judge.path, judge.url or judge.use"
     try:
         recipe_rubric(r)
     except ConfigError as exc:
-        out.append(str(exc))
-    return out
+        yield str(exc)
 
 
 def scaffold_of(agent: AgentSection) -> ScaffoldSpec:
-    """The installed scaffold's spec: inline (`agent.scaffold_spec`), or shipped / a file
-    (`agent.scaffold`); ConfigError naming the key otherwise."""
-    from stacx.agents.scaffold_spec import checked, resolve
-
+    """The installed scaffold's spec: `agent.scaffold_spec`, or `agent.scaffold` (name or file)."""
     if agent.scaffold_spec is None:
         return resolve(agent.scaffold)
     if agent.scaffold:
@@ -398,21 +372,22 @@ def scaffold_of(agent: AgentSection) -> ScaffoldSpec:
 
 
 def cross_check(recipe: Recipe) -> None:
-    """Reject what the path does not honour, or a combination that cannot work, naming the key.
-
-    Pure; run at every construction (so at load, by ``stacx.launch.loader``). Each problem is
-    ``key.path = value: why``; all of them are reported at once."""
+    """Reject what the path does not honour, or a combination that cannot work. Pure; every problem
+    (``key.path = value: why``) is reported at once."""
     problems = list(_problems(recipe))
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def _problems(r: Recipe) -> list[str]:
-    out: list[str] = []
+def _problems(r: Recipe) -> Iterator[str]:
     algo = r.algorithm.name
+    try:
+        algorithms.algorithm_for(r.trainer)  # the trainer keys whose values the algorithm decides
+    except ConfigError as e:
+        yield str(e)
     gpus, world = r.placement.trainer.gpus, r.trainer.world_size
     if gpus > 0 and gpus != world:
-        out.append(
+        yield (
             f"placement.trainer.gpus = {gpus:g} with trainer.world_size = {world}: the trainer "
             f"runs one rank per GPU (stacx.train.distributed); set both to the same number "
             "(gpus = 0: ranks on CPU or on the launcher's GPUs)"
@@ -420,15 +395,15 @@ def _problems(r: Recipe) -> list[str]:
     if r.trainer.background_checkpoint and (
         r.placement_mode == "ray" or r.engine.backend != "torch"
     ):
-        out.append(
+        yield (
             "trainer.background_checkpoint = true: needs placement.mode 'local' or 'processes' "
             "and engine.backend = 'torch' (the engine must take each version from the "
             "trainer's memory, or the node's shared memory, before its file exists; here "
             f"placement.mode = {r.placement_mode!r}, engine.backend = {r.engine.backend!r})"
         )
-    out.extend(_split_problems(r))
+    yield from _split_problems(r)
     if _sglang_partial_sync(r):
-        out.append(
+        yield (
             f"trainer.trainable = {r.trainer.trainable!r} with engine.backend = 'sglang': "
             "checkpoints would hold only the trained tensors, and SGLang's "
             "update_weights_from_disk loads full model directories (train every parameter)"
@@ -436,109 +411,95 @@ def _problems(r: Recipe) -> list[str]:
     # a scripted agent's episodes serve demonstrations (sft) and floors/checks (eval); the
     # others learn from the student's own samples, so an oracle or null agent would starve them
     if r.scripted_agent and not r.algorithm.algo.scripted_agents:
-        out.append(
+        yield (
             f"agent.name = {r.agent.name!r}: a scripted agent's episodes serve sft "
             f"(demonstrations) or eval only; {algo} learns from the student's own samples, "
             "so its trainer would starve (use agent.name = 'swe')"
         )
-    out.extend(_agent_problems(r))
-    out.extend(_installed_problems(r))
-    out.extend(_eval_problems(r))
-    out.extend(_judge_problems(r))
+    yield from _agent_problems(r)
+    yield from _installed_problems(r)
+    yield from _eval_problems(r)
+    yield from _judge_problems(r)
     if r.needs_teacher and not (r.teacher.path or r.teacher.url):
-        out.append(f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url")
-    out.extend(_engine_problems(r))
-    out.extend(_sandbox_problems(r))
-    return out
+        yield f"teacher.path: algorithm.name = {algo!r} needs teacher.path or teacher.url"
+    yield from _engine_problems(r)
+    yield from _sandbox_problems(r)
 
 
-def _agent_problems(r: Recipe) -> list[str]:
+def _agent_problems(r: Recipe) -> Iterator[str]:
     """The agent's format against its name, and retool with the imitation algorithms."""
-    out: list[str] = []
     algo = r.algorithm.name
     a = r.agent
     if a.format == "python" and a.name not in PYTHON_AGENTS:
-        out.append(
-            "agent.format = 'python': the retool and mle agents' format (use tool_call or bash)"
-        )
+        yield "agent.format = 'python': the retool and mle agents' format (use tool_call or bash)"
     if a.name in PYTHON_AGENTS and a.format == "bash":
-        out.append(
-            f"agent.format = 'bash': the {a.name} agent runs python (use python or tool_call)"
-        )
+        yield f"agent.format = 'bash': the {a.name} agent runs python (use python or tool_call)"
     if a.name in PYTHON_AGENTS and r.algorithm.algo.roll_in:
-        out.append(
+        yield (
             f"agent.name = {a.name!r} with algorithm.name = {algo!r}: the imitation roll-ins "
             f"run the SWE agent only (use {_without('roll_in')})"
         )
-    return out
 
 
-def _engine_problems(r: Recipe) -> list[str]:
+def _engine_problems(r: Recipe) -> Iterator[str]:
     """The engine's backend against its keys (sglang-only keys, a server's own settings)."""
-    out: list[str] = []
     algo = r.algorithm.name
     e, defaults = r.engine, EngineSection()
     if e.backend == "openai" and not e.url:
-        out.append("engine.url: backend 'openai' needs the url of an OpenAI-compatible server")
+        yield "engine.url: backend 'openai' needs the url of an OpenAI-compatible server"
     if e.backend == "openai" and not r.is_eval and not r.scripted_agent:
-        out.append(
+        yield (
             f"engine.backend = 'openai' with algorithm.name = {algo!r}: an OpenAI-compatible "
             "server cannot load trained weights; use backend 'torch' or 'sglang'"
         )
     if e.backend == "torch":
         for key in ("tp", "mem_fraction"):
             if getattr(e, key) != getattr(defaults, key):
-                out.append(
+                yield (
                     f"engine.{key} = {getattr(e, key)!r}: sglang only (the torch engine runs "
                     "on one device of the worker's process)"
                 )
     elif e.kv_cache != defaults.kv_cache:
-        out.append(
-            f"engine.kv_cache = {e.kv_cache!r}: torch only (an SGLang server pages its own cache)"
-        )
+        yield f"engine.kv_cache = {e.kv_cache!r}: torch only (an SGLang server pages its own cache)"
     if e.backend != "torch" and (e.url or e.backend == "openai"):
         fixed = {f"engine.{k}": (getattr(e, k), getattr(defaults, k)) for k in _SERVER_KEYS}
         fixed["model.dtype"] = (r.model.dtype, ModelSection().dtype)
         for key, (value, default) in fixed.items():
             if value != default:
-                out.append(
+                yield (
                     f"{key} = {value!r}: not used with engine.url (the server there was "
                     "started with its own settings); remove it"
                 )
-    return out
 
 
-def _sandbox_problems(r: Recipe) -> list[str]:
+def _sandbox_problems(r: Recipe) -> Iterator[str]:
     """The sandbox keys that only the remote backend uses, or that it ignores."""
-    out: list[str] = []
     sb = r.sandbox
     if sb.url and sb.backend != "remote":
-        out.append(f"sandbox.url: used by backend 'remote' only (backend is {sb.backend!r})")
+        yield f"sandbox.url: used by backend 'remote' only (backend is {sb.backend!r})"
     if sb.backend == "remote" and sb.aliases:
-        out.append(
+        yield (
             "sandbox.aliases: not used with backend 'remote' (each `stacx sandbox serve` "
             "builds with its own --aliases); remove it"
         )
-    return out
 
 
-def _split_problems(r: Recipe) -> list[str]:
-    p, out = r.placement, []
+def _split_problems(r: Recipe) -> Iterator[str]:
+    p = r.placement
     for key in ("engine_cache_gib", "trainer_gib"):
         if getattr(p, key) < 0:
-            out.append(f"placement.{key} = {getattr(p, key)!r}: accepted values are GiB >= 0")
+            yield f"placement.{key} = {getattr(p, key)!r}: accepted values are GiB >= 0"
     if p.engine_cache_gib > 0 and (r.engine.backend != "torch" or r.engine.device == "cpu"):
-        out.append(
+        yield (
             f"placement.engine_cache_gib = {p.engine_cache_gib!r}: the torch engine's KV cache "
             f"on a GPU (here engine.backend = {r.engine.backend!r}, engine.device = "
             f"{r.engine.device!r}; SGLang takes engine.mem_fraction)"
         )
     if p.trainer_gib > 0 and (r.is_eval or r.trainer.device == "cpu"):
-        out.append(
+        yield (
             f"placement.trainer_gib = {p.trainer_gib!r}: the trainer's share of a GPU (here "
             + ("an eval recipe: no trainer)" if r.is_eval else "trainer.device = 'cpu')")
         )
-    return out
 
 
 def _sglang_partial_sync(r: Recipe) -> bool:
@@ -550,7 +511,7 @@ _SERVER_KEYS = ("device", "max_batch", "max_len", "tp", "mem_fraction")
 
 
 def _nvidia_device() -> bool:
-    """Whether this machine has an NVIDIA GPU (its device nodes: no CUDA context is made)."""
+    """Whether this machine has an NVIDIA GPU (from its device nodes: no CUDA context is made)."""
     return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
@@ -558,19 +519,14 @@ BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
 
 def resolve_tasks(spec: str, *, where: str = "tasks.path") -> Path:
-    """A path (task dir, dir of tasks, .jsonl) or a bundled set name under recipes/tasks/;
-    `where` names the setting in the error (a recipe key, or a CLI flag such as --tasks)."""
+    """A task path (dir, dir of tasks, .jsonl) or a bundled set's name; `where` names it."""
     path = Path(spec).expanduser()
     if path.exists():
         return path
     bundled = BUNDLED_TASKS / spec
     if "/" not in spec and bundled.is_dir():
         return bundled
-    sets = (
-        sorted(p.name for p in BUNDLED_TASKS.iterdir() if p.is_dir())
-        if BUNDLED_TASKS.is_dir()
-        else []
-    )
+    sets = sorted(p.name for p in BUNDLED_TASKS.glob("*/"))  # "*/": directories only
     raise ConfigError(
         f"{where} {spec!r}: no such file or directory, and not a bundled set "
         f"(bundled: {', '.join(sets) or 'none'})"
@@ -578,8 +534,8 @@ def resolve_tasks(spec: str, *, where: str = "tasks.path") -> Path:
 
 
 def rubric_path(recipe: Recipe) -> Path | None:
-    """Where ``judge.rubric`` is: the path as given if it exists, else relative to the task set
-    (so a set's rubric can live in the set's folder). None when the recipe names none."""
+    """Where ``judge.rubric`` is: the path as given if it exists, else relative to the task set;
+    None when the recipe names none."""
     spec = recipe.judge.rubric
     if not spec:
         return None

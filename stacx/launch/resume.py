@@ -1,16 +1,7 @@
-"""Resume rules: may this recipe start (or continue) in this run directory?
-
-- A directory with no log is a fresh run.
-- A directory with a log continues the same run (same run id, stream, log) when the recipe is
-  the same as the one in its *first* RunStarted. "The same" compares every section except
-  ``placement`` and ``logging`` (where and how a run is watched does not change what it
-  computes): resuming a local run on Ray is allowed. Otherwise the launch is refused with the
-  diff, key by key.
-- A directory whose launcher is alive (``run.json`` pid, status running) is refused: two
-  launchers on one log would be two writers.
-
-Everything else about resuming (which iterations are missing, the latest checkpoint, which
-samples are done) is read from the log by the actors themselves.
+"""Resume rules: may this recipe start (or continue) in this run directory? No log: a fresh run. A
+log: the same run continues if the recipe equals its first RunStarted's (``placement`` and
+``logging`` aside), else the launch is refused with the diff. A live launcher on the directory is
+refused (two writers). The rest of resuming is read from the log by the actors.
 """
 
 from __future__ import annotations
@@ -67,12 +58,10 @@ def read_previous(run_dir: Path) -> Previous | None:
         con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
     except duckdb.Error as exc:
         raise ConfigError(f"{run_dir}: its log cannot be opened ({exc})") from exc
-    try:
+    with con:
         row = con.execute(
             "select config_json, run_id from run_started order by _seq limit 1"
         ).fetchone()
-    finally:
-        con.close()
     if row is None:  # the log exists but the first RunStarted never got recorded
         return None
     return Previous(
@@ -100,9 +89,8 @@ def check_resume(run_dir: Path, config: ConfigDict) -> Previous | None:
 
 
 async def remove_orphan_sandboxes(run_id: str) -> int:
-    """Remove this run's sandbox containers left by an earlier, dead attempt (kill -9 gives
-    its pool no chance to clean up). Called before any role starts, so none of them is ours
-    yet; with Docker unreachable it removes nothing (the rollout workers will say why)."""
+    """Remove this run's sandbox containers left by a dead attempt (kill -9 gives its pool no chance
+    to clean up). Called before any role starts; with Docker unreachable it removes nothing."""
     try:
         import aiodocker
 

@@ -1,8 +1,6 @@
 """The real role builders (see ``stacx.launch.plan``): recipe -> the actors of one role instance.
-
-Each is an async context manager: it starts what its actors need (engines, SGLang servers,
-the Docker environments), yields the actors, and releases everything on exit. The same builder
-runs in the launcher (local placement) or inside a Ray actor (ray placement).
+Each is an async context manager that starts what its actors need (engines, SGLang servers,
+sandboxes), yields the actors and releases everything on exit, whichever placement runs it.
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ from stacx.weights.sync import NEWEST_DURABLE_SQL, WeightSync, load_published
 
 
 class RolloutWorker(RolloutManager):
-    """The rollout manager with a short ack wait: its handler sends in-progress heartbeats
-    every ack_wait/3, so a live worker keeps its task, while a task whose worker died (a
-    killed launcher) comes back to a worker within seconds of a resume, not minutes."""
+    """The rollout manager with a short ack wait: its heartbeats (every ack_wait/3) keep a live
+    worker's task, while a dead worker's task comes back within seconds of a resume, not minutes."""
 
     ack_wait: ClassVar[float] = 15.0
 
@@ -73,17 +70,10 @@ def agent_config(recipe: Recipe) -> AgentConfig:
 
 
 def rollout_config(recipe: Recipe) -> RolloutConfig:
-    policy = {
-        "swe": RollIn.STUDENT,
-        "retool": RollIn.STUDENT,
-        "mle": RollIn.STUDENT,
-        "installed": RollIn.STUDENT,
-        "oracle": RollIn.ORACLE,
-        "null": RollIn.NULL,
-    }[recipe.agent.name]
+    scripted = {"oracle": RollIn.ORACLE, "null": RollIn.NULL}
     return RolloutConfig(
         agent=recipe.agent.name,
-        policy=policy,
+        policy=scripted.get(recipe.agent.name, RollIn.STUDENT),
         concurrency=recipe.sandbox.concurrency,
         max_attempts=recipe.sandbox.max_attempts,
         episode_timeout_s=recipe.agent.episode_timeout_s,
@@ -93,8 +83,8 @@ def rollout_config(recipe: Recipe) -> RolloutConfig:
 
 @contextlib.asynccontextmanager
 async def rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
-    """A student engine (kept on the latest weights), Docker environments, a rollout manager;
-    for a scripted agent (oracle, null) no engine, only the model's tokenizer."""
+    """A student engine (kept on the latest weights), the environments and a rollout manager; for a
+    scripted agent (oracle, null) no engine, only the model's tokenizer."""
     async with contextlib.AsyncExitStack() as stack:
         if recipe.scripted_agent:  # oracle / null: no model generates, only its tokenizer frames
             _, tokenizer = await open_tokenizer(recipe.model.path)
@@ -155,8 +145,8 @@ ENGINE_LABEL = "engine-0"  # the engine role's WeightSync (one engine per node)
 
 
 class ServedVersion(Actor):
-    """The weight version the engine role serves, from its ``WeightsLoaded`` events: what a
-    rollout worker of ``placement.mode = "processes"`` waits on for a sync iteration."""
+    """The weight version the engine role serves (from its ``WeightsLoaded``), what a rollout worker
+    of ``processes`` placement waits on for a sync iteration."""
 
     name: ClassVar[str] = "served-version"
     kinds: ClassVar[tuple[type[Event], ...]] = (WeightsLoaded,)
@@ -179,9 +169,8 @@ class ServedVersion(Actor):
 async def served_engine_client(
     stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
 ) -> tuple[Engine, ChatTokenizer]:
-    """A client of the engine role's server (SGLang's native API), closed with ``stack``. It
-    retries a refused connection for about half a minute: an engine process killed and started
-    again by the placement comes back on the same port."""
+    """A client of the engine role's server, closed with ``stack``; it retries a refused connection
+    for about half a minute (a restarted engine process comes back on the same port)."""
     from stacx.inference.sglang_client import SGLangEngine
 
     _, tokenizer = await open_tokenizer(recipe.model.path)
@@ -192,10 +181,9 @@ async def served_engine_client(
 
 @contextlib.asynccontextmanager
 async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
-    """The student engine as a role (``placement.mode = "processes"``): the torch engine behind
-    its HTTP server at ``env.engine_url``, kept on the newest published weights (from the
-    trainer's process over CUDA IPC or /dev/shm, else the file) by its WeightSync. It runs no
-    agent and no sandbox: nothing is ever forked from this CUDA process."""
+    """The student engine as a role (``processes`` placement): the torch engine behind its HTTP
+    server, kept on the newest weights; no agent, no sandbox: nothing ever forks this CUDA process.
+    """
     from urllib.parse import urlsplit
 
     from aiohttp import web
@@ -220,8 +208,7 @@ async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[lis
                     transport="file",
                 )
             )
-        server = Server(student, model_name=recipe.model.path)
-        runner = web.AppRunner(server.app, access_log=None)
+        runner = web.AppRunner(Server(student, model_name=recipe.model.path).app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         url = urlsplit(env.engine_url)
@@ -232,9 +219,8 @@ async def engine(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[lis
 async def student_engine(
     stack: contextlib.AsyncExitStack, recipe: Recipe, env: ActorEnv
 ) -> tuple[Engine, ChatTokenizer]:
-    """The recipe's student engine (closed with `stack`), its memory split checked before any
-    episode or step; a resumed run's engine starts on the newest durable weights (WeightSync
-    then takes it to the newest published one, once in memory or on disk)."""
+    """The recipe's student engine (closed with `stack`), its memory split checked first; a resumed
+    run's engine starts on the newest durable weights."""
     e = recipe.engine
     engine, tokenizer = await open_engine(
         stack,
@@ -302,8 +288,8 @@ def imitation_workers(
 def docker_environments(
     recipe: Recipe, env: ActorEnv
 ) -> contextlib.AbstractAsyncContextManager[Environments]:
-    """The rollout worker's environments: Docker (warm pool and image aliases from [sandbox]),
-    or process sandboxes when sandbox.backend = "process". Docker is imported only here."""
+    """The rollout worker's environments: Docker (warm pool, image aliases) or process sandboxes.
+    Docker is imported only here."""
     if recipe.sandbox.backend == "process":
         from stacx.sandbox.process_environments import ProcessEnvironments
 
@@ -337,33 +323,23 @@ async def teacher(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[li
     """The frozen teacher: DAgger labels (dagger, aggrevate roll-ins) or OPD scores."""
     from stacx.imitation.teacher import TeacherActor
 
-    t = recipe.teacher
     async with contextlib.AsyncExitStack() as stack:
         engine, tokenizer = await open_teacher_engine(stack, recipe, env)
-        algo = recipe.algorithm.algo
-        yield [
-            TeacherActor(
-                engine,
-                t,
-                # the student's format: a label ends where a student's reply would
-                stop_token_ids=(
-                    ChatFormat(tokenizer).stop_token_ids  # retool: a reply ends at end of turn
-                    if recipe.agent.name in PYTHON_AGENTS
-                    else get_format(recipe.agent.format).stop_token_ids(ChatFormat(tokenizer))
-                ),
-                label=algo.teacher == Teacher.LABEL,
-                score=algo.teacher == Teacher.SCORE,
-            )
-        ]
+        # the student's format: a label ends where its reply would (retool's: at its turn's end)
+        chat = ChatFormat(tokenizer)
+        python = recipe.agent.name in PYTHON_AGENTS
+        stop = (
+            chat.stop_token_ids if python else get_format(recipe.agent.format).stop_token_ids(chat)
+        )
+        kind = recipe.algorithm.algo.teacher
+        label, score = kind == Teacher.LABEL, kind == Teacher.SCORE
+        yield [TeacherActor(engine, recipe.teacher, stop_token_ids=stop, label=label, score=score)]
 
 
 @contextlib.asynccontextmanager
 async def trainer(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
-    """The trainer actor (stacx.train.trainer), configured by the recipe's [trainer] table (whose
-    algorithm, model, mode and staleness the loader derived from the recipe's other sections).
-    It checkpoints every version it publishes, so a stop loses at most the step in progress.
-    With trainer.world_size > 1 (or trainer.fsdp) the actor is rank 0 of an FSDP2 group whose
-    other ranks it spawns on this node (stacx.train.distributed); they stop with the role."""
+    """The trainer actor, configured by the recipe's [trainer] table; with trainer.world_size > 1
+    (or trainer.fsdp) it is rank 0 of an FSDP2 group whose other ranks stop with the role."""
     from stacx.train.trainer import Trainer
 
     memory.enforce_trainer_share(recipe)

@@ -1,14 +1,9 @@
-"""Wiring of an installed scaffold's rollout: the model gateway over the rollout worker's engine,
-served on a unix socket; Docker environments that layer the scaffold over each task image, with
-network none and that socket's directory mounted; the scaffold's agent factory.
-
-A spec with `beside` (Terminus-2) also gets `DockerBeside`: per episode a container of its own
-(the spec's beside image, built once over its base image; network none, the same socket
-directory mounted), and the exec relay (stacx.agents.exec_relay) served on a second socket in
-that directory, through which it acts in the task's sandbox.
-
-The sockets live in a short private directory under the system temp dir (a unix socket path is
-limited to 107 bytes, run directories can be longer), removed when the rollout worker exits.
+"""Wiring of an installed scaffold's rollout: the model gateway over the rollout worker's engine on
+a unix socket, Docker environments that layer the scaffold over each task image (network none, the
+socket's directory mounted) and, for a spec with `beside`, a container of its own per episode plus
+the exec relay. The sockets live in a short private temp directory (a socket path is limited to 107
+bytes), removed when the worker exits.
+Design: docs/scaffolds.md
 """
 
 from __future__ import annotations
@@ -40,17 +35,6 @@ RELAY_SOCKET = "exec.sock"  # beside the gateway's socket, in the same mounted d
 MODEL_NAME = "student"  # what the scaffold asks for (`openai/student`); the gateway serves one
 
 
-def installed_config(recipe: Recipe) -> InstalledConfig:
-    a = recipe.agent
-    return InstalledConfig(
-        max_turns=a.max_turns,
-        max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature,
-        top_p=a.top_p,
-        timeout_s=a.episode_timeout_s,
-    )
-
-
 @contextlib.asynccontextmanager
 async def installed_rollout(
     recipe: Recipe, env: ActorEnv, engine: Engine, tokenizer: ChatTokenizer
@@ -60,7 +44,8 @@ async def installed_rollout(
     from stacx.sandbox.environments import DockerEnvironments
     from stacx.sandbox.layers import ImageLayer
 
-    spec = scaffold_of(recipe.agent)
+    a = recipe.agent
+    spec = scaffold_of(a)
     gateway = Gateway(
         engine,
         tokenizer,
@@ -73,7 +58,7 @@ async def installed_rollout(
     host_dir = tempfile.mkdtemp(prefix="stacx-gw-")
     os.chmod(host_dir, 0o755)
     # read-only: a socket still connects, and no episode's container can replace the socket
-    # every episode of the run reaches the gateway by
+    # that every episode of the run reaches the gateway by
     ro = {host_dir: f"{SOCKET_DIR}:ro"}
     layer = ImageLayer(name=spec.name, run=spec.layer_commands(), mounts=ro)
     try:
@@ -89,17 +74,21 @@ async def installed_rollout(
             DockerBeside(spec, env, ro) as beside,
         ):
             await beside.serve(os.path.join(host_dir, RELAY_SOCKET))
-            config = installed_config(recipe)
+            config = InstalledConfig(
+                max_turns=a.max_turns,
+                max_new_tokens=a.max_new_tokens,
+                temperature=a.temperature,
+                top_p=a.top_p,
+                timeout_s=a.episode_timeout_s,
+            )
             yield envs, installed_agents(spec, gateway, config, beside if spec.beside else None)
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
 
 
 class DockerBeside:
-    """The containers a `beside` scaffold runs in, one per episode, and the exec relay into the
-    task sandboxes (stacx.agents.installed.BesideContainers). The image is built on first use
-    (once per spec and base image: stacx.sandbox.layers); a missing stacx/base image is
-    bootstrapped first. Does nothing for a spec without `beside`."""
+    """The per-episode containers of a `beside` scaffold and the exec relay into the task sandboxes;
+    the image is built on first use. Does nothing for a spec without `beside`."""
 
     def __init__(self, spec: ScaffoldSpec, env: ActorEnv, mounts: dict[str, str]) -> None:
         self.spec, self.env, self.mounts = spec, env, mounts

@@ -1,18 +1,9 @@
-"""The scripted agents' executors (oracle, null), wired here because the oracle touches the task.
-
-- ``oracle``: one turn whose text is the reference solution's body as a bash call in the
-  agent's format (the demonstration SFT trains on), executed as Harbor's oracle executes it:
-  solution/ uploaded to /solution, then ``bash /solution/solve.sh`` in the image's WORKDIR with
-  [solution].env, as the task's agent user, under the task's agent timeout. ToolCalled records
-  that command; ToolReturned its output (and any sandbox limit that killed part of it). Then
-  a submit turn. See stacx.agents.policies for why the text and the execution differ.
-- ``null``: one submit turn; the verifier still runs (the floor every task must beat).
-
-This is the one oracle: ``stacx tasks check``, ``stacx eval --agent oracle``, the eval recipes
-and SFT's demonstrations all run it through the same episode runner.
-
-Limits: a task without solution/solve.sh has no oracle; the launcher leaves such tasks out of
-an oracle run (stacx.launch.launcher.select_tasks) and says which.
+"""The scripted agents' executors, the one oracle every path runs (``tasks check``, ``eval --agent
+oracle``, SFT's demonstrations). ``oracle``: one turn whose text is the solution's body as a bash
+call, executed as Harbor's oracle does (solution/ uploaded to /solution, ``bash /solution/solve.sh``
+in the WORKDIR with [solution].env, as the agent user, under the agent timeout), then a submit turn.
+``null``: one submit turn (the floor every task must beat). Limits: a task without solution/solve.sh
+has no oracle (the launcher leaves it out and says so).
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ SOLVE_COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
 
 
 def run_solution(task: Task) -> ToolRun:
-    """The task's solve.sh, run in a sandbox as Harbor's oracle runs it (module docstring)."""
+    """The task's solve.sh, run in a sandbox as Harbor's oracle runs it."""
 
     async def run(sandbox: Sandbox) -> Observation:
         env = resolve_env(task.config.solution.env, where=f"{task.path}/task.toml: solution.env")

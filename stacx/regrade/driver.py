@@ -1,13 +1,8 @@
-"""`stacx regrade RUN`: new grades for a run's recorded episodes, by replaying their actions.
-
-The grades go into RUN's own log, through its stream and its one recorder (exactly once), as one
-more attempt of the run. Per selected episode: its task, a fresh sandbox of it on the run's
-backend (or the episode's kept artifacts), the recorded calls replayed, the grader's verdict.
-Guarantees: a replay whose observation differs from the recorded one is reported ``diverged``,
-never graded; rerunning with the same grader changes nothing (event ids derive from episode and
-grader); an infrastructure failure is never a grade; a run whose launcher is alive is refused.
-
-Specification: docs/regrade.md#per-episode
+"""`stacx regrade RUN`: new grades for a run's recorded episodes, recorded in its own log as one
+more attempt, opened as every run is (`stacx.launch.launcher.open_run`). Guarantees: a diverged
+replay is reported, never graded; rerunning with the same grader changes nothing; an
+infrastructure failure is never a grade; a live run is refused.
+Design: docs/regrade.md#per-episode
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import msgspec
@@ -29,6 +25,7 @@ from stacx.agents.tools import Observation, execute
 from stacx.errors import ConfigError, EngineError, SandboxError, StacxError, TaskError
 from stacx.events import Emit, EpisodeNotRegraded, RegradeIssue, RewardAssigned, derive_id
 from stacx.harbor.tasks import load_task, load_task_set
+from stacx.launch.launcher import open_run
 from stacx.launch.loader import ConfigDict, convert
 from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe, resolve_tasks
@@ -50,8 +47,7 @@ _IDS = re.compile(r"^[0-9a-f]{32}(\s*,\s*[0-9a-f]{32})*$")
 
 
 class Target(msgspec.Struct, frozen=True, kw_only=True):
-    """One episode to regrade: its record, the task it is graded against (None: not found)
-    and the task it ran with (the oracle's solution comes from it)."""
+    """One episode to regrade: its record, the task to grade it by (None: none), the task it ran."""
 
     record: EpisodeRecord
     agent: str
@@ -74,8 +70,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def selection(episodes: str | None) -> str:
-    """The SQL predicate over `episodes` for ``--episodes``: ids (comma-separated) or SQL,
-    always within the episodes whose agent loop ended."""
+    """The SQL predicate over `episodes` for ``--episodes`` (ids or SQL), ended episodes only."""
     if not episodes:
         return ENDED
     text = episodes.strip()
@@ -88,23 +83,19 @@ def selection(episodes: str | None) -> str:
 def read_run(
     run_dir: Path, where: str, limit: int | None
 ) -> tuple[ConfigDict, Recipe, list[EpisodeRecord], dict[str, str]]:
-    """The run's recorded recipe (as recorded, and read), the selected episodes (all their
-    events) and each group's task path. Refused: no log, no RunStarted, a live launcher, a recipe this STACX cannot read."""
+    """The run's recorded recipe (as recorded, and read), the selected episodes' events and each
+    group's task path. Refused: no log, no RunStarted, a live launcher, an unreadable recipe."""
     db.require_run(run_dir)
     previous = read_previous(run_dir)  # ConfigError when a launcher is alive on it
     if previous is None:
         raise ConfigError(f"{run_dir}: its log has no RunStarted; nothing to regrade")
-    try:  # an imported run (`stacx import harbor`) has no recipe: the defaults (Docker, SWE tools)
-        recorded: ConfigDict = (
-            {"name": "import"} if "import" in previous.config else previous.config
-        )
-        recipe = convert(recorded, source=f"{run_dir}'s recorded recipe")
+    try:
+        recipe = convert(_recipe_of(previous.config), source=f"{run_dir}'s recorded recipe")
     except ConfigError as exc:
         raise ConfigError(
             f"{run_dir}: its recorded recipe cannot be read by this STACX: {exc}"
         ) from exc
-    con = db.connect_run(run_dir)
-    try:
+    with db.connect_run(run_dir) as con:
         try:
             con.execute(f"select count(*) from episodes where {where}").fetchall()
         except duckdb.Error as exc:
@@ -119,27 +110,28 @@ def read_run(
                 "select group_id, any_value(task_path) from task_scheduled group by 1"
             ).fetchall()
         )
-    finally:
-        con.close()
     return previous.config, recipe, read_records(run_dir, where), paths
+
+
+def _recipe_of(recorded: ConfigDict) -> ConfigDict:
+    """The run's recipe; an imported run (`stacx import harbor`) has none: the defaults."""
+    return {"name": "import"} if "import" in recorded else recorded
 
 
 def done_before(run_dir: Path) -> set[tuple[str, str]]:
     """(episode, grader) pairs already graded, or reported as diverged / not replayable."""
-    con = db.connect_run(run_dir)
-    try:
-        return {
-            (str(e), str(g))
-            for e, g in con.execute(
-                "select episode_id, to_json(r)->>'grader' from reward_assigned r "
-                "where coalesce(to_json(r)->>'grader', '') <> '' "
-                "union all select episode_id, grader from episode_not_regraded where issue <> 'infra'"
-            ).fetchall()
-        }
-    except duckdb.Error:  # a log older than the grader field and EpisodeNotRegraded: none
-        return set()
-    finally:
-        con.close()
+    with db.connect_run(run_dir) as con:
+        try:
+            return {
+                (str(e), str(g))
+                for e, g in con.execute(
+                    "select episode_id, to_json(r)->>'grader' from reward_assigned r "
+                    "where coalesce(to_json(r)->>'grader', '') <> '' "
+                    "union all select episode_id, grader from episode_not_regraded where issue <> 'infra'"
+                ).fetchall()
+            }
+        except duckdb.Error:  # a log older than the grader field and EpisodeNotRegraded: none
+            return set()
 
 
 def targets(
@@ -161,16 +153,12 @@ def targets(
         start = next((e for e in r.events if e["kind"] == "EpisodeStarted"), {})
         ran = recorded.get(paths.get(r.group_id, ""))
         task = ran if given is None else given.get(r.task_id)
-        missing = (
-            ""
-            if task is not None
-            else (
-                f"task {r.task_id!r} is not in --tasks {tasks}"
-                if given is not None
-                else f"task {r.task_id!r}: its recorded path {paths.get(r.group_id, '(none: imported episode)')} "
-                "does not load; give --tasks"
-            )
-        )
+        missing = ""
+        if task is None and given is not None:
+            missing = f"task {r.task_id!r} is not in --tasks {tasks}"
+        elif task is None:
+            path = paths.get(r.group_id, "(none: imported episode)")
+            missing = f"task {r.task_id!r}: its recorded path {path} does not load; give --tasks"
         out.append(
             Target(
                 record=r,
@@ -185,8 +173,8 @@ def targets(
 
 
 def run_call(target: Target, tools: Tools) -> RunCall:
-    """How one episode's recorded calls run again: the agent's tool adapter; the oracle's
-    solve.sh as the oracle ran it (stacx.launch.scripted), from the recorded task."""
+    """How one episode's recorded calls run again: its agent's tool adapter, or the oracle's
+    solve.sh."""
 
     async def run(call: RecordedCall, sandbox: Sandbox) -> Observation | None:
         solution = target.recorded_task
@@ -298,30 +286,25 @@ class Regrader:
             diverged = await replay(recorded_calls(record), sandbox, run_call(target, tools))
             if diverged is not None:
                 c, got = diverged.call, diverged.replayed
-                await self.emit(
-                    EpisodeNotRegraded(
-                        run_id=self.run_id,
-                        event_id=derive_id(record.episode_id, "EpisodeNotRegraded", base.grader),
-                        episode_id=record.episode_id,
-                        grader=base.grader,
-                        issue=RegradeIssue.DIVERGED,
-                        message=diverged.message,
-                        turn=c.turn,
-                        tool=c.tool,
-                        recorded_exit_code=c.exit_code,
-                        replayed_exit_code=got.exit_code,
-                        recorded_output=(c.output or "")[:4000],
-                        replayed_output=got.output[:4000],
-                    )
-                )
-                return msgspec.structs.replace(
-                    base, issue=RegradeIssue.DIVERGED, message=diverged.message
+                return await self._not_regraded(
+                    base,
+                    RegradeIssue.DIVERGED,
+                    diverged.message,
+                    turn=c.turn,
+                    tool=c.tool,
+                    recorded_exit_code=c.exit_code,
+                    replayed_exit_code=got.exit_code,
+                    recorded_output=(c.output or "")[:4000],
+                    replayed_output=got.output[:4000],
                 )
             return await self.grader.grade(
                 Replayed(record=record, task=task, sandbox=sandbox, sandbox_id=sandbox_id)
             )
 
-    async def _not_regraded(self, base: Outcome, issue: RegradeIssue, message: str) -> Outcome:
+    async def _not_regraded(
+        self, base: Outcome, issue: RegradeIssue, message: str, **diverged: Any
+    ) -> Outcome:
+        """Report the episode as not regraded (`diverged`: the diverging call's fields)."""
         # an infra failure gets an id per attempt: the next regrade retries it
         key = (self.attempt,) if issue is RegradeIssue.INFRA else ()
         await self.emit(
@@ -332,6 +315,7 @@ class Regrader:
                 grader=base.grader,
                 issue=issue,
                 message=message[:4000],
+                **diverged,
             )
         )
         return msgspec.structs.replace(base, issue=str(issue), message=message)
@@ -347,36 +331,31 @@ async def regrade(
     judge_sets: list[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[Outcome]:
-    """Regrade RUN's selected episodes: the tasks' own verifiers, joined by a judge where a
-    rubric applies (`rubric`, a task's, the recipe's; the judge: the recorded [judge] with
-    `judge_sets`; see stacx.regrade.judging and docs/regrade.md#per-episode)."""
+    """Regrade RUN's selected episodes: the tasks' verifiers, joined by a judge where a rubric
+    applies (`rubric`; the recorded [judge] with `judge_sets`)."""
     where = selection(episodes)
     recorded, recipe, records, paths = await asyncio.to_thread(read_run, run_dir, where, limit)
     if not records:
         raise StacxError(f"{run_dir}: no episode matches {where}")
     chosen = await asyncio.to_thread(targets, records, paths, tasks)
     done = await asyncio.to_thread(done_before, run_dir)
-    judged: ConfigDict = {"name": "import"} if "import" in recorded else recorded  # its [judge]
     plan = await asyncio.to_thread(
         judge_plan,
-        judged,
+        _recipe_of(recorded),  # its [judge]
         [t.task for t in chosen if t.task is not None],
         rubric,
         list(judge_sets or []),
     )
     # this attempt's RunStarted: the run's recipe, and what this regrade did
-    config = {
-        **recorded,
-        "regrade": {
-            "tasks": str(tasks or ""),
-            "episodes": where,
-            "limit": limit,
-            "rubric": str(rubric or ""),
-            "judge_sets": list(judge_sets or []),
-        },
+    regraded: ConfigDict = {
+        "tasks": str(tasks or ""),
+        "episodes": where,
+        "limit": limit,
+        "rubric": str(rubric or ""),
+        "judge_sets": list(judge_sets or []),
     }
     echo(f"regrading {len(chosen)} episode(s) of {run_dir} on the {recipe.sandbox.backend} backend")
-    async with RunContext(run_dir, recipe=recipe.name, config=config) as run:
+    async with open_run(run_dir, recipe.name, recorded, attempt={"regrade": regraded}) as (run, _):
         outcomes = await _regrade_in(run, recipe, plan, chosen, done, echo)
         await run.sync(60)
     return outcomes
@@ -390,8 +369,7 @@ async def _regrade_in(
     done: set[tuple[str, str]],
     echo: Callable[[str], None],
 ) -> list[Outcome]:
-    """Regrade the `chosen` episodes in `run`'s new attempt: its sandboxes and its grader
-    opened for them and closed after."""
+    """Regrade `chosen` in `run`'s new attempt, with its sandboxes and grader opened for them."""
     env = ActorEnv(run_id=run.run_id, run_dir=str(run.run_dir), emit=run.emit, query=run.query)
     async with contextlib.AsyncExitStack() as stack:
         envs = await stack.enter_async_context(docker_environments(recipe, env))

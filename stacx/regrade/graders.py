@@ -1,28 +1,7 @@
-"""Graders: what turns a replayed episode into a new reward, and the name it is recorded under.
-
-A `Grader` is a structural Protocol with two parts:
-
-- ``name(task)``: the grader's identity for one task, recorded as ``RewardAssigned.grader``
-  and ``EpisodeNotRegraded.grader``, and part of the event ids, so that one grader grades an
-  episode at most once (a rerun of the same regrade changes nothing) while a changed grader
-  (other tests, another rubric) is a new name and a new grade. It must change whenever what
-  the grader computes can change: `VerifierGrader` digests the tests directory, the
-  task's ``[verifier]`` table and its metadata.
-- ``grade(replayed)``: the `Verdict` for one episode. ``replays`` says whether it needs the
-  episode's final state: a verifier does (it runs in the sandbox where the recorded actions
-  were replayed); a grader of the transcript alone (a judge) gets ``sandbox = None`` and
-  no sandbox is started for it.
-- ``from_artifacts(task, kept)``: whether the episode is graded from the artifacts it left
-  (``<run>/artifacts/<episode>``) instead of a replay: `VerifierGrader` does so for a task that
-  declares artifacts and whose verifier is separate (it never sees more than the artifacts),
-  where the run's environments can (Docker); then no action is replayed, so nothing can
-  diverge, and even an installed scaffold's episode is graded.
-
-Raises: `InfraFailure` (the sandbox or the grader's engine failed): recorded as
-``EpisodeNotRegraded(issue = "infra")``, never a reward of 0.
-
-The judge: `stacx.regrade.judging.JudgeGrader` wraps a `VerifierGrader` and joins a rubric's
-judge score to its verdict (``--rubric``, a task's rubric, the recipe's ``judge.rubric``).
+"""Graders: what turns a replayed episode into a new reward, and the name it is recorded under. A
+`Grader`'s ``name(task)`` must change whenever what it computes can (it is part of the event ids);
+``grade`` raises `InfraFailure`, recorded as ``EpisodeNotRegraded(infra)``, never a 0.
+Design: docs/regrade.md
 """
 
 from __future__ import annotations
@@ -43,10 +22,8 @@ from stacx.store.episodes_io import EpisodeRecord
 
 @dataclass(frozen=True)
 class Replayed:
-    """One episode, ready to grade: its record from the log (every event, in stream order),
-    the task it is graded against, and, for a grader that replays, the sandbox holding the
-    state the replayed actions left (started under ``sandbox_id``, not the episode's id, so
-    the replay's artifacts and sandbox events never mix with the episode's own)."""
+    """One episode to grade: its events, the task, and for a replaying grader the sandbox the replay
+    left (started under ``sandbox_id``, so its events never mix with the episode's)."""
 
     record: EpisodeRecord
     task: Task
@@ -56,10 +33,12 @@ class Replayed:
 
 
 class Grader(Protocol):
-    replays: bool
+    replays: bool  # needs the replayed sandbox (a verifier); False: the transcript alone (a judge)
 
+    # RewardAssigned.grader and part of the event ids: one grader grades an episode once
     def name(self, task: Task) -> str: ...
 
+    # grade from the episode's kept artifacts instead of a replay (nothing can diverge)
     def from_artifacts(self, task: Task, kept: Path) -> bool: ...
 
     async def grade(self, replayed: Replayed) -> Verdict: ...
@@ -73,8 +52,7 @@ class VerifiesArtifacts(Protocol):
 
 
 def verifier_digest(task: Task) -> str:
-    """What a task's verifier computes from: its tests directory, its [verifier] table and its
-    metadata (where an answer task keeps the expected answer)."""
+    """What a task's verifier computes from: its tests directory, [verifier] table and metadata."""
     h = hashlib.sha256(task_digest(task.tests_dir).encode())
     h.update(msgspec.json.encode(task.config.verifier))
     h.update(msgspec.json.encode(task.config.metadata))
@@ -82,8 +60,7 @@ def verifier_digest(task: Task) -> str:
 
 
 class VerifierGrader:
-    """The task's own verifier (tests/test.sh, or an answer task's check), run through the
-    environments of the run's sandbox backend in the replayed sandbox."""
+    """The task's own verifier, in the replayed sandbox or on kept artifacts (the run's backend)."""
 
     replays = True
 

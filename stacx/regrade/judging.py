@@ -1,25 +1,9 @@
-"""The judge grader of `stacx regrade`: a task's verifier and a rubric's judge, combined by the
-rubric's ``[combine]`` rule, exactly as a rollout combines them (stacx.rollout.episode).
-
-Which rubric grades an episode: ``--rubric FILE`` (every selected episode), else the task's own
-(``[verifier.stacx] rubric`` of the recorded task, or of its copy in ``--tasks DIR``), else the
-recorded recipe's ``judge.rubric``; an episode none applies to is graded by its verifier alone
-(`VerifierGrader`, under the verifier's name).
-
-Which model judges: the run's recorded ``[judge]`` with the ``--set judge.KEY=VALUE`` overrides,
-opened by `stacx.launch.judges.open_judge` (its own checkpoint or server, or the teacher's
-settings; ``use = "student"`` is refused: a regrade runs no student engine). When that names no
-judge, the default model judges; except that a run recorded (or overridden) with
-``judge.use = "off"`` keeps its verifier-only grades unless ``--rubric`` asks for a judge.
-
-Guarantees: the judged files are read from the replayed sandbox before the verifier runs (as in
-a rollout); every judge call is a ``JudgeScored`` event of the episode (ids keyed by the grader
-and the regrade's attempt, so they never collide with the rollout's); the grader's name is
-``<verifier name>+judge:<rubric file>@<rubric digest>/<judge>``, so another rubric, another
-rubric text or another judge model is a new grade, and the same one grades an episode once.
-A judge that gives no score raises InfraFailure(judge): recorded as EpisodeNotRegraded(infra),
-never a reward of 0. Limits: the judge grader always replays (it does not read the rubric's
-files from kept artifacts), and the judge engine is opened once per regrade.
+"""The judge grader of `stacx regrade`: a task's verifier and a rubric's judge combined by the
+rubric's ``[combine]``, exactly as a rollout does. Guarantees: judged files are read before the
+verifier runs; every judge call is a ``JudgeScored`` of the episode; another rubric, rubric text or
+judge is a new grader name; no score is ``InfraFailure(judge)``, never a 0. Limits: always replays;
+one judge engine per regrade.
+Design: docs/regrade.md
 """
 
 from __future__ import annotations
@@ -58,8 +42,8 @@ def judge_label(recipe: Recipe) -> str:
 
 
 def judge_recipe(recorded: ConfigDict, sets: list[str], *, asked: bool) -> Recipe | None:
-    """The recipe whose [judge] judges (see the module docstring), or None when no judge is to
-    be opened (``judge.use = "off"`` and no ``--rubric``). `sets`: ``judge.KEY=VALUE`` items."""
+    """The recipe whose [judge] judges, or None when none is to be opened (``judge.use = "off"`` and
+    no ``--rubric``); `sets`: ``judge.KEY=VALUE`` items."""
     for item in sets:
         if not item.startswith("judge."):
             raise ConfigError(
@@ -130,14 +114,9 @@ class JudgeGrader:
         return with_judge(rubric, verdict, result)  # InfraFailure(judge) when it gave no score
 
 
-def needs_judge(tasks: list[Task], rubric: Rubric | None, recipe: Recipe) -> bool:
-    """Whether any selected episode is judged (a --rubric, a task's rubric, judge.rubric)."""
-    return rubric is not None or bool(recipe.judge.rubric) or any(t.rubric for t in tasks)
-
-
 class JudgePlan(msgspec.Struct, frozen=True, kw_only=True):
-    """What a regrade judges with, checked before it starts: the ``--rubric`` (parsed) and the
-    recipe whose [judge] is opened (None: the verifiers alone)."""
+    """What a regrade judges with, checked before it starts: the parsed ``--rubric`` and the recipe
+    whose [judge] is opened (None: the verifiers alone)."""
 
     rubric: Rubric | None
     recipe: Recipe | None
@@ -146,8 +125,7 @@ class JudgePlan(msgspec.Struct, frozen=True, kw_only=True):
 def judge_plan(
     recorded: ConfigDict, tasks: list[Task], rubric: Path | None, judge_sets: list[str]
 ) -> JudgePlan:
-    """The plan for `tasks` (the selected episodes'): a ConfigError naming ``--rubric`` or the
-    ``--set`` item when one is wrong."""
+    """The plan for `tasks`; a ConfigError naming ``--rubric`` or the wrong ``--set`` item."""
     given = None
     if rubric is not None:
         try:
@@ -155,7 +133,8 @@ def judge_plan(
         except TaskError as exc:
             raise ConfigError(f"--rubric: {exc}") from exc
     recipe = judge_recipe(recorded, judge_sets, asked=given is not None)
-    if recipe is not None and not needs_judge(tasks, given, recipe):
+    judged = given is not None or any(t.rubric for t in tasks)  # a --rubric, a task's rubric
+    if recipe is not None and not (judged or recipe.judge.rubric):
         recipe = None
     return JudgePlan(rubric=given, recipe=recipe)
 
@@ -168,8 +147,7 @@ async def open_grader(
     *,
     attempt: int,
 ) -> Grader:
-    """The regrade's grader: `JudgeGrader` (its judge engine closed with `stack`) when the plan
-    names a judge, else `VerifierGrader`."""
+    """`JudgeGrader` (closed with `stack`) if the plan names a judge, else `VerifierGrader`."""
     verifier = VerifierGrader(envs)
     if plan.recipe is None:
         return verifier

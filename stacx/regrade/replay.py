@@ -1,17 +1,9 @@
-"""Replaying an episode's recorded tool calls in a fresh sandbox, and telling when it diverges.
-
-An episode's actions are its ``ToolCalled`` events (for the SWE agent shell commands and file
-edits, for ReTool Python runs and the final answer), each paired with the ``ToolReturned`` the
-agent saw. `replay` runs them again, in turn order, through a `RunCall` (the agent's tool
-adapter, `stacx.agents.loop.Tools.replay`), and compares every observation with the recorded
-one: output text, exit code, timeout flag and error (not durations). The first call that
-differs ends the replay: the state the verifier would see is no longer the episode's, so the
-episode is reported (`Divergence`), never regraded on a guess.
-
-Limits: equal observations do not prove an equal state (a command that prints nothing can
-still write something else); commands whose output depends on time, randomness or the network
-diverge. A call whose ToolReturned is missing (the episode's timeout cut it) cannot be checked
-and is a divergence.
+"""Replaying an episode's recorded tool calls in a fresh sandbox, in turn order through the agent's
+tool adapter, comparing each observation (output, exit code, timeout, error) with the recorded one:
+the first difference ends the replay as a `Divergence`. Limits: equal observations do not prove an
+equal state; time-, randomness- or network-dependent output diverges; a call without its
+ToolReturned cannot be checked and diverges.
+Design: docs/regrade.md
 """
 
 from __future__ import annotations
@@ -97,8 +89,7 @@ async def replay(
     calls: list[RecordedCall], sandbox: Sandbox, run_call: RunCall
 ) -> Divergence | None:
     """Run `calls` in `sandbox` in order; the first divergence, or None when every observation
-    matched (the sandbox then holds the state the episode's verifier saw, as far as the
-    observations can tell). Sandbox transport errors propagate (infrastructure)."""
+    matched. Sandbox transport errors propagate."""
     for call in calls:
         obs = await run_call(call, sandbox)
         if obs is None:

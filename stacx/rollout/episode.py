@@ -1,25 +1,8 @@
-"""One episode, end to end: sandbox -> agent loop -> verifier -> release, as events.
-
-Order of events of a successful attempt: EpisodeStarted, (TurnGenerated, ToolCalled,
-ToolReturned)*, EpisodeFinished, JudgeScored* (a task with a rubric: `stacx.judge`),
-RewardAssigned. A step of a multi-step task that cannot
-start (its setup.sh or healthcheck fails: `StepFailed`) is no infrastructure failure, as in
-Harbor: StepFailed, EpisodeFinished (stop_reason step_failed), RewardAssigned from the steps
-that ran (`combine_steps`). An infrastructure failure anywhere raises
-`InfraFailure` (a FailureKind and a message) after the sandbox is released; the caller
-records it as InfraFailed and decides about a retry. A failed attempt is never scored.
-
-The agent's own failures are not infrastructure: a malformed call is an observation, a
-context overflow or an agent timeout is a StopReason, and the verifier still scores them (an
-agent timeout's EpisodeFinished.n_turns counts the turns that ran).
-
-Only infrastructure exceptions become InfraFailure: InfraFailure itself (the adapters'),
-SandboxError, EngineError, TaskError and OSError (transport, and the harness's timeouts).
-Any other exception is a bug in our code and propagates, traceback and all.
-
-The agent and the environments come in through their ports (`Agent`, `Environments` in
-stacx.ports); stacx.launch builds the concrete ones (stacx.agents.loop.LoopAgent,
-stacx.sandbox.environments.DockerEnvironments).
+"""One episode attempt, end to end: sandbox -> agent loop -> verifier (and judge) -> release, as
+events. Guarantees: a failed attempt is never scored; only infrastructure errors become
+`InfraFailure` (raised after the sandbox is released), the agent's own failures are observations or
+a StopReason, and any other exception is a bug that propagates.
+Design: docs/concepts/actors.md#the-rollout-worker
 """
 
 from __future__ import annotations
@@ -27,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -81,12 +65,9 @@ class EpisodeSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Steps:
-    """Passes an agent's events on, remembering which turns and calls it emitted, so that an
-    agent cancelled by the episode timeout still has its turns counted (EpisodeFinished).
-
-    A multi-step task runs one agent per step in the same episode: from the second step on,
-    `offset` renumbers the step's turns after the previous ones (and derives new event ids
-    from the old ones and the step), so the episode's turns stay one increasing sequence."""
+    """Passes an agent's events on, remembering its turns and calls (a timed-out agent's turns
+    count); `offset` renumbers a later step's turns (and derives their ids) after the previous ones.
+    """
 
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
@@ -117,8 +98,7 @@ class _Steps:
         await self._emit(event)
 
     async def cut(self, timeout: float) -> None:
-        """Close every call the agent timeout interrupted with its ToolReturned (timed_out), so
-        no ToolCalled stays without an answer in the log."""
+        """Answer every call the agent timeout interrupted with a timed-out ToolReturned."""
         for call, started in list(self.open.values()):
             await self._emit(
                 ToolReturned(
@@ -144,14 +124,9 @@ def episode_id_for(run_id: str, group_id: str, sample_index: int, attempt: int) 
 def combine_steps(
     task: Task, verdicts: list[tuple[str, Verdict]], failed: StepFailed | None = None
 ) -> Verdict:
-    """A multi-step task's verdict from its steps' (in order; the steps not run are absent):
-    "mean" (the default) averages every key over the steps that ran, a key a step lacks
-    counting 0; "final" is the last step's. Each step's metrics are kept as
-    ``step.<name>.<key>``.
-
-    `failed`, a step that could not start, ends the list as in Harbor's trial: it has no
-    verifier result, so "mean" averages the steps verified before it and "final" has none;
-    with no result the reward is 0 (the StepFailed event recorded before it is the cause)."""
+    """A multi-step task's verdict from its steps' in order: "mean" averages each key over the steps
+    that ran (missing: 0), "final" takes the last; each step's metrics kept as
+    ``step.<name>.<key>``. A `failed` step ends the list; no verdict at all: reward 0."""
     if len(verdicts) == 1 and not task.step_tasks:
         return verdicts[0][1]
     per_step = [{"reward": v.reward, **v.metrics} for _, v in verdicts]
@@ -186,19 +161,8 @@ async def run_episode(
     step_agent: Callable[[Task], Agent] | None = None,
     judge: JudgeModel | None = None,
 ) -> tuple[AgentResult, Verdict]:
-    """Run one attempt; raises InfraFailure on infrastructure trouble (see module doc).
-
-    A task with a rubric (its own ``[verifier.stacx] rubric``, else `judge.rubric`, the
-    recipe's) is also judged: the rubric's files are read from the sandbox after the agent and
-    before the verifier; once the sandbox is released, `judge` scores them (one JudgeScored per
-    call) and the reward is the rubric's [combine] of the verifier's reward and the judge score.
-    A judge that errs or gives no usable score is an InfraFailure(judge), never a 0.
-
-    A multi-step task (``task.step_tasks``) runs its steps in order in one sandbox: `agent`
-    acts on the first step (build it from ``task.step_tasks[0]``), `step_agent(step)` gives
-    the agent of each later one; each step is verified before the next starts, a step's
-    min_reward can stop the rest, and the steps' verdicts combine by the task's
-    multi_step_reward_strategy (`combine_steps`)."""
+    """Run one attempt, raising InfraFailure on infrastructure trouble; judged when the task has a
+    rubric. A multi-step task runs `agent` on its first step, `step_agent(step)` on the others."""
     await _started(spec, emit)
     steps = spec.task.step_tasks or [spec.task]
     t0 = time.perf_counter()
@@ -207,7 +171,9 @@ async def run_episode(
     failed: StepFailed | None = None
     result = AgentResult(stop_reason=StopReason.STEP_FAILED, n_turns=0, transcript_ids=[])
     n_turns = 0
-    rubric = _rubric(spec, judge)
+    # the rubric that judges the episode (the task's, else `judge.rubric`); None: not judged
+    rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
+    rubric = rubric if spec.judged else None
     answers: dict[str, str] = {}
     try:
         async with envs.sandbox(spec.task, episode_id=spec.episode_id) as sandbox:
@@ -241,13 +207,6 @@ async def run_episode(
     return await _score(spec, emit, result, n_turns, t0, verdict, failed)
 
 
-def _rubric(spec: EpisodeSpec, judge: JudgeModel | None) -> Rubric | None:
-    """The rubric that judges the episode: the task's own, else the recipe's (`judge.rubric`);
-    None for an episode not judged."""
-    rubric = spec.task.rubric or (judge.rubric if judge is not None else None)
-    return rubric if spec.judged else None
-
-
 async def _verify(
     envs: Environments,
     sandbox: Sandbox,
@@ -255,8 +214,7 @@ async def _verify(
     episode_id: str,
     verdicts: list[tuple[str, Verdict]],
 ) -> Verdict:
-    """The step's verdict, added to `verdicts`; a step that fails after its verifier ran
-    (StepFailed: the backend could not start the next step) adds the verdict it had."""
+    """The step's verdict, added to `verdicts` (also when the next step's start failed after it)."""
     try:
         verdict = await envs.verify(sandbox, step, episode_id=episode_id)
     except StepFailed as exc:
@@ -268,8 +226,8 @@ async def _verify(
 
 
 async def read_answers(sandbox: Sandbox, rubric: Rubric) -> dict[str, str]:
-    """The text of each file the rubric judges (a missing one says so: the judge sees that
-    the agent wrote nothing there). A sandbox that cannot answer raises (infrastructure)."""
+    """The text of each file the rubric judges (a missing one says so, for the judge to see); a
+    sandbox that cannot answer raises."""
     out: dict[str, str] = {}
     for path in rubric.judge.files:
         try:
@@ -287,8 +245,7 @@ async def _judged(
     answers: dict[str, str],
     verdict: Verdict,
 ) -> Verdict:
-    """The verdict with the judge's score combined in (see `run_episode`); every judge call is
-    a JudgeScored event; a failed judgement raises InfraFailure(judge)."""
+    """The verdict with the judge's score combined in; InfraFailure(judge) when judging failed."""
     if judge is None:
         raise InfraFailure(
             FailureKind.JUDGE,
@@ -302,9 +259,8 @@ async def _judged(
 
 
 def with_judge(rubric: Rubric, verdict: Verdict, result: JudgeResult) -> Verdict:
-    """`verdict` with the judge's score joined in by the rubric's [combine] (the verifier's
-    reward and the judge's parts in its metrics); InfraFailure(judge) when the judge gave no
-    score (never a 0). Shared with `stacx regrade`'s judge grader."""
+    """`verdict` with the judge's score joined by the rubric's [combine]; InfraFailure(judge) when
+    the judge gave no score (never a 0). Shared with `stacx regrade`'s judge grader."""
     if result.score is None:
         raise InfraFailure(FailureKind.JUDGE, result.error)
     reward = combine(rubric.combine, verdict.reward, result.score)
@@ -324,8 +280,8 @@ def judge_events(
     *,
     key: tuple[object, ...] = (),
 ) -> list[JudgeScored]:
-    """One JudgeScored per judge call; `score` on the last one. `key` makes the event ids of
-    another judgement of the same episode distinct (a regrade: its grader and attempt)."""
+    """One JudgeScored per judge call, `score` on the last; `key` keeps another judgement's event
+    ids distinct (a regrade's grader and attempt)."""
     last = len(result.calls) - 1
     return [
         JudgeScored(
@@ -350,11 +306,8 @@ def judge_events(
 
 
 def _infra(exc: Exception, phase: FailureKind) -> InfraFailure:
-    """The InfraFailure an infrastructure error is: an engine's, an image build's, or, for the
-    sandbox transport and OSError (connection resets and the harness's own timeouts:
-    TimeoutError is an OSError), the kind of the `phase` it hit. Adapters wrap their library's
-    errors (aiodocker's DockerError, HTTP client errors) in SandboxError / EngineError /
-    InfraFailure."""
+    """The InfraFailure an infrastructure error is: an engine's, an image build's, or for sandbox
+    transport and OSError (timeouts included) the kind of the `phase` it hit."""
     if isinstance(exc, EngineError):
         return InfraFailure(FailureKind.ENGINE, str(exc))
     if isinstance(exc, TaskError):
@@ -362,12 +315,19 @@ def _infra(exc: Exception, phase: FailureKind) -> InfraFailure:
     return InfraFailure(phase, f"{type(exc).__name__}: {exc}")
 
 
+def _ids(spec: EpisodeSpec, kind: str) -> dict[str, Any]:
+    """The run, event and episode ids of the episode's event of kind `kind`."""
+    return {
+        "run_id": spec.run_id,
+        "event_id": derive_id(spec.episode_id, kind),
+        "episode_id": spec.episode_id,
+    }
+
+
 async def _started(spec: EpisodeSpec, emit: Emit) -> None:
     await emit(
         EpisodeStarted(
-            run_id=spec.run_id,
-            event_id=derive_id(spec.episode_id, "EpisodeStarted"),
-            episode_id=spec.episode_id,
+            **_ids(spec, "EpisodeStarted"),
             task_id=spec.task.task_id,
             group_id=spec.group_id,
             sample_index=spec.sample_index,
@@ -388,15 +348,12 @@ async def _score(
     verdict: Verdict,
     failed: StepFailed | None,
 ) -> tuple[AgentResult, Verdict]:
-    """The episode's end once every step ran or one failed: StepFailed (then EpisodeFinished)
-    for a failed step, and RewardAssigned for the combined verdict."""
-    episode_id = spec.episode_id
+    """The episode's end: StepFailed (then EpisodeFinished) for a failed step, and RewardAssigned
+    for the combined verdict."""
     if failed is not None:  # Harbor: the step's exception; the later steps never run
         await emit(
             StepFailedEvent(
-                run_id=spec.run_id,
-                event_id=derive_id(episode_id, "StepFailed"),
-                episode_id=episode_id,
+                **_ids(spec, "StepFailed"),
                 step=failed.step,
                 exception_type=failed.exception_type,
                 message=failed.step_message,
@@ -406,9 +363,7 @@ async def _score(
         await _finished(spec, emit, result, n_turns, t0)
     await emit(
         RewardAssigned(
-            run_id=spec.run_id,
-            event_id=derive_id(episode_id, "RewardAssigned"),
-            episode_id=episode_id,
+            **_ids(spec, "RewardAssigned"),
             reward=verdict.reward,
             metrics_json=msgspec.json.encode(
                 {"reward": verdict.reward, **verdict.metrics}
@@ -423,8 +378,7 @@ async def _score(
 async def _act(
     spec: EpisodeSpec, step: Task, agent: Agent, sandbox: Sandbox, ran: _Steps
 ) -> AgentResult:
-    """One agent run on `step`, the next of `ran`'s steps, under its timeout (an agent timeout
-    is a StopReason)."""
+    """One agent run on `step` under its timeout (an agent timeout is a StopReason)."""
     ran.next_step(step.step or "")
     timeout = spec.timeout_s or step.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
     before_turns = len(ran.turns)
@@ -452,9 +406,7 @@ async def _finished(
 ) -> None:
     await emit(
         EpisodeFinished(
-            run_id=spec.run_id,
-            event_id=derive_id(spec.episode_id, "EpisodeFinished"),
-            episode_id=spec.episode_id,
+            **_ids(spec, "EpisodeFinished"),
             stop_reason=result.stop_reason,
             n_turns=n_turns,
             duration_ms=(time.perf_counter() - t0) * 1000,

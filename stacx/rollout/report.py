@@ -1,15 +1,7 @@
-"""The eval report, as SQL over the `episodes`, `turns` and `infra_failed` tables of a run.
-
-Definitions (what the numbers mean):
-- a *sample* is one (group, sample_index); its score is the reward of its scored attempt.
-  Samples with no scored attempt (infrastructure failures only) are NOT counted as 0: they are
-  left out of pass@k and mean reward and reported under failures.
-- *passed*: reward >= 1 (full credit; Harbor rewards may be fractional).
-- pass@1 = mean over tasks of c/n; pass@k is the unbiased estimator of Chen et al. (2021),
-  1 - C(n-c, k)/C(n, k), computed as the stable product 1 - prod_{i=n-c+1..n} (1 - k/i),
-  averaged over tasks; a task with fewer than k scored samples is left out of pass@k.
-
-Each function returns (sql, columns, rows) so the CLI prints the SQL that made each table.
+"""The eval report, as SQL over a run's `episodes`, `turns` and `infra_failed`; each function
+returns (sql, columns, rows) so the CLI prints the SQL behind each table. Unscored samples are never
+counted as 0; pass@k is the unbiased estimator of Chen et al. (2021).
+Design: docs/concepts/actors.md#the-rollout-worker
 """
 
 from __future__ import annotations
@@ -83,8 +75,7 @@ async def run_table(query: Query, sql: str) -> Table:
 
 
 async def report(query: Query, k: int) -> list[tuple[str, Table]]:
-    """Every table of the eval report, titled, in print order (scaffold failures only when
-    there are some; unscored samples last)."""
+    """Every table of the eval report, titled, in print order."""
     scaffold = await run_table(query, SCAFFOLD_SQL)
     return [
         ("Scores", await run_table(query, summary_sql(k))),

@@ -1,10 +1,6 @@
-"""The environment engine: where Harbor tasks run. Backends (Docker, process, remote), the
-sandbox service, networking (egress, the allowlist proxy) and verification; the task format
-itself (task.toml, task sets, compose files) is read by stacx.harbor.
+"""The environment engine: where tasks run (Docker, process and remote backends, the sandbox
+service, egress, verification); the task format itself is stacx.harbor's. Imports nothing heavy:
+import the module you use. Infrastructure failures are `InfraFailure`s, never a reward.
 
-This package imports nothing heavy: import the module you use. An episode's sandbox is entered,
-used and verified through the `Environments` port; infrastructure failures are `InfraFailure`s,
-never a reward.
-
-Specification: docs/sandboxes.md#the-package-stacxsandbox
+Design: docs/sandboxes.md#the-package-stacxsandbox
 """

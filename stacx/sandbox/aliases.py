@@ -1,21 +1,8 @@
-"""The base-image alias map: FROM images that cannot be pulled here, mapped to local images.
+"""The base-image alias map: FROM images that cannot be pulled here, mapped onto local bases of the
+same distribution and Python minor (stacx.sandbox.images) or offline stand-ins. The answer never
+depends on what the host happens to have built; an unresolvable image is a TaskError.
 
-Harbor tasks say `FROM ubuntu:24.04` or `FROM python:3.11-slim@sha256:...`; with no registry,
-each such name is mapped onto a locally built image (by default the offline base,
-`stacx/base:bookworm`). Names are normalized before matching: a digest (`@sha256:...`) and a
-Docker Hub prefix (`docker.io/`, `index.docker.io/`, `registry-1.docker.io/`, `library/`) are
-dropped, a missing tag means `:latest`. Patterns are shell globs (`python:3.*`).
-
-Resolution order: the user's map (a TOML or JSON file named by `STACX_IMAGE_ALIASES` or passed
-explicitly; its entries win), then the built-in defaults, then an offline stand-in built from a
-package registry (stacx.sandbox.standins: uv's images), then the image as written if the local
-engine has it; anything else is a TaskError naming the image and the task.
-
-Each name maps to a base of the same distribution and Python minor where one can be built
-(stacx.sandbox.images): python:3.12* and ubuntu:24.04 on Ubuntu noble, python:3.11* and
-debian:12 on bookworm, python:3.13+ and debian:13 on trixie. The answer never depends on what
-the host happens to have built: a base is built on demand the first time a task needs it.
-Among the patterns that match, the user's come first, then the most specific (`_specificity`).
+Design: docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations
@@ -29,7 +16,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from stacx.errors import BaseUnavailableError, ConfigError, TaskError
-from stacx.sandbox.images import BASE_IMAGE, DISTRO, NOBLE_IMAGE, PYTHON_MINOR, TRIXIE_IMAGE
+from stacx.sandbox.images import (
+    BASE_IMAGE,
+    DISTRO,
+    NOBLE_IMAGE,
+    PYTHON_MINOR,
+    TRIXIE_IMAGE,
+    image_exists,
+)
 from stacx.sandbox.standins import PREFIX, standin, standin_base
 
 ENV_VAR = "STACX_IMAGE_ALIASES"
@@ -121,7 +115,7 @@ def load_alias_file(path: str | Path) -> dict[str, str]:
 
 
 class AliasMap:
-    """Resolves FROM images to local images (see the module docstring for the order)."""
+    """FROM images to local images: the user's patterns, then the defaults, most specific first."""
 
     def __init__(
         self,
@@ -131,8 +125,9 @@ class AliasMap:
         exists: Callable[[str], bool] | None = None,
     ) -> None:
         # The user's entries are tried before the defaults; within each, the most specific wins.
-        self.user = {normalize_pattern(k): v for k, v in (aliases or {}).items()}
-        self.defaults = {normalize_pattern(k): v for k, v in defaults.items()}
+        # Patterns are normalized as names are (a glob tag is kept as written).
+        self.user = {normalize(k): v for k, v in (aliases or {}).items()}
+        self.defaults = {normalize(k): v for k, v in defaults.items()}
         self._exists = exists
 
     @classmethod
@@ -142,8 +137,7 @@ class AliasMap:
         return cls(load_alias_file(path) if path else None)
 
     def lookup(self, image: str) -> str | None:
-        """The alias target of `image`, or None when no pattern matches (a Terminal-Bench
-        base that no pattern names goes as the image it is built on)."""
+        """The alias target of `image`, or None (a Terminal-Bench base goes as its image)."""
         names = [normalize(image)]
         if (plain := equivalent(names[0])) is not None:
             names.append(plain)
@@ -155,15 +149,14 @@ class AliasMap:
         return None
 
     def resolve(self, image: str, *, task: str = "?") -> str:
-        """The local image to use for `image` (a STACX base may still have to be built:
-        stacx.sandbox.build); raises BaseUnavailableError when there is none."""
+        """The local image for `image` (a base may need building); BaseUnavailableError if none."""
         target = self.lookup(image)
         if target is not None:
             return target
         target = standin(normalize(image))
         if target is not None:  # built before use (stacx.sandbox.build.local_image)
             return target
-        exists = self._exists or _local_image_exists
+        exists = self._exists or image_exists
         if exists(image) or exists(normalize(image)):
             return image
         raise BaseUnavailableError(
@@ -242,27 +235,12 @@ _TBENCH = re.compile(r"^ghcr\.io/laude-institute/t-bench/(python|ubuntu)-(\d+)-(
 
 
 def equivalent(name: str) -> str | None:
-    """The public image a Terminal-Bench base stands on (`ghcr.io/laude-institute/t-bench/
-    python-3-13:<date>` is python:3.13 with tmux and asciinema added, `.../ubuntu-24-04:<date>`
-    ubuntu:24.04), or None for any other name."""
+    """The public image a Terminal-Bench base (`.../t-bench/python-3-13:<date>`) is, or None."""
     m = _TBENCH.match(name)
     if m is None:
         return None
     repo, major, minor = m.groups()
     return f"{repo}:{major}.{minor:0>2}" if repo == "ubuntu" else f"{repo}:{major}.{minor}"
-
-
-def normalize_pattern(pattern: str) -> str:
-    """Patterns are normalized like names, except that a glob tag is kept as written."""
-    if "@" in pattern:
-        pattern = pattern.split("@", 1)[0]
-    return normalize(pattern)
-
-
-def _local_image_exists(image: str) -> bool:
-    from stacx.sandbox.images import image_exists
-
-    return image_exists(image)
 
 
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
@@ -275,12 +253,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-
 def rewrite_dockerfile(
     text: str, aliases: AliasMap, *, task: str = "?", build_args: Mapping[str, str] | None = None
 ) -> tuple[str, list[str]]:
-    """Rewrite every FROM of a Dockerfile through the alias map.
-
-    Returns the new text and the resolved base images (in order). Stage names (`FROM base AS
-    build` ... `FROM build`) and `scratch` are left alone; `${ARG}` in a FROM is expanded from
-    ARGs declared before the first FROM (a `build_args` value, else the default). Line continuations in FROM are not supported.
-    """
+    """Every FROM (and `COPY --from=<image>`) through the alias map: new text, resolved bases."""
     args: dict[str, str] = {}
     stages: set[str] = set()
     resolved: list[str] = []
@@ -291,15 +264,16 @@ def rewrite_dockerfile(
         if arg and not seen_from:
             given = (build_args or {}).get(arg.group(1))
             args[arg.group(1)] = given if given is not None else (arg.group(2) or "").strip("\"'")
-        copy = _COPY_FROM.match(line.rstrip("\r\n"))
+        bare = line.rstrip("\r\n")
+        ending = line[len(bare) :]
+        copy = _COPY_FROM.match(bare)
         if copy and copy.group(2) not in stages and not copy.group(2).isdigit():
             # `COPY --from=<image>`: an image, like a FROM (a stage name or index stays)
-            ending = line[len(line.rstrip("\r\n")) :]
             target = aliases.resolve(copy.group(2), task=task)
             resolved.append(target)
             out.append(f"{copy.group(1)}{target}{copy.group(3)}{ending}")
             continue
-        m = _FROM.match(line.rstrip("\r\n"))
+        m = _FROM.match(bare)
         if not m:
             out.append(line)
             continue
@@ -314,7 +288,6 @@ def rewrite_dockerfile(
             resolved.append(target)
         if stage:
             stages.add(stage.group(1))
-        ending = line[len(line.rstrip("\r\n")) :]
         out.append(f"{head}{flags}{target}{rest}{ending}")
         if target in PYTHON_MINOR and expanded not in stages:
             out.append(python_shim(expanded) + (ending or "\n"))
@@ -327,10 +300,7 @@ def rewrite_dockerfile(
 
 
 def python_shim(image: str) -> str:
-    """What makes a stand-in base's `python` command look like the image's: Debian's
-    /usr/bin/python (python-is-python3) is on no upstream image (`ln -s /usr/bin/python3
-    /usr/bin/python`, common in task Dockerfiles, fails on it); python:* images have
-    /usr/local/bin/python, ubuntu and debian none."""
+    """What makes a stand-in base's `python` command look like the image's."""
     name = normalize(image)
     repo = (equivalent(name) or name).partition(":")[0]
     if repo == "python":

@@ -1,21 +1,8 @@
-"""The verifier of answer tasks (math sets in the light .jsonl format, see stacx.harbor.tasks):
-normalize a final answer and compare it with the task's reference answer.
+"""The verifier of answer tasks (the light .jsonl math format): the agent's final answer, read from
+the task's `answer_path`, compared with the reference (1.0 or 0.0), in the caller's process.
+`normalize_answer` and `answers_match` are pure and never raise; no answer scores 0.0.
 
-Reward: 1.0 when the agent's answer equals the reference, else 0.0. Equality is numeric where
-both sides parse as exact rationals (integers, "1,000", "-3", "3/4", "0.75", "\\frac{3}{4}",
-"7.0", "1.5e3"; so "3/4" == "0.75" and "7" == "7.0"), otherwise it is equality of the
-normalized text (case, spaces, "$", "\\text{}", "\\left"/"\\right" dropped).
-
-Where the answer comes from: the agent writes its final answer (the content of its last
-``\\boxed{...}``) to the task's ``metadata.answer_path`` in the sandbox (stacx.agents.retool);
-`verify_answer` reads that file, so the verifier needs no Docker, no test.sh and no
-interpreter in the sandbox: it runs in the caller's process on the one file.
-
-Guarantees: `normalize_answer` and `answers_match` are pure and never raise. An agent that gave
-no answer (no file) scores 0.0 with metric ``answered = 0``: that is the agent's outcome, not an
-infrastructure failure. Limits: no symbolic algebra (``2\\sqrt{2}`` equals only itself after
-normalization, not ``\\sqrt{8}``); decimals compare exactly (``0.333`` is not ``1/3``); a
-tuple, an interval or a percentage ("50%" is not 0.5) is compared as text.
+Design: docs/tasks.md#answer-tasks
 """
 
 from __future__ import annotations
@@ -38,17 +25,10 @@ _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?$", re.IGNORECASE)
 _RATIO = re.compile(r"^([+-]?\d+)/([+-]?\d+)$")
 
 
-def unbox(text: str) -> str:
-    """`text` without a ``\\boxed{...}`` wrapping the whole of it (a reference answer written
-    boxed); finding the answer in a reply is the agent's job (stacx.agents.retool)."""
-    m = _BOXED.match(text)
-    return m.group(1) if m else text
-
-
 def normalize_answer(text: str) -> str:
-    """A canonical string for `text`: a reduced fraction ("3/4", "-2", "1000") where the answer
-    is a rational number, else the answer's text with formatting stripped (see module doc)."""
-    s = unbox(text.strip()).strip()
+    """A reduced fraction ("3/4", "-2") for a rational answer, else its text without formatting."""
+    boxed = _BOXED.match(text.strip())  # a \boxed{...} wrapping the whole of it
+    s = (boxed.group(1) if boxed else text.strip()).strip()
     s = s.replace("\u2212", "-").replace("$", "").replace("\\!", "").replace("\\,", "")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\%", "%")
     s = _TEXT.sub(r"\1", s)
@@ -81,7 +61,7 @@ def _rational(s: str) -> Fraction | None:
 
 
 def answers_match(given: str, expected: str) -> bool:
-    """Whether `given` is the same answer as `expected` (see the module docstring)."""
+    """Whether `given` is the same answer as `expected` (numerically where both are rationals)."""
     g, e = normalize_answer(given), normalize_answer(expected)
     return bool(g) and g == e
 
@@ -97,10 +77,7 @@ def is_answer_task(task: Task) -> bool:
 
 
 async def verify_answer(sandbox: Sandbox, task: Task) -> VerifierOutcome:
-    """Read the agent's final answer from the sandbox and score it against the task's.
-
-    What is infrastructure: a sandbox transport error while reading (EXEC_TRANSPORT); a task
-    without a reference answer is a TaskError (it is not an answer task)."""
+    """Score the agent's answer file; SandboxError reading it is EXEC_TRANSPORT."""
     meta = task.config.metadata
     if not is_answer_task(task):
         raise TaskError(f"{task.task_id}: not an answer task (no metadata.answer / answer_path)")

@@ -1,12 +1,7 @@
-"""Task images: a task's environment/ built to a tag named by its content hash.
+"""Task images: a task's environment/ built to `stacx/task-<id>:<16 hex>`, a hash of the aliased
+Dockerfile, the context files and the resolved bases' ids: an unchanged task is never rebuilt.
 
-The hash covers the Dockerfile after its FROM lines went through the alias map, every file of
-the build context (path, executable bit, bytes) and the image ids of the resolved bases, so an
-edit to any of them, or a rebuilt base, gives a new tag; an unchanged task is never rebuilt.
-Tags look like `stacx/task-<task id>:<16 hex>`.
-
-Builds go through the engine's build API (the classic builder: no BuildKit-only syntax such as
-`RUN --mount`). `.dockerignore` is honoured for plain patterns only (fnmatch, no `!` negation).
+Design: docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from aiodocker.types import SENTINEL
 from stacx.errors import TaskError
 from stacx.ports import Task
 from stacx.sandbox.aliases import AliasMap, python_shim, rewrite_dockerfile
-from stacx.sandbox.buildkit import needs_buildkit, trace_lines
+from stacx.sandbox.buildkit import follow, needs_buildkit
 from stacx.sandbox.heredocs import expand_heredocs
 from stacx.sandbox.images import ensure_base
 from stacx.sandbox.standins import PREFIX as STANDIN
@@ -43,9 +38,7 @@ _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.L
 
 
 class BuildOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How a context is built, as Compose's `build:` says: the Dockerfile (relative to the
-    context; it goes into the context rewritten under the same name), `--build-arg`s (they also
-    expand `${ARG}` in FROM lines) and the target stage (None: the last)."""
+    """A compose `build:`: Dockerfile (relative to the context), build args, target (None: last)."""
 
     dockerfile: str = "Dockerfile"
     args: dict[str, str] = msgspec.field(default_factory=dict)
@@ -98,8 +91,7 @@ async def plan(
     variant: str = "",
     options: BuildOptions = PLAIN,
 ) -> tuple[str, str, list[Path]]:
-    """The tag to build, the rewritten Dockerfile and the context files (no build yet).
-    `env_dir`: another build context than the task's environment/ (a separate verifier's)."""
+    """The tag, the rewritten Dockerfile and the context files; `env_dir`: another build context."""
     env_dir = env_dir or task.environment_dir
     dockerfile = env_dir / options.dockerfile
     plain, _ = expand_heredocs(dockerfile.read_text(), task=task.task_id)
@@ -126,16 +118,14 @@ async def plan(
 async def local_image(
     docker: aiodocker.Docker, aliases: AliasMap, image: str, *, task: str = "?"
 ) -> str:
-    """The local image standing for `image` (the alias map's answer), a STACX base or an
-    offline stand-in built first when that is what it is (stacx.sandbox.standins)."""
+    """The local image standing for `image`, a STACX base or stand-in built first if needed."""
     target = aliases.resolve(image, task=task)
     await _ensure(docker, aliases, target, task)
     return target
 
 
 async def _ensure(docker: aiodocker.Docker, aliases: AliasMap, target: str, task: str) -> None:
-    """Build `target` when it is a STACX base or stand-in that the engine lacks (its progress
-    goes to stderr: stacx.sandbox.images.ensure_base)."""
+    """Build `target` when it is a STACX base or stand-in that the engine lacks."""
     if target.startswith(STANDIN):
         base = standin_base(target)
         on = None if base is None else aliases.resolve(base, task=task)
@@ -148,8 +138,7 @@ async def _ensure(docker: aiodocker.Docker, aliases: AliasMap, target: str, task
 
 
 def _context_tar(env_dir: Path, dockerfile: str, files: list[Path], name: str) -> bytes:
-    """The build context: the rewritten Dockerfile (as `name`), the heredoc bodies it now
-    copies in (stacx.sandbox.heredocs), and the context files."""
+    """The build context: the rewritten Dockerfile (as `name`), its heredoc files, the rest."""
     buf = io.BytesIO()
     _, heredocs = expand_heredocs((env_dir / name).read_text())
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
@@ -170,8 +159,7 @@ def _build(
     dockerfile: str,
     options: BuildOptions = PLAIN,
 ) -> AsyncIterator[dict[str, object]]:
-    """The engine's build stream: BuildKit (API version 2) when the Dockerfile needs it
-    (stacx.sandbox.buildkit), the classic builder otherwise."""
+    """The engine's build stream: BuildKit when the Dockerfile needs it, else classic."""
     labels = {"stacx.task": task_id}
     # aiodocker's build() has no `version` or `target` parameter: the engine's request itself
     params = {
@@ -198,22 +186,6 @@ def _build(
     return handled
 
 
-async def _follow(chunks: AsyncIterator[dict[str, object]], task_id: str, lines: list[str]) -> None:
-    """Read a build's progress to its end, its log's last 60 lines kept in `lines`; TaskError
-    on the build's error."""
-    async for chunk in chunks:
-        if "stream" in chunk:
-            lines.extend(str(chunk["stream"]).splitlines())
-            del lines[:-60]
-        if chunk.get("id") == "moby.buildkit.trace":
-            lines.extend(trace_lines(str(chunk.get("aux") or "")))
-            del lines[:-60]
-        if "error" in chunk:
-            raise TaskError(
-                f"task {task_id}: image build failed: {chunk['error']}\n" + "\n".join(lines[-30:])
-            )
-
-
 async def build_task_image(
     task: Task,
     docker: aiodocker.Docker,
@@ -226,11 +198,9 @@ async def build_task_image(
     variant: str = "",
     options: BuildOptions = PLAIN,
 ) -> str:
-    """The task's image tag, built if missing (or if `force`). TaskError names the task and
-    carries the build log's tail when the build fails or passes environment.build_timeout_sec.
-    `env_dir` / `docker_image`: another image of the task (a separate verifier's, a compose
-    service's; named stacx/task-<id>-<variant>), its build context / prebuilt image;
-    `options`: the Dockerfile, args and target of a compose service's `build:`."""
+    """The task's image tag, built if missing (or `force`); TaskError with the log's tail on
+    failure. `env_dir` / `docker_image` / `options`: another image of the task
+    (stacx/task-<id>-<variant>)."""
     aliases = aliases or AliasMap.from_env()
     env_dir = env_dir or task.environment_dir
     if not (env_dir / options.dockerfile).is_file():
@@ -254,15 +224,10 @@ async def build_task_image(
         try:
             async with asyncio.timeout(task.config.environment.build_timeout_sec):
                 chunks = _build(docker, context, tag, task.task_id, dockerfile, options)
-                await _follow(chunks, task.task_id, lines)
+                await follow(chunks, f"task {task.task_id}: image build failed", lines)
         except TimeoutError as exc:
             raise TaskError(
                 f"task {task.task_id}: image build passed environment.build_timeout_sec="
                 f"{task.config.environment.build_timeout_sec:g}\n" + "\n".join(lines[-30:])
-            ) from exc
-        except aiodocker.DockerError as exc:
-            # aiodocker raises the build's in-band error itself: keep the lines seen so far
-            raise TaskError(
-                f"task {task.task_id}: image build failed: {exc}\n" + "\n".join(lines[-30:])
             ) from exc
     return tag

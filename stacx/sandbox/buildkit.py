@@ -1,19 +1,19 @@
-"""BuildKit through the Docker API (``POST /build?version=2``), for the Dockerfiles that need it.
+"""BuildKit through the Docker API (``POST /build?version=2``) for the Dockerfiles that need it, a
+minimal protobuf reader of its progress, and `follow`: any build read to its end, so that a failed
+build keeps its log.
 
-The engine here (20.10) runs BuildKit without buildx when asked through the API, offline, with
-its built-in Dockerfile frontend: that gives ``RUN --mount``, ``COPY --chmod`` / ``--link``,
-but not heredocs (stacx.sandbox.heredocs rewrites those for either builder). Everything else
-keeps the classic builder, whose cache the existing task images were built with.
-
-BuildKit reports progress as ``moby.buildkit.trace`` messages: base64 protobuf
-``StatusResponse`` records. `trace_lines` reads the parts a failure log needs (step names,
-their output, their errors) with a minimal protobuf reader, so a failed build's log is kept.
+Design: docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations
 
 import base64
 import re
+from collections.abc import AsyncIterator
+
+import aiodocker
+
+from stacx.errors import TaskError
 
 _NEEDS = re.compile(r"^\s*(RUN|COPY|ADD)\s+(?:--\S+\s+)*--(mount|chmod|link)\b", re.I | re.M)
 
@@ -21,6 +21,22 @@ _NEEDS = re.compile(r"^\s*(RUN|COPY|ADD)\s+(?:--\S+\s+)*--(mount|chmod|link)\b",
 def needs_buildkit(dockerfile: str) -> bool:
     """Whether the Dockerfile uses flags only BuildKit knows (RUN --mount, COPY --chmod)."""
     return _NEEDS.search(dockerfile) is not None
+
+
+async def follow(chunks: AsyncIterator[dict[str, object]], what: str, lines: list[str]) -> None:
+    """Read a build's progress to its end (its last 60 lines in `lines`); on its error (or the
+    engine's), TaskError `what: error` with the last 30 lines."""
+    try:
+        async for chunk in chunks:
+            if "stream" in chunk:
+                lines.extend(str(chunk["stream"]).splitlines())
+            if chunk.get("id") == "moby.buildkit.trace":
+                lines.extend(trace_lines(str(chunk.get("aux") or "")))
+            del lines[:-60]
+            if "error" in chunk:
+                raise TaskError(f"{what}: {chunk['error']}\n" + "\n".join(lines[-30:]))
+    except aiodocker.DockerError as exc:  # also the build's in-band error, raised by aiodocker
+        raise TaskError(f"{what}: {exc}\n" + "\n".join(lines[-30:])) from exc
 
 
 def _fields(data: bytes) -> list[tuple[int, int | bytes]]:

@@ -1,10 +1,6 @@
-"""Kernel counters of a container's cgroups: OOM kills and refused forks (pids limit hits).
-
-Read from the host when the engine is local (a file read per exec: microseconds), located
-through /proc/<container init pid>/cgroup, for cgroup v1 (memory.oom_control `oom_kill`,
-pids.events `max`) and v2 (memory.events `oom_kill`, pids.events `max`). When the files cannot
-be seen (a remote engine, another mount namespace), `Counters.read` returns None and the
-caller falls back to reading the same files inside the container.
+"""A container's OOM-kill and pids-limit counters, read from its cgroup files on the host (v1 or v2,
+found through its init pid). Where they cannot be seen (a remote engine), `Counters.read` returns
+None and the caller reads the same files inside the container.
 """
 
 from __future__ import annotations

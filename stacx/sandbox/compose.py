@@ -1,33 +1,32 @@
-"""Harbor's `environment/docker-compose.yaml`, run through the Docker API (no compose binary).
+"""A task's docker-compose.yaml run through the Docker API: `main` is the episode's sandbox, every
+other service a sidecar on a per-episode internal network, started in ``depends_on`` order. Sidecars
+never reach the internet nor the host; named volumes are removed with the episode.
 
-The agent works in the `main` service, the episode's sandbox; every other service is a sidecar
-on a per-episode internal network, started in ``depends_on`` order. Guarantees: sidecars never
-reach the internet nor the host; named volumes are the episode's and removed with it; a key or
-volume form not honoured is reported or refused when the task loads, never silently dropped.
-
-Specification: docs/tasks.md#running-a-compose-file
+Design: docs/tasks.md#running-a-compose-file
 """
 
 from __future__ import annotations
 
 import asyncio
+import graphlib
 import time
 
 import aiodocker
 from aiodocker.containers import DockerContainer
+from aiodocker.networks import DockerNetwork
 from aiodocker.types import JSONValue
 from aiodocker.volumes import DockerVolume
 
 from stacx.errors import SandboxError, TaskError
 from stacx.harbor.compose_load import FILES, MAIN, Mount, Service, compose_file, load_compose
+from stacx.sandbox.docker import delete
 from stacx.sandbox.privileges import security_options
 
 __all__ = ["FILES", "MAIN", "Mount", "Service", "compose_file", "load_compose"]
 
 
 def binds(service: Service, volumes: dict[str, str]) -> dict[str, str]:
-    """Docker's Binds for the service, as source -> target[:ro] (the form of Limits.mounts),
-    its named volumes by their episode's Docker names (`volumes`: compose name -> Docker name)."""
+    """Docker's Binds for the service (source -> target[:ro]), named volumes by Docker name."""
     return {
         (volumes[m.source] if m.volume else m.source): m.target + (":ro" if m.read_only else "")
         for m in service.mounts
@@ -36,22 +35,14 @@ def binds(service: Service, volumes: dict[str, str]) -> dict[str, str]:
 
 def start_order(services: dict[str, Service]) -> list[str]:
     """The sidecars, each after what it depends on (a cycle is a TaskError)."""
-    order: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in order or name == MAIN:
-            return
-        if name in visiting:
-            raise TaskError(f"docker-compose.yaml: depends_on cycle through {name!r}")
-        visiting.add(name)
-        for dep in services[name].depends_on:
-            visit(dep)
-        order.append(name)
-
-    for name in services:
-        visit(name)
-    return order
+    graph = {name: [d for d in s.depends_on if d != MAIN] for name, s in services.items()}
+    graph.pop(MAIN, None)
+    try:
+        return list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise TaskError(
+            f"docker-compose.yaml: depends_on cycle through {exc.args[1][0]!r}"
+        ) from exc
 
 
 class Sidecars:
@@ -70,8 +61,7 @@ class Sidecars:
         timeout_s: float,
         volumes: dict[str, str] | None = None,
     ) -> None:
-        """Start `service` once what it depends on is ready; `volumes` maps its named volumes
-        to the episode's Docker volumes (create_volumes)."""
+        """Start `service` once its dependencies are ready; `volumes`: compose name -> Docker's."""
         for dep, condition in service.depends_on.items():
             await self.wait(dep, condition, timeout_s)
         config: dict[str, JSONValue] = {
@@ -113,14 +103,9 @@ class Sidecars:
                 return
             if condition == "service_healthy" and health == "healthy":
                 return
-            if condition == "service_completed_successfully" and state.get("Status") == "exited":
-                if state.get("ExitCode") == 0:
+            if state.get("Status") == "exited":
+                if condition == "service_completed_successfully" and state.get("ExitCode") == 0:
                     return
-                raise SandboxError(
-                    f"compose service {name} exited {state.get('ExitCode')}: "
-                    f"{await self._log(container)}"
-                )
-            if state.get("Status") == "exited" and condition != "service_completed_successfully":
                 raise SandboxError(
                     f"compose service {name} exited {state.get('ExitCode')}: "
                     f"{await self._log(container)}"
@@ -141,26 +126,35 @@ class Sidecars:
 
     async def close(self) -> None:
         for container in self.containers.values():
-            try:
-                await container.delete(force=True, v=True)
-            except aiodocker.DockerError as exc:
-                if exc.status != 404:
-                    raise SandboxError(f"cannot remove a compose service: {exc}") from exc
+            removal = container.delete(force=True, v=True)
+            await delete(removal, 404, what="cannot remove a compose service")
         await remove_network(self.docker, self.network)
 
 
+async def internal_network(
+    docker: aiodocker.Docker, name: str, labels: dict[str, str]
+) -> DockerNetwork:
+    """A per-episode network whose members reach each other and nothing else."""
+    # Internal alone still routes to the host's own addresses (the bridge's gateway IP, where any
+    # host service listening on 0.0.0.0 answers); with no IPv4 address on the bridge, nothing.
+    return await docker.networks.create(
+        {
+            "Name": name,
+            "Internal": True,
+            "Labels": labels,
+            "CheckDuplicate": True,
+            "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+        }
+    )
+
+
 async def remove_network(docker: aiodocker.Docker, name: str) -> None:
-    """Remove a per-episode network, first detaching what is still on it (the pool removes
-    the episode's sandbox in the background, so it may not be gone yet). Gone already: fine."""
+    """Remove a per-episode network, detaching what is still on it first; gone already is fine."""
     for attempt in range(20):  # a container being removed can re-appear as an endpoint
         try:
             network = await docker.networks.get(name)
             for container_id in (await network.show()).get("Containers") or {}:
-                try:
-                    await network.disconnect({"Container": container_id, "Force": True})
-                except aiodocker.DockerError as exc:
-                    if exc.status != 404:
-                        raise
+                await delete(network.disconnect({"Container": container_id, "Force": True}), 404)
             await network.delete()
             return
         except aiodocker.DockerError as exc:
@@ -174,8 +168,7 @@ async def remove_network(docker: aiodocker.Docker, name: str) -> None:
 async def create_volumes(
     docker: aiodocker.Docker, services: dict[str, Service], prefix: str, labels: dict[str, str]
 ) -> dict[str, str]:
-    """One Docker volume per named volume the services mount (compose name -> Docker name,
-    `<prefix>-<name>`), labeled with the episode's owner (SandboxError if Docker refuses)."""
+    """One Docker volume per named volume (compose name -> `<prefix>-<name>`), with owner labels."""
     made: dict[str, str] = {}
     try:
         for name in sorted({m.source for s in services.values() for m in s.mounts if m.volume}):
@@ -188,8 +181,7 @@ async def create_volumes(
 
 
 async def remove_volumes(docker: aiodocker.Docker, names: list[str]) -> None:
-    """Remove an episode's volumes once its containers are gone (a container being removed can
-    hold one a moment longer: retried). Gone already: fine."""
+    """Remove an episode's volumes once its containers are gone (retried); gone already is fine."""
     for name in names:
         for attempt in range(20):
             try:

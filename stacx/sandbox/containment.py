@@ -1,13 +1,12 @@
-"""How the process sandbox contains one host command (stacx.sandbox.process): what this machine
-allows (mount and network namespaces, probed once per process: a real spawner set up in a
-namespace and chroot), the sandbox root whose mountpoints the spawner binds the host's top level
-onto, and the rlimits each command applies to itself between fork and exec.
+"""How the process sandbox contains a command: what this machine allows (namespaces, probed once),
+the sandbox root, and the rlimits each command applies to itself. Not a security boundary.
 
-Limits: as stacx.sandbox.process says, none of this is a security boundary.
+Design: docs/sandboxes.md#the-process-backend
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
@@ -37,18 +36,13 @@ class Probe:
     net: bool  # a network namespace can be made
 
 
-_probe: Probe | None = None
-
-
 def is_root() -> bool:
     return os.geteuid() == 0
 
 
+@functools.cache
 def isolation() -> Probe:
     """What this machine allows, probed once per process (a real namespace + chroot run)."""
-    global _probe
-    if _probe is not None:
-        return _probe
     base = ("unshare",) if is_root() else ("unshare", "--user", "--map-root-user")
     ok = shutil.which("unshare") is not None
     probe: Probe | None = None
@@ -70,7 +64,6 @@ def isolation() -> Probe:
         )
     if not probe.net:
         log.warning("process sandbox: no network namespace here; commands reach the network")
-    _probe = probe
     return probe
 
 
@@ -83,8 +76,7 @@ def quiet(argv: list[str]) -> bool:
 
 
 def prepare_root(root: Path, mapped: tuple[str, ...]) -> list[str]:
-    """Mirror the host's top level in `root`: symlinks copied, dirs made as mountpoints
-    (returned, for the setup script to bind), `mapped` names left to the sandbox."""
+    """Mirror the host's top level in `root`: symlinks copied, mountpoint dirs made and returned."""
     binds = []
     for entry in sorted(os.scandir("/"), key=lambda e: e.name):
         target = root / entry.name
@@ -99,8 +91,7 @@ def prepare_root(root: Path, mapped: tuple[str, ...]) -> list[str]:
 
 
 def rlimits(limits: Limits, cpu_seconds: float | None) -> list[tuple[int, int, int]]:
-    """A command's rlimits as (resource, soft, hard), applied by the command itself (the
-    spawner's child, between fork and exec): address space, open files, processes, CPU."""
+    """A command's (resource, soft, hard) rlimits, applied by itself between fork and exec."""
     memory = limits.memory_mb << 20
     out = [
         (resource.RLIMIT_AS, memory, memory),

@@ -1,13 +1,8 @@
-"""The Docker backend of the Sandbox protocol, through aiodocker.
+"""The Docker backend of the Sandbox port (aiodocker): one container per sandbox, `docker exec`. A
+timed-out or flooding command is killed with its process group and the sandbox stays usable; output
+is capped; containers carry owner labels for `stacx sandbox gc`. Not a security boundary.
 
-Each sandbox is one container started with `sleep infinity` under Docker's init, with the task's
-limits and least privilege (stacx.sandbox.privileges); commands run with `docker exec`.
-Guarantees: a timed-out or flooding command is killed with its process group and the sandbox
-stays usable; captured output is capped; `oom_killed` / `pids_limited` come from the cgroup's
-counters; containers carry owner labels so `stacx sandbox gc` can remove orphans. Not a security
-boundary against a determined attacker.
-
-Specification: docs/sandboxes.md#the-docker-backend
+Design: docs/sandboxes.md#the-docker-backend
 """
 
 from __future__ import annotations
@@ -17,9 +12,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import aiodocker
@@ -31,23 +25,14 @@ from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.archive import log_dirs_tar, tar_directory, tar_files
 from stacx.sandbox.cgroups import IN_CONTAINER_PROBE, Counters, Snapshot, parse_counters
-from stacx.sandbox.output import OutputCapture
+from stacx.sandbox.output import KILL_GRACE_S, OutputCapture, OutputLimits, exec_result
 from stacx.sandbox.privileges import check_runtime, read_only_mounts, security_options
 from stacx.sandbox.public_net import ensure_public_network, public_network
 
 LABEL = "stacx"
 RUNTIME_ENV = "STACX_SANDBOX_RUNTIME"
-DEFAULT_OUTPUT_LIMIT = 1 << 20
-# Draining docker's exec stream runs at tens of MB/s here; past this many bytes a command is
-# killed rather than drained, so a flood costs seconds, not minutes.
-DEFAULT_FLOOD_LIMIT = 64 << 20
-KILL_GRACE_S = 2.0  # TERM, then KILL this much later (coreutils timeout -k)
 DEADLINE_GRACE_S = 8.0  # the host stops waiting this long after the in-container KILL
-LOG_DIRS = (
-    "/logs/verifier",
-    "/logs/agent",
-    "/logs/artifacts",
-)  # artifacts: Harbor's convention dir
+LOG_DIRS = ("/logs/verifier", "/logs/agent", "/logs/artifacts")  # artifacts: Harbor's convention
 
 
 def owner_labels(run_id: str, episode_id: str | None = None) -> dict[str, str]:
@@ -63,6 +48,19 @@ def owner_labels(run_id: str, episode_id: str | None = None) -> dict[str, str]:
     }
 
 
+async def delete(removal: Awaitable[object], *gone: int, what: str = "") -> None:
+    """Await a removal; a DockerError of a `gone` status (404: gone; 409: in use, or its removal
+    already in progress) is none; another is SandboxError `what: error` (as it is, no `what`)."""
+    try:
+        await removal
+    except aiodocker.DockerError as exc:
+        if exc.status in gone:
+            return
+        if what:
+            raise SandboxError(f"{what}: {exc}") from exc
+        raise
+
+
 def process_start_time(pid: int) -> str:
     """The process's start time in clock ticks since boot ("" if unknown): guards pid reuse."""
     try:
@@ -76,6 +74,9 @@ def container_config(
     image: str, limits: Limits, labels: dict[str, str], runtime: str = ""
 ) -> dict[str, JSONValue]:
     """The create body of a sandbox container; `runtime` "": $STACX_SANDBOX_RUNTIME or runc."""
+    runtime = runtime or check_runtime(
+        os.environ.get(RUNTIME_ENV) or "runc", where=f"${RUNTIME_ENV}"
+    )
     host: dict[str, JSONValue] = {
         "NanoCpus": int(limits.cpus * 1e9),
         "Memory": limits.memory_mb << 20,
@@ -83,11 +84,13 @@ def container_config(
         "PidsLimit": limits.pids,
         "NetworkMode": public_network() if limits.allow_internet else "none",
         "Init": True,
-        **security_options(limits, runtime or sandbox_runtime()),
+        **security_options(limits, runtime),
     }
     if limits.read_only_root:
         host["Mounts"] = read_only_mounts()
-    if limits.storage_mb and _storage_quota_supported():
+    # overlay2 quotas need xfs with pquota; docker refuses StorageOpt elsewhere, so only opt in
+    # when told to (STACX_STORAGE_QUOTA=1) on a host known to support it
+    if limits.storage_mb and os.environ.get("STACX_STORAGE_QUOTA") == "1":
         host["StorageOpt"] = {"size": f"{limits.storage_mb}M"}
     if limits.mounts:  # the one way out of a network=none scaffold container: its socket dir
         host["Binds"] = [f"{src}:{dst}" for src, dst in limits.mounts.items()]
@@ -106,21 +109,8 @@ def container_config(
     }
 
 
-def sandbox_runtime() -> str:
-    """The OCI runtime of sandbox containers: $STACX_SANDBOX_RUNTIME (`runc`, Docker's default,
-    or `runsc`, gVisor, where installed and registered with the Docker daemon)."""
-    return check_runtime(os.environ.get(RUNTIME_ENV) or "runc", where=f"${RUNTIME_ENV}")
-
-
-def _storage_quota_supported() -> bool:
-    # overlay2 quotas need xfs with pquota; docker refuses StorageOpt elsewhere, so only opt in
-    # when told to (STACX_STORAGE_QUOTA=1) on a host known to support it.
-    return os.environ.get("STACX_STORAGE_QUOTA") == "1"
-
-
-class DockerSandbox:
-    """One container. Create with `await DockerSandbox.start(...)` or use as an async context
-    manager (started on enter, removed on exit). `close()` is idempotent."""
+class DockerSandbox(OutputLimits):
+    """One container: `await DockerSandbox.start(...)` or `async with`; `close()` is idempotent."""
 
     def __init__(
         self,
@@ -130,8 +120,6 @@ class DockerSandbox:
         *,
         run_id: str = "",
         episode_id: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-        flood_limit: int = DEFAULT_FLOOD_LIMIT,
         owns_docker: bool = False,
         runtime: str = "",
     ) -> None:
@@ -140,8 +128,6 @@ class DockerSandbox:
         self.limits = limits
         self.run_id = run_id
         self.episode_id = episode_id
-        self.output_limit = output_limit
-        self.flood_limit = flood_limit
         self.runtime = runtime  # the OCI runtime; "": $STACX_SANDBOX_RUNTIME or runc
         self.id = ""
         self.name = f"stacx-{new_id()[:16]}"
@@ -162,8 +148,6 @@ class DockerSandbox:
         docker: aiodocker.Docker | None = None,
         run_id: str = "",
         episode_id: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-        flood_limit: int = DEFAULT_FLOOD_LIMIT,
     ) -> DockerSandbox:
         """Create and start a sandbox (a client is opened, and later closed, if none is given)."""
         sandbox = cls(
@@ -172,8 +156,6 @@ class DockerSandbox:
             limits or Limits(),
             run_id=run_id,
             episode_id=episode_id,
-            output_limit=output_limit,
-            flood_limit=flood_limit,
             owns_docker=docker is None,
         )
         await sandbox.start()
@@ -191,21 +173,21 @@ class DockerSandbox:
                 container_config(self.image, self.limits, labels, self.runtime), name=self.name
             )
             self.id = self._container.id
-            # Before start, through the archive API: no exec needed.
-            if self.limits.read_only_root:  # "/" refuses writes; /logs is a volume
-                await self._container.put_archive("/logs", log_dirs_tar(LOG_DIRS, under_logs=True))
-            else:
-                await self._container.put_archive("/", log_dirs_tar(LOG_DIRS))
+            # Before start, through the archive API: no exec needed (a read-only "/" refuses
+            # writes; /logs is a volume then).
+            ro = self.limits.read_only_root
+            logs = log_dirs_tar(LOG_DIRS, under_logs=ro)
+            await self._container.put_archive("/logs" if ro else "/", logs)
             await self._container.start()
             shown = await self._container.show()
-            if not (shown.get("State") or {}).get("Running"):
+            state = shown.get("State") or {}
+            if not state.get("Running"):
                 raise SandboxError(
                     f"the container of image {self.image} exited at start (its ENTRYPOINT, "
-                    f"exit code {(shown.get('State') or {}).get('ExitCode')}): "
+                    f"exit code {state.get('ExitCode')}): "
                     f"{''.join(await self._container.log(stdout=True, stderr=True))[-1000:]}"
                 )
             self.workdir = str((shown.get("Config") or {}).get("WorkingDir") or "")
-            state = shown.get("State", {})
             self._counters = Counters.for_pid(int(state.get("Pid") or 0))
             self._snapshot = self._counters.read() or Snapshot()
         except aiodocker.DockerError as exc:
@@ -236,12 +218,7 @@ class DockerSandbox:
             await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     @property
@@ -259,8 +236,7 @@ class DockerSandbox:
         user: str | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        """Run a command (a str runs under `bash -c`); never raises for the command's own
-        failure, only SandboxError when the container cannot be reached."""
+        """Run a command (a str under `bash -c`); SandboxError only if the container is gone."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if timeout is not None:
             # `timeout` signals the command's whole process group on expiry, from inside, even
@@ -273,31 +249,41 @@ class DockerSandbox:
         info, finished, flooded = await self._stream(argv, env, user, cwd, deadline, out, err)
         duration_ms = (time.perf_counter() - t0) * 1000
         if not finished and info.get("Running"):
-            self._kill_host_pid(info.get("Pid"))
+            await self._kill_group(info.get("Pid"))
         exit_code: int | None = None if info.get("Running") else info.get("ExitCode")
+        if exit_code == 126 and not info.get("Pid") and await self._stopped():
+            # the runtime could not enter the container (its init is gone: "setns ... exit
+            # status 1"): the command never ran, the sandbox is lost
+            raise SandboxError(
+                f"exec in sandbox {self.name} failed: the container stopped "
+                f"({err.text()[0].strip()[:300]})"
+            )
         timed_out = not finished or (
             timeout is not None and exit_code in (124, 137) and duration_ms >= timeout * 1000 * 0.99
         )
         oom, pids = await self._limits_hit(info.get("Pid"), abnormal=exit_code != 0)
-        if timed_out:
-            exit_code = None
-        if flooded:
-            err.feed(
-                f"\n[stacx: output flood: the command was killed after printing more than "
-                f"{self.flood_limit} bytes]\n".encode()
-            )
-        stdout, t1 = out.text()
-        stderr, t2 = err.text()
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
+        return exec_result(
+            out,
+            err,
+            exit_code=None if timed_out else exit_code,
             timed_out=timed_out,
             duration_ms=duration_ms,
-            truncated=t1 or t2 or flooded,
             oom_killed=oom,
             pids_limited=pids,
+            flood_limit=self.flood_limit if flooded else None,
         )
+
+    async def _stopped(self, wait_s: float = 2.0) -> bool:
+        """Whether the container has stopped, or stops within `wait_s` (one that is dying)."""
+        for _ in range(int(wait_s / 0.2) + 1):
+            try:
+                state = (await self.container.show()).get("State") or {}
+            except aiodocker.DockerError:
+                return True
+            if not state.get("Running"):
+                return True
+            await asyncio.sleep(0.2)
+        return False
 
     async def _stream(
         self,
@@ -309,9 +295,7 @@ class DockerSandbox:
         out: OutputCapture,
         err: OutputCapture,
     ) -> tuple[dict[str, Any], bool, bool]:
-        """Run `argv` in the container, capturing its output until it ends or `deadline`
-        passes; (the exec's inspect info, whether it ended in time, whether it flooded: then
-        its process group was killed from the host)."""
+        """Run `argv` until it ends or `deadline`: (inspect info, ended in time, flooded)."""
         flooded = False
         try:
             execution = await self.container.exec(
@@ -325,7 +309,7 @@ class DockerSandbox:
                             (out if msg.stream == 1 else err).feed(msg.data)
                             if not flooded and out.total + err.total > self.flood_limit:
                                 flooded = True
-                                self._kill_host_pid((await execution.inspect()).get("Pid"))
+                                await self._kill_group((await execution.inspect()).get("Pid"))
                 except TimeoutError:
                     finished = False
             info: dict[str, Any] = await execution.inspect()
@@ -334,41 +318,31 @@ class DockerSandbox:
         return info, finished, flooded
 
     async def set_network(self, public: bool) -> None:
-        """Give the container a route out (stacx.sandbox.public_net) or none (loopback only), for
-        a phase whose network policy differs from the one it started with. A sandbox started
-        with no network at all (network=none) cannot be given one: SandboxError."""
+        """A route out (public_net) or loopback only; SandboxError if started with network=none."""
+        if public:
+            await ensure_public_network(self.docker)
+        await self.attach(public_network(), public)
+
+    async def attach(self, network: str, on: bool) -> None:
+        """Join `network` (`on`) or leave it; SandboxError if started with network=none (an
+        installed scaffold's sandbox: never a route out)."""
         try:
             attached = (await self.container.show())["NetworkSettings"]["Networks"] or {}
             if "none" in attached:
-                if public:
+                if on:
                     raise SandboxError(f"sandbox {self.name} was started with network=none")
                 return
-            name = public_network()
-            if public and name not in attached:
-                await ensure_public_network(self.docker)
-                await (await self.docker.networks.get(name)).connect({"Container": self.id})
-            elif not public and name in attached:
-                await (await self.docker.networks.get(name)).disconnect(
-                    {"Container": self.id, "Force": True}
-                )
+            if on != (network in attached):
+                net = await self.docker.networks.get(network)
+                if on:
+                    await net.connect({"Container": self.id})
+                else:
+                    await net.disconnect({"Container": self.id, "Force": True})
         except aiodocker.DockerError as exc:
             raise SandboxError(f"network switch of sandbox {self.name}: {exc}") from exc
 
-    def _kill_host_pid(self, pid: object) -> None:
-        # The exec outlived even `timeout -k`: kill its process group from the host when the
-        # engine is local (we can see its pids); otherwise it is left for close().
-        if isinstance(pid, int) and pid > 0:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
     async def _limits_hit(self, pid: object, *, abnormal: bool) -> tuple[bool, bool]:
-        """(OOM killer fired, a fork was refused by the pids limit) since the last exec.
-
-        A command that hit the pids limit is killed with its process group: a fork bomb's
-        background children would otherwise hold every pid and leave the sandbox unusable.
-        """
+        """(OOM killer fired, a fork refused) since the last exec; a pids hit kills the group."""
         now = self._counters.read() if self._counters is not None else None
         if now is None:
             if not abnormal:  # the in-container probe costs an exec: only when it may matter
@@ -378,22 +352,24 @@ class DockerSandbox:
         oom = now.oom_kill > before.oom_kill
         pids = now.pids_max > before.pids_max
         if pids:
-            await self._kill_group_until_gone(pid)
+            await self._kill_group(pid, within_s=2.0)
         return oom, pids
 
-    async def _kill_group_until_gone(self, pid: object, *, within_s: float = 2.0) -> None:
-        # One killpg can miss a fork bomb's children forked while the signal is delivered:
-        # signal the group again until no member is left (or `within_s` has passed: zombies
-        # not yet reaped keep the group alive).
+    async def _kill_group(self, pid: object, *, within_s: float = 0.0) -> None:
+        # An exec that outlived even `timeout -k`, flooded, or forked past the pids limit: its
+        # process group is killed from the host when the engine is local (we see its pids; else
+        # it is left for close()). One killpg can miss a fork bomb's children forked while the
+        # signal is delivered: the group is signalled again until no member is left, or until
+        # `within_s` has passed (zombies not yet reaped keep the group alive).
         if not isinstance(pid, int) or pid <= 0:
             return
         deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
+        while True:
             try:
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
             except OSError:
+                return
+            if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.01)
 
@@ -438,26 +414,20 @@ class DockerSandbox:
         await self._put(remote_dir, lambda prefix: tar_directory(local_dir, prefix))
 
     async def _put(self, remote_dir: str, make_tar: Callable[[str], bytes]) -> None:
-        """Extract `make_tar("")` into `remote_dir`. A missing `remote_dir` is created by
-        extracting `make_tar(<its name>)` into its parent (one call, no exec), or, if the
-        parent is missing too, by `mkdir -p`. An existing directory is never a tar entry, so
-        its mode (say /tmp's 1777) is never reset."""
+        """Extract `make_tar("")` into `remote_dir`, made if missing (existing dirs keep modes)."""
         remote_dir = remote_dir.rstrip("/") or "/"
+        parent, name = os.path.split(remote_dir)
         try:
-            try:
-                await self.container.put_archive(remote_dir, await asyncio.to_thread(make_tar, ""))
-                return
-            except aiodocker.DockerError as exc:
-                if exc.status != 404:
-                    raise
-            parent, name = os.path.split(remote_dir)
-            try:
-                tar = await asyncio.to_thread(make_tar, name)
-                await self.container.put_archive(parent or "/", tar)
-                return
-            except aiodocker.DockerError as exc:
-                if exc.status != 404:
-                    raise
+            # into the directory; else as a new entry of its parent; else after a mkdir -p
+            for into, prefix in ((remote_dir, ""), (parent or "/", name)):
+                try:
+                    await self.container.put_archive(
+                        into, await asyncio.to_thread(make_tar, prefix)
+                    )
+                    return
+                except aiodocker.DockerError as exc:
+                    if exc.status != 404:
+                        raise
             made = await self.exec(["mkdir", "-p", remote_dir])
             if made.exit_code != 0:
                 raise SandboxError(f"mkdir {remote_dir} in sandbox {self.name}: {made.stderr}")
@@ -466,17 +436,13 @@ class DockerSandbox:
             raise SandboxError(f"upload to {remote_dir} in sandbox {self.name}: {exc}") from exc
 
     async def close(self) -> None:
-        """Remove the container (force) and, if owned, the client. Idempotent; never raises
-        for a container that is already gone."""
+        """Remove the container and an owned client; idempotent."""
         if self._closed:
             return
         self._closed = True
         if self._container is not None:
-            try:
-                await self._container.delete(force=True, v=True)
-            except aiodocker.DockerError as exc:
-                if exc.status not in (404, 409):  # gone, or removal already in progress
-                    raise SandboxError(f"cannot remove sandbox {self.name}: {exc}") from exc
+            removal = self._container.delete(force=True, v=True)
+            await delete(removal, 404, 409, what=f"cannot remove sandbox {self.name}")
         if self._owns_docker:
             await self.docker.close()
 

@@ -1,20 +1,8 @@
-"""`network_mode = "allowlist"` on Docker: egress only to the task's `allowed_hosts`.
+"""`network_mode = "allowlist"` on Docker: per episode, an internal network and a proxy sidecar
+(stacx.sandbox.egress_proxy) that is the sandbox's only way out, to the task's `allowed_hosts`; both
+carry owner labels and are removed with the episode.
 
-Per episode, an internal network (no route out, no DNS for outside names) and on it a
-sidecar from the base image running the filtering forward proxy (stacx.sandbox.egress_proxy),
-itself also on the default bridge. The sandbox joins the internal network for its allowlist
-phases and finds the proxy through HTTP_PROXY / HTTPS_PROXY (and the lower-case names), set in
-its environment when it starts; NO_PROXY covers localhost only. The network and the sidecar
-carry the episode's owner labels (`stacx sandbox gc` removes them once the owner is gone) and
-are removed with the episode.
-
-Guarantees: the sandbox has no other way out in an allowlist phase: its only interface besides
-loopback is the internal network, whose only reachable peer that forwards is the proxy, which
-refuses (403) every host not listed; the host itself is not reachable either (the network's
-bridge has no IPv4 address, where a plain internal network routes to the host's addresses). Limits: clients that ignore the proxy variables reach
-nothing; the proxy variables stay set in the sandbox's other (no-network) phases, where they
-lead nowhere. An allowlist phase next to a public one is refused when the task loads
-(stacx.harbor.tasks), as the variables cannot change in a running container.
+Design: docs/tasks.md#network-allowlists
 """
 
 from __future__ import annotations
@@ -28,7 +16,8 @@ import aiodocker
 from aiodocker.containers import DockerContainer
 
 from stacx.errors import SandboxError
-from stacx.sandbox.compose import remove_network
+from stacx.sandbox.compose import internal_network, remove_network
+from stacx.sandbox.docker import delete
 from stacx.sandbox.egress_proxy import PORT
 from stacx.sandbox.images import BASE_IMAGE
 from stacx.sandbox.privileges import security_options
@@ -52,8 +41,8 @@ def proxy_env() -> dict[str, str]:
 
 
 class Egress:
-    """One episode's internal network and proxy: `await Egress.start(...)`, then `connect` /
-    `disconnect` sandboxes by container id; `close()` removes both (idempotent)."""
+    """One episode's network and proxy: `await Egress.start(...)`, `close()`; a sandbox joins
+    `network` (DockerSandbox.attach)."""
 
     def __init__(self, docker: aiodocker.Docker, network: str) -> None:
         self.docker = docker
@@ -67,17 +56,7 @@ class Egress:
     ) -> Egress:
         egress = cls(docker, name)
         try:
-            # Internal alone still routes to the host's own addresses (a service on docker0
-            # would answer); with no IPv4 address on the bridge there is nothing to route to.
-            await docker.networks.create(
-                {
-                    "Name": name,
-                    "Internal": True,
-                    "Labels": labels,
-                    "CheckDuplicate": True,
-                    "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
-                }
-            )
+            network = await internal_network(docker, name, labels)
             egress.proxy = await docker.containers.create(
                 {
                     "Image": BASE_IMAGE,
@@ -93,7 +72,6 @@ class Egress:
                 name=f"{name}-proxy",
             )
             await egress.proxy.start()
-            network = await docker.networks.get(name)
             await network.connect(
                 {"Container": egress.proxy.id, "EndpointConfig": {"Aliases": [ALIAS]}}
             )
@@ -116,33 +94,10 @@ class Egress:
                 raise SandboxError(f"the egress proxy did not start: {log[-1500:]}")
             await asyncio.sleep(0.1)
 
-    async def connect(self, container_id: str) -> None:
-        attached = await self._attached(container_id)
-        if "none" in attached:  # an installed scaffold's sandbox: never a route out
-            raise SandboxError(f"container {container_id[:12]} was started with network=none")
-        if self.network not in attached:
-            await (await self.docker.networks.get(self.network)).connect(
-                {"Container": container_id}
-            )
-
-    async def disconnect(self, container_id: str) -> None:
-        if self.network in await self._attached(container_id):
-            await (await self.docker.networks.get(self.network)).disconnect(
-                {"Container": container_id, "Force": True}
-            )
-
-    async def _attached(self, container_id: str) -> dict[str, object]:
-        shown = await self.docker.containers.container(container_id).show()
-        return shown["NetworkSettings"]["Networks"] or {}
-
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        try:
-            if self.proxy is not None:
-                await self.proxy.delete(force=True)
-        except aiodocker.DockerError as exc:
-            if exc.status != 404:
-                raise SandboxError(f"cannot remove the egress proxy: {exc}") from exc
+        if self.proxy is not None:
+            await delete(self.proxy.delete(force=True), 404, what="cannot remove the egress proxy")
         await remove_network(self.docker, self.network)

@@ -1,22 +1,15 @@
-"""The filtering forward proxy of `network_mode = "allowlist"` (see stacx.sandbox.egress).
+"""The filtering forward proxy of `network_mode = "allowlist"`, standard library only (run as
+`python3 -c <this file> <allowed hosts as JSON>`): HTTP CONNECT and absolute-form HTTP, 403 for any
+other host, names resolved and vetted by the proxy (no SSRF to loopback, link-local or unlisted
+private addresses). Only clients that honour HTTP(S)_PROXY get out.
 
-Standard library only: it runs as `python3 -c <this file> <allowed hosts as JSON>` in a
-sidecar from the base image, reachable by the sandbox on its internal network. It serves
-HTTP CONNECT (https, any TLS or TCP protocol a client tunnels) and plain-HTTP requests in
-absolute form, and answers 403 for any host `host_allowed` refuses. The proxy resolves names
-itself, so the sandbox needs no DNS for the outside (and gets none).
-
-SSRF: a name that is allowed but resolves to loopback, link-local (169.254.169.254, the cloud
-metadata address) or a private address is refused (403) unless the entry is that private IP
-itself (`address_allowed`); the proxy connects to the address it vetted.
-
-Limits: only clients that honour HTTP(S)_PROXY get out; nothing else is forwarded (no UDP,
-no raw TCP without CONNECT). Hosts are matched by the name the client asks for.
+Design: docs/sandboxes.md#hardening
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import re
@@ -25,11 +18,11 @@ import sys
 from collections.abc import Sequence
 
 PORT = 3128
+_HOP_BY_HOP = ("proxy-connection:", "proxy-authorization:", "connection:")  # not forwarded
 
 
 def host_allowed(host: str, port: int, allowed: Sequence[str]) -> bool:
-    """`host:port` matches an entry "name" (any port), "name:port", or "*.name" (any
-    subdomain of name, not name itself); names compare case-insensitively."""
+    """`host:port` matches "name" (any port), "name:port" or "*.name" (subdomains only)."""
     host = host.strip().lower().rstrip(".")
     for entry in allowed:
         entry = entry.strip().lower()
@@ -41,19 +34,13 @@ def host_allowed(host: str, port: int, allowed: Sequence[str]) -> bool:
         name = name.strip("[]")
         if want is not None and want != port:
             continue
-        if name.startswith("*."):
-            if host.endswith(name[1:]):
-                return True
-        elif host == name:
+        if host.endswith(name[1:]) if name.startswith("*.") else host == name:
             return True
     return False
 
 
 def address_allowed(address: str, host: str, allowed: Sequence[str]) -> bool:
-    """Whether the proxy may connect to `address` (what `host` resolved to): a public address,
-    or a private one (RFC 1918, ULA) that an allowed_hosts entry names as a literal IP. Never
-    loopback, link-local (169.254.169.254, cloud metadata), unspecified or multicast: an
-    allowed name that resolves there (a DNS answer, `localhost`) is refused (SSRF)."""
+    """A public address, or a private one an entry names as an IP; never loopback or link-local."""
     ip = ipaddress.ip_address(address.split("%")[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
@@ -68,9 +55,7 @@ def address_allowed(address: str, host: str, allowed: Sequence[str]) -> bool:
 
 
 async def _vetted_address(host: str, port: int, allowed: Sequence[str]) -> str | None:
-    """The first address of `host` the proxy may connect to (None: it resolves only to
-    forbidden ones). Connecting to the vetted address, not the name, leaves no second lookup
-    for a rebinding DNS answer to change."""
+    """The first address of `host` the proxy may connect to (no second lookup to rebind) or None."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     for *_, sockaddr in infos:
         if address_allowed(str(sockaddr[0]), host, allowed):
@@ -88,16 +73,13 @@ def _split(target: str, default_port: int) -> tuple[str, int]:
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
+        with contextlib.suppress(OSError):  # a reset connection ends the pipe
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
     finally:
-        try:
+        with contextlib.suppress(OSError):
             writer.close()
-        except OSError:
-            pass
 
 
 async def _refuse(writer: asyncio.StreamWriter, code: int, why: str) -> None:
@@ -159,14 +141,7 @@ async def _serve(
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
     else:  # origin form to the server, one request per connection
-        kept = [
-            ln
-            for ln in lines[1:]
-            if ln
-            and not ln.lower().startswith(
-                ("proxy-connection:", "proxy-authorization:", "connection:")
-            )
-        ]
+        kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith(_HOP_BY_HOP)]
         request = [f"{method} {path} {version}", *kept, "Connection: close"]
         up_writer.write(("\r\n".join(request) + "\r\n\r\n").encode("latin-1"))
     await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))

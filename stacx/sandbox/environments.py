@@ -1,13 +1,8 @@
-"""The `Environments` port (stacx.ports) over Docker: task images, the warm pool, the verifier,
-with their failures mapped to FailureKind (raised as InfraFailure). stacx.launch hands it to
-the rollout manager.
+"""The `Environments` port over Docker: task images, the warm pool, the verifier, failures mapped to
+FailureKind (raised as InfraFailure), artifacts copied out, each phase on its network policy; a
+sandbox is never reused after an episode.
 
-Guarantees: every failure of the build, start, healthcheck or verifier has its kind (a failed
-step of a multi-step task is StepFailed, after its artifacts are collected); the artifacts are
-copied to <run dir>/artifacts/<episode>/; each phase gets its task's network policy; a sandbox is
-never reused after an episode (the pool destroys it on release).
-
-Specification: docs/sandboxes.md#the-docker-backend
+Design: docs/sandboxes.md#the-docker-backend
 """
 
 from __future__ import annotations
@@ -17,9 +12,7 @@ import dataclasses
 import fnmatch
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
-from types import TracebackType
 from typing import Self
 
 import aiodocker
@@ -29,7 +22,7 @@ from stacx.errors import SandboxError, TaskError
 from stacx.events import Emit, EpisodeWarned, FailureKind, derive_id, new_id
 from stacx.harbor.model import ArtifactConfig
 from stacx.harbor.task_network import episode_network, network_mode
-from stacx.harbor.tasks import load_task, task_limits, verifier_separate
+from stacx.harbor.tasks import verifier_separate
 from stacx.ports import InfraFailure, Limits, Sandbox, StepFailed, Task, Verdict
 from stacx.sandbox.aliases import AliasMap, dockerfile_warnings
 from stacx.sandbox.build import BuildOptions, build_task_image, local_image
@@ -40,16 +33,18 @@ from stacx.sandbox.compose import (
     binds,
     compose_file,
     create_volumes,
+    internal_network,
     load_compose,
     remove_volumes,
     start_order,
 )
 from stacx.sandbox.docker import DockerSandbox, owner_labels
 from stacx.sandbox.egress import Egress, proxy_env
-from stacx.sandbox.health import wait_healthy
 from stacx.sandbox.layers import ImageLayer, layered_image, layered_limits
+from stacx.sandbox.lifecycle import Lifecycle
+from stacx.sandbox.limits import task_limits
 from stacx.sandbox.pool import SandboxPool
-from stacx.sandbox.steps import following, start_step
+from stacx.sandbox.steps import start_step
 from stacx.sandbox.verifier import VerifierOutcome, run_verifier, verdict
 
 SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / done
@@ -57,10 +52,7 @@ SERVICE_TIMEOUT_S = 120.0  # for a compose service to be started / healthy / don
 
 @dataclasses.dataclass
 class _Plan:
-    """What one episode starts (DockerEnvironments._plan): the image, the sandbox's limits
-    (compose volumes' mounts added once created), the compose services and their start
-    order, the allowlist's hosts, whether the network switches per phase, and whether the
-    sandbox must be started cold (it mounts the episode's own volumes)."""
+    """What one episode starts (`DockerEnvironments._plan`)."""
 
     image: str
     limits: Limits
@@ -71,8 +63,10 @@ class _Plan:
     fresh: bool = False
 
 
-class DockerEnvironments:
+class DockerEnvironments(Lifecycle):
     """Docker-backed `Environments`; an async context manager owning a client and a pool."""
+
+    start_errors = (SandboxError, TaskError, aiodocker.DockerError)
 
     def __init__(
         self,
@@ -85,20 +79,16 @@ class DockerEnvironments:
         artifacts_dir: Path | None = None,
         runtime: str = "",
     ) -> None:
-        self.run_id = run_id
-        self.runtime = (
-            runtime  # sandbox.runtime: the OCI runtime ("": runc, or $STACX_SANDBOX_RUNTIME)
-        )
+        super().__init__(run_id=run_id, emit=emit)
+        self.runtime = runtime  # the OCI runtime ("": $STACX_SANDBOX_RUNTIME, else runc)
         self.artifacts_dir = artifacts_dir  # where artifacts go (<run dir>/artifacts)
         # an installed scaffold's layer over every task image: network none, its socket mounted
         self.layer = layer
-        self.emit = emit
         self.warm = warm  # ready containers kept per (image, limits); 0: start on demand
         self.aliases = aliases  # base-image aliases for builds; None: $STACX_IMAGE_ALIASES
         self._docker: aiodocker.Docker | None = None
         self._pool: SandboxPool | None = None
         self._egress: dict[str, Egress] = {}  # episode -> its allowlist network and proxy
-        self._multi: dict[str, Task] = {}  # episode -> its multi-step task (steps' own keys)
 
     async def __aenter__(self) -> Self:
         self._docker = aiodocker.Docker()
@@ -111,58 +101,14 @@ class DockerEnvironments:
         )
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._pool is not None:
             await self._pool.close()
         if self._docker is not None:
             await self._docker.close()
 
-    def task(self, path: str) -> Task:
-        return load_task(path)
-
-    @contextlib.asynccontextmanager
-    async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
-        assert self._pool is not None and self._docker is not None, "use `async with`"
-        plan = await self._plan(task, episode_id)
-        # compose volumes: created for this episode before main (Docker fixes mounts at
-        # creation), so main is started cold and never pooled; removed after everything
-        volumes: dict[str, str] = {}
-        try:
-            if any(s.mounts for s in plan.services.values()):
-                volumes = await create_volumes(
-                    self._docker,
-                    plan.services,
-                    f"stacx-{episode_id[:16]}-{new_id()[:6]}",
-                    owner_labels(self.run_id, episode_id),
-                )
-                main_mounts = binds(plan.services[MAIN], volumes)
-                plan.fresh = bool(main_mounts)
-                plan.limits = msgspec.structs.replace(
-                    plan.limits, mounts={**plan.limits.mounts, **main_mounts}
-                )
-        except SandboxError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        try:
-            sandbox, sidecars = await self._start(task, plan, episode_id, volumes)
-            if task.step_tasks:
-                self._multi[episode_id] = task
-            try:
-                yield sandbox
-            finally:
-                self._multi.pop(episode_id, None)
-                await self._pool.release(sandbox)
-                if sidecars is not None:
-                    await sidecars.close()
-                await self._close_egress(episode_id)
-        finally:
-            await remove_volumes(self._docker, list(volumes.values()))
-
     async def _plan(self, task: Task, episode_id: str) -> _Plan:
-        """What an episode of `task` starts: its image (built, then layered), the sandbox's
-        limits, the compose services, and the network it starts on (the bridge when it must
-        switch between phases)."""
+        """What an episode of `task` starts: image, limits, compose services, first network."""
         assert self._docker is not None
         # before the build: the warning explains a build that fails (pinned wheels of another
         # Python), so every episode of the task records it, built or not
@@ -177,7 +123,7 @@ class DockerEnvironments:
         compose = compose_file(task.environment_dir)
         try:
             services = load_compose(compose)[0] if compose else {}
-            sidecar_order = start_order(services) if services else []
+            sidecar_order = start_order(services)
         except TaskError as exc:
             raise InfraFailure(FailureKind.START, str(exc)) from exc
         if sidecar_order:  # main joins the services' network, so it cannot start on none
@@ -195,110 +141,67 @@ class DockerEnvironments:
             except (TaskError, aiodocker.DockerError) as exc:
                 raise InfraFailure(FailureKind.IMAGE_BUILD, f"{exc}{unfaithful}") from exc
             limits = layered_limits(limits, self.layer)
-        return _Plan(
-            image=image,
-            limits=limits,
-            services=services,
-            order=sidecar_order,
-            hosts=hosts,
-            switching=switching,
-        )
+        return _Plan(image, limits, services, sidecar_order, hosts, switching)
 
     async def _start(
-        self, task: Task, plan: _Plan, episode_id: str, volumes: dict[str, str]
-    ) -> tuple[DockerSandbox, Sidecars | None]:
-        """Start the episode's egress proxy, sandbox and services, switch it to the agent's
-        network, and wait until it is healthy (and the first step is set up); what started is
-        released again on a failure (an InfraFailure, or the first step's StepFailed)."""
-        assert self._pool is not None and self._docker is not None
-        sidecars: Sidecars | None = None
-        egress: Egress | None = None
-        try:
-            if plan.hosts is not None:
-                egress = await Egress.start(
-                    self._docker,
-                    f"stacx-{episode_id[:16]}-{new_id()[:6]}-egress",
-                    plan.hosts,
-                    owner_labels(self.run_id, episode_id),
-                )
-                self._egress[episode_id] = egress
-            sandbox = await self._pool.acquire(
-                plan.image, plan.limits, episode_id=episode_id, fresh=plan.fresh
+        self, stack: contextlib.AsyncExitStack, task: Task, episode_id: str
+    ) -> DockerSandbox:
+        """Start the episode's volumes, proxy, sandbox, services (each undone by `stack`), wait
+        until it is healthy and its first step is set up."""
+        assert self._pool is not None and self._docker is not None, "use `async with`"
+        pool, docker = self._pool, self._docker
+        plan = await self._plan(task, episode_id)  # InfraFailure IMAGE_BUILD
+        labels = owner_labels(self.run_id, episode_id)
+        name = f"stacx-{episode_id[:16]}-{new_id()[:6]}"
+        volumes: dict[str, str] = {}
+        if any(s.mounts for s in plan.services.values()):
+            # created for this episode before main (Docker fixes mounts at creation), so main
+            # is started cold and never pooled; removed after everything
+            volumes = await create_volumes(docker, plan.services, name, labels)
+            stack.push_async_callback(remove_volumes, docker, list(volumes.values()))
+            main_mounts = binds(plan.services[MAIN], volumes)
+            plan.fresh = bool(main_mounts)
+            plan.limits = msgspec.structs.replace(
+                plan.limits, mounts={**plan.limits.mounts, **main_mounts}
             )
-        except (SandboxError, aiodocker.DockerError) as exc:
-            await self._close_egress(episode_id)
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        try:
-            if plan.order:
-                sidecars = await self._start_services(
-                    task, plan.services, plan.order, sandbox, episode_id, volumes
-                )
-            if plan.switching:
-                await _switch(
-                    sandbox,
-                    network_mode(task.step_tasks[0] if task.step_tasks else task, "agent"),
-                    egress,
-                )
-        except (SandboxError, TaskError, aiodocker.DockerError) as exc:
-            await self._pool.release(sandbox, reason="services failed")
-            await self._close_egress(episode_id)
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        healthcheck = task.config.environment.healthcheck
-        try:  # the agent starts once the services are up (and the first step is set up)
-            if healthcheck is not None:
-                await wait_healthy(sandbox, healthcheck)
-            if task.step_tasks:
-                await self._start_step(
-                    sandbox, task, task.step_tasks[0].step or "", None, episode_id
-                )
-        except (SandboxError, aiodocker.DockerError, StepFailed) as exc:
-            await self._pool.release(sandbox, reason="unhealthy")
-            if sidecars is not None:
-                await sidecars.close()
-            await self._close_egress(episode_id)
-            if isinstance(exc, StepFailed):  # the first step's, not the sandbox's
-                raise
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
-        return sandbox, sidecars
-
-    async def _close_egress(self, episode_id: str) -> None:
-        egress = self._egress.pop(episode_id, None)
-        if egress is not None:
-            await egress.close()
+        egress: Egress | None = None
+        if plan.hosts is not None:
+            egress = await Egress.start(docker, f"{name}-egress", plan.hosts, labels)
+            self._egress[episode_id] = egress
+            stack.push_async_callback(egress.close)
+            stack.callback(self._egress.pop, episode_id, None)
+        sandbox = await pool.acquire(
+            plan.image, plan.limits, episode_id=episode_id, fresh=plan.fresh
+        )
+        reason = "services failed"  # SandboxStopped's reason, once the sandbox is released
+        stack.push_async_callback(lambda: pool.release(sandbox, reason=reason))
+        if plan.order:
+            sidecars = await self._start_services(task, plan, sandbox, name, volumes)
+            stack.push_async_callback(sidecars.close)
+        if plan.switching:
+            first = task.step_tasks[0] if task.step_tasks else task
+            await _switch(sandbox, network_mode(first, "agent"), egress)
+        reason = "unhealthy"
+        await self._ready(sandbox, task, episode_id)
+        reason = "released"
+        return sandbox
 
     async def _start_services(
         self,
         task: Task,
-        services: dict[str, Service],
-        order: list[str],
-        sandbox: Sandbox,
-        episode_id: str,
+        plan: _Plan,
+        sandbox: DockerSandbox,
+        name: str,
         volumes: dict[str, str],
     ) -> Sidecars:
-        """The compose sidecars on a per-episode internal network, `main` joined to it (see
-        stacx.sandbox.compose); removed again if any fails."""
+        """The compose sidecars on network `name`, `main` on it; removed if any fails."""
         assert self._docker is not None
-        if not isinstance(sandbox, DockerSandbox):
-            raise SandboxError(f"{type(sandbox).__name__} cannot join compose services")
-        labels = owner_labels(self.run_id, episode_id)
-        name = f"stacx-{episode_id[:16]}-{sandbox.name[-6:]}"
-        # Internal alone still routes to the host's own addresses (the bridge's gateway IP,
-        # where any host service listening on 0.0.0.0 answers); with no IPv4 address on the
-        # bridge the services reach each other and nothing else.
-        network = await self._docker.networks.create(
-            {
-                "Name": name,
-                "Internal": True,
-                "Labels": labels,
-                "CheckDuplicate": True,
-                "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
-            }
-        )
+        labels = owner_labels(self.run_id, sandbox.episode_id)
+        network = await internal_network(self._docker, name, labels)
         sidecars = Sidecars(self._docker, name)
-        timeout = SERVICE_TIMEOUT_S
         try:
-            for service_name in order:
-                service = services[service_name]
+            for service_name in plan.order:
+                service = plan.services[service_name]
                 if service.build_dir is not None:
                     image = await build_task_image(
                         task,
@@ -318,9 +221,9 @@ class DockerEnvironments:
                     image = await local_image(
                         self._docker, aliases, service.image, task=task.task_id
                     )
-                await sidecars.start(service, image, labels, timeout, volumes)
-            for dep, condition in services[MAIN].depends_on.items():
-                await sidecars.wait(dep, condition, timeout)
+                await sidecars.start(service, image, labels, SERVICE_TIMEOUT_S, volumes)
+            for dep, condition in plan.services[MAIN].depends_on.items():
+                await sidecars.wait(dep, condition, SERVICE_TIMEOUT_S)
             await network.connect({"Container": sandbox.id, "EndpointConfig": {"Aliases": [MAIN]}})
         except BaseException:
             await sidecars.close()
@@ -328,9 +231,7 @@ class DockerEnvironments:
         return sidecars
 
     async def _warn(self, task: Task, episode_id: str) -> list[str]:
-        """Record on the episode what is not faithful to the task as written: its task.toml
-        keys not honoured (unknown ones with the nearest known key), its base images'
-        stand-ins; return the latter (fidelity)."""
+        """Record the task.toml keys not honoured and the bases' stand-ins; return the latter."""
         dockerfile = task.environment_dir / "Dockerfile"
         aliases = self.aliases or AliasMap.from_env()
         try:
@@ -339,37 +240,28 @@ class DockerEnvironments:
             )
         except SandboxError:  # no Docker engine to ask: the build that follows reports it
             messages = []
-        emit = self.emit
-        notes = [f"task.toml: {n}" for n in task.notes]
-        for i, message in enumerate([*notes, *messages] if emit is not None else []):
-            assert emit is not None
-            await emit(
-                EpisodeWarned(
-                    run_id=self.run_id,
-                    event_id=derive_id(episode_id, "EpisodeWarned", i),
-                    episode_id=episode_id,
-                    task_id=task.task_id,
-                    message=message,
+        for i, message in enumerate([*(f"task.toml: {n}" for n in task.notes), *messages]):
+            if self.emit is not None:
+                await self.emit(
+                    EpisodeWarned(
+                        run_id=self.run_id,
+                        event_id=derive_id(episode_id, "EpisodeWarned", i),
+                        episode_id=episode_id,
+                        task_id=task.task_id,
+                        message=message,
+                    )
                 )
-            )
         return [f"fidelity: {m}" for m in messages]
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
-        """Run the task's verifier (here, or in a separate container handed the artifacts)
-        and keep the artifacts; for a step of a multi-step task then run the next step's
-        setup and healthcheck (StepFailed if they fail)."""
+        """Run the verifier (here or apart), keep the artifacts, then set up a next step if any."""
         agent_mode, verifier_mode = network_mode(task, "agent"), network_mode(task, "verifier")
         egress = self._egress.get(episode_id)
         multi = self._multi.get(episode_id) if task.step else None
-        step = None
-        if multi is not None:
-            step = next(s for s in multi.config.steps or [] if s.name == task.step)
-        # Harbor's collection pass: /logs/artifacts, the task's artifacts, the step's own
-        wanted = [*task.config.artifacts, *(step.artifacts if step else [])]
-        root = self._artifacts_root(episode_id, step.name if step else None)
+        step, parent = (task.step, multi) if multi is not None else (None, task)
         try:
             if verifier_separate(task.config):  # handed over first; the agent's side is done
-                artifacts = await self._collect(sandbox, wanted, root)
+                artifacts = await self._collect(sandbox, parent, step, episode_id)
                 outcome = await self._verify_separate(task, artifacts, episode_id)
             else:  # kept after the verifier ran, as Harbor does
                 if agent_mode != verifier_mode:
@@ -377,24 +269,15 @@ class DockerEnvironments:
                 outcome = await run_verifier(sandbox, task)
                 if agent_mode != verifier_mode:  # the next step's agent phase
                     await _switch(sandbox, agent_mode, egress)
-                await self._collect(sandbox, wanted, root)
+                await self._collect(sandbox, parent, step, episode_id)
         except SandboxError as exc:
             raise InfraFailure(FailureKind.EXEC_TRANSPORT, str(exc)) from exc
         result = verdict(outcome)
-        after = following(multi, step.name, result) if multi and step else None
-        if multi is not None and after is not None:
-            try:
-                await self._start_step(sandbox, multi, after, result, episode_id)
-            except (SandboxError, aiodocker.DockerError) as exc:
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
+        await self._next_step(sandbox, task, result, episode_id)
         return result
 
     async def verify_artifacts(self, task: Task, kept: Path, *, episode_id: str) -> Verdict:
-        """A separate verifier run on artifacts an earlier episode left under `kept` (its
-        ``<artifacts_dir>/<episode>``; `stacx regrade`), handed over at the paths they were
-        collected from, as right after that episode's agent: the declared artifacts, then what
-        else is there (``/logs/artifacts``). Only for tasks whose verifier is separate (a
-        shared one sees the agent's whole container, not just the artifacts)."""
+        """A separate verifier on artifacts an earlier episode left under `kept` (regrade)."""
         if not verifier_separate(task.config):
             raise TaskError(f"task {task.task_id}: its verifier is not separate; replay instead")
         try:
@@ -407,33 +290,23 @@ class DockerEnvironments:
     async def _start_step(
         self, sandbox: Sandbox, multi: Task, name: str, verified: Verdict | None, episode_id: str
     ) -> None:
-        """stacx.sandbox.steps.start_step; when it raises StepFailed (the runner's to record),
-        the failed step's artifacts are still collected first, as Harbor's trial does."""
+        """steps.start_step, collecting a failed step's artifacts before its StepFailed."""
         try:
             await start_step(sandbox, multi, name, verified)
         except StepFailed:
-            step = next(s for s in multi.config.steps or [] if s.name == name)
-            await self._collect(
-                sandbox,
-                [*multi.config.artifacts, *step.artifacts],
-                self._artifacts_root(episode_id, name),
-            )
+            await self._collect(sandbox, multi, name, episode_id)
             raise
 
-    def _artifacts_root(self, episode_id: str, step: str | None) -> Path:
-        """<artifacts_dir>/<episode>, and for a step of a multi-step task, under it
-        steps/<name>/artifacts (Harbor's trial layout)."""
-        base = self.artifacts_dir or Path(tempfile.gettempdir()) / "stacx-artifacts" / self.run_id
-        root = base / episode_id
-        return root / "steps" / step / "artifacts" if step else root
-
     async def _collect(
-        self, sandbox: Sandbox, artifacts: list[str | ArtifactConfig], root: Path
+        self, sandbox: Sandbox, task: Task, step: str | None, episode_id: str
     ) -> list[tuple[str, Path]]:
-        """Copy what the agent's container holds under /logs/artifacts (Harbor's convention
-        dir) into <root>/, then each of `artifacts` into <root>/<destination, else the
-        source's base name>; (path in the container, host path) of each thing found (a
-        missing source is left out: the verifier decides what its absence means)."""
+        """Harbor's collection pass: /logs/artifacts, the task's artifacts, those of its `step`,
+        into <artifacts_dir>/<episode> (a step's: its steps/<name>/artifacts); the (container,
+        host) paths found."""
+        own = next(s.artifacts for s in task.config.steps or [] if s.name == step) if step else []
+        artifacts = [*task.config.artifacts, *own]
+        base = self.artifacts_dir or Path(tempfile.gettempdir()) / "stacx-artifacts" / self.run_id
+        root = base / episode_id / "steps" / step / "artifacts" if step else base / episode_id
         if not isinstance(sandbox, DockerSandbox):
             if artifacts:
                 raise SandboxError(f"{type(sandbox).__name__} cannot collect artifacts")
@@ -444,9 +317,7 @@ class DockerEnvironments:
                 for item in sorted((Path(tmp) / PurePosixPath(CONVENTION).name).iterdir()):
                     _replace(item, root / item.name)
                     found.append((f"{CONVENTION}/{item.name}", root / item.name))
-        for a in artifacts:
-            a = a if isinstance(a, ArtifactConfig) else ArtifactConfig(source=a)
-            dest = root / (a.destination or PurePosixPath(a.source).name)
+        for a, dest in _placed(artifacts, root):
             with tempfile.TemporaryDirectory() as tmp:
                 if await _fetch(sandbox, a.source, Path(tmp), a.exclude):
                     _replace(Path(tmp) / PurePosixPath(a.source).name, dest)
@@ -456,9 +327,7 @@ class DockerEnvironments:
     async def _verify_separate(
         self, task: Task, artifacts: list[tuple[str, Path]], episode_id: str
     ) -> VerifierOutcome:
-        """Harbor's separate verifier: a container of its own (tests/Dockerfile, else
-        [verifier.environment].docker_image, else a fresh copy of the agent's environment),
-        given only the artifacts, at their source paths."""
+        """Harbor's separate verifier: a container of its own, given only the artifacts."""
         assert self._pool is not None and self._docker is not None
         own = task.config.verifier.environment
         environment = own or task.config.environment
@@ -505,18 +374,11 @@ class DockerEnvironments:
 
 
 async def _switch(sandbox: Sandbox, mode: str, egress: Egress | None) -> None:
-    """Put the sandbox on the networks of `mode`: the bridge (public), the episode's
-    allowlist network (allowlist), or neither (no-network)."""
+    """Put the sandbox on the networks of `mode`: the bridge, the allowlist network, or neither."""
     if isinstance(sandbox, DockerSandbox):
         await sandbox.set_network(mode == "public")
         if egress is not None:
-            try:
-                if mode == "allowlist":
-                    await egress.connect(sandbox.id)
-                else:
-                    await egress.disconnect(sandbox.id)
-            except aiodocker.DockerError as exc:
-                raise SandboxError(f"network switch of sandbox {sandbox.name}: {exc}") from exc
+            await sandbox.attach(egress.network, mode == "allowlist")
         elif mode == "allowlist":
             raise SandboxError(f"sandbox {sandbox.name}: an allowlist phase with no proxy")
     else:  # another backend (a remote sandbox) must not silently keep the wrong policy
@@ -530,8 +392,7 @@ CONVENTION = "/logs/artifacts"  # what the agent leaves here is an artifact with
 
 
 async def _fetch(sandbox: DockerSandbox, source: str, into: Path, exclude: list[str]) -> bool:
-    """Extract `source` from the container into `into` (as its base name), without what
-    `exclude` matches (tar --exclude patterns); False if the container has no such path."""
+    """Extract `source` into `into` (minus `exclude` patterns); False if absent."""
     try:
         tar = await sandbox.container.get_archive(source)
     except aiodocker.DockerError as exc:
@@ -552,14 +413,10 @@ async def _fetch(sandbox: DockerSandbox, source: str, into: Path, exclude: list[
 
 
 def kept_artifacts(task: Task, kept: Path) -> list[tuple[str, Path]]:
-    """(path in the container, host path) of the artifacts `_collect` kept under `kept`: the
-    convention dir's items (as collected first), then each declared artifact that was found."""
-    declared: list[tuple[str, Path]] = []
-    for a in task.config.artifacts:
-        a = a if isinstance(a, ArtifactConfig) else ArtifactConfig(source=a)
-        dest = kept / (a.destination or PurePosixPath(a.source).name)
-        if dest.exists():
-            declared.append((a.source, dest))
+    """(container path, host path) of the artifacts `_collect` kept under `kept`."""
+    declared = [
+        (a.source, dest) for a, dest in _placed(task.config.artifacts, kept) if dest.exists()
+    ]
     named = {host for _, host in declared}
     convention = [
         (f"{CONVENTION}/{item.name}", item)
@@ -567,6 +424,12 @@ def kept_artifacts(task: Task, kept: Path) -> list[tuple[str, Path]]:
         if item not in named and item.name != "steps"
     ]
     return convention + declared
+
+
+def _placed(artifacts: list[str | ArtifactConfig], root: Path) -> list[tuple[ArtifactConfig, Path]]:
+    """Each artifact (a bare path: its source) and where it is kept under `root`."""
+    full = [a if isinstance(a, ArtifactConfig) else ArtifactConfig(source=a) for a in artifacts]
+    return [(a, root / (a.destination or PurePosixPath(a.source).name)) for a in full]
 
 
 def _replace(src: Path, dest: Path) -> None:

@@ -1,11 +1,6 @@
-"""Finding and removing STACX sandbox containers (`stacx sandbox ls` / `gc`).
-
-Every sandbox container carries `stacx=1` and its owner's labels (see docker.owner_labels).
-A container is an orphan when it was started on this host by a process that is gone: the pid
-is not running, or is running but started at another time (the pid was reused). Containers of
-other hosts sharing the engine are never judged orphans (their pids mean nothing here).
-The per-episode networks (compose, allowlist egress) and compose volumes carry the same
-labels and go with them.
+"""Finding and removing STACX sandbox containers (`stacx sandbox ls` / `gc`), with their per-episode
+networks and volumes. An orphan was started on this host by a process that is gone (pid not running,
+or reused); other hosts' containers are never judged orphans.
 """
 
 from __future__ import annotations
@@ -16,9 +11,10 @@ import socket
 
 import aiodocker
 import msgspec
+from aiodocker.networks import DockerNetwork
 from aiodocker.volumes import DockerVolume
 
-from stacx.sandbox.docker import LABEL, process_start_time
+from stacx.sandbox.docker import LABEL, delete, process_start_time
 
 
 class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,52 +74,33 @@ async def list_sandboxes(docker: aiodocker.Docker) -> list[SandboxInfo]:
 async def collect_garbage(
     docker: aiodocker.Docker, *, dry_run: bool = False, run_id: str | None = None
 ) -> list[SandboxInfo]:
-    """Remove orphaned sandboxes (or, with `run_id`, every sandbox of that run, alive or not);
-    returns what was (or, with `dry_run`, would be) removed."""
+    """Remove orphans (`run_id`: that run's sandboxes); what was (`dry_run`: would be) removed."""
     doomed = [
         s
         for s in await list_sandboxes(docker)
         if (s.run_id == run_id if run_id is not None else s.alive is False)
     ]
     if not dry_run:
-
-        async def remove(info: SandboxInfo) -> None:
-            try:
-                await docker.containers.container(info.id).delete(force=True, v=True)
-            except aiodocker.DockerError as exc:
-                if exc.status not in (404, 409):
-                    raise
-
-        await asyncio.gather(*(remove(s) for s in doomed))
-        await _remove_networks(docker, run_id)
-        await _remove_volumes(docker, run_id)
+        containers = docker.containers
+        await asyncio.gather(
+            *(
+                delete(containers.container(s.id).delete(force=True, v=True), 404, 409)
+                for s in doomed
+            )
+        )
+        # the per-episode networks and compose volumes, judged as containers are, once their
+        # containers are gone (one still in use is left)
+        mine = {"label": [f"{LABEL}=1"]}
+        for net in await docker.networks.list(filters=mine):
+            if _doomed(net.get("Labels") or {}, run_id):
+                await delete(DockerNetwork(docker, net["Id"]).delete(), 403, 404, 409)
+        for vol in (await docker.volumes.list(filters=mine)).get("Volumes") or []:
+            if _doomed(vol.get("Labels") or {}, run_id):
+                await delete(DockerVolume(docker, vol["Name"]).delete(), 404, 409)
     return doomed
 
 
-async def _remove_networks(docker: aiodocker.Docker, run_id: str | None) -> None:
-    """The per-episode networks (compose services, allowlist egress) judged as containers
-    are, once their containers are gone (a network still in use is left)."""
-    for net in await docker.networks.list(filters={"label": [f"{LABEL}=1"]}):
-        labels: dict[str, str] = net.get("Labels") or {}
-        mine = labels.get("stacx.run_id") == run_id
-        if mine if run_id is not None else owner_alive(labels) is False:
-            try:
-                await (await docker.networks.get(net["Id"])).delete()
-            except aiodocker.DockerError as exc:
-                if exc.status not in (403, 404, 409):  # in use, or already gone
-                    raise
-
-
-async def _remove_volumes(docker: aiodocker.Docker, run_id: str | None) -> None:
-    """The per-episode compose volumes, judged as their networks are (one still mounted by a
-    container is left)."""
-    listed = await docker.volumes.list(filters={"label": [f"{LABEL}=1"]})
-    for vol in listed.get("Volumes") or []:
-        labels: dict[str, str] = vol.get("Labels") or {}
-        mine = labels.get("stacx.run_id") == run_id
-        if mine if run_id is not None else owner_alive(labels) is False:
-            try:
-                await DockerVolume(docker, vol["Name"]).delete()
-            except aiodocker.DockerError as exc:
-                if exc.status not in (404, 409):  # in use, or already gone
-                    raise
+def _doomed(labels: dict[str, str], run_id: str | None) -> bool:
+    return (
+        labels.get("stacx.run_id") == run_id if run_id is not None else owner_alive(labels) is False
+    )

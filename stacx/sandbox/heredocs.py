@@ -1,19 +1,7 @@
-"""Dockerfile heredocs (`RUN <<EOF`, `RUN cmd <<EOF`, `COPY <<EOF /path`) for a builder that
-has none.
+"""Dockerfile heredocs (`RUN <<EOF`, `RUN cmd <<EOF`, `COPY <<EOF /path`) rewritten into build
+context files, for builders that have none (the engine here is 20.10).
 
-The Docker engine here is 20.10: its classic builder knows no heredocs, and the Dockerfile
-frontend built into its BuildKit predates them (a `# syntax=` frontend image cannot be pulled
-offline). So each heredoc body becomes a file of the build context (`.stacx-heredoc-<n>`) and
-the instruction uses that file instead, with the same effect:
-
-- ``RUN [flags] <<EOF`` (the body is the script): the file is copied in, run with ``/bin/sh``
-  (or the interpreter of its ``#!`` line), then removed; the RUN's exit status is the
-  script's.
-- ``RUN [flags] cmd <<EOF ...`` (the body is stdin): ``<<EOF`` becomes ``< file``.
-- ``COPY [flags] <<EOF dest``: the file is copied to ``dest``.
-
-``<<-EOF`` strips leading tabs; a quoted delimiter (``<<'EOF'``) is kept verbatim. Limits: one
-heredoc per instruction; an unquoted COPY heredoc's ``$VAR`` is not expanded (BuildKit would).
+Design: docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations

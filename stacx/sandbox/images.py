@@ -1,35 +1,15 @@
-"""The offline base images: minimal Debian and Ubuntu roots built with debootstrap and
-`docker import`, each on demand the first time a task needs it (`ensure_base`).
+"""The offline base images (stacx/base:bookworm, trixie, noble): debootstrap + `docker import`, with
+the host's CA trust, each built on demand the first time a task needs it (`ensure_base`).
+Idempotent; a failed build leaves no half-tagged image. Needs root, debootstrap and docker.
 
-| tag                  | root                          | Python | stands for                  |
-| stacx/base:bookworm  | Debian 12, the host's mirror  | 3.11   | python:3.11*, debian:12     |
-| stacx/base:trixie    | Debian 13, the host's mirror  | 3.13   | python:3.13+, debian:13     |
-| stacx/base:noble     | Ubuntu 24.04, Ubuntu's archive| 3.12   | python:3.12*, ubuntu:24.04  |
-
-No image registry is needed: packages come from the Debian mirror that apt already reaches, or
-from Ubuntu's archive (not a promised source: where it does not answer, the noble base cannot be
-built and a task that needs it fails once, saying so). Ubuntu's archive is verified with the
-Ubuntu keyring, taken from the host when installed, else from the archive's ubuntu-keyring
-package checked against its SHA-256 pinned here (pool files never change). The
-image inherits the host's CA trust twice over, because a task Dockerfile that installs the
-`ca-certificates` package regenerates /etc/ssl/certs/ca-certificates.crt from
-/usr/local/share/ca-certificates/ (losing a copied bundle), while tools that read the bundle
-directly need it before that happens:
-
-- the host bundle is copied over the image's bundle;
-- the host's extra certificates (those in /usr/local/share/ca-certificates/, or else those in
-  the host bundle that Debian's stock bundle lacks) are copied to the image's
-  /usr/local/share/ca-certificates/.
-
-Guarantees: `bootstrap_base_image` is idempotent (an existing image is kept unless `force`);
-a failed build leaves no half-tagged image. Limits: needs root (debootstrap and chroot), the
-`debootstrap` and `docker` commands, and a reachable Debian mirror.
+Design: docs/tasks.md#base-images-offline, docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,8 +57,7 @@ APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 
 
 def host_mirrors(paths: tuple[Path, ...] = APT_SOURCES) -> tuple[str | None, str | None]:
-    """(the Debian archive URI, the security URI) that the host's apt uses: one-line
-    `deb URI suite ...` files and deb822 `.sources` files (`URIs:`); None when absent."""
+    """(Debian archive URI, security URI) of the host's apt sources; None if absent."""
     uris: list[str] = []
     files: list[Path] = []
     for p in paths:
@@ -116,13 +95,11 @@ IMAGE_CHANGES = (
 )
 
 Log = Callable[[str], None]
+_PEM = re.compile(r"^-----BEGIN CERTIFICATE-----$.*?^-----END CERTIFICATE-----$", re.M | re.S)
 
 
 def image_exists(tag: str) -> bool:
-    """Whether the local Docker engine has an image with this tag.
-
-    Raises SandboxError when there is no `docker` command or no engine answering it.
-    """
+    """Whether the local engine has this tag; SandboxError with no `docker` or engine."""
     if shutil.which("docker") is None:
         raise SandboxError("the `docker` command is not installed (docker.io provides it)")
     proc = subprocess.run(
@@ -135,19 +112,8 @@ def image_exists(tag: str) -> bool:
 
 def split_pem_bundle(text: str) -> list[str]:
     """The PEM certificates of a bundle, each normalized to its BEGIN..END block."""
-    certs: list[str] = []
-    current: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line == "-----BEGIN CERTIFICATE-----":
-            current = [line]
-        elif line == "-----END CERTIFICATE-----" and current:
-            current.append(line)
-            certs.append("\n".join(current) + "\n")
-            current = []
-        elif current:
-            current.append(line)
-    return certs
+    plain = "\n".join(line.strip() for line in text.splitlines())
+    return [cert + "\n" for cert in _PEM.findall(plain)]
 
 
 def extra_certificates(host_bundle: str, stock_bundle: str) -> list[str]:
@@ -161,15 +127,13 @@ def install_host_trust(root: Path) -> int:
     dest = root / "usr/local/share/ca-certificates"
     dest.mkdir(parents=True, exist_ok=True)
     image_bundle = root / "etc/ssl/certs/ca-certificates.crt"
-    n_extra = 0
     host_extras = sorted(HOST_EXTRA_CERTS.glob("**/*.crt")) if HOST_EXTRA_CERTS.is_dir() else []
-    if host_extras:
-        for cert in host_extras:
-            target = dest / cert.relative_to(HOST_EXTRA_CERTS)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(cert, target)
-            n_extra += 1
-    elif HOST_BUNDLE.is_file() and image_bundle.is_file():
+    n_extra = len(host_extras)
+    for cert in host_extras:
+        target = dest / cert.relative_to(HOST_EXTRA_CERTS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cert, target)
+    if not host_extras and HOST_BUNDLE.is_file() and image_bundle.is_file():
         extras = extra_certificates(HOST_BUNDLE.read_text(), image_bundle.read_text())
         for i, pem in enumerate(extras):
             (dest / f"stacx-host-{i:03d}.crt").write_text(pem)
@@ -215,10 +179,8 @@ def _configure_root(root: Path, mirror: str, suite: str, security: str | None) -
 
 def _docker_import(root: Path, tag: str, suite: str, log: Log) -> None:
     """`tar -C root -c . | docker import` as `tag`, with the image's config (IMAGE_CHANGES)."""
-    cmd = ["docker", "import"]
-    for change in (*IMAGE_CHANGES, f"LABEL stacx.base={suite}"):
-        cmd += ["--change", change]
-    cmd += ["-", tag]
+    changes = (*IMAGE_CHANGES, f"LABEL stacx.base={suite}")
+    cmd = ["docker", "import", *(a for change in changes for a in ("--change", change)), "-", tag]
     log("$ tar -C root -c . | " + " ".join(cmd[:2]) + f" ... - {tag}")
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "-C", str(root), "-c", "."],
@@ -240,14 +202,7 @@ def bootstrap_base_image(
     suite: str = SUITE,
     log: Log = lambda _msg: None,
 ) -> bool:
-    """Build `tag` (default stacx/base:<suite>) from scratch: debootstrap of `suite` (Debian
-    bookworm or trixie from the mirror the host's apt uses, or `mirror`, or
-    $STACX_DEBIAN_MIRROR; Ubuntu noble from Ubuntu's archive, or `mirror`, or
-    $STACX_UBUNTU_MIRROR), host CA trust, docker import.
-
-    Returns False when the image already existed and nothing was done (unless `force`).
-    Raises SandboxError naming the failing step.
-    """
+    """Build `tag` from scratch; False if it existed (unless `force`); SandboxError by step."""
     if suite not in SUITES:
         raise SandboxError(f"suite {suite!r}: accepted: {', '.join(SUITES)}")
     tag = tag or f"stacx/base:{suite}"
@@ -341,9 +296,7 @@ def _stderr(msg: str) -> None:
 
 
 def ensure_base(tag: str, log: Log = _stderr) -> None:
-    """Build the STACX base `tag` unless the engine has it (one build at a time in this
-    process; a second caller waits and finds it built). A tag that is not a STACX base is left
-    alone. Raises BaseUnavailableError when it cannot be built (no archive, no debootstrap)."""
+    """Build the STACX base `tag` unless the engine has it; BaseUnavailableError when it cannot."""
     suite = tag.removeprefix("stacx/base:")
     if not tag.startswith("stacx/base:") or suite not in SUITES:
         return

@@ -1,23 +1,16 @@
-"""Image layers over task images: what an installed scaffold adds to a task's sandbox.
+"""Image layers over task images: what an installed scaffold adds (its install, run at build time,
+the only time the network is used), tagged by a hash of the base's id and the commands, built once
+per (task image, scaffold); and the sandbox limits to run it with (no network, its mounts).
 
-`layered_image` builds ``FROM <task image>`` plus the layer's RUN commands, tagged
-``stacx/scaffold-<name>:<16 hex>`` by a hash of the base image's id and the commands, so it is
-built once per (task image, scaffold) and reused by every later episode and run; a rebuilt task
-image gives a new tag. The install runs at build time, the only time the network is used.
-`layered_limits` makes the sandbox's own limits: network none, the layer's mounts (the gateway
-socket directory) and environment added.
-
-Not here: what the scaffold is (stacx.agents.installed) or where the socket comes from
-(stacx.launch). Guarantees: a failed build is a TaskError naming the layer and the base image,
-with the build log's tail.
+Design: docs/scaffolds.md#isolation
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import io
-import tarfile
 import weakref
 
 import aiodocker
@@ -25,6 +18,8 @@ import msgspec
 
 from stacx.errors import TaskError
 from stacx.ports import Limits
+from stacx.sandbox.archive import tar_files
+from stacx.sandbox.buildkit import follow
 
 BUILD_TIMEOUT_S = 900.0
 # one build per tag at a time (episodes of one task start together); locks belong to one loop
@@ -63,36 +58,24 @@ async def layered_image(docker: aiodocker.Docker, base: str, layer: ImageLayer) 
 async def _build(
     docker: aiodocker.Docker, base: str, layer: ImageLayer, text: str, tag: str
 ) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(text.encode())
-        tar.addfile(info, io.BytesIO(text.encode()))
+    what = f"scaffold layer {layer.name} over {base}: build failed"
     lines: list[str] = []
     try:
         async with asyncio.timeout(BUILD_TIMEOUT_S):
-            async for chunk in docker.images.build(
-                fileobj=io.BytesIO(buf.getvalue()),
-                encoding="gzip",
+            chunks = docker.images.build(
+                fileobj=io.BytesIO(
+                    gzip.compress(tar_files({"Dockerfile": (text.encode(), 0o644)}), 1)
+                ),
+                encoding="gzip",  # aiodocker refuses a file object without one
                 tag=tag,
                 rm=True,
                 forcerm=True,
                 labels={"stacx.scaffold": layer.name, "stacx.base": base},
                 stream=True,
-            ):
-                if "stream" in chunk:
-                    lines.extend(str(chunk["stream"]).splitlines())
-                    del lines[:-60]
-                if "error" in chunk:
-                    raise TaskError(
-                        f"scaffold layer {layer.name} over {base}: build failed: "
-                        f"{chunk['error']}\n" + "\n".join(lines[-30:])
-                    )
-    except (TimeoutError, aiodocker.DockerError) as exc:
-        raise TaskError(
-            f"scaffold layer {layer.name} over {base}: build failed: {exc!r}\n"
-            + "\n".join(lines[-30:])
-        ) from exc
+            )
+            await follow(chunks, what, lines)
+    except TimeoutError as exc:
+        raise TaskError(f"{what}: {exc!r}\n" + "\n".join(lines[-30:])) from exc
 
 
 def layered_limits(limits: Limits, layer: ImageLayer) -> Limits:

@@ -1,15 +1,6 @@
-"""A warm pool of sandboxes per (image, limits): pre-started containers that hide start latency.
-
-`acquire` hands out a ready container (warm) or starts one (cold) when none is ready, then
-refills in the background; `release` destroys the container and starts a replacement, so a
-container is never reused after an episode touched it. Limits are part of the key because
-Docker fixes them at creation.
-
-Events (through the optional `emit`): SandboxStarted at acquire (`warm`, `start_ms` = what the
-caller waited) and SandboxStopped at release. A background start that fails is retried with
-capped backoff; the failure surfaces at the next cold `acquire`, as a SandboxError.
-
-Not thread-safe: one pool per event loop.
+"""A warm pool of sandboxes per (image, limits), hiding start latency. A container is never reused
+after an episode: `release` destroys it and starts a replacement. A failed background start is
+retried with backoff and surfaces at the next cold `acquire`. Not thread-safe: one per event loop.
 """
 
 from __future__ import annotations
@@ -25,18 +16,15 @@ import aiodocker
 import msgspec
 
 from stacx.errors import SandboxError
-from stacx.events import Emit, SandboxStarted, SandboxStopped
-from stacx.sandbox.docker import DEFAULT_OUTPUT_LIMIT, DockerSandbox, Limits
+from stacx.events import Emit
+from stacx.sandbox.docker import DockerSandbox, Limits
+from stacx.sandbox.lifecycle import Emitting
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, bytes]  # (image, encoded Limits): Limits holds a dict, so is unhashable
 
 
-def pool_key(image: str, limits: Limits) -> PoolKey:
-    return image, msgspec.json.encode(limits)
-
-
-class SandboxPool:
+class SandboxPool(Emitting):
     """Warm sandboxes; `size` ready containers per key once that key has been asked for."""
 
     def __init__(
@@ -46,7 +34,6 @@ class SandboxPool:
         run_id: str = "",
         emit: Emit | None = None,
         docker: aiodocker.Docker | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
         max_starting: int = 4,
         runtime: str = "",
     ) -> None:
@@ -56,7 +43,6 @@ class SandboxPool:
         self.runtime = runtime  # the OCI runtime of its containers (stacx.sandbox.docker)
         self.run_id = run_id
         self.emit = emit
-        self.output_limit = output_limit
         self._docker = docker
         self._owns_docker = docker is None
         self._ready: dict[PoolKey, deque[DockerSandbox]] = {}
@@ -88,7 +74,6 @@ class SandboxPool:
             limits,
             run_id=self.run_id,
             episode_id=episode_id,
-            output_limit=self.output_limit,
             runtime=self.runtime,
         )
 
@@ -100,7 +85,7 @@ class SandboxPool:
 
     def _key(self, image: str, limits: Limits | None) -> PoolKey:
         limits = limits or Limits()
-        key = pool_key(image, limits)
+        key = image, msgspec.json.encode(limits)
         self._limits.setdefault(key, limits)
         return key
 
@@ -152,53 +137,28 @@ class SandboxPool:
         episode_id: str | None = None,
         fresh: bool = False,
     ) -> DockerSandbox:
-        """A started sandbox for this image and limits; SandboxError if none can be started.
-
-        `fresh`: started cold for this caller alone, never pooled (its limits hold what is
-        the episode's own, e.g. its compose volumes); its release waits until it is gone."""
+        """A started sandbox for image and limits (`fresh`: cold, never pooled); SandboxError."""
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
         t0 = time.perf_counter()
-        if fresh:
-            sandbox = self._new(image, limits or Limits(), episode_id)
-            self._fresh.add(sandbox)
-            try:
-                await sandbox.start()
-            except BaseException:
-                self._fresh.discard(sandbox)
-                raise
-            self._active.add(sandbox)
-            await self._started(sandbox, image, episode_id, t0, warm=False)
-            return sandbox
-        key = self._key(image, limits)
-        ready = self._ready.get(key)
+        key = None if fresh else self._key(image, limits)  # a fresh one has no key: never pooled
+        ready = self._ready.get(key) if key is not None else None
         warm = bool(ready)
         if ready:
             sandbox = ready.popleft()
             sandbox.episode_id = episode_id
         else:
-            sandbox = self._new(image, self._limits[key], episode_id)
+            own = self._limits[key] if key is not None else limits or Limits()
+            sandbox = self._new(image, own, episode_id)
             await sandbox.start()
         self._active.add(sandbox)
-        self._refill(key)
-        await self._started(sandbox, image, episode_id, t0, warm=warm)
-        return sandbox
-
-    async def _started(
-        self, sandbox: DockerSandbox, image: str, episode_id: str | None, t0: float, *, warm: bool
-    ) -> None:
+        if key is None:
+            self._fresh.add(sandbox)
+        else:
+            self._refill(key)
         wait_ms = (time.perf_counter() - t0) * 1000
-        if self.emit is not None:
-            await self.emit(
-                SandboxStarted(
-                    run_id=self.run_id,
-                    sandbox_id=sandbox.id,
-                    image=image,
-                    episode_id=episode_id,
-                    start_ms=wait_ms,
-                    warm=warm,
-                )
-            )
+        await self.started(sandbox.id, image, episode_id, wait_ms, warm=warm)
+        return sandbox
 
     async def release(self, sandbox: DockerSandbox, *, reason: str = "released") -> None:
         """Destroy the sandbox (in the background) and keep its key's pool full."""
@@ -209,15 +169,7 @@ class SandboxPool:
             await sandbox.close()
         else:
             self._spawn(sandbox.close())
-        if self.emit is not None:
-            await self.emit(
-                SandboxStopped(
-                    run_id=self.run_id,
-                    sandbox_id=sandbox.id,
-                    episode_id=sandbox.episode_id,
-                    reason=reason,
-                )
-            )
+        await self.stopped(sandbox.id, sandbox.episode_id, reason)
         if not fresh:
             self._refill(self._key(sandbox.image, sandbox.limits))
 

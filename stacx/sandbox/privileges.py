@@ -1,12 +1,8 @@
-"""Least privilege for every container STACX starts (task sandboxes, the sandbox service's,
-compose services, the egress proxy): the HostConfig security keys, and what a task may ask for.
+"""Least privilege for every container STACX starts: the HostConfig security keys (every capability
+dropped but `DEFAULT_CAPS`, no-new-privileges, the default seccomp profile, never privileged) and
+what a task may ask for under [environment.stacx].
 
-Default (`security_options`): ``CapDrop: ALL`` then `DEFAULT_CAPS` only, ``no-new-privileges``,
-Docker's default seccomp profile, never privileged. A task asks for more (or less) under
-``[environment.stacx]`` in its task.toml (``cap_add``, ``new_privileges``, ``read_only_root``);
-the OCI runtime is the recipe's choice, not the task's.
-
-Specification: docs/sandboxes.md#hardening
+Design: docs/sandboxes.md#hardening
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ def requests(limits: Limits | StacxEnvironment) -> list[str]:
 
 
 def security_options(limits: Limits | None = None, runtime: str = "runc") -> dict[str, Any]:
-    """The HostConfig keys of a hardened container (see the module); `limits` adds a task's
-    declared capabilities, setuid permission and read-only root."""
+    """The HostConfig keys of a hardened container, plus what `limits` declares."""
     limits = limits or Limits()
     caps = sorted({*DEFAULT_CAPS, *(c.upper().removeprefix("CAP_") for c in limits.cap_add)})
     opts: list[Any] = [] if limits.new_privileges else ["no-new-privileges:true"]
@@ -66,6 +61,5 @@ def security_options(limits: Limits | None = None, runtime: str = "runc") -> dic
 
 
 def read_only_mounts() -> list[Any]:
-    """Anonymous volumes over `READ_ONLY_WRITABLE` (removed with the container): unlike tmpfs,
-    Docker's archive API (uploads of tests and solutions) writes into them."""
+    """Anonymous volumes over `READ_ONLY_WRITABLE` (the archive API writes into them, not tmpfs)."""
     return [{"Type": "volume", "Target": p} for p in READ_ONLY_WRITABLE]

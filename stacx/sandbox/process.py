@@ -1,13 +1,9 @@
-"""The process backend of the Sandbox port: image-less tasks (math, code-interpreter tools) on
-machines without Docker. `sandbox.backend = "process"` in a recipe.
+"""The process backend of the Sandbox port: image-less tasks on machines without Docker. NOT A
+SECURITY BOUNDARY: it contains an agent's accidents (fork bomb, memory bomb, runaway loop, output
+flood, forbidden network); six paths are the sandbox's own, every other is the host's. The caller
+never forks: a per-sandbox spawner forks each command.
 
-NOT A SECURITY BOUNDARY: it contains the accidents an agent causes (fork bomb, memory bomb,
-runaway loop, output flood, forbidden network use) on the host's own kernel, filesystem and
-binaries. Each sandbox owns six paths (/app, /logs, /tests, /solution, /tmp, /home) under a temp
-root; every other path is the host's. The calling process never forks: a per-sandbox spawner
-forks each command, which applies its own session, rlimits and uid.
-
-Specification: docs/sandboxes.md#the-process-backend
+Design: docs/sandboxes.md#the-process-backend
 """
 
 from __future__ import annotations
@@ -25,21 +21,17 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from stacx.errors import SandboxError
 from stacx.events import new_id
 from stacx.ports import ExecResult, Limits, Sandbox
 from stacx.sandbox.containment import Isolation, is_root, isolation, prepare_root, rlimits
-from stacx.sandbox.output import OutputCapture
+from stacx.sandbox.output import KILL_GRACE_S, OutputCapture, OutputLimits, exec_result
 from stacx.sandbox.spawner import Spawner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OUTPUT_LIMIT = 1 << 20
-DEFAULT_FLOOD_LIMIT = 64 << 20
-KILL_GRACE_S = 2.0  # TERM, then KILL this much later
 DRAIN_GRACE_S = 2.0  # after the command exits, how long a background child may hold its pipes
 SANDBOX_UID_BASE = 200_000  # root only: sandbox n runs as uid BASE + n (no passwd entry)
 HOME = "/home/sandbox"
@@ -54,22 +46,15 @@ _uids = itertools.count()
 
 
 class _Child:
-    """One running command of a process sandbox: its process group, its bounded output, and
-    what was seen or done to it (an output flood, forks refused, a KILL sent by STACX rather
-    than the kernel's OOM killer)."""
+    """One running command: its process group, bounded output, and what was seen or done to it."""
 
     def __init__(
-        self,
-        pid: int,
-        status: asyncio.Future[int],
-        fds: tuple[int, int],
-        output_limit: int,
-        flood_limit: int,
+        self, pid: int, status: asyncio.Future[int], fds: tuple[int, int], limits: OutputLimits
     ) -> None:
         self.pid, self.status, self.fds = pid, status, fds
-        self.out, self.err = OutputCapture(output_limit), OutputCapture(output_limit)
+        self.out, self.err = OutputCapture(limits.output_limit), OutputCapture(limits.output_limit)
         self.stderr_tail = bytearray()  # the last bytes of stderr, for the flag patterns
-        self.flood_limit = flood_limit
+        self.flood_limit = limits.flood_limit
         self.flooded = self.forks_refused = self.killed = False
         self._open: set[int] = set()
 
@@ -135,9 +120,8 @@ class _Child:
             self.kill()
 
 
-class ProcessSandbox:
-    """One sandbox root with limits. Use as an async context manager or `await create(...)`;
-    `close()` kills what is left and removes the root; it is idempotent."""
+class ProcessSandbox(OutputLimits):
+    """A sandbox root with limits: `async with` or `await create(...)`; `close()` is idempotent."""
 
     def __init__(
         self,
@@ -146,17 +130,12 @@ class ProcessSandbox:
         workdir: str = "/app",
         run_id: str = "",
         episode_id: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-        flood_limit: int = DEFAULT_FLOOD_LIMIT,
         cpu_seconds: float | None = None,
-        isolation_override: Isolation | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.workdir = workdir
         self.run_id = run_id
         self.episode_id = episode_id
-        self.output_limit = output_limit
-        self.flood_limit = flood_limit
         self.cpu_seconds = cpu_seconds  # CPU seconds per command without a timeout (None: none)
         self.id = f"stacx-proc-{new_id()[:16]}"
         self.root: Path | None = None
@@ -164,9 +143,8 @@ class ProcessSandbox:
         self.mapped = tuple(
             dict.fromkeys((workdir.strip("/"), "logs", "tests", "solution", "tmp", "home"))
         )
-        probe = isolation()
-        self.isolation: Isolation = isolation_override or probe.isolation
-        self._probe = probe
+        self._probe = isolation()
+        self.isolation: Isolation = self._probe.isolation
         # root: a uid of its own (docs/sandboxes.md#the-process-backend); else the caller's own user
         self.uid = (
             SANDBOX_UID_BASE + (os.getpid() * 64 + next(_uids)) % 100_000 if is_root() else None
@@ -188,8 +166,7 @@ class ProcessSandbox:
         return sandbox
 
     async def start(self) -> None:
-        """Make the root and its own directories (owned by the sandbox's uid), and start the
-        sandbox's spawner inside its namespaces."""
+        """Make the root and its directories; start the spawner in the sandbox's namespaces."""
         t0 = time.perf_counter()
         try:
             self.root = await asyncio.to_thread(self._make_root)
@@ -200,10 +177,7 @@ class ProcessSandbox:
         self.start_ms = (time.perf_counter() - t0) * 1000
 
     async def _start_spawner(self) -> Spawner:
-        """The spawner every command of this sandbox is forked from (stacx.sandbox.spawner):
-        in "namespaces" isolation, it runs in the sandbox's own mount namespace (the host's top
-        level bound into the root) and chroots into the root; the network namespace too when
-        the internet is not allowed."""
+        """The spawner every command forks from, in the sandbox's namespaces and chroot if any."""
         root = self._root()
         net = ["--net"] if not self.limits.allow_internet and self._probe.net else []
         if self.isolation == "rewrite":
@@ -215,13 +189,11 @@ class ProcessSandbox:
     def _make_root(self) -> Path:
         root = self.root = Path(tempfile.mkdtemp(prefix="stacx-sb-"))  # close() removes it
         root.chmod(0o755)
-        modes = {self.workdir.strip("/"): 0o755, "tmp": 0o1777, "tests": 0o755}
-        for name in self.mapped:
+        modes = dict.fromkeys((*self.mapped, HOME[1:]), 0o755)
+        modes |= {"tmp": 0o1777, "logs/verifier": 0o777, "logs/agent": 0o777}
+        for name, mode in modes.items():
             (root / name).mkdir(parents=True, exist_ok=True)
-            (root / name).chmod(modes.get(name, 0o755))
-        for sub, mode in (("logs/verifier", 0o777), ("logs/agent", 0o777), (HOME[1:], 0o755)):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-            (root / sub).chmod(mode)
+            (root / name).chmod(mode)
         for name in (self.workdir.strip("/"), "solution", HOME[1:]):
             self._own(root / name)
         if self.isolation == "namespaces":
@@ -233,15 +205,8 @@ class ProcessSandbox:
             await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    # ---- paths --------------------------------------------------------------------------
 
     def host_path(self, path: str) -> Path:
         """Where `path` (absolute, or relative to the workdir) is on the host."""
@@ -256,13 +221,9 @@ class ProcessSandbox:
         return self.root
 
     def _own(self, path: Path) -> None:
-        if self.uid is not None:
+        """Give a path in the root to the sandbox's uid (a host path, outside it, stays as it is)."""
+        if self.uid is not None and self.root is not None and path.is_relative_to(self.root):
             os.chown(path, self.uid, self.uid, follow_symlinks=False)
-
-    def _in_root(self, path: Path) -> bool:
-        return self.root is not None and path.is_relative_to(self.root)
-
-    # ---- exec ---------------------------------------------------------------------------
 
     def _ids(self, user: str | None) -> tuple[int, int] | None:
         """(uid, gid) a command runs as; None: the caller's own (non-root)."""
@@ -291,8 +252,7 @@ class ProcessSandbox:
         user: str | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        """Run a command (a str runs under `bash -c`); never raises for the command's own
-        failure, only SandboxError when the sandbox is closed or the command cannot start."""
+        """Run a command (a str under `bash -c`); SandboxError only if closed or it cannot start."""
         root = self._root()
         ids = self._ids(user)
         cwd = posixpath.normpath(posixpath.join(self.workdir, cwd or self.workdir))
@@ -309,7 +269,7 @@ class ProcessSandbox:
             )
         except OSError as exc:
             raise SandboxError(f"exec in sandbox {self.id} failed: {exc}") from exc
-        child = _Child(pid, status, (fds[0], fds[1]), self.output_limit, self.flood_limit)
+        child = _Child(pid, status, (fds[0], fds[1]), self)
         self._groups.add(pid)
         try:
             timed_out = await self._wait(child, timeout, ids)
@@ -319,9 +279,7 @@ class ProcessSandbox:
         return await self._outcome(child, timed_out, ids, (time.perf_counter() - t0) * 1000)
 
     async def _live_spawner(self) -> Spawner:
-        """The sandbox's spawner; a new one if it died (a non-root sandbox's command can kill
-        it). The dead one is closed first: its exit sweeps the uid, which must not reach the
-        new one's commands."""
+        """The spawner, a new one if it died (the dead one closed first: its sweep ends first)."""
         async with self._respawn:
             if self._spawner is None or self._spawner.dead:
                 if self._spawner is not None:
@@ -332,8 +290,7 @@ class ProcessSandbox:
     def _environment(
         self, root: Path, cwd: str, env: dict[str, str] | None
     ) -> tuple[dict[str, str], str]:
-        """The command's environment and host working directory ("rewrite" isolation: paths
-        under the sandbox's top-level directories point into its root)."""
+        """The command's environment and host cwd ("rewrite" isolation: paths into the root)."""
         full_env = {
             "PATH": os.environ.get("PATH", DEFAULT_PATH),
             "HOME": HOME,
@@ -351,35 +308,24 @@ class ProcessSandbox:
     async def _wait(
         self, child: _Child, timeout: float | None, ids: tuple[int, int] | None
     ) -> bool:
-        """Wait for the command (TERM, then KILL, past `timeout`) and for its output; whether it
-        timed out. A cancelled caller kills the group."""
+        """Wait for the command (TERM, KILL past `timeout`) and its output; whether it timed out."""
         readers = child.read()
         timed_out = False
-        try:
-            try:
-                async with asyncio.timeout(timeout):
-                    await asyncio.shield(child.status)
-            except TimeoutError:
+        try:  # asyncio.wait: the command and its readers are never cancelled by a timeout
+            if not (await asyncio.wait([child.status], timeout=timeout))[0]:
                 timed_out = True
                 child.kill(signal.SIGTERM)
-                try:
-                    async with asyncio.timeout(KILL_GRACE_S):
-                        await asyncio.shield(child.status)
-                except TimeoutError:
-                    pass
+                await asyncio.wait([child.status], timeout=KILL_GRACE_S)
                 child.kill()
-                await asyncio.shield(child.status)
+            await asyncio.shield(child.status)  # its exit, or the spawner's failure
             # A background child may hold the pipes open: it goes with its group (and, past
             # that, with the sandbox's uid), and its output is cut off there.
             for step in range(3):
-                try:
-                    async with asyncio.timeout(DRAIN_GRACE_S):
-                        await asyncio.shield(readers)
+                if (await asyncio.wait([readers], timeout=DRAIN_GRACE_S))[0]:
                     break
-                except TimeoutError:
-                    child.kill()
-                    if step:
-                        await self._sweep(ids)
+                child.kill()
+                if step:
+                    await self._sweep(ids)
             else:
                 readers.cancel()
         except BaseException:
@@ -391,8 +337,7 @@ class ProcessSandbox:
     async def _outcome(
         self, child: _Child, timed_out: bool, ids: tuple[int, int] | None, duration_ms: float
     ) -> ExecResult:
-        """The ExecResult of an ended command: how it ended (CPU limit, OOM kill, refused
-        forks, output flood) read from its exit status and stderr; stragglers swept."""
+        """The ExecResult of an ended command (CPU limit, OOM, forks refused, flood); sweeps."""
         rc = child.returncode
         sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else 0)
         err = child.err
@@ -407,34 +352,23 @@ class ProcessSandbox:
         if pids or oom or timed_out:
             child.kill()  # a fork bomb's children, a timed-out command's stragglers
             await self._sweep(ids)
-        if child.flooded:
-            err.feed(
-                f"\n[stacx: output flood: the command was killed after printing more than "
-                f"{self.flood_limit} bytes]\n".encode()
-            )
-        stdout, t1 = child.out.text()
-        stderr, t2 = err.text()
-        return ExecResult(
+        return exec_result(
+            child.out,
+            err,
             exit_code=None if timed_out else (128 + -rc if rc < 0 else rc),
-            stdout=stdout,
-            stderr=stderr,
             timed_out=timed_out,
             duration_ms=duration_ms,
-            truncated=t1 or t2 or child.flooded,
             oom_killed=oom,
             pids_limited=pids,
+            flood_limit=self.flood_limit if child.flooded else None,
         )
 
     async def _sweep(self, ids: tuple[int, int] | None) -> None:
-        """Kill every process of the sandbox's own uid (those outside any known group too),
-        from a child of the spawner running as that uid (kill(-1), repeated until none is
-        left alive)."""
+        """Kill every process of the sandbox's uid (from a spawner child running as that uid)."""
         if ids is None or self.uid is None or ids[0] != self.uid or self._spawner is None:
             return
         if not await self._spawner.sweep(self.uid):
             log.warning("process sandbox %s: processes of uid %d survive a kill", self.id, self.uid)
-
-    # ---- files --------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
         """A file's bytes; FileNotFoundError if it does not exist, IsADirectoryError for a dir."""
@@ -456,8 +390,7 @@ class ProcessSandbox:
         self._makedirs(p.parent)
         p.write_bytes(payload)
         p.chmod(mode)
-        if self._in_root(p):
-            self._own(p)
+        self._own(p)
 
     def _makedirs(self, d: Path) -> None:
         missing = []
@@ -466,12 +399,10 @@ class ProcessSandbox:
             d = d.parent
         for m in reversed(missing):
             m.mkdir(mode=0o755)
-            if self._in_root(m):
-                self._own(m)
+            self._own(m)
 
     async def upload_dir(self, local_dir: str, remote_dir: str) -> None:
-        """Copy a local directory's contents into `remote_dir` (created as needed), modes kept;
-        an existing directory's mode is left as it is."""
+        """Copy a local directory's contents into `remote_dir`, modes kept (existing dirs' left)."""
         dest = self.host_path(remote_dir)
         await asyncio.to_thread(self._copy_tree, Path(local_dir), dest)
 
@@ -486,15 +417,11 @@ class ProcessSandbox:
                 if not d.exists():
                     d.mkdir()
                     shutil.copymode(Path(dirpath) / name, d)
-                    if self._in_root(d):
-                        self._own(d)
+                    self._own(d)
             for name in filenames:
                 f = dest / rel / name
                 shutil.copy2(Path(dirpath) / name, f, follow_symlinks=False)
-                if self._in_root(f):
-                    self._own(f)
-
-    # ---- close --------------------------------------------------------------------------
+                self._own(f)
 
     async def close(self) -> None:
         """Kill the sandbox's processes and remove its root. Idempotent."""

@@ -1,23 +1,8 @@
-"""The `Environments` port (stacx.ports) over process sandboxes (stacx.sandbox.process), for
-image-less tasks on machines without Docker: `sandbox.backend = "process"`.
+"""The `Environments` port over process sandboxes (`sandbox.backend = "process"`), for image-less
+tasks: no image is built (a Dockerfile's context COPY / ADD is uploaded, nothing else is done);
+failures map as DockerEnvironments maps them; each episode gets a fresh root.
 
-A task needs no environment/Dockerfile here. A task that has one (or a docker_image) runs on
-the host's own tree all the same, with a warning once per task: its image is not built and
-nothing it installs is there. The workdir is /app (Harbor's convention; no image names one).
-Of a Dockerfile, only the COPY / ADD of the task's own build-context files is honoured
-(`context_copies`): they are uploaded where the image would have them, before the agent starts
-(a task's data files, as the MLE tasks ship them); RUN, ENV, USER and the rest are not.
-
-Failures, as DockerEnvironments maps them:
-- a bad [environment] table (an unset ${VAR} in environment.env) -> START (no image to build);
-- a sandbox that cannot be made, a machine with no mount namespace (the verifier's /logs and
-  /tests could not be the sandbox's: see stacx.sandbox.process), a failing healthcheck -> START
-  (a multi-step task's step whose setup.sh or own healthcheck fails: StepFailed, as Docker's);
-- the verifier's own kinds (timeout, no reward, OOM, pids limit, transport), from run_verifier.
-What the task's own processes hit while the agent acts (a MemoryError, a refused fork) is an
-observation on the ExecResult, never an InfraFailure.
-
-Sandboxes are never reused: each episode gets a fresh root, removed on exit.
+Design: docs/sandboxes.md#image-less-tasks-on-the-process-backend
 """
 
 from __future__ import annotations
@@ -27,98 +12,59 @@ import logging
 import posixpath
 import re
 import shlex
-from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from stacx.errors import SandboxError, TaskError
-from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped
-from stacx.harbor.tasks import load_task, task_limits
+from stacx.events import Emit, FailureKind
 from stacx.ports import Environments, InfraFailure, Limits, Sandbox, Task, Verdict
 from stacx.sandbox.answers import is_answer_task, verify_answer
-from stacx.sandbox.health import wait_healthy
+from stacx.sandbox.lifecycle import Lifecycle
+from stacx.sandbox.limits import task_limits
 from stacx.sandbox.process import ProcessSandbox, isolation
-from stacx.sandbox.steps import following, start_step
 from stacx.sandbox.verifier import run_verifier, verdict
 
 log = logging.getLogger(__name__)
 IMAGE = "process"  # SandboxStarted.image of a process sandbox
 
 
-class ProcessEnvironments:
+class ProcessEnvironments(Lifecycle):
     """Process-backed `Environments`; an async context manager (it owns nothing long-lived)."""
 
     def __init__(self, *, run_id: str, emit: Emit | None = None, workdir: str = "/app") -> None:
-        self.run_id = run_id
-        self.emit = emit
+        super().__init__(run_id=run_id, emit=emit)
         self.workdir = workdir
         self._warned: set[str] = set()
-        self._multi: dict[str, Task] = {}  # episode -> its multi-step task (steps' checks)
 
     async def __aenter__(self) -> Self:
         isolation()  # probe (and warn) once, before the first episode
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-    def task(self, path: str) -> Task:
-        return load_task(path)
-
-    @contextlib.asynccontextmanager
-    async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
-        limits = self._limits(task)
+    async def _start(
+        self, stack: contextlib.AsyncExitStack, task: Task, episode_id: str
+    ) -> Sandbox:
         sandbox = ProcessSandbox(
-            limits, workdir=self.workdir, run_id=self.run_id, episode_id=episode_id
+            self._limits(task), workdir=self.workdir, run_id=self.run_id, episode_id=episode_id
         )
-        try:
-            await sandbox.start()
-        except SandboxError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        await sandbox.start()
         reason = "released"
-        if task.step_tasks:
-            self._multi[episode_id] = task
-        try:
-            if self.emit is not None:
-                await self.emit(
-                    SandboxStarted(
-                        run_id=self.run_id,
-                        sandbox_id=sandbox.id,
-                        image=IMAGE,
-                        episode_id=episode_id,
-                        start_ms=sandbox.start_ms,
-                    )
-                )
-            healthcheck = task.config.environment.healthcheck
-            try:
-                await upload_context(sandbox, task, self.workdir)
-                if healthcheck is not None:
-                    await wait_healthy(sandbox, healthcheck)
-                if task.step_tasks:
-                    await start_step(sandbox, task, task.step_tasks[0].step or "")
-            except SandboxError as exc:
-                reason = "unhealthy"
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
-            yield sandbox
-        finally:
-            self._multi.pop(episode_id, None)
+
+        async def release() -> None:
             await sandbox.close()
-            if self.emit is not None:
-                await self.emit(
-                    SandboxStopped(
-                        run_id=self.run_id,
-                        sandbox_id=sandbox.id,
-                        episode_id=episode_id,
-                        reason=reason,
-                    )
-                )
+            await self.stopped(sandbox.id, episode_id, reason)
+
+        stack.push_async_callback(release)
+        await self.started(sandbox.id, IMAGE, episode_id, sandbox.start_ms)
+        try:
+            await upload_context(sandbox, task, self.workdir)
+            await self._ready(sandbox, task, episode_id)
+        except SandboxError:
+            reason = "unhealthy"
+            raise
+        return sandbox
 
     def _limits(self, task: Task) -> Limits:
-        """The task's limits, once this machine is known to give it its own /logs and /tests
-        (mount namespaces); a task with an image is run on the host, with a warning."""
+        """The task's limits, once this machine gives a sandbox its own /logs and /tests."""
         if isolation().isolation != "namespaces":
             raise InfraFailure(
                 FailureKind.START,
@@ -140,18 +86,11 @@ class ProcessEnvironments:
             raise InfraFailure(FailureKind.START, str(exc)) from exc
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
-        """Harbor's verifier (tests/test.sh), or for a light-format answer task (a jsonl
-        problem) the answer check of stacx.sandbox.answers on the agent's answer file."""
+        """Harbor's verifier (tests/test.sh), or an answer task's answer check (sandbox.answers)."""
         if is_answer_task(task):
             return verdict(await verify_answer(sandbox, task))
         result = verdict(await run_verifier(sandbox, task))
-        multi = self._multi.get(episode_id) if task.step else None
-        after = following(multi, task.step, result) if multi and task.step else None
-        if multi is not None and after is not None:  # the next step's setup
-            try:
-                await start_step(sandbox, multi, after, result)
-            except SandboxError as exc:
-                raise InfraFailure(FailureKind.START, str(exc)) from exc
+        await self._next_step(sandbox, task, result, episode_id)
         return result
 
 
@@ -159,10 +98,7 @@ _INSTRUCTION = re.compile(r"^\s*(WORKDIR|COPY|ADD)\s+(.*)$", re.IGNORECASE)
 
 
 def context_copies(env_dir: Path, workdir: str = "/app") -> list[tuple[Path, str]]:
-    """(context path, sandbox path) of each source of the Dockerfile's COPY / ADD lines that
-    names a file or directory of the build context; WORKDIR resolves relative destinations.
-    Skipped: `--from` copies, heredocs, URLs, globs, $VARs, JSON-form lines, sources outside the
-    context (the image's business, which this backend does not build)."""
+    """(context path, sandbox path) of each COPY / ADD of a build-context file (see docs)."""
     dockerfile = env_dir / "Dockerfile"
     if not dockerfile.is_file():
         return []

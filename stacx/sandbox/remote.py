@@ -1,28 +1,10 @@
-"""The remote backend: the `Sandbox` and `Environments` ports over sandbox services on NATS.
+"""The remote backend: the `Sandbox` and `Environments` ports over sandbox services on NATS
+(``sandbox.backend = "remote"``). Places each sandbox on the live service with the most free slots;
+a lost host's sandboxes raise InfraFailure(SANDBOX_HOST_LOST), retried elsewhere; only idempotent
+requests are re-sent on timeout (never exec or verify); the verifier runs on the service, so a
+remote verdict is a local one.
 
-`RemoteEnvironments` (``sandbox.backend = "remote"``) is what the rollout manager gets instead
-of `DockerEnvironments`; the agent, the verifier and the manager run unchanged. It places each
-episode's sandbox on the live service with the most free slots (`HostTable`, fed by the
-services' adverts), sends the task directory the first time a service needs it (the service
-builds the image), and renews the leases of the sandboxes it holds.
-
-Failures:
-- A service that stops advertising for `lost_after` heartbeats, or that no longer answers its
-  subject (NATS "no responders", as after kill -9), is lost: every pending and later request to
-  its sandboxes raises InfraFailure(SANDBOX_HOST_LOST), which the rollout manager records and
-  retries; the retry is placed on another live host. A start that found no responder is
-  placed elsewhere at once (nothing was started).
-- A request that times out is retried only when it is idempotent (read_file, write_file,
-  upload_dir with the same bytes, stop, status, fetching a reply's pieces); an exec or a
-  verify that times out raises SandboxError (EXEC_TRANSPORT) and is never re-sent.
-- The verifier runs on the service (`DockerEnvironments.verify` with the task directory the
-  service holds), so per-phase network switches and multi-step tasks behave as locally: a
-  step whose setup.sh or healthcheck fails comes back as that StepFailed (reply
-  "step_failed"), at a start or after a step's verify, never as a START failure.
-- A reply "internal" (a bug in the service) raises RuntimeError with the service's traceback:
-  our own bugs are not infrastructure failures.
-
-Not here: the service (stacx.sandbox.service), the wire format (stacx.sandbox.remote_wire).
+Design: docs/sandboxes.md#remote-sandboxes-stacx-sandbox-serve
 """
 
 from __future__ import annotations
@@ -31,9 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Self, TypedDict
 
 import msgspec
 import nats.errors
@@ -42,10 +23,10 @@ from nats.aio.msg import Msg
 
 from stacx.bus.client import connect
 from stacx.errors import ConfigError, SandboxError
-from stacx.events import Emit, FailureKind, SandboxStarted, SandboxStopped, new_id
-from stacx.harbor.tasks import load_task
+from stacx.events import Emit, FailureKind, new_id
 from stacx.ports import Environments, ExecResult, InfraFailure, Sandbox, Task, Verdict
 from stacx.sandbox.archive import tar_directory
+from stacx.sandbox.lifecycle import Lifecycle
 from stacx.sandbox.remote_hosts import Host, HostTable
 from stacx.sandbox.remote_wire import (
     ENCODER,
@@ -80,6 +61,15 @@ VERIFY_GRACE_S = 300.0  # uploads of tests, the reward read, network switches
 IDEMPOTENT_TRIES = 3
 
 
+class _Auth(TypedDict):  # the fields every request carries
+    run_id: str
+    token: str
+
+
+class _Ids(_Auth):  # and those of a request about one sandbox
+    sandbox_id: str
+
+
 class HostLost(InfraFailure):
     def __init__(self, service_id: str, why: str) -> None:
         super().__init__(FailureKind.SANDBOX_HOST_LOST, f"sandbox service {service_id}: {why}")
@@ -93,32 +83,30 @@ async def call(
     *,
     timeout: float,
     idempotent: bool,
-    lost: asyncio.Event | None = None,
+    host: Host | None = None,
 ) -> Reply:
-    """One request and its reply, large ones in chunks. Raises TimeoutError (after retries
-    when `idempotent`), nats NoRespondersError, or HostLost-worthy `lost` being set (the
-    caller maps these)."""
+    """One request and its reply, chunked if large; TimeoutError, NoRespondersError, or HostLost
+    once `host` is lost."""
+    ids = _Auth(run_id=req.run_id, token=req.token)
+
+    async def piece_call(piece: Request) -> Reply:  # a piece of a large request or reply
+        reply = await call(
+            nc, subject, piece, timeout=REQUEST_TIMEOUT_S, idempotent=True, host=host
+        )
+        _raise_for(reply, subject)
+        return reply
+
     data: bytes = ENCODER.encode(req)
     if len(data) > nc.max_payload - 1024:
         blob_id = new_id()
         pieces = split(data, nc.max_payload)
         for i, piece in enumerate(pieces):
-            acked = await call(
-                nc,
-                subject,
-                Chunk(run_id=req.run_id, token=req.token, blob_id=blob_id, index=i, data=piece),
-                timeout=REQUEST_TIMEOUT_S,
-                idempotent=True,
-                lost=lost,
-            )
-            _raise_for(acked, subject)
-        data = ENCODER.encode(
-            Assembled(run_id=req.run_id, token=req.token, blob_id=blob_id, n=len(pieces))
-        )
+            await piece_call(Chunk(**ids, blob_id=blob_id, index=i, data=piece))
+        data = ENCODER.encode(Assembled(**ids, blob_id=blob_id, n=len(pieces)))
     tries = IDEMPOTENT_TRIES if idempotent else 1
     for attempt in range(tries):
         try:
-            msg = await _race(nc.request(subject, data, timeout=timeout), lost)
+            msg = await _race(nc.request(subject, data, timeout=timeout), host)
             break
         except TimeoutError:
             if attempt + 1 == tries:
@@ -126,31 +114,19 @@ async def call(
             log.warning("request %s to %s timed out; retrying (idempotent)", type(req), subject)
     reply = REPLY_DECODER.decode(msg.data)
     if reply.blob is not None:
-        parts = []
-        for i in range(reply.blob.n):
-            part = await call(
-                nc,
-                subject,
-                Fetch(run_id=req.run_id, token=req.token, blob_id=reply.blob.blob_id, index=i),
-                timeout=REQUEST_TIMEOUT_S,
-                idempotent=True,
-                lost=lost,
-            )
-            _raise_for(part, subject)
-            parts.append(part.data or b"")
-        reply = REPLY_DECODER.decode(b"".join(parts))
+        blob = reply.blob
+        parts = [
+            await piece_call(Fetch(**ids, blob_id=blob.blob_id, index=i)) for i in range(blob.n)
+        ]
+        reply = REPLY_DECODER.decode(b"".join(p.data or b"" for p in parts))
     return reply
 
 
-class _Lost(Exception):
-    pass
-
-
-async def _race(request: Coroutine[object, object, Msg], lost: asyncio.Event | None) -> Msg:
+async def _race(request: Coroutine[object, object, Msg], host: Host | None) -> Msg:
     req_task = asyncio.ensure_future(request)
-    if lost is None:
+    if host is None:
         return await req_task
-    lost_task = asyncio.ensure_future(lost.wait())
+    lost_task = asyncio.ensure_future(host.lost.wait())
     try:
         await asyncio.wait({req_task, lost_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -158,11 +134,11 @@ async def _race(request: Coroutine[object, object, Msg], lost: asyncio.Event | N
     if req_task.done():
         return req_task.result()
     req_task.cancel()
-    raise _Lost()
+    raise HostLost(host.advert.service_id, host.why)
 
 
 def _raise_for(reply: Reply, where: str) -> None:
-    """Raise what a failed reply means on this side (see the module doc)."""
+    """Raise what a failed reply means on this side ("internal": RuntimeError, our bug)."""
     match reply.error:
         case "":
             return
@@ -188,20 +164,21 @@ class RemoteSandbox:
     def __init__(self, nc: NATS, host: Host, run_id: str, token: str, started: Started) -> None:
         self.nc = nc
         self.host = host
-        self.run_id = run_id
-        self.token = token
         self.id = started.sandbox_id
         self.image = started.image
         self.workdir = started.workdir  # read by the verifier, as DockerSandbox's
         self.output_limit = started.output_limit
         self.subject = run_subject(host.advert.service_id, run_id)
         self.closed = False
+        self._ids = _Ids(run_id=run_id, token=token, sandbox_id=self.id)
 
     @property
     def service_id(self) -> str:
         return self.host.advert.service_id
 
-    async def _call(self, req: Request, *, timeout: float, idempotent: bool) -> Reply:
+    async def _call(
+        self, req: Request, *, timeout: float = REQUEST_TIMEOUT_S, idempotent: bool = True
+    ) -> Reply:
         if self.host.lost.is_set():
             raise HostLost(self.service_id, self.host.why)
         try:
@@ -211,10 +188,8 @@ class RemoteSandbox:
                 req,
                 timeout=timeout,
                 idempotent=idempotent,
-                lost=self.host.lost,
+                host=self.host,
             )
-        except _Lost:
-            raise HostLost(self.service_id, self.host.why) from None
         except nats.errors.NoRespondersError:
             self.host.mark_lost("no responders on its subject")
             raise HostLost(self.service_id, self.host.why) from None
@@ -232,12 +207,7 @@ class RemoteSandbox:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def exec(
@@ -249,16 +219,7 @@ class RemoteSandbox:
         user: str | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        req = Exec(
-            run_id=self.run_id,
-            token=self.token,
-            sandbox_id=self.id,
-            cmd=cmd,
-            timeout=timeout,
-            env=env,
-            user=user,
-            cwd=cwd,
-        )
+        req = Exec(**self._ids, cmd=cmd, timeout=timeout, env=env, user=user, cwd=cwd)
         # no timeout: wait as long as the command runs (a lost host still ends the wait)
         wait = 10 * 365 * 86400.0 if timeout is None else timeout + EXEC_GRACE_S
         reply = await self._call(req, timeout=wait, idempotent=False)
@@ -266,69 +227,41 @@ class RemoteSandbox:
         return reply.exec
 
     async def read_file(self, path: str) -> bytes:
-        req = ReadFile(run_id=self.run_id, token=self.token, sandbox_id=self.id, path=path)
-        reply = await self._call(req, timeout=REQUEST_TIMEOUT_S, idempotent=True)
-        return reply.data or b""
+        return (await self._call(ReadFile(**self._ids, path=path))).data or b""
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         payload = data.encode() if isinstance(data, str) else data
-        req = WriteFile(
-            run_id=self.run_id,
-            token=self.token,
-            sandbox_id=self.id,
-            path=path,
-            data=payload,
-            mode=mode,
-        )
-        await self._call(req, timeout=REQUEST_TIMEOUT_S, idempotent=True)
+        await self._call(WriteFile(**self._ids, path=path, data=payload, mode=mode))
 
     async def upload_dir(self, local_dir: str, remote_dir: str) -> None:
         tar = await asyncio.to_thread(tar_directory, local_dir)
-        req = Upload(
-            run_id=self.run_id,
-            token=self.token,
-            sandbox_id=self.id,
-            remote_dir=remote_dir,
-            tar=tar,
-        )
-        await self._call(req, timeout=REQUEST_TIMEOUT_S, idempotent=True)
+        await self._call(Upload(**self._ids, remote_dir=remote_dir, tar=tar))
 
     async def verify(self, task: Task, *, episode_id: str) -> Verdict:
-        req = Verify(
-            run_id=self.run_id,
-            token=self.token,
-            sandbox_id=self.id,
-            episode_id=episode_id,
-            step=task.step,
-        )
+        req = Verify(**self._ids, episode_id=episode_id, step=task.step)
         wait = task.config.verifier.timeout_sec + VERIFY_GRACE_S
         reply = await self._call(req, timeout=wait, idempotent=False)
         assert reply.verdict is not None, reply
         return reply.verdict
 
     async def status(self) -> bool:
-        req = Status(run_id=self.run_id, token=self.token, sandbox_id=self.id)
-        return (await self._call(req, timeout=REQUEST_TIMEOUT_S, idempotent=True)).count == 1
+        return (await self._call(Status(**self._ids))).count == 1
 
     async def close(self, reason: str = "released") -> None:
-        """Stop the sandbox (idempotent; never raises for the transport: an episode already
-        scored is not failed by its cleanup). On a lost host, or when the stop goes
-        unanswered, the service's lease expiry (or its gc after a restart) removes it."""
+        """Stop the sandbox; idempotent, never raises for the transport (lease expiry cleans up)."""
         if self.closed:
             return
         self.closed = True
         if self.host.lost.is_set():
             return
-        req = Stop(run_id=self.run_id, token=self.token, sandbox_id=self.id, reason=reason)
         try:
-            await self._call(req, timeout=REQUEST_TIMEOUT_S, idempotent=True)
+            await self._call(Stop(**self._ids, reason=reason))
         except (HostLost, SandboxError) as exc:
             log.warning("stop of sandbox %s: %s (its lease will expire)", self.id[:12], exc)
 
 
-class RemoteEnvironments:
-    """`Environments` over sandbox services; an async context manager owning a NATS
-    connection, the host table and the lease renewals."""
+class RemoteEnvironments(Lifecycle):
+    """`Environments` over sandbox services: the NATS connection, host table, lease renewals."""
 
     def __init__(
         self,
@@ -341,10 +274,9 @@ class RemoteEnvironments:
         place_wait_s: float = 60.0,
         lease_every_s: float = 10.0,
     ) -> None:
+        super().__init__(run_id=run_id, emit=emit)
         self.url = url
-        self.run_id = run_id
         self.token = token
-        self.emit = emit
         self.warm = warm
         self.place_wait_s = place_wait_s  # how long a start waits for a host with a free slot
         self.lease_every_s = lease_every_s
@@ -353,6 +285,7 @@ class RemoteEnvironments:
         self._held: set[RemoteSandbox] = set()
         self._tasks: dict[str, tuple[str, str]] = {}  # task dir -> (digest, name)
         self._lease: asyncio.Task[None] | None = None
+        self._auth = _Auth(run_id=run_id, token=token)
 
     async def __aenter__(self) -> Self:
         self._nc = await connect(self.url, name=f"stacx-remote-{self.run_id}")
@@ -361,9 +294,7 @@ class RemoteEnvironments:
         self._lease = asyncio.create_task(self._renew())
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._lease is not None:
             self._lease.cancel()
             await asyncio.gather(self._lease, return_exceptions=True)
@@ -376,48 +307,33 @@ class RemoteEnvironments:
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self.lease_every_s)
-            by_host: dict[str, list[RemoteSandbox]] = {}
+            by_host: dict[str, list[str]] = {}  # the run's subject on a host -> its sandboxes
             for sb in self._held:
-                by_host.setdefault(sb.service_id, []).append(sb)
-            for sandboxes in by_host.values():
-                first = sandboxes[0]
-                beat = Heartbeat(
-                    run_id=self.run_id,
-                    token=self.token,
-                    sandbox_ids=[sb.id for sb in sandboxes],
-                )
+                by_host.setdefault(sb.subject, []).append(sb.id)
+            for subject, ids in by_host.items():
+                beat = Heartbeat(**self._auth, sandbox_ids=ids)
                 with contextlib.suppress(Exception):  # a lost host is noticed by its requests
-                    await self.nc.publish(first.subject, ENCODER.encode(beat))
+                    await self.nc.publish(subject, ENCODER.encode(beat))
 
     @property
     def nc(self) -> NATS:
         assert self._nc is not None, "use `async with`"
         return self._nc
 
-    def task(self, path: str) -> Task:
-        return load_task(path)
-
     def _digest(self, task: Task) -> tuple[str, str]:
         if task.path not in self._tasks:
             self._tasks[task.path] = (task_digest(task.dir), task.dir.name)
         return self._tasks[task.path]
 
-    async def _start(self, task: Task, episode_id: str) -> tuple[Host, Started]:
+    async def _place(self, task: Task, episode_id: str) -> tuple[Host, Started]:
         assert self.hosts is not None, "use `async with`"
         digest, name = await asyncio.to_thread(self._digest, task)
-        tar: bytes | None = None
+        req = Start(
+            **self._auth, episode_id=episode_id, task_digest=digest, task_name=name, warm=self.warm
+        )
         while True:
             host = await self.hosts.pick(digest, wait=self.place_wait_s)
             sid = host.advert.service_id
-            req = Start(
-                run_id=self.run_id,
-                token=self.token,
-                episode_id=episode_id,
-                task_digest=digest,
-                task_name=name,
-                task_tar=tar,
-                warm=self.warm,
-            )
             host.placing += 1
             try:
                 reply = await call(
@@ -426,19 +342,18 @@ class RemoteEnvironments:
                     req,
                     timeout=START_TIMEOUT_S,
                     idempotent=False,
-                    lost=host.lost,
+                    host=host,
                 )
             except nats.errors.NoRespondersError:
                 host.mark_lost("no responders on its subject")
                 continue  # nothing was started there: place it elsewhere
-            except _Lost:
-                raise HostLost(sid, host.why) from None
             except TimeoutError as exc:
                 raise SandboxError(f"start on {sid}: no reply in {START_TIMEOUT_S:g}s") from exc
             finally:
                 host.placing -= 1
             if reply.error == "missing_task":
                 tar = await asyncio.to_thread(tar_directory, task.dir)
+                req = msgspec.structs.replace(req, task_tar=tar)
                 continue
             if reply.error == "full":  # its advert was stale: wait for the next ones
                 host.advert = msgspec.structs.replace(host.advert, used=host.advert.slots)
@@ -447,51 +362,29 @@ class RemoteEnvironments:
             assert reply.started is not None, reply
             return host, reply.started
 
-    @contextlib.asynccontextmanager
-    async def sandbox(self, task: Task, *, episode_id: str) -> AsyncIterator[Sandbox]:
+    async def _start(
+        self, stack: contextlib.AsyncExitStack, task: Task, episode_id: str
+    ) -> Sandbox:
         t0 = time.perf_counter()
-        try:
-            host, started = await self._start(task, episode_id)
-        except SandboxError as exc:
-            raise InfraFailure(FailureKind.START, str(exc)) from exc
+        host, started = await self._place(task, episode_id)
         sb = RemoteSandbox(self.nc, host, self.run_id, self.token, started)
         self._held.add(sb)
-        if self.emit is not None:
-            await self.emit(
-                SandboxStarted(
-                    run_id=self.run_id,
-                    sandbox_id=sb.id,
-                    image=sb.image,
-                    episode_id=episode_id,
-                    start_ms=(time.perf_counter() - t0) * 1000,
-                    warm=started.warm,
-                    host=sb.service_id,
-                )
-            )
-        reason = "released"
-        try:
-            yield sb
-        except HostLost:
-            reason = "host_lost"
-            raise
-        finally:
+
+        async def release(et: object, exc: BaseException | None, tb: object) -> None:
             self._held.discard(sb)
-            if host.lost.is_set():
-                reason = "host_lost"
+            lost = isinstance(exc, HostLost) or host.lost.is_set()
             await sb.close()
-            if self.emit is not None:
-                await self.emit(
-                    SandboxStopped(
-                        run_id=self.run_id,
-                        sandbox_id=sb.id,
-                        episode_id=episode_id,
-                        reason=reason,
-                    )
-                )
+            await self.stopped(sb.id, episode_id, "host_lost" if lost else "released")
+
+        stack.push_async_exit(release)
+        start_ms = (time.perf_counter() - t0) * 1000
+        await self.started(
+            sb.id, sb.image, episode_id, start_ms, warm=started.warm, host=sb.service_id
+        )
+        return sb
 
     async def verify(self, sandbox: Sandbox, task: Task, *, episode_id: str) -> Verdict:
-        """The service runs the verifier (DockerEnvironments.verify, with the task directory
-        it holds), so a remote verdict is exactly a local one."""
+        """Run on the service (DockerEnvironments.verify): a remote verdict is a local one."""
         if not isinstance(sandbox, RemoteSandbox):
             raise TypeError(f"RemoteEnvironments.verify: {type(sandbox).__name__} is not remote")
         return await sandbox.verify(task, episode_id=episode_id)

@@ -1,7 +1,5 @@
-"""The client's view of the sandbox services: the live hosts from their adverts, placement by
-free slots, and host-lost detection (`Host.lost`, set when a host's adverts stop).
-
-Used by `stacx.sandbox.remote` (the remote backend) and the admin CLI (`discover`).
+"""The client's view of the sandbox services: live hosts from their adverts, placement by free
+slots, and host-lost detection (`Host.lost`, set when a host's adverts stop).
 """
 
 from __future__ import annotations
@@ -92,8 +90,7 @@ class HostTable:
         return [h for h in self.hosts.values() if not h.lost.is_set()]
 
     async def pick(self, digest: str, *, wait: float) -> Host:
-        """The live host with the most free slots (one that built `digest` wins a tie);
-        waits up to `wait` s for a host with a free slot. SandboxError when none appears."""
+        """The live host with most free slots (having built `digest` wins ties), within `wait` s."""
         deadline = time.monotonic() + wait
         while True:
             free = [h for h in self.live() if h.free > 0]

@@ -1,25 +1,8 @@
-"""The sandbox service's wire protocol: subjects, messages, tokens, and chunked request/reply.
+"""The sandbox service's wire protocol, spoken by stacx.sandbox.service and stacx.sandbox.remote:
+subjects, msgpack messages, the run's token, chunked request/reply. A service executes a request
+only with the run's token.
 
-Both sides (`stacx.sandbox.service`, the server; `stacx.sandbox.remote`, the client) speak it.
-
-Subjects (core NATS, not JetStream: nothing here is an event of a run):
-
-- ``stacx.sandbox.advert``: every service publishes its `Advert` (capacity, images) each
-  ``heartbeat_s``; clients keep the table of live hosts from it, and a host whose adverts stop
-  is lost.
-- ``stacx.sandbox.discover``: a request any client may send; every live service answers on the
-  reply subject with its `Advert` (scatter-gather: the admin CLI collects for a moment).
-- ``stacx.sandbox.svc.<service_id>.run.<run_id>``: a run's requests to one service (start, exec,
-  read, write, upload, verify, stop, heartbeat, the chunks of large messages). A NATS deployment with
-  accounts can permit a run's user ``stacx.sandbox.svc.*.run.<run_id>`` only.
-- ``stacx.sandbox.svc.<service_id>.admin``: ls, stats, stop, gc across runs.
-
-Every request carries the run's token (see `run_token`): the service executes only requests
-whose token matches the run's. Messages are msgpack (msgspec tagged Structs). A message larger
-than the server's max_payload is split: a request goes as `Chunk` requests followed by
-`Assembled`; a reply comes back as a `BlobRef` whose pieces the client `Fetch`es (idempotent).
-
-Not here: placement (remote_hosts.HostTable), what each op does (service).
+Design: docs/sandboxes.md#the-sandbox-services-wire
 """
 
 from __future__ import annotations
@@ -35,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from stacx.events import FailureKind
-from stacx.ports import ExecResult, StepFailed, Verdict
+from stacx.ports import ExecResult, InfraFailure, StepFailed, Verdict
 
 ADVERT = "stacx.sandbox.advert"
 DISCOVER = "stacx.sandbox.discover"
@@ -58,11 +41,7 @@ def subject_token(name: str) -> str:
 
 
 def run_token(run_id: str, run_dir: str | Path | None = None) -> str:
-    """The run's token. With $STACX_SANDBOX_SECRET (set on services and clients alike) it is
-    HMAC-SHA256(secret, run_id), so every worker of a run, on any machine, holds the same one
-    and a service checks it without having seen it. Without a secret, a random token kept in
-    `<run_dir>/sandbox.token` (shared by the run's workers on this machine); a service then
-    pins the first token it sees for a run and refuses any other."""
+    """HMAC-SHA256($STACX_SANDBOX_SECRET, run_id); without a secret, a random one in the run dir."""
     secret = os.environ.get(SECRET_ENV)
     if secret:
         return hmac.new(secret.encode(), run_id.encode(), hashlib.sha256).hexdigest()
@@ -99,9 +78,6 @@ def task_digest(task_dir: Path) -> str:
     return h.hexdigest()[:24]
 
 
-# ---- messages ---------------------------------------------------------------------------------
-
-
 class Advert(msgspec.Struct, frozen=True, kw_only=True):
     """What a service offers: slots (sandboxes at once) and the task images it has built."""
 
@@ -123,6 +99,10 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     token: str
 
 
+class _AboutSandbox(_Request, frozen=True, kw_only=True):
+    sandbox_id: str
+
+
 class Start(_Request, frozen=True, kw_only=True, tag="start"):
     episode_id: str
     task_digest: str
@@ -131,8 +111,7 @@ class Start(_Request, frozen=True, kw_only=True, tag="start"):
     warm: int = 0  # the run's warm pool size on this host
 
 
-class Exec(_Request, frozen=True, kw_only=True, tag="exec"):
-    sandbox_id: str
+class Exec(_AboutSandbox, frozen=True, kw_only=True, tag="exec"):
     cmd: str | list[str]
     timeout: float | None = None
     env: dict[str, str] | None = None
@@ -140,35 +119,29 @@ class Exec(_Request, frozen=True, kw_only=True, tag="exec"):
     cwd: str | None = None
 
 
-class ReadFile(_Request, frozen=True, kw_only=True, tag="read_file"):
-    sandbox_id: str
+class ReadFile(_AboutSandbox, frozen=True, kw_only=True, tag="read_file"):
     path: str
 
 
-class WriteFile(_Request, frozen=True, kw_only=True, tag="write_file"):
-    sandbox_id: str
+class WriteFile(_AboutSandbox, frozen=True, kw_only=True, tag="write_file"):
     path: str
     data: bytes
     mode: int = 0o644
 
 
-class Upload(_Request, frozen=True, kw_only=True, tag="upload"):
-    sandbox_id: str
+class Upload(_AboutSandbox, frozen=True, kw_only=True, tag="upload"):
     remote_dir: str
     tar: bytes
 
 
-class Verify(_Request, frozen=True, kw_only=True, tag="verify"):
-    """Run the task's verifier in the sandbox, on the service (as DockerEnvironments.verify
-    does it: its tests from the task directory there, its per-phase network policy)."""
+class Verify(_AboutSandbox, frozen=True, kw_only=True, tag="verify"):
+    """Run the task's verifier on the service, as DockerEnvironments.verify does."""
 
-    sandbox_id: str
     episode_id: str
     step: str | None = None  # a multi-step task's step (Task.step)
 
 
-class Stop(_Request, frozen=True, kw_only=True, tag="stop"):
-    sandbox_id: str
+class Stop(_AboutSandbox, frozen=True, kw_only=True, tag="stop"):
     reason: str = "released"
 
 
@@ -178,8 +151,8 @@ class Heartbeat(_Request, frozen=True, kw_only=True, tag="heartbeat"):
     sandbox_ids: list[str]
 
 
-class Status(_Request, frozen=True, kw_only=True, tag="status"):
-    sandbox_id: str
+class Status(_AboutSandbox, frozen=True, kw_only=True, tag="status"):
+    """Whether the sandbox is running (a reply with count 1)."""
 
 
 class Chunk(_Request, frozen=True, kw_only=True, tag="chunk"):
@@ -260,8 +233,8 @@ class SandboxRow(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     episode_id: str
     image: str
-    age_s: float
-    idle_s: float  # since the last request or lease renewal
+    age_s: float = 0.0
+    idle_s: float = 0.0  # since the last request or lease renewal
     memory_mb: float | None = None
 
 
@@ -275,10 +248,7 @@ class StepFailure(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A service's answer. `error` names what went wrong: "infra" (with `failure_kind`),
-    "step_failed" (with `step_failed`: a step's setup.sh or healthcheck failed, at a start or
-    after a step's verify), "sandbox", "not_found", "is_dir", "auth", "full", "missing_task",
-    "unknown_sandbox", "internal" (a bug in the service: `message` has its traceback)."""
+    """A service's answer; `error` names what went wrong (docs/sandboxes.md lists them)."""
 
     error: str = ""
     message: str = ""
@@ -293,7 +263,10 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     count: int = 0
 
 
-def step_failed_reply(exc: StepFailed) -> Reply:
+def failure_reply(exc: InfraFailure) -> Reply:
+    """An InfraFailure on the wire; a StepFailed keeps its step (`step_failed_of`)."""
+    if not isinstance(exc, StepFailed):
+        return Reply(error="infra", failure_kind=exc.kind, message=exc.message)
     failure = StepFailure(
         step=exc.step,
         exception_type=exc.exception_type,

@@ -1,30 +1,16 @@
-"""`stacx sandbox serve`: the sandbox service of one Docker host, over NATS request/reply.
+"""`stacx sandbox serve`: one Docker host's sandboxes over NATS request/reply, through the same
+Docker backend a run uses in-process, so a remote sandbox is a local one started elsewhere. Each
+request runs in its own task; only the run's token is obeyed; a start past `slots` is refused, never
+queued; a sandbox whose lease lapses is stopped.
 
-It owns this host's STACX containers through the Docker backend as a run in-process uses it:
-one `DockerEnvironments` per run (task image build cached by content hash, warm pool, limits,
-healthcheck, failure kinds), so a remote sandbox is exactly a local one started elsewhere.
-The wire protocol is `stacx.sandbox.remote_wire`; the client is `stacx.sandbox.remote`.
-
-Guarantees:
-- Every request is handled in its own asyncio task: a long exec never delays another request,
-  of the same sandbox or another.
-- A request runs only when its token is the run's (`remote_wire.run_token`); with
-  $STACX_SANDBOX_SECRET unset, the first token seen for a run is pinned.
-- Capacity is `slots` sandboxes at once (by default from the cpus and memory the service may
-  use); a start past it is refused (`full`), never queued, so the client places it elsewhere.
-- A sandbox whose client stopped renewing its lease (`lease_s`) is stopped; at start, and every
-  `gc_interval_s`, containers of dead owners on this host (a predecessor killed with -9) are
-  removed (`stacx.sandbox.gc`). A clean stop (SIGTERM, Ctrl-C) removes every sandbox it holds.
-
-Limits: admission counts sandboxes, not the cpus/memory each asks for (containers mostly
-wait on a model, so slots overcommit the host by design); images are built on this host from
-the task directory the client sends, once per content digest.
+Design: docs/sandboxes.md#the-sandbox-services-wire
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -34,7 +20,7 @@ import tarfile
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiodocker
@@ -46,7 +32,7 @@ from stacx.bus.connection import connect_waiting
 from stacx.errors import SandboxError, TaskError
 from stacx.events import Event, FailureKind, SandboxStarted, new_id
 from stacx.harbor.tasks import load_task
-from stacx.ports import InfraFailure, Sandbox, StepFailed, Task
+from stacx.ports import InfraFailure, Sandbox, Task
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.environments import DockerEnvironments
 from stacx.sandbox.gc import collect_garbage
@@ -79,10 +65,10 @@ from stacx.sandbox.remote_wire import (
     WriteFile,
     admin_subject,
     admin_token,
+    failure_reply,
     run_subject,
     run_token,
     split,
-    step_failed_reply,
     subject_token,
 )
 
@@ -102,14 +88,12 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 60.0
     idle_run_s: float = 60.0  # a run with no sandbox here for this long: its warm pool is closed
     gc_interval_s: float = 60.0
-    runtime: str = (
-        ""  # OCI runtime of its sandboxes: runc, runsc; "": $STACX_SANDBOX_RUNTIME or runc
-    )
+    # the OCI runtime of its sandboxes: runc, runsc; "": $STACX_SANDBOX_RUNTIME, else runc
+    runtime: str = ""
 
 
 def default_capacity() -> tuple[float, int]:
-    """(cpus, memory MB) a service may use by default: all of this host's cpus, 80% of its
-    memory."""
+    """(cpus, memory MB) a service may use by default: every cpu, 80% of the memory."""
     cpus = float(len(os.sched_getaffinity(0)))
     memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     return cpus, memory_mb
@@ -124,26 +108,21 @@ def default_service_id() -> str:
     return subject_token(f"{socket.gethostname()}-{new_id()[:6]}")
 
 
+@dataclasses.dataclass
 class _Held:
     """One started sandbox and what closing it takes."""
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        stack: contextlib.AsyncExitStack,
-        envs: DockerEnvironments,
-        task: Task,
-        run_id: str,
-        episode_id: str,
-    ) -> None:
-        self.sandbox = sandbox
-        self.envs = envs
-        self.task = task
-        self.stack = stack
-        self.run_id = run_id
-        self.episode_id = episode_id
-        self.image = str(getattr(sandbox, "image", ""))
-        self.started = self.last = time.monotonic()
+    sandbox: Sandbox
+    stack: contextlib.AsyncExitStack
+    envs: DockerEnvironments
+    task: Task
+    run_id: str
+    episode_id: str
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.image = str(getattr(self.sandbox, "image", ""))
+        self.last = self.started
 
 
 class SandboxService:
@@ -168,8 +147,6 @@ class SandboxService:
         self._built: set[str] = set()
         self._secret = bool(os.environ.get(SECRET_ENV))
         self.tasks_dir = Path(config.state_dir) / "tasks"
-
-    # ---- lifecycle ----------------------------------------------------------------------
 
     @property
     def nc(self) -> NATS:
@@ -207,16 +184,17 @@ class SandboxService:
             # waiting for NATS is the point of a service: once said, retried quietly; a signal
             # (stop) ends the wait
             self._nc = await connect_waiting(self.config.url, stop, name=f"stacx-sandbox-{self.id}")
-        except BaseException:
-            await self._docker.close()
-            raise
-        if self._nc is None:  # stopped before NATS answered: nothing held yet
-            await self._docker.close()
+        finally:
+            if self._nc is None:  # failed, or stopped before NATS answered: nothing held yet
+                await self._docker.close()
+        if self._nc is None:
             return
         prefix = run_subject(self.id, "x").rsplit(".", 1)[0]
         subs = [
-            await self.nc.subscribe(f"{prefix}.*", cb=self._spawn_handler(self._on_run)),
-            await self.nc.subscribe(admin_subject(self.id), cb=self._spawn_handler(self._on_admin)),
+            await self.nc.subscribe(f"{prefix}.*", cb=self._handler(self._run_request)),
+            await self.nc.subscribe(
+                admin_subject(self.id), cb=self._handler(self._admin_request, admin=True)
+            ),
             await self.nc.subscribe(DISCOVER, cb=self._on_discover),
         ]
         loops = [asyncio.create_task(self._advertise()), asyncio.create_task(self._reap())]
@@ -231,12 +209,9 @@ class SandboxService:
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
-            for t in loops:
+            for t in [*loops, *self._tasks]:  # the heartbeat and reaper, the requests in flight
                 t.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            for t in list(self._tasks):
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*loops, *self._tasks, return_exceptions=True)
             await asyncio.gather(
                 *(self._stop(sid, "service stopped") for sid in list(self._held)),
                 return_exceptions=True,
@@ -246,13 +221,13 @@ class SandboxService:
             await self._docker.close()
             await self._nc.close()
 
-    def _spawn_handler(
-        self, handle: Callable[[Msg], Coroutine[object, object, None]]
+    def _handler(
+        self, handle: Callable[[Request], Awaitable[Reply]], *, admin: bool = False
     ) -> Callable[[Msg], Awaitable[None]]:
         # nats-py runs one subscription's callbacks one after the other: each request gets its
         # own task, so a long exec holds up nothing.
         async def cb(msg: Msg) -> None:
-            task = asyncio.create_task(handle(msg))
+            task = asyncio.create_task(self._answer(msg, handle, admin=admin))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -296,38 +271,11 @@ class SandboxService:
                 with contextlib.suppress(aiodocker.DockerError):
                     await collect_garbage(self.docker)
 
-    # ---- requests -------------------------------------------------------------------------
-
-    async def _on_run(self, msg: Msg) -> None:
-        await self._answer(msg, self._run_request, admin=False)
-
-    async def _on_admin(self, msg: Msg) -> None:
-        await self._answer(msg, self._admin_request, admin=True)
-
     async def _answer(
         self, msg: Msg, handle: Callable[[Request], Awaitable[Reply]], *, admin: bool
     ) -> None:
         try:
-            req = REQUEST_DECODER.decode(msg.data)
-            problem = self._auth(req, msg.subject, admin=admin)
-            if problem:
-                reply = Reply(error="auth", message=problem)
-            elif isinstance(req, Chunk):
-                self._incoming.setdefault(req.blob_id, (time.monotonic() + BLOB_TTL_S, {}))[1][
-                    req.index
-                ] = req.data
-                reply = Reply()
-            elif isinstance(req, Assembled):
-                reply = await self._assembled(req, msg.subject, handle, admin=admin)
-            elif isinstance(req, Fetch):
-                pieces = self._outgoing.get(req.blob_id)
-                reply = (
-                    Reply(data=pieces[1][req.index])
-                    if pieces is not None and req.index < len(pieces[1])
-                    else Reply(error="sandbox", message=f"reply blob {req.blob_id} expired")
-                )
-            else:
-                reply = await handle(req)
+            reply = await self._request(msg.data, msg.subject, handle, admin=admin)
         except msgspec.DecodeError as exc:
             reply = Reply(error="internal", message=f"undecodable request: {exc}")
         except Exception:  # a bug here: the client crashes with our traceback
@@ -336,22 +284,36 @@ class SandboxService:
         if msg.reply:
             await self._reply(msg.reply, reply)
 
-    async def _assembled(
+    async def _request(
         self,
-        req: Assembled,
+        data: bytes,
         subject: str,
         handle: Callable[[Request], Awaitable[Reply]],
         *,
         admin: bool,
+        nested: bool = False,
     ) -> Reply:
-        _, pieces = self._incoming.pop(req.blob_id, (0.0, {}))
-        if sorted(pieces) != list(range(req.n)):
-            return Reply(error="sandbox", message=f"request {req.blob_id}: chunks missing")
-        inner = REQUEST_DECODER.decode(b"".join(pieces[i] for i in range(req.n)))
-        problem = self._auth(inner, subject, admin=admin)
-        if problem or isinstance(inner, Chunk | Assembled | Fetch):
+        """One request's reply; `nested`: a request reassembled from chunks (no chunking again)."""
+        req = REQUEST_DECODER.decode(data)
+        problem = self._auth(req, subject, admin=admin)
+        if problem or (nested and isinstance(req, Chunk | Assembled | Fetch)):
             return Reply(error="auth", message=problem or "nested chunking")
-        return await handle(inner)
+        if isinstance(req, Chunk):
+            _, pieces = self._incoming.setdefault(req.blob_id, (time.monotonic() + BLOB_TTL_S, {}))
+            pieces[req.index] = req.data
+            return Reply()
+        if isinstance(req, Assembled):
+            _, pieces = self._incoming.pop(req.blob_id, (0.0, {}))
+            if sorted(pieces) != list(range(req.n)):
+                return Reply(error="sandbox", message=f"request {req.blob_id}: chunks missing")
+            whole = b"".join(pieces[i] for i in range(req.n))
+            return await self._request(whole, subject, handle, admin=admin, nested=True)
+        if isinstance(req, Fetch):
+            _, blob = self._outgoing.get(req.blob_id, (0.0, []))
+            if req.index < len(blob):
+                return Reply(data=blob[req.index])
+            return Reply(error="sandbox", message=f"reply blob {req.blob_id} expired")
+        return await handle(req)
 
     async def _reply(self, subject: str, reply: Reply) -> None:
         data = ENCODER.encode(reply)
@@ -413,10 +375,8 @@ class SandboxService:
                 task = next((t for t in held.task.step_tasks if t.step == req.step), held.task)
                 try:
                     found = await held.envs.verify(sb, task, episode_id=req.episode_id)
-                except StepFailed as exc:  # the next step's setup: an outcome, not infra
-                    return step_failed_reply(exc)
-                except InfraFailure as exc:
-                    return Reply(error="infra", failure_kind=exc.kind, message=exc.message)
+                except InfraFailure as exc:  # a StepFailed: the next step's setup, an outcome
+                    return failure_reply(exc)
                 return Reply(verdict=found)
             return Reply(count=1)  # Status: it is running
         except FileNotFoundError as exc:
@@ -438,21 +398,16 @@ class SandboxService:
             await asyncio.to_thread(_unpack_task, req.task_tar, task_dir)
         self._starting += 1
         try:
-            try:
-                task = load_task(task_dir)
-            except TaskError as exc:
-                return Reply(error="infra", failure_kind=FailureKind.IMAGE_BUILD, message=str(exc))
-            envs = await self._envs_of(req.run_id, req.warm)
-            t0 = time.perf_counter()
             stack = contextlib.AsyncExitStack()
             try:
+                task = load_task(task_dir)
+                envs = await self._envs_of(req.run_id, req.warm)
+                t0 = time.perf_counter()
                 sb = await stack.enter_async_context(envs.sandbox(task, episode_id=req.episode_id))
-            except StepFailed as exc:  # the first step's setup or healthcheck
-                await stack.aclose()
-                return step_failed_reply(exc)
-            except InfraFailure as exc:
-                await stack.aclose()
-                return Reply(error="infra", failure_kind=exc.kind, message=exc.message)
+            except TaskError as exc:
+                return Reply(error="infra", failure_kind=FailureKind.IMAGE_BUILD, message=str(exc))
+            except InfraFailure as exc:  # a StepFailed: the first step's setup or healthcheck
+                return failure_reply(exc)
             self._built.add(req.task_digest)
             held = _Held(sb, stack, envs, task, req.run_id, req.episode_id)
             self._held[sb.id] = held
@@ -500,8 +455,6 @@ class SandboxService:
         with contextlib.suppress(Exception):
             await self._publish_advert()
 
-    # ---- admin ----------------------------------------------------------------------------
-
     async def _admin_request(self, req: Request) -> Reply:
         if isinstance(req, AdminLs):
             rows = [self._row(sid, h) for sid, h in self._held.items()]
@@ -536,8 +489,6 @@ class SandboxService:
                     run_id=s.run_id,
                     episode_id=s.episode_id,
                     image=s.image,
-                    age_s=0.0,
-                    idle_s=0.0,
                 )
                 for s in removed
                 if s.id[:12] not in known

@@ -1,16 +1,9 @@
-"""The caller's side of a process sandbox's spawner (the program is stacx.sandbox.spawner_main):
-start it without forking the caller, ask it to run commands and sweeps, learn their pids and
-exit statuses.
+"""The caller's side of a process sandbox's spawner (stacx.sandbox.spawner_main): started by
+vfork/exec, never by forking the caller (a process holding CUDA and a large heap would stall per
+command; STYLE principle 21); it runs commands and sweeps and reports pids and exit statuses. A
+spawner that dies fails its running commands with SandboxError; the next `spawn` starts another.
 
-Why: a `preexec_fn` makes Python fork() the whole calling process, which copies its page tables
-under the GIL; a process holding CUDA and a large heap stalls for tens of milliseconds per
-command (issue 41; STYLE principle 21). The spawner is started by vfork/exec (no `preexec_fn`),
-once per sandbox, already inside the sandbox's namespaces; each command is forked from its small
-address space and applies its own rlimits, uid and session there.
-
-Limits: the caller signals a command's group itself (`os.killpg`), as before; a spawner that
-dies (a non-root sandbox's command can kill it) fails the commands it was running with
-SandboxError, and the next `spawn` starts a new one.
+Design: docs/sandboxes.md#the-spawners-protocol
 """
 
 from __future__ import annotations
@@ -75,8 +68,7 @@ class Spawner:
         loopback: bool = False,
         binds: list[str] | tuple[str, ...] = (),
     ) -> Spawner:
-        """Start one: `prefix` (`unshare ... --`, or empty) runs the spawner program, which
-        binds `binds` into `root`, brings loopback up, chroots into `root` ("": none)."""
+        """Start one: `prefix` (`unshare ... --`) runs it; it binds, brings lo up, chroots."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [*prefix, *program(str(theirs.fileno()), root, sweep_uid, loopback, binds)]
         try:
@@ -116,8 +108,7 @@ class Spawner:
         ids: tuple[int, int] | None,
         rlimits: Rlimits,
     ) -> tuple[int, asyncio.Future[int], int, int]:
-        """Start a command: (pid, its exit status to come as a returncode, the read ends of
-        its stdout and stderr)."""
+        """Start a command: (pid, its exit status to come, read ends of its stdout and stderr)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -134,15 +125,12 @@ class Spawner:
         return pid, status, out_r, err_r
 
     async def sweep(self, uid: int) -> bool:
-        """Kill every process of `uid` (from a child of the spawner running as `uid`); whether
-        none is left alive."""
+        """Kill every process of `uid` (from a child of the spawner); whether none is left alive."""
         _, status = await self._request(("sweep", uid), [])
         return await status == 0
 
     async def close(self) -> int | None:
-        """Close the control socket: the spawner kills the groups it started, sweeps its uid
-        and exits. Its exit code (0: nothing of the uid survived), or None if it had to be
-        killed."""
+        """Close the socket: the spawner kills, sweeps and exits; its exit code, None if killed."""
         self._fail("the spawner was closed")
         with contextlib.suppress(ValueError, OSError):
             asyncio.get_running_loop().remove_reader(self.sock)
@@ -154,8 +142,6 @@ class Spawner:
             self.proc.kill()
             await self.proc.wait()
             return None
-
-    # ---- the wire ---------------------------------------------------------------------------
 
     async def _request(
         self, msg: tuple[Any, ...], fds: list[int]

@@ -1,23 +1,8 @@
-"""The process sandbox's spawner program (the caller's side is stacx.sandbox.spawner): a small
-process, one per sandbox, that sits inside the sandbox's mount (and network) namespace and its
-chroot, and forks each command from its own small address space, so the caller, which may hold
-CUDA and a large heap, never forks (STYLE principle 21).
+"""The process sandbox's spawner program: one small process per sandbox, inside its namespaces and
+chroot, that forks each command from its own small address space, so the caller never forks (STYLE
+principle 21). Built-in modules only, never stacx; `live_processes` is the project's one /proc scan.
 
-Run as `python -S -I -c <this file's source> CONTROL_FD ROOT SWEEP_UID LOOPBACK BIND...`, as
-(namespace) root in a new mount namespace when ROOT is given: it bind-mounts each host top-level
-dir BIND onto ROOT/BIND (recursively), brings loopback up if LOOPBACK is "1" (a new network
-namespace; where `ip` is installed), chroots into ROOT ("": none), and serves. SWEEP_UID "" means
-none; CONTROL_FD "-" means a probe: set up, then exit 0. It imports only modules built into the
-interpreter or loaded before the chroot (after it the interpreter's own files may be out of
-sight), and never stacx. Importable too: `live_processes` is the project's one /proc scan.
-
-Protocol on CONTROL_FD (a unix stream socket), frames of a 4-byte little-endian length and a
-marshal'd tuple. Requests: ("exec", id, argv, env, cwd, ids, rlimits) with the command's stdout
-and stderr as two SCM_RIGHTS fds; ("sweep", id, uid). Replies: ("ready", 0, pid), ("pid", id,
-pid), ("exit", id, wait status). A command that cannot start (no such program, a cwd that is not
-there, a uid over its process limit) exits 127 or 126 with the reason on its stderr, as a shell's
-would. A sweep's status is 0 when no live process of the uid is left. On EOF the spawner kills
-every command group it started, sweeps SWEEP_UID, and exits (0: nothing of the uid survived).
+Design: docs/sandboxes.md#the-spawners-protocol
 """
 
 from __future__ import annotations
@@ -89,10 +74,7 @@ def _command(req: tuple, out: int, err: int, null: int) -> None:  # type: ignore
 
 
 def _execvpe(argv: list[str], env: dict[str, str]) -> None:
-    """os.execvpe without its lazy `import warnings` (after the chroot and the uid switch the
-    interpreter's own files may be unreadable): the first PATH entry that execs, else the
-    first error that is not "no such file", a dir the user cannot search counting as no file
-    (a shell's choice: 127 not found, 126 found but not runnable)."""
+    """os.execvpe without its lazy `import warnings`: 127 when not found, 126 when not runnable."""
     if "/" in argv[0]:
         os.execve(argv[0], argv, env)
     error: OSError | None = None
@@ -112,8 +94,7 @@ def _execvpe(argv: list[str], env: dict[str, str]) -> None:
 
 
 def _sweep(uid: int) -> None:
-    """In a forked child, as `uid`: kill every process of the uid until none is left alive.
-    kill(-1) is atomic against fork; one forked meanwhile is caught by the next round."""
+    """In a forked child, as `uid`: kill(-1) (atomic against fork) until none is left."""
     code = 1
     try:
         os.setgroups([])
@@ -211,8 +192,7 @@ class Spawner:
 
 
 def _bind(root: str, names: list[str]) -> None:
-    """`mount --rbind /NAME ROOT/NAME` for each name, as syscalls (ctypes: 4 ms once, where a
-    `mount` process per dir cost 70 ms per sandbox)."""
+    """`mount --rbind /NAME ROOT/NAME` for each, as syscalls (4 ms; `mount` processes: 70 ms)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -224,8 +204,7 @@ def _bind(root: str, names: list[str]) -> None:
 
 
 def _loopback_up() -> None:
-    """`ip link set lo up` where `ip` is installed (the GPU machine has none: loopback stays
-    down there)."""
+    """`ip link set lo up` where `ip` is installed (else loopback stays down)."""
     for ip in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"):
         if os.path.exists(ip):
             pid = os.posix_spawn(ip, [ip, "link", "set", "lo", "up"], {})
@@ -259,12 +238,11 @@ def main() -> int:
     while True:
         for fd, _ in poll.poll():
             if fd == wake_r:
-                while True:
-                    try:
-                        if not os.read(wake_r, 512):
-                            break
-                    except BlockingIOError:
-                        break
+                try:  # drain the wake-ups
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
                 spawner.reap()
             elif not spawner.receive():
                 return spawner.shutdown()

@@ -1,31 +1,19 @@
-"""Offline stand-ins for images whose content can be rebuilt from the package registries here.
+"""Offline stand-ins for images whose content a package registry holds: uv's images
+(`ghcr.io/astral-sh/uv:<tag>`) rebuilt as `stacx/standin-uv:<tag>` from the same version's wheel on
+the configured pip index. Other images have none (the build reports them unresolvable).
 
-Some images that Harbor tasks name only carry a program that is also published as a package:
-`ghcr.io/astral-sh/uv:<tag>` is uv's two binaries (`/uv`, `/uvx`) in an empty image, and its
-Debian / Python variants are those binaries in /usr/local/bin of a Debian or Python image. With
-no image registry, the stand-in is built locally from the package index pip is configured with
-(`pip download` of the same version's static musllinux wheel, whose binaries are the release's
-own), tagged `stacx/standin-uv:<the same tag>`, once per engine:
-
-- `latest`, `X.Y.Z`, `X.Y` -> FROM scratch with /uv and /uvx (`latest`: the newest version the
-  index has when the stand-in is first built; it is then kept);
-- `[X.Y.Z-]pythonX.Y-<suite>[-slim]`, `[X.Y.Z-]<suite>[-slim]` (bookworm, trixie) and
-  `[X.Y.Z-]debian[-slim]` (trixie) -> the alias map's stand-in for that Python / Debian image,
-  plus the binaries in /usr/local/bin; its fidelity is the base's (`AliasMap.fidelity`).
-
-Not covered (no stand-in; the build reports the image as unresolvable): alpine variants, other
-images. A version the index does not have fails the build with pip's message.
+Design: docs/sandboxes.md#task-images
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import platform
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -33,6 +21,8 @@ from pathlib import Path
 import aiodocker
 
 from stacx.errors import TaskError
+from stacx.sandbox.archive import tar_files
+from stacx.sandbox.buildkit import follow
 
 PREFIX = "stacx/standin-"
 UV_REPO = "ghcr.io/astral-sh/uv"
@@ -79,9 +69,7 @@ def _split(tag: str) -> tuple[str | None, str] | None:
 async def ensure_standin(
     docker: aiodocker.Docker, tag: str, base: str | None, *, prelude: str = "", task: str = "?"
 ) -> None:
-    """Build stand-in `tag` if the engine lacks it; `base`: the local image a variant goes on
-    (already resolved through the alias map), `prelude`: Dockerfile lines run on it first.
-    TaskError with the reason when it cannot."""
+    """Build stand-in `tag` if missing, on `base` after `prelude`; TaskError when it cannot."""
     try:
         await docker.images.inspect(tag)
         return
@@ -92,47 +80,32 @@ async def ensure_standin(
     version = split[0]
     with tempfile.TemporaryDirectory() as tmp:
         binaries = await asyncio.to_thread(_uv_binaries, version, Path(tmp), task)
-        dest = "/usr/local/bin/" if base else "/"
-        steps = [
-            f"FROM {base or 'scratch'}",
-            *([prelude] if prelude else []),
-            f"COPY uv uvx {dest}",
-        ]
-        dockerfile = "\n".join(steps) + "\n"
-        context = _context(dockerfile, binaries)
-    lines: list[str] = []
-    try:
-        async for chunk in docker.images.build(
-            fileobj=io.BytesIO(context),
-            encoding="gzip",
-            tag=tag,
-            rm=True,
-            forcerm=True,
-            labels={"stacx.standin": f"{UV_REPO}:{tag.rpartition(':')[2]}"},
-            stream=True,
-        ):
-            lines.extend(str(chunk.get("stream", "")).splitlines())
-            if "error" in chunk:
-                raise TaskError(
-                    f"task {task}: stand-in {tag}: {chunk['error']}\n" + "\n".join(lines[-20:])
-                )
-    except aiodocker.DockerError as exc:
-        raise TaskError(f"task {task}: stand-in {tag}: {exc}\n" + "\n".join(lines[-20:])) from exc
+    steps = [
+        f"FROM {base or 'scratch'}",
+        prelude,
+        f"COPY uv uvx {'/usr/local/bin/' if base else '/'}",
+    ]
+    dockerfile = "\n".join(s for s in steps if s) + "\n"
+    files = {"Dockerfile": (dockerfile.encode(), 0o644)}
+    context = tar_files(files | {n: (b, 0o755) for n, b in binaries.items()})
+    chunks = docker.images.build(
+        fileobj=io.BytesIO(gzip.compress(context, 1)),
+        encoding="gzip",  # aiodocker refuses a file object without one
+        tag=tag,
+        rm=True,
+        forcerm=True,
+        labels={"stacx.standin": f"{UV_REPO}:{tag.rpartition(':')[2]}"},
+        stream=True,
+    )
+    await follow(chunks, f"task {task}: stand-in {tag}", [])
 
 
 def _uv_binaries(version: str | None, into: Path, task: str) -> dict[str, bytes]:
-    """uv and uvx of `version` (None: the newest) from the static musllinux wheel, fetched by
-    pip from the index it is configured with."""
+    """uv and uvx of `version` (None: the newest) from the static musllinux wheel, via pip."""
     arch = _WHEEL_ARCH.get(platform.machine().lower())
     if arch is None:
         raise TaskError(f"task {task}: no uv stand-in for machine {platform.machine()}")
-    spec = (
-        "uv"
-        if version is None
-        else f"uv=={version}"
-        if version.count(".") == 2
-        else f"uv=={version}.*"
-    )
+    spec = "uv" if version is None else f"uv=={version}" + ("" if version.count(".") == 2 else ".*")
     argv = [
         sys.executable,
         "-m",
@@ -164,16 +137,3 @@ def _uv_binaries(version: str | None, into: Path, task: str) -> dict[str, bytes]
     if set(found) != {"uv", "uvx"}:
         raise TaskError(f"task {task}: {wheels[0].name} holds no uv / uvx binaries")
     return found
-
-
-def _context(dockerfile: str, binaries: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for name, data, mode in [
-            ("Dockerfile", dockerfile.encode(), 0o644),
-            *((n, b, 0o755) for n, b in binaries.items()),
-        ]:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()

@@ -1,29 +1,47 @@
-"""What a multi-step task's backends do between its steps, as Harbor does it: before each
-step's agent, the step's `steps/<name>/workdir/` is uploaded into the working directory, its
-`setup.sh` there (if any) runs from it, then the step's own healthcheck (it supplements the
-task's [environment.healthcheck], which ran when the sandbox started). The first step's setup
-follows the sandbox's start; a later one follows the previous step's verifier, and only when
-that step's min_reward lets the rest run.
+"""What both backends do before an agent starts, as Harbor does: a task's or a step's healthcheck
+(run as Docker runs HEALTHCHECK) and, between a multi-step task's steps, the step's workdir upload,
+setup.sh and healthcheck. A step's failure of these is its StepFailed; a sandbox that cannot run
+them stays a SandboxError.
 
-Both backends (Docker, process) call these in every rollout. A setup.sh that exits non-zero
-or a step healthcheck that keeps failing is that step's failure, as in Harbor's `_run_steps`:
-StepFailed (stacx.ports), which the episode runner records and scores from the steps that ran.
-The sandbox failing under them (an exec or upload that cannot be done) stays a SandboxError,
-START for the episode.
+Design: docs/sandboxes.md#the-verifier
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
+import time
 
 from stacx.errors import SandboxError
+from stacx.harbor.model import Healthcheck
 from stacx.ports import Sandbox, StepFailed, Task, Verdict
-from stacx.sandbox.health import Unhealthy, wait_healthy
+
+
+class Unhealthy(SandboxError):
+    """The check ran and kept failing (not: the sandbox could not run it)."""
+
+
+async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> None:
+    """Until the check passes; Unhealthy (with the last output) if it keeps failing."""
+    t0 = time.monotonic()
+    failures = 0
+    while True:
+        result = await sandbox.exec(check.command, timeout=check.timeout_sec)
+        if result.exit_code == 0:
+            return
+        starting = time.monotonic() - t0 < check.start_period_sec
+        failures += 0 if starting else 1
+        if failures >= max(check.retries, 1):
+            tail = (result.stdout + result.stderr).strip()[-500:]
+            raise Unhealthy(
+                f"healthcheck `{check.command}` failed {failures} time(s) "
+                f"(exit {result.exit_code}, timed out: {result.timed_out}): {tail}"
+            )
+        await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
 
 
 def following(parent: Task, step: str, verdict: Verdict) -> str | None:
-    """The step that runs after `step` was verified with `verdict`, or None (the last one, or
-    its min_reward stops the rest)."""
+    """The step after `step` (verified with `verdict`); None at the last or below its min_reward."""
     names = [s.name for s in parent.config.steps or []]
     i = names.index(step)
     if i + 1 == len(names) or not parent.step_passes(step, verdict):
@@ -34,9 +52,7 @@ def following(parent: Task, step: str, verdict: Verdict) -> str | None:
 async def start_step(
     sandbox: Sandbox, parent: Task, step: str, verified: Verdict | None = None
 ) -> None:
-    """Step `step`'s workdir upload, setup.sh and healthcheck. StepFailed (carrying
-    `verified`, the verdict of the step before) if setup.sh or the check fails; SandboxError if
-    the sandbox cannot run them."""
+    """A step's workdir upload, setup.sh, healthcheck; StepFailed (with `verified`) on failure."""
     config = next(s for s in parent.config.steps or [] if s.name == step)
     view = next(t for t in parent.step_tasks if t.step == step)
     files = parent.dir / "steps" / step / "workdir"

@@ -1,19 +1,8 @@
-"""The verifier, as Harbor runs it: after the agent, upload tests/ to /tests (for a step of a
-multi-step task, the task's tests/ and then the step's own over it), run
-`bash /tests/test.sh` with the task's verifier timeout, env and user, then read
-/logs/verifier/reward.json (flat numeric metrics; `reward` is canonical, a single metric of any
-name is taken as the reward) or, if absent, reward.txt (a bare number): newer Harbor's order.
-The script's own output (its tail) goes with the verdict, so a reward of 0 can be read in the
-log next to it.
+"""The verifier, as Harbor runs it: tests/ to /tests, `bash /tests/test.sh`, then reward.json or
+reward.txt. A reward is only ever a number the script wrote; every other ending is a failure kind
+(no reward, timeout, OOM, pids limit, transport), never a reward of 0.
 
-Guarantees: a reward is only ever a number the test script wrote. A missing, empty or garbled
-reward file is a VERIFIER_NO_REWARD failure with the reason; a script that outlives its
-timeout is VERIFIER_TIMEOUT (reported as soon as the timeout fires, not when the script ends);
-an OOM kill or a pids-limit hit of the script's own processes is the task's outcome when the
-script still wrote a reward (scored, the hit noted in the output), and OOM / PIDS_LIMIT when it
-wrote none; an unreachable container is EXEC_TRANSPORT. None of these is a reward 0.
-Before the script runs, /tests and /logs/verifier are wiped, so nothing the agent planted there
-(a reward file, a conftest.py) counts.
+Design: docs/sandboxes.md#the-verifier
 """
 
 from __future__ import annotations
@@ -118,11 +107,7 @@ def _tail(text: str, n: int = 2000) -> str:
 
 
 async def _stage_tests(sandbox: Sandbox, task: Task) -> str:
-    """Put the task's tests in /tests and an empty /logs/verifier; what failed ("": nothing).
-
-    As root whatever the image's USER; /logs/verifier writable by whoever runs test.sh. From /,
-    and re-making the image's WORKDIR: an agent that deleted its working directory (rm -r /app)
-    gets its tests run and scored, not an infrastructure failure."""
+    """The tests in /tests, an empty /logs/verifier, as root from /; what failed ("": nothing)."""
     workdir = getattr(sandbox, "workdir", "")
     remake = f"mkdir -p {shlex.quote(workdir)} && " if workdir else ""
     wiped = await sandbox.exec(
@@ -152,6 +137,9 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     def ms() -> float:
         return (time.perf_counter() - t0) * 1000
 
+    def failed(kind: FailureKind, reason: str, output: str = "") -> VerifierFailure:
+        return VerifierFailure(kind=kind, reason=reason, duration_ms=ms(), output=output)
+
     try:
         env = resolve_env(cfg.env, where=f"{task.path}/task.toml: verifier.env")
     except TaskError as exc:
@@ -159,7 +147,7 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     try:
         staged = await _stage_tests(sandbox, task)
         if staged:
-            return VerifierFailure(kind=FailureKind.VERIFIER_ERROR, reason=staged, duration_ms=ms())
+            return failed(FailureKind.VERIFIER_ERROR, staged)
         result = await sandbox.exec(
             ["bash", "/tests/test.sh"],
             timeout=cfg.timeout_sec,
@@ -168,16 +156,12 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
         )
         output = _tail(result.stdout + result.stderr)
         if result.timed_out:
-            return VerifierFailure(
-                kind=FailureKind.VERIFIER_TIMEOUT,
-                reason=f"test.sh ran past verifier.timeout_sec={cfg.timeout_sec:g}",
-                duration_ms=ms(),
-                output=output,
-            )
+            late = f"test.sh ran past verifier.timeout_sec={cfg.timeout_sec:g}"
+            return failed(FailureKind.VERIFIER_TIMEOUT, late, output)
         reward_json = await _read_optional(sandbox, REWARD_JSON)
         reward_txt = None if reward_json is not None else await _read_optional(sandbox, REWARD_TXT)
     except SandboxError as exc:
-        return VerifierFailure(kind=FailureKind.EXEC_TRANSPORT, reason=str(exc), duration_ms=ms())
+        return failed(FailureKind.EXEC_TRANSPORT, str(exc))
     # A limit hit by the script's own processes (a child OOM-killed, a fork refused) is the
     # task's business, as under Harbor: a script that still wrote its reward is scored, with
     # the hit noted in its output; one that wrote none fails with the limit as the reason.
@@ -191,13 +175,9 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> VerifierOutcome:
     except RewardParseError as exc:
         if hit:
             kind = FailureKind.OOM if result.oom_killed else FailureKind.PIDS_LIMIT
-            return VerifierFailure(kind=kind, reason=hit, duration_ms=ms(), output=output)
-        return VerifierFailure(
-            kind=FailureKind.VERIFIER_NO_REWARD,
-            reason=f"{exc} (test.sh exit code {result.exit_code})",
-            duration_ms=ms(),
-            output=output,
-        )
+            return failed(kind, hit, output)
+        why = f"{exc} (test.sh exit code {result.exit_code})"
+        return failed(FailureKind.VERIFIER_NO_REWARD, why, output)
     if hit:
         output = f"{output}\n[stacx: {hit}; its reward is kept]"
     return VerifierResult(

@@ -1,13 +1,8 @@
-"""The scheduler (orchestrator): decides, from the log alone, which tasks to schedule next and
-when the run is done.
-
-Training schedules iteration after iteration (sync: once the previous version is published;
-async: up to ``max_staleness`` ahead; refills when the trainer is starved) until version
-``trainer.steps`` is published; eval schedules every task once. Guarantees: everything is derived
-from the log and every TaskScheduled has a deterministic id, so a restarted scheduler emits
-exactly what is missing; an iteration's tasks are a pure function of (task ids, seed, iteration).
-
-Specification: docs/training.md#the-scheduler
+"""The scheduler (orchestrator): decides, from the log alone, which tasks to schedule next and when
+the run is done. Guarantees: every TaskScheduled has a deterministic id, so a restarted scheduler
+emits exactly what is missing; an iteration's tasks are a pure function of (task ids, seed,
+iteration).
+Design: docs/training.md#the-scheduler
 """
 
 from __future__ import annotations
@@ -15,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
+import time
 from typing import ClassVar
 
 import msgspec
@@ -23,15 +20,19 @@ import pyarrow as pa
 
 from stacx.actors.base import Actor, Params, Query
 from stacx.events import (
+    CostToGoEstimated,
     Event,
     InfraFailed,
     RewardAssigned,
     TaskScheduled,
+    TeacherLabeled,
+    TeacherScored,
     WeightsPublished,
     derive_id,
     subject,
 )
 from stacx.train import units
+from stacx.train.algorithms import ready_threshold
 from stacx.train.config import TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ class TaskRef(msgspec.Struct, frozen=True):
 
 
 class EvalPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """Periodic evaluation (the recipe's [eval]): `samples` samples of every task, at each of
-    `versions` once that weight version is published."""
+    """Periodic evaluation ([eval]): `samples` of every task at each of `versions`."""
 
     tasks: list[TaskRef]
     samples: int = 1
@@ -102,17 +102,15 @@ class LogState(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def settled(self) -> bool:
-        """Nothing in flight: every scheduled sample is scored or failed for good, and no unit
-        waits for a teacher signal."""
+        """Nothing in flight: every scheduled sample scored or failed for good, no unit waiting."""
         return self.samples_done >= self.samples_scheduled and self.units_waiting == 0
 
 
 def tasks_for_iteration(
     tasks: list[TaskRef], per_iteration: int, seed: int, iteration: int
 ) -> list[TaskRef]:
-    """The tasks of `iteration`: consecutive slots of an endless sequence of shuffled epochs.
-
-    Every task is drawn once per epoch before any repeats; deterministic in (seed, iteration)."""
+    """The tasks of `iteration`: consecutive slots of an endless sequence of shuffled epochs (every
+    task once per epoch); deterministic in (seed, iteration)."""
     if not tasks:
         return []
     order = sorted(tasks, key=lambda t: t.task_id)
@@ -132,11 +130,8 @@ def group_id_for(run_id: str, iteration: int, slot: int) -> str:
 def iteration_events(
     run_id: str, plan: Plan, iteration: int, version: int | None = None
 ) -> list[TaskScheduled]:
-    """The TaskScheduled events of one iteration (ids derived, so re-sends are de-duplicated).
-
-    In sync mode each carries the weight version its samples must be generated with: the
-    iteration's own (``iteration * steps_per_iteration``), or ``version`` (the newest published)
-    for a refill beyond it."""
+    """The TaskScheduled events of one iteration (ids derived); in sync mode pinned to version
+    ``iteration * steps_per_iteration``, or ``version`` for a refill beyond it."""
     if plan.eval:
         chosen = plan.tasks
     else:
@@ -162,8 +157,8 @@ def iteration_events(
 
 
 def eval_events(run_id: str, evals: EvalPlan, version: int) -> list[TaskScheduled]:
-    """The TaskScheduled events of the periodic eval of `version` (role "eval", split "eval",
-    pinned to that version; `iteration` = the version; ids derived, like iteration_events)."""
+    """The TaskScheduled events of the periodic eval of `version` (role and split "eval", pinned to
+    it, `iteration` = the version; ids derived)."""
     return [
         TaskScheduled(
             run_id=run_id,
@@ -192,17 +187,12 @@ def starved(plan: Plan, state: LogState) -> bool:
     """The trainer cannot step on what exists (too few ready units) and nothing is in flight."""
     if plan.trainer is None or state.ready_units is None:
         return False
-    return state.settled and state.ready_units < plan.trainer.ready_threshold
+    return state.settled and state.ready_units < ready_threshold(plan.trainer)
 
 
 def iterations_due(plan: Plan, state: LogState) -> list[int]:
-    """Iterations that should have been scheduled by now.
-
-    Training: iteration k is due once ``k * S <= version`` (sync; S = the trainer's
-    ``steps_per_iteration``, 1 unless sft/dagger train epochs) or ``k <= version // S +
-    max_staleness`` (async), for the iterations the steps need; and one more (a refill) whenever the trainer is
-    starved (a filter such as SFT's ``reward >= 1`` kept too few units, or groups failed),
-    up to ``iteration_cap`` iterations in all."""
+    """Iterations due by now: k once ``k * S <= version`` (sync; S = ``steps_per_iteration``) or ``k
+    <= version // S + max_staleness`` (async), plus refills while starved, up to the cap."""
     if plan.eval:
         return [0]
     ahead = 0 if plan.mode == "sync" else max(0, plan.max_staleness)
@@ -241,10 +231,6 @@ def _evals_scheduled(plan: Plan, state: LogState) -> bool:
         or not plan.evals.tasks
         or set(evals_due(plan, state)) <= set(state.evals_scheduled)
     )
-
-
-def is_done(plan: Plan, state: LogState) -> bool:
-    return verdict(plan, state) is not None
 
 
 STATE_SQL = """
@@ -300,19 +286,29 @@ async def read_state(query: Query, plan: Plan) -> LogState:
 
 
 class Scheduler(Actor):
-    """See docs/training.md#the-scheduler. ``done`` is set once the log says the run is complete.
-
-    It consumes no durable stream: it wakes on new weights, rewards and failures (a plain
-    subscription) or every ``poll_s``, and recomputes from the log each time; so it holds no
-    state that a crash could lose."""
+    """``done`` is set once the log says the run is complete. Woken by the events in ``wake_on``
+    (a plain subscription; at most every ``min_tick_s``) or every ``poll_s``, it recomputes from
+    the log: nothing to lose."""
 
     name: ClassVar[str] = "scheduler"
     kinds: ClassVar[tuple[type[Event], ...]] = ()
-    wake_on: ClassVar[tuple[type[Event], ...]] = (WeightsPublished, RewardAssigned, InfraFailed)
+    # every event that changes what it reads (versions, finished samples, failures, and the
+    # teacher's signals that complete imitation units); ``poll_s`` is only the safety net
+    wake_on: ClassVar[tuple[type[Event], ...]] = (
+        WeightsPublished,
+        RewardAssigned,
+        InfraFailed,
+        TeacherLabeled,
+        TeacherScored,
+        CostToGoEstimated,
+    )
 
-    def __init__(self, plan: Plan, *, poll_s: float = 1.0) -> None:
+    def __init__(self, plan: Plan, *, poll_s: float = 3.0, min_tick_s: float = 0.25) -> None:
         self.plan = plan
         self.poll_s = poll_s
+        # ticks at most this often: under a stream of rewards the log's state is read once per
+        # interval, not once per reward (each read is a few view queries in the launcher)
+        self.min_tick_s = min_tick_s
         self.done = asyncio.Event()
         self.state: LogState | None = None
         self.verdict: str | None = None
@@ -325,7 +321,6 @@ class Scheduler(Actor):
             self.verdict = verdict(self.plan, state)
             if self.verdict is not None:
                 return True
-            sent = 0
             # a version's eval before its training groups: a sync-mode trainer's gate
             # (stacx.train.units.gate_sql) then always sees the eval it must wait for
             due = []
@@ -340,11 +335,10 @@ class Scheduler(Actor):
                 for iteration in iterations_due(self.plan, state)
                 for ev in iteration_events(self.run_id, self.plan, iteration, state.version)
             ]
-            for ev in due:
-                if ev.group_id not in state.scheduled:
-                    await self.publish(ev)
-                    sent += 1
-            if not sent:  # re-read after sending: async mode may have more due
+            missing = [ev for ev in due if ev.group_id not in state.scheduled]
+            for ev in missing:
+                await self.publish(ev)
+            if not missing:  # re-read after sending: async mode may have more due
                 return False
 
     async def _read(self, sql: str, params: Params = None, /) -> pa.Table:
@@ -363,7 +357,10 @@ class Scheduler(Actor):
             await nc.subscribe(subject(self.run_id, k.__name__), cb=on_msg) for k in self.wake_on
         ]
         try:
+            last = -math.inf
             while not stop.is_set():
+                await asyncio.sleep(max(0.0, last + self.min_tick_s - time.monotonic()))
+                last = time.monotonic()
                 wake.clear()
                 if await self.tick():
                     self.done.set()

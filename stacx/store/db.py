@@ -1,15 +1,7 @@
-"""Opening run directories and their trace store.
-
-A run directory holds ``trace.duckdb`` (the log: plain DuckDB, readable with no STACX code),
-``run.json`` (run id, recipe, pid of the live launcher), ``nats/`` (the embedded server's
-JetStream storage) and whatever the engines write (checkpoints/, metrics/).
-
-Views: every ``events/views/*.sql`` file (the project's, then the directories in
-``STACX_VIEWS_PATH``, colon-separated) is executed in filename order on open, so a user adds a
-view by dropping a file in. A view that fails to load is reported with its file name.
-
-DuckDB is single-writer across processes: while a run is live its recorder holds the file.
-``connect_run`` then reads a snapshot copy, so ``stacx sql`` works on live runs too.
+"""Opening run directories and their log (``trace.duckdb``, plain DuckDB) with the views loaded
+(``events/views/*.sql``, then $STACX_VIEWS_PATH's, in filename order). DuckDB has one writer
+across processes, so a live run is read through a snapshot copy.
+Design: docs/concepts/log.md
 """
 
 from __future__ import annotations
@@ -19,8 +11,10 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -30,6 +24,7 @@ from stacx.store.schema import create_all
 DB_FILE = "trace.duckdb"
 RUN_FILE = "run.json"
 VIEWS_DIR = Path(__file__).resolve().parents[2] / "events" / "views"
+T = TypeVar("T")
 
 
 def quote_ident(name: str) -> str:
@@ -89,16 +84,14 @@ WRITER_DB = "trace"  # the name the writer's connection knows the file by
 
 
 def writer_cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Another cursor on `con` from ``open_writer``, on the trace (a new cursor starts in
-    DuckDB's in-memory default database, which holds no tables)."""
+    """Another cursor on `con`, on the trace (a new one starts in DuckDB's empty memory db)."""
     cur = con.cursor()
     cur.execute(f"USE {WRITER_DB}")
     return cur
 
 
 def open_writer(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
-    """The recorder's read-write connection (the file attached as its default database);
-    creates tables and views."""
+    """The recorder's read-write connection (the file as default database); makes tables, views."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
@@ -111,26 +104,26 @@ def open_writer(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _locked(exc: duckdb.Error) -> bool:
-    msg = str(exc).lower()
-    return "lock" in msg or "conflicting" in msg
+def _open_live(run_dir: Path, open_file: Callable[[str], T]) -> T:
+    """`open_file` of the run's trace, or of a snapshot copy when a writer holds its lock."""
+    try:
+        return open_file(str(db_path(run_dir)))
+    except duckdb.Error as exc:
+        msg = str(exc).lower()
+        if "lock" not in msg and "conflicting" not in msg:
+            raise
+        return open_file(str(_snapshot(run_dir)))
 
 
 def connect_run(run_dir: Path | str) -> duckdb.DuckDBPyConnection:
     """A read-only connection to one run with views loaded (a snapshot if the run is live)."""
-    run_dir = require_run(run_dir)
-    try:
-        con = duckdb.connect(str(db_path(run_dir)), read_only=True)
-    except duckdb.Error as exc:
-        if not _locked(exc):
-            raise
-        con = duckdb.connect(str(_snapshot(run_dir)), read_only=True)
+    con = _open_live(require_run(run_dir), lambda f: duckdb.connect(f, read_only=True))
     load_views_readonly(con)
     return con
 
 
 def _snapshot(run_dir: Path) -> Path:
-    """Copy a live run's file (and WAL) aside; the copy opens as it was at the last checkpoint+WAL."""
+    """Copy a live run's file (and WAL) aside; it opens as it was at the last checkpoint + WAL."""
     tmp = Path(tempfile.mkdtemp(prefix="stacx-snap-")) / DB_FILE
     shutil.copy2(db_path(run_dir), tmp)
     wal = wal_path(run_dir)
@@ -140,11 +133,8 @@ def _snapshot(run_dir: Path) -> Path:
 
 
 def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
-    """Views on a read-only database live in the in-memory temp schema.
-
-    A log written by an older STACX may lack a column or an event table a newer view uses (the
-    writer adds them on open; a reader cannot): such a view is skipped with a warning naming its
-    file, and the rest of the log stays queryable."""
+    """Views on a read-only database, in the in-memory temp schema; a view an older log lacks
+    columns or tables for is skipped with a warning naming its file (a reader cannot add them)."""
     for f in view_files():
         sql = f.read_text().replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
         try:
@@ -156,39 +146,32 @@ def load_views_readonly(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def attach_runs(run_dirs: list[Path | str]) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection with several runs attached and views over their union.
-
-    Each run is attached as ``r0``, ``r1``, ...; every event table is then a view over the
-    union of the runs' tables (``UNION ALL BY NAME``), so the project views (and the users'
-    queries) see all runs together."""
+    """An in-memory connection with runs attached as ``r0``, ``r1``, ..., every event table a
+    ``UNION ALL BY NAME`` view over theirs, so views and queries see all runs together."""
     con = duckdb.connect()
     for i, d in enumerate(run_dirs):
-        d = require_run(d)
-        try:
-            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(db_path(d))])
-        except duckdb.Error as exc:
-            if not _locked(exc):
-                raise
-            con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(_snapshot(d))])
+        _open_live(require_run(d), partial(_attach, con, f"r{i}"))
     _union_views(con, len(run_dirs))
     load_views_readonly(con)
     return con
 
 
 def attach_files(files: Sequence[Path]) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB instance over log files (each attached read-only as ``r0``,
-    ``r1``, ...; one file is the default database, several are read through union views), with
-    the project views loaded. Nothing done on it outlives it: the files are read-only and the
-    in-memory catalog dies with the connection (the viewer runs each typed query on one)."""
+    """A fresh in-memory DuckDB over log files attached read-only (as in `attach_runs`; one file
+    is the default database), views loaded; nothing done on it outlives the connection."""
     con = duckdb.connect()
     for i, f in enumerate(files):
-        con.execute(f"ATTACH ? AS r{i} (READ_ONLY)", [str(f)])
+        _attach(con, f"r{i}", str(f))
     if len(files) == 1:
         con.execute("USE r0")
     else:
         _union_views(con, len(files))
     load_views_readonly(con)
     return con
+
+
+def _attach(con: duckdb.DuckDBPyConnection, name: str, path: str) -> None:
+    con.execute(f"ATTACH ? AS {name} (READ_ONLY)", [path])
 
 
 def _union_views(con: duckdb.DuckDBPyConnection, n_runs: int) -> None:
@@ -212,8 +195,9 @@ def read_run_file(run_dir: Path | str) -> dict[str, object]:
     return data
 
 
-def write_run_file(run_dir: Path | str, data: dict[str, object]) -> None:
+def update_run_file(run_dir: Path | str, fields: dict[str, object]) -> None:
+    """Set `fields` in ``run.json``, keeping the others (atomic: a reader sees old or new)."""
     f = Path(run_dir) / RUN_FILE
     tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.write_text(json.dumps({**read_run_file(run_dir), **fields}, indent=2, sort_keys=True))
     tmp.replace(f)

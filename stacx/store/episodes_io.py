@@ -1,15 +1,7 @@
-"""Episodes out of a log and back in: selection, export records, and re-import with provenance.
-
-An *episode record* is everything one episode left in a log: its events (every kind with its
-``episode_id``: start, turns, tool calls, finish, reward, failures, teacher labels and scores),
-in stream order, as plain dicts. Records are what ``stacx export`` writes (with convenience
-columns: token ids, loss masks, reward, chat messages when a tokenizer is at hand) and what
-``stacx replay`` copies into a new run, so a replay from a run directory and a replay from its
-export file insert identical events.
-
-Re-imported events get a new ``event_id`` derived from (destination run, source event id), so
-importing twice is de-duplicated, and each one is paired with an ``EventImported`` provenance
-event naming the source run and source event id.
+"""Episodes out of a log and back in: an episode record is all of one episode's events, in stream
+order; ``stacx export`` writes records and ``stacx replay`` copies them into a new run, re-keyed
+(importing twice is de-duplicated) and each paired with an ``EventImported`` provenance event.
+Design: docs/concepts/events.md#episodes-out-and-back-in
 """
 
 from __future__ import annotations
@@ -115,24 +107,18 @@ def read_export(path: Path, where: str | None = None) -> list[EpisodeRecord]:
     """Records from a `stacx export` file (.jsonl or .parquet); `where` filters like a run's."""
     if not path.is_file():
         raise StacxError(f"{path}: no such export file")
-    con = duckdb.connect()
-    reader = "read_json_auto" if path.suffix in (".jsonl", ".json") else "read_parquet"
-    if path.suffix not in (".jsonl", ".json", ".parquet"):
+    if path.suffix in (".jsonl", ".json"):
+        reader = "read_json_auto(?, format='newline_delimited', maximum_object_size=1073741824)"
+    elif path.suffix == ".parquet":
+        reader = "read_parquet(?, union_by_name=true)"
+    else:
         raise StacxError(f"{path}: unknown export format (accepted: .jsonl, .parquet)")
     # the selection predicate runs over the same columns as the episodes view offers
-    sql = (
-        f"select events_json, source_path from {reader}('{path}', "
-        + (
-            "format='newline_delimited', maximum_object_size=1073741824"
-            if reader == "read_json_auto"
-            else "union_by_name=true"
-        )
-        + ") as episodes"
-    )
+    sql = f"select events_json, source_path from {reader} as episodes"
     if where:
         sql += f" where {where}"
     try:
-        rows = con.execute(sql).fetchall()
+        rows = duckdb.connect().execute(sql, [str(path)]).fetchall()
     except duckdb.Error as exc:
         raise StacxError(f"reading {path} with --where {where!r}: {exc}") from exc
     out = []
@@ -158,13 +144,11 @@ def read_export(path: Path, where: str | None = None) -> list[EpisodeRecord]:
 
 
 def read_sources(sources: list[Path], where: str | None) -> list[EpisodeRecord]:
-    records: list[EpisodeRecord] = []
-    for src in sources:
-        if src.is_dir():
-            records += read_records(src, where)
-        else:
-            records += read_export(src, where)
-    return records
+    return [
+        r
+        for src in sources
+        for r in (read_records(src, where) if src.is_dir() else read_export(src, where))
+    ]
 
 
 def reimport(records: list[EpisodeRecord], run_id: str) -> Iterator[Event]:
@@ -207,9 +191,8 @@ def _chatml_messages(text: str) -> list[dict[str, str]]:
 
 
 def whole_turns(turns: list[dict[str, object]]) -> list[dict[str, object]]:
-    """TurnGenerated event dicts of one episode, in turn order, with whole ``prompt_ids`` (a
-    turn stored linearly holds only the ids after its ``prefix_len``; see
-    ``stacx.events.full_prompts``). ValueError on a chain with a turn missing."""
+    """TurnGenerated dicts of one episode, in turn order, with whole ``prompt_ids`` (undoing
+    ``prefix_len``: ``stacx.events.full_prompts``). ValueError on a chain missing a turn."""
     ordered = sorted(turns, key=lambda t: int(t["turn"]))  # type: ignore[call-overload]
     prompts = full_prompts(
         [
@@ -228,12 +211,9 @@ def whole_turns(turns: list[dict[str, object]]) -> list[dict[str, object]]:
 def export_row(
     rec: EpisodeRecord, decode: Callable[[list[int]], str] | None = None
 ) -> dict[str, object]:
-    """One export row: the episode's token trajectory with a loss mask, its reward, its events.
-
-    `input_ids` is the last turn's prompt followed by its output; when every turn's prompt
-    extends the previous turn's prompt+output (STACX agents guarantee it), `loss_mask` is 1 on
-    every model-produced token and `logprobs` holds their behavior logprobs (null elsewhere).
-    """
+    """One export row: the episode's token trajectory, its reward, its events. `loss_mask` is 1
+    (and `logprobs` set) on model-produced tokens; `input_ids` restart where a prompt does not
+    extend the previous turn (``contiguous`` False)."""
     turns = whole_turns([e for e in rec.events if e["kind"] == "TurnGenerated"])
     input_ids: list[int] = []
     loss_mask: list[int] = []
@@ -245,9 +225,9 @@ def export_row(
         lps = t.get("logprobs") or [None] * len(out)
         if input_ids and prompt[: len(input_ids)] != input_ids:
             contiguous = False
-        new = prompt[len(input_ids) :] if contiguous else prompt
         if not contiguous:
             input_ids, loss_mask, logprobs = [], [], []
+        new = prompt[len(input_ids) :]
         input_ids += new + out
         loss_mask += [0] * len(new) + [1] * len(out)
         logprobs += [None] * len(new) + list(lps)  # type: ignore[call-overload]

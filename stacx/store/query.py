@@ -1,20 +1,7 @@
-"""The log's read contract (``Query``: SQL over the run's log with bound parameters) and SQL
-over the log from another process: a NATS request/reply service the launcher serves.
-
-Actors placed on Ray run in other processes (maybe other machines) but ``ActorContext.query``
-must see the same log as local actors: the recorder, the only DuckDB writer, lives in the
-launcher. So the launcher serves ``stacxq.<run_id>`` (outside the run's stream subjects
-``stacx.<run_id>.>``, so nothing here is recorded): a request is a msgpack ``QueryRequest``
-(the SQL, its bound parameters, and the stream sequence ``after`` that the answer must
-include); the reply is the result as Arrow IPC stream bytes, split into chunks of at most
-``CHUNK`` bytes (NATS caps a message at 1 MiB by default) published to the requester's inbox,
-each with the header ``Stacx-Chunk: i/n``; a failure is one message with ``Stacx-Error``.
-
-Guarantee: the reply reflects every event up to stream sequence ``after`` (a remote actor's
-context sends its watermark: what it published or was delivered, so it reads its own writes,
-as a local one does); a request without ``after`` waits for everything published before it
-was *served* (the global barrier). Limits: one reply is materialized in the launcher's memory;
-requests are served one at a time (DuckDB has one writer connection anyway).
+"""The log's read contract (``Query``: SQL with bound parameters) and SQL over the log from
+another process: the launcher, where the recorder lives, serves ``stacxq.<run_id>`` over NATS.
+A reply reflects every event up to the sender's ``after`` (its watermark: read-your-writes);
+requests are served one at a time. Design: docs/concepts/placement.md#sql-from-another-process
 """
 
 from __future__ import annotations
@@ -40,16 +27,14 @@ Params: TypeAlias = Sequence[object] | Mapping[str, object] | None
 
 
 class Query(Protocol):
-    """SQL over the run's log (views included) with bound parameters: ``query(sql, params)``.
-
-    Values never go into the SQL text: ``query("... WHERE episode_id = ?", [episode_id])``."""
+    """SQL over the run's log (views included) with bound parameters, never values in the text:
+    ``query("... WHERE episode_id = ?", [episode_id])``."""
 
     def __call__(self, sql: str, params: Params = None, /) -> Awaitable[pa.Table]: ...
 
 
 class QueryAfter(Protocol):
-    """A ``Query`` that first waits until the recorder has committed stream sequence ``after``
-    (``None``: the implementation's default; see ``RunContext.query``)."""
+    """A ``Query`` that first waits until sequence ``after`` is committed (None: default)."""
 
     def __call__(
         self, sql: str, params: Params = None, /, *, after: int | None = None
@@ -102,16 +87,27 @@ class QueryService:
         self.run_id = run_id
         self.query = query
         self._sub: Subscription | None = None
+        self._serving: set[asyncio.Task[None]] = set()
         self.served = 0
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(query_subject(self.run_id), cb=self._serve)
+        self._sub = await self.nc.subscribe(query_subject(self.run_id), cb=self._take)
 
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+        for t in list(self._serving):
+            t.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def _take(self, msg: Msg) -> None:
+        # each request in a task of its own: the recorder answers several at once (a cursor
+        # each), so one long view query does not hold up the others' answers
+        t = asyncio.create_task(self._serve(msg))
+        self._serving.add(t)
+        t.add_done_callback(self._serving.discard)
 
     async def _serve(self, msg: Msg) -> None:
         if not msg.reply:
@@ -123,7 +119,8 @@ class QueryService:
             )
             data = to_ipc(table)
         except Exception as exc:  # the caller must see why; the service keeps serving
-            await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": _one_line(repr(exc))})
+            error = " ".join(repr(exc).split())[:4000]  # one line
+            await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": error})
             return
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
         for i, chunk in enumerate(chunks):
@@ -131,16 +128,11 @@ class QueryService:
         self.served += 1
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:4000]
-
-
 def remote_query(
     nc: nats.aio.client.Client, run_id: str, *, timeout: float = TIMEOUT_S
 ) -> QueryAfter:
-    """A query function for a remote actor: sends the SQL, its parameters and the sequence the
-    answer must include (``after``; None: everything published when it is served), and
-    reassembles the chunked Arrow reply."""
+    """A query function for a remote actor: sends the SQL, its parameters and ``after`` (None:
+    all published when served) and reassembles the chunked Arrow reply."""
 
     async def query(sql: str, params: Params = None, /, *, after: int | None = None) -> pa.Table:
         inbox = nc.new_inbox()

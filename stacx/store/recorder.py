@@ -1,12 +1,7 @@
-"""The recorder: the only writer of a run's DuckDB file, exactly once.
-
-It pulls the run's stream through a durable consumer in batches and commits one DuckDB
-transaction per batch (every kind's rows, the ``_events`` index, dead letters and the new stream
-position), acknowledging only after the commit. Guarantees: every event is written exactly once
-(one row per ``event_id``, ever, even across re-sends and crashes); a payload that does not
-decode goes to ``_dead_letters``, never stops the recorder and is never dropped silently.
-
-Specification: docs/concepts/events.md#the-recorder
+"""The recorder: the only writer of a run's DuckDB file, one transaction per fetched batch (rows,
+``_events``, dead letters, stream position), acknowledged after the commit. Every event is
+written exactly once (one row per ``event_id``, ever); an undecodable payload goes to
+``_dead_letters``, never stops it. Design: docs/concepts/events.md#the-recorder
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -49,8 +44,7 @@ DeadRow = tuple[int, str, str, bytes, float]  # a ``_dead_letters`` row
 
 @dataclass(frozen=True)
 class _Batch:
-    """A fetched batch, decoded: rows per table (the kinds' and ``_events``), its events'
-    index rows, dead letters, its last sequence."""
+    """A fetched batch, decoded: rows per table, index rows, dead letters, its last sequence."""
 
     tables: dict[str, pa.Table]  # by DuckDB table name; every one has an event_id column
     index: list[IndexRow]
@@ -94,7 +88,6 @@ class Recorder:
         self.checkpoint_bytes = checkpoint_bytes
         self.idle_checkpoint_bytes = idle_checkpoint_bytes
         self.compact_after = compact_after
-        self.checkpoints = 0
         self._unvacuumed = 0  # checkpoints since the last one that vacuumed
         self.on_commit = on_commit  # called with the committed position (benchmarks, progress)
         self.con: duckdb.DuckDBPyConnection | None = None
@@ -108,7 +101,9 @@ class Recorder:
         self.lost = 0  # consumer rebuilds because deliveries were lost with nothing after them
         self._suspect = 0  # the consumer's last delivered sequence at an idle poll, if past ours
         self._advanced = asyncio.Condition()
-        self._lock = asyncio.Lock()  # one DuckDB user at a time: the insert loop or a query
+        self._lock = asyncio.Lock()  # one writer at a time: a commit or a checkpoint
+        self._gate = _ReadGate()  # queries run beside a commit, each on a cursor of its own
+        self._cursors: asyncio.Queue[duckdb.DuckDBPyConnection] = asyncio.Queue()
         self._stop = asyncio.Event()
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -129,8 +124,13 @@ class Recorder:
             self.con.execute("INSERT INTO _position VALUES (?, 0)", [self.stream])
         self.position = self._taken = int(row[0]) if row else 0
         self.seen = SeenIds(self.con)
+        self._cursors = asyncio.Queue()  # made here, in one thread: DuckDB's cursor() is not
+        for _ in range(READERS):  # to be called beside a statement running on `con`
+            self._cursors.put_nowait(db.writer_cursor(self.con))
 
     def close(self) -> None:
+        while not self._cursors.empty():
+            self._cursors.get_nowait().close()
         if self.con is not None:
             with contextlib.suppress(duckdb.Error):
                 self.con.execute("CHECKPOINT")
@@ -138,7 +138,7 @@ class Recorder:
             self.con = None
 
     async def run(self) -> None:
-        """Consume until ``stop()``; raises on infrastructure failure (the supervisor restarts it)."""
+        """Consume until ``stop()``; raise on infra failure (the supervisor restarts it)."""
         if self.con is None:
             self.open()
         self._taken = self.position  # a restart after a failed commit re-reads what it held
@@ -153,13 +153,7 @@ class Recorder:
                         await commit
                         commit = None
                     if await self._lost_deliveries():
-                        self._shrink_pull()
-                        self._taken = self.position
-                        self._suspect = 0
-                        with contextlib.suppress(Exception):
-                            await sub.unsubscribe()
-                        sub = await self._subscribe_from_position()
-                        fresh = True
+                        sub, fresh = await self._reread(sub), True
                         continue
                     wal = self._wal_bytes()
                     if self._unvacuumed >= self.compact_after and wal > 0:  # (DuckDB skips a
@@ -171,15 +165,10 @@ class Recorder:
                 if fresh:
                     await self._skip_hole(msgs)
                 if self._gap(msgs):
-                    self._shrink_pull()
                     if commit is not None:
                         await commit  # it holds no missing delivery: it passed this check
                         commit = None
-                    self._taken = self.position
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                    sub = await self._subscribe_from_position()
-                    fresh = True
+                    sub, fresh = await self._reread(sub), True
                     continue
                 fresh = False
                 self.pull = min(self.batch, self.pull + 1)
@@ -209,20 +198,24 @@ class Recorder:
                 msgs += await sub.fetch(self.pull - 1, timeout=self.drain_s)
         return msgs
 
-    def _shrink_pull(self) -> None:
+    async def _reread(
+        self, sub: JetStreamContext.PullSubscription
+    ) -> JetStreamContext.PullSubscription:
+        """Deliveries were lost: pull half as much, rebuild the consumer from `position`."""
         self.pull = max(1, self.pull // 2)
+        self._taken = self.position
+        self._suspect = 0
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        return await self._subscribe_from_position()
 
     def stop(self) -> None:
         self._stop.set()
 
     async def _lost_deliveries(self) -> bool:
-        """True if, with everything fetched committed and nothing arriving, the consumer has
-        delivered past the committed position on two idle polls in a row: deliveries were lost
-        on the way (the server cut the connection as a slow consumer, a server was lost, the
-        client dropped them), with nothing after them to show the gap; JetStream would send them
-        again only after the ack wait. (Two polls: one delivery may be on its way at the first.)
-        A consumer that is gone counts too; an unanswered query (a cluster electing its leader)
-        does not: the next idle poll asks again."""
+        """True if, idle and all committed, the consumer has delivered past the committed position
+        on two polls in a row (one delivery may be on its way at the first), or is gone:
+        deliveries were lost with nothing after them. An unanswered poll does not count."""
         try:
             info = await self.js.consumer_info(
                 self.stream, DURABLE, timeout=max(1.0, 4 * self.fetch_timeout)
@@ -251,11 +244,9 @@ class Recorder:
         return True
 
     async def _skip_hole(self, msgs: list[Msg]) -> None:
-        """The first delivery after a (re)build may start past a hole in the stream (messages
-        purged or deleted): if the stream holds none of the run's messages between the committed
-        position and it, move past the hole. Otherwise the deliveries before it were lost on the
-        way (a slow-consumer cut right after the rebuild) and the gap check re-reads them:
-        taking the first delivery as it came would skip them for good."""
+        """Move the position past a hole in the stream (purged or deleted messages) before the
+        first delivery after a rebuild, only if the stream really holds none of the run's
+        messages there; otherwise they were lost on the way and the gap check re-reads them."""
         expect, first = self._taken + 1, int(msgs[0].metadata.sequence.stream)
         if first <= expect:
             return
@@ -277,10 +268,8 @@ class Recorder:
             self._taken = first - 1
 
     def _gap(self, msgs: list[Msg]) -> bool:
-        """True if a delivery is missing before or inside this batch (the client dropped it, an
-        expired fetch swallowed it, the server cut the connection): committing and AckAll-ing
-        past it would lose it, so this delivery is dropped, what was taken before it committed,
-        and the consumer rebuilt from the committed position."""
+        """True if a delivery is missing before or inside this batch: AckAll past it would lose
+        it, so the batch is cut there and the consumer rebuilt from the committed position."""
         expect = self._taken + 1
         for m in msgs:
             seq = int(m.metadata.sequence.stream)
@@ -300,12 +289,8 @@ class Recorder:
         return False
 
     async def _subscribe_from_position(self) -> JetStreamContext.PullSubscription:
-        """(Re)create the durable consumer so it delivers, in order, everything after `position`.
-
-        Why: messages fetched by a killed recorder but never acknowledged are redelivered by
-        JetStream only after the ack wait, i.e. after newer messages. Skipping sequences at or
-        below the committed position would then drop the older ones for good. The committed
-        position in DuckDB is the truth, so the consumer is rebuilt from it on every start."""
+        """(Re)create the durable consumer to deliver, in order, everything after `position` (the
+        committed truth): unacked messages would otherwise come back only after newer ones."""
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.stream, DURABLE)
         await self.js.add_consumer(
@@ -372,18 +357,19 @@ class Recorder:
     async def _record(self, msgs: list[Msg], batch: _Batch | None) -> None:
         if batch is not None:
             async with self._lock:
-                written = await asyncio.to_thread(
-                    self._commit,
-                    batch.tables,
-                    batch.index,
-                    batch.dead,
-                    batch.maybe_seen,
-                    batch.last_seq,
-                )
+                written = await asyncio.to_thread(self._commit, batch)
             kept = {r[1] for r in written}
             repeats = batch.repeats + [(r[1], r[0]) for r in batch.index if r[1] not in kept]
             if repeats:
-                self._skipped(repeats[0][0], repeats[0][1], len(repeats))
+                self.duplicates += len(repeats)
+                log.warning(
+                    "recorder %s: %d event(s) with an already recorded event_id skipped "
+                    "(e.g. %s at stream sequence %d); %d so far",
+                    self.stream,
+                    len(repeats),
+                    *repeats[0],
+                    self.duplicates,
+                )
             self.recorded += len(written)
             self.dead += len(batch.dead)
             async with self._advanced:
@@ -414,9 +400,8 @@ class Recorder:
                 if vacuum:
                     con.execute("SET max_vacuum_tasks = 0")
 
-        async with self._lock:
+        async with self._lock, self._gate.alone():  # no query open beside a checkpoint
             await asyncio.to_thread(checkpoint)
-        self.checkpoints += 1
         self._unvacuumed = 0 if vacuum else self._unvacuumed + 1
 
     @staticmethod
@@ -436,47 +421,18 @@ class Recorder:
                 dead.append((seq, m.subject, f"{type(exc).__name__}: {exc}", part, time.time()))
         return good
 
-    def _skipped(self, event_id: str, seq: int, n: int) -> None:
-        self.duplicates += n
-        log.warning(
-            "recorder %s: %d event(s) with an already recorded event_id skipped "
-            "(e.g. %s at stream sequence %d); %d so far",
-            self.stream,
-            n,
-            event_id,
-            seq,
-            self.duplicates,
-        )
-
-    def _commit(
-        self,
-        tables: dict[str, pa.Table],
-        index: list[IndexRow],
-        dead: list[DeadRow],
-        maybe_seen: list[str],
-        last_seq: int,
-    ) -> list[IndexRow]:
-        """One transaction: rows, index, dead letters, position. Returns the index rows
-        actually written (without the events whose id was recorded before)."""
+    def _commit(self, batch: _Batch) -> list[IndexRow]:
+        """One transaction: rows, index, dead letters, position; returns the new ids' index rows."""
         con = self.con
         assert con is not None
+        tables, index = batch.tables, batch.index
         con.execute("BEGIN TRANSACTION")
         try:
-            if maybe_seen:
-                ids = pa.table({"event_id": pa.array(maybe_seen, pa.string())})
-                old = pa.array(
-                    [
-                        r[0]
-                        for r in _from_arrow(
-                            con,
-                            "SELECT DISTINCT event_id FROM _events WHERE event_id IN (SELECT event_id FROM arrow_rows)",
-                            ids,
-                        ).fetchall()
-                    ],
-                    pa.string(),
-                )
-                if len(old):
-                    recorded = set(old.to_pylist())
+            if batch.maybe_seen:
+                ids = pa.table({"event_id": pa.array(batch.maybe_seen, pa.string())})
+                recorded = {r[0] for r in _from_arrow(con, _RECORDED_IDS, ids).fetchall()}
+                if recorded:
+                    old = pa.array(list(recorded), pa.string())
                     index = [r for r in index if r[1] not in recorded]
                     tables = {
                         k: t.filter(pc.invert(pc.is_in(t["event_id"], value_set=old)))
@@ -486,13 +442,15 @@ class Recorder:
                 _from_arrow(
                     con, f"INSERT INTO {db.quote_ident(name)} SELECT * FROM arrow_rows", rows
                 )
-            if dead:
+            if batch.dead:
                 _from_arrow(
                     con,
                     "INSERT INTO _dead_letters SELECT * FROM arrow_rows",
-                    _rows(dead, DEAD_SCHEMA),
+                    _rows(batch.dead, DEAD_SCHEMA),
                 )
-            con.execute("UPDATE _position SET seq = ? WHERE stream = ?", [last_seq, self.stream])
+            con.execute(
+                "UPDATE _position SET seq = ? WHERE stream = ?", [batch.last_seq, self.stream]
+            )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -509,32 +467,73 @@ class Recorder:
     async def query(
         self, sql: str, params: Sequence[object] | Mapping[str, object] | None = None
     ) -> pa.Table:
-        """Run SQL (views included) on the writer's connection, between batches."""
+        """Run SQL (views included) on the log as committed when it starts."""
         return await self.read(lambda con: con.sql(sql, params=params).to_arrow_table())
 
     async def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """`fn` on a cursor of the writer's database, in a thread, beside commits (DuckDB's MVCC: a
+        query sees the commits done when it starts) and other queries, never a checkpoint."""
         if self.con is None:
             self.open()
-        con = self.con
-        assert con is not None
-        async with self._lock:
-            return await asyncio.to_thread(lambda: fn(db.writer_cursor(con)))
+        async with self._gate.shared():
+            cur = await self._cursors.get()
+            try:
+                return await asyncio.to_thread(fn, cur)
+            finally:
+                self._cursors.put_nowait(cur)
+
+
+READERS = 4  # queries at once (the launcher's query service, progress, metrics, local actors)
+
+
+class _ReadGate:
+    """Any number of readers at once, or one holder alone (a checkpoint), who waits for the
+    readers in progress and keeps new ones out."""
+
+    def __init__(self) -> None:
+        self._readers = 0
+        self._alone = False
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._readers -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone)
+            self._alone = True
+            await self._changed.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
 
 
 def _rows(rows: Sequence[tuple[object, ...]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_arrays(
-        [
-            pa.array(col, type=f.type)
-            for col, f in zip(zip(*rows, strict=True), schema, strict=True)
-        ],
-        schema=schema,
-    )
+    columns = zip(schema.names, zip(*rows, strict=True), strict=True)
+    return pa.Table.from_pydict(dict(columns), schema=schema)
+
+
+_RECORDED_IDS = (
+    "SELECT DISTINCT event_id FROM _events WHERE event_id IN (SELECT event_id FROM arrow_rows)"
+)
 
 
 def _from_arrow(
     con: duckdb.DuckDBPyConnection, sql: str, arrow_rows: pa.Table
 ) -> duckdb.DuckDBPyConnection:
-    """Run `sql`, which reads the Arrow table ``arrow_rows``: DuckDB finds it by that name among
-    this frame's locals (its replacement scan). ~0.4 ms per statement here against ~0.7 ms for
-    register + INSERT + unregister; the commit's fixed cost is what limits the latency."""
+    """Run `sql`, which reads the Arrow table ``arrow_rows`` from this frame's locals (DuckDB's
+    replacement scan, cheaper than register + INSERT + unregister)."""
     return con.execute(sql)

@@ -1,16 +1,7 @@
-"""DuckDB schema derived from the event catalog: the catalog is the single source of truth.
-
-One table per kind, named in snake_case (``TurnGenerated`` -> ``turn_generated``); one typed
-column per Struct field (LIST columns for token arrays) plus ``_seq`` (the JetStream stream
-sequence). Bookkeeping tables: ``_events`` (every recorded event: seq, event_id, kind, ts,
-episode_id; the recorder writes an event_id at most once, ever), ``_position`` (the last committed stream sequence, written in the same
-transaction as the rows), ``_dead_letters`` (undecodable or unknown payloads, with the reason).
-
-Enum fields (``StopReason``, ``FailureKind``, ...) are VARCHAR columns holding the member's
-value, exactly what the ``str`` fields they replaced held: views and older files need no change.
-
-Evolution: opening an existing file adds the columns of fields that the catalog gained since
-(rule 1 of ``stacx.events``); nothing is ever dropped or retyped.
+"""DuckDB schema derived from the event catalog, the single source of truth: one table per kind
+(``turn_generated``), one typed column per field plus ``_seq``, and the bookkeeping tables
+(``_events``, ``_position``, ``_dead_letters``). Opening a file adds the columns the catalog
+gained since; nothing is ever dropped or retyped. Design: docs/concepts/log.md
 """
 
 from __future__ import annotations
@@ -62,13 +53,11 @@ def _column(name: str, hint: object) -> Column:
         return _column(name, args[0])
     if origin is list:
         (item,) = typing.get_args(hint)
-        sql, arrow = _LISTS[item]
-        return Column(name, sql, arrow)
+        return Column(name, *_LISTS[item])
     if isinstance(hint, type) and issubclass(hint, Enum):
         return Column(name, "VARCHAR", pa.string())
     if isinstance(hint, type) and hint in _SCALARS:
-        sql, arrow = _SCALARS[hint]
-        return Column(name, sql, arrow)
+        return Column(name, *_SCALARS[hint])
     raise TypeError(f"field {name}: no column type for {hint!r}")
 
 
@@ -96,37 +85,30 @@ def kind_table(cls: type[Event]) -> KindTable:
 
 TABLES: dict[str, KindTable] = {kind: kind_table(cls) for kind, cls in KINDS.items()}
 
+_EVENTS_COLUMNS = (
+    "_seq BIGINT, event_id VARCHAR, kind VARCHAR, run_id VARCHAR, ts DOUBLE, episode_id VARCHAR"
+)
+_DEAD_COLUMNS = "_seq BIGINT, subject VARCHAR, reason VARCHAR, payload BLOB, recorded_ts DOUBLE"
 BOOKKEEPING = [
     "CREATE TABLE IF NOT EXISTS _position (stream VARCHAR PRIMARY KEY, seq BIGINT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS _events (
-        _seq BIGINT, event_id VARCHAR, kind VARCHAR, run_id VARCHAR, ts DOUBLE, episode_id VARCHAR)""",
-    """CREATE TABLE IF NOT EXISTS _dead_letters (
-        _seq BIGINT, subject VARCHAR, reason VARCHAR, payload BLOB, recorded_ts DOUBLE)""",
+    f"CREATE TABLE IF NOT EXISTS _events ({_EVENTS_COLUMNS})",
+    f"CREATE TABLE IF NOT EXISTS _dead_letters ({_DEAD_COLUMNS})",
     "CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
 ]
-EVENTS_SCHEMA = pa.schema(
-    [
-        ("_seq", pa.int64()),
-        ("event_id", pa.string()),
-        ("kind", pa.string()),
-        ("run_id", pa.string()),
-        ("ts", pa.float64()),
-        ("episode_id", pa.string()),
-    ]
-)
-DEAD_SCHEMA = pa.schema(
-    [
-        ("_seq", pa.int64()),
-        ("subject", pa.string()),
-        ("reason", pa.string()),
-        ("payload", pa.binary()),
-        ("recorded_ts", pa.float64()),
-    ]
-)
+_ARROW = {"BIGINT": pa.int64(), "VARCHAR": pa.string(), "DOUBLE": pa.float64(), "BLOB": pa.binary()}
+
+
+def _arrow_schema(columns: str) -> pa.Schema:
+    """The Arrow schema of a bookkeeping table's SQL column list (one DDL, one truth)."""
+    return pa.schema([(n, _ARROW[t]) for n, t in (c.split() for c in columns.split(", "))])
+
+
+EVENTS_SCHEMA = _arrow_schema(_EVENTS_COLUMNS)
+DEAD_SCHEMA = _arrow_schema(_DEAD_COLUMNS)
 
 
 def create_all(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table (idempotent) and add columns the catalog gained since the file was made."""
+    """Create every table (idempotent); add the columns the catalog gained since."""
     for stmt in BOOKKEEPING:
         con.execute(stmt)
     for t in TABLES.values():
@@ -150,9 +132,8 @@ def create_all(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:
-    """Columnar batch of one kind, in the table's column order. A token array (a packed
-    field, ``stacx.wire.PACKED``) becomes its LIST column through numpy: from the wire's
-    packed bytes (``stacx.wire.decode_wire``) no Python object is made per token."""
+    """Columnar batch of one kind, in the table's column order; packed token arrays become LIST
+    columns through numpy, with no Python object per token."""
     table = TABLES[kind]
     packed = PACKED.get(kind, {})
     arrays = []
@@ -167,8 +148,7 @@ def to_arrow(kind: str, events: list[Event], seqs: list[int]) -> pa.Table:
 
 
 def _list_array(values: list[object], code: int, arrow_type: pa.DataType) -> pa.Array:
-    """A LIST column from packed arrays (or lists, or None), via one offsets and one values
-    buffer."""
+    """A LIST column from packed arrays (or lists, or None): one offsets, one values buffer."""
     parts = [packed_array(v, code) for v in values if v is not None]
     lengths = np.zeros(len(values), np.int32)
     lengths[[i for i, v in enumerate(values) if v is not None]] = [len(a) for a in parts]

@@ -1,20 +1,7 @@
-"""Which event ids a run's log may already hold: the recorder's pre-filter for its de-dup.
-
-The recorder writes at most one row per ``event_id``, ever. The ids it has written are the
-``event_id`` column of ``_events``; checking every batch against that column (or against a
-primary key on it) would cost each commit a statement and an index that grows with the run.
-Instead the recorder keeps the 64-bit hashes (DuckDB's ``hash()``) of every id in the file, 8
-bytes per event (a sorted array, seeded from ``_events`` at open, plus a set of the ids added
-since), and only the events whose hash is there are looked up in ``_events``, in the commit's
-transaction. So the file stays the only truth:
-
-- no false negatives: every id committed is in the filter (seeded at open; a batch's ids are
-  added before its commit);
-- a false positive (a hash collision, or an id added for a commit that then failed) costs one
-  lookup and the event is still written if ``_events`` does not hold it.
-
-Limits: the filter lives in the recorder's memory (8 bytes per recorded event, e.g. 80 MB for
-ten million); opening a file hashes all its ids once (DuckDB, ~tens of ms per million).
+"""Which event ids a run's log may already hold: the recorder's pre-filter for its de-dup, the
+64-bit hashes of every id in the file (8 bytes per event). No false negatives; a false positive
+costs one lookup in ``_events``, which stays the only truth.
+Design: docs/concepts/events.md#the-recorder
 """
 
 from __future__ import annotations
@@ -32,9 +19,8 @@ class SeenIds:
 
     def __init__(self, con: duckdb.DuckDBPyConnection):
         """Seed from the ``_events`` of `con` (the writer's connection)."""
-        self._hasher = (
-            duckdb.connect()
-        )  # the same hash() as the file's, off the writer's connection
+        # the same hash() as the file's, off the writer's connection
+        self._hasher = duckdb.connect()
         self._hasher.execute("SET threads = 1")
         seeded = con.execute(
             "SELECT hash(event_id) AS h FROM _events WHERE event_id IS NOT NULL"

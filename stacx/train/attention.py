@@ -1,17 +1,8 @@
-"""Varlen attention for packed batches, as a transformers attention implementation.
-
-``use_varlen_attention(model)`` registers ``"stacx_varlen"`` with transformers' attention and
-mask interfaces and switches the model to it. The decoder is then called with
-``cu_seq_lens_q``/``max_length_q`` (the :class:`~stacx.train.packing.PackedBatch` boundaries,
-over the row-major flattened batch), and every sequence attends causally to itself only, with
-no ``T x T`` mask ever built:
-
-- on CUDA in bf16/fp16: ``torch.nn.attention.varlen.varlen_attn`` (PyTorch's flash-attention
-  varlen kernel; no flash-attn package needed), grouped-query heads handled natively;
-- elsewhere (CPU, fp32/fp64): a loop of causal ``scaled_dot_product_attention`` over the
-  segments — exact, slow, and what the CPU tests exercise.
-
-Limits: training and prefill only (no KV cache); no dropout, no sliding window.
+"""Varlen attention for packed batches, registered with transformers as ``"stacx_varlen"``: every
+sequence attends causally to itself only, from the batch's ``cu_seqlens``, with no ``T x T`` mask
+built. On CUDA in bf16/fp16 it is PyTorch's flash varlen kernel (GQA native); elsewhere an exact,
+slow loop of causal sdpa over the segments (what the CPU tests run). Limits: training and prefill
+only (no KV cache); no dropout, no sliding window.
 """
 
 from __future__ import annotations
@@ -72,7 +63,7 @@ def varlen_attention_forward(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers attention interface: ``query [B, Hq, T, D]``, ``key``/``value [B, Hkv, T, D]``
-    -> ``[B, T, Hq, D]``. Needs ``cu_seq_lens_q`` (int32, over the flattened ``B*T`` tokens)."""
+    -> ``[B, T, Hq, D]``; needs ``cu_seq_lens_q`` (int32, over the flattened ``B*T`` tokens)."""
     cu_seqlens: Tensor | None = kwargs.get("cu_seq_lens_q")
     max_len: int | None = kwargs.get("max_length_q")
     if cu_seqlens is None or max_len is None:
@@ -84,9 +75,7 @@ def varlen_attention_forward(
         raise VarlenAttentionError(f"{VARLEN_ATTENTION} does not support attention dropout")
     b, hq, t, d = query.shape
     hk = key.shape[1]
-    q = query.transpose(1, 2).reshape(b * t, hq, d)
-    k = key.transpose(1, 2).reshape(b * t, hk, d)
-    v = value.transpose(1, 2).reshape(b * t, hk, d)
+    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
     if _KERNEL is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         varlen_attn, causal, takes_gqa = _KERNEL
         gqa: dict[str, bool] = {}
@@ -108,21 +97,16 @@ def _no_mask(*args: object, **kwargs: object) -> None:
     return None
 
 
-def register_varlen_attention() -> str:
-    """Register ``"stacx_varlen"`` with transformers (idempotent); returns the name."""
+def use_varlen_attention(model: nn.Module) -> None:
+    """Switch a transformers model to the varlen attention, registered first with transformers as
+    ``"stacx_varlen"`` (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN_ATTENTION, _no_mask)
-    return VARLEN_ATTENTION
-
-
-def use_varlen_attention(model: nn.Module) -> None:
-    """Switch a transformers model to the varlen attention (registering it first)."""
-    name = register_varlen_attention()
     setter = getattr(model, "set_attn_implementation", None)
     if callable(setter):
-        setter(name)
+        setter(VARLEN_ATTENTION)
     else:
-        model.config._attn_implementation = name  # type: ignore[union-attr]
+        model.config._attn_implementation = VARLEN_ATTENTION  # type: ignore[union-attr]

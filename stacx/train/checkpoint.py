@@ -1,26 +1,10 @@
-"""Checkpoints: one directory per weight version, ``<run_dir>/checkpoints/v<version>/``.
-
-Each holds ``model.safetensors`` (the weights an engine loads; tied tensors stored once; when
-only some parameters are trained, only those: the frozen rest is the base model's, which every
-engine and a resuming trainer already hold),
-``config.json`` (with full weights the directory is a loadable HF model), ``optimizer.pt`` (the
-optimizer's state dict, for an exact resume; a sharded trainer writes ``optimizer/`` instead:
-each rank's shard, torch.distributed.checkpoint, never gathered) and ``trainer.json`` (step,
-version, algorithm). The sha256 published in ``WeightsPublished`` is the digest of
-``model.safetensors``.
-
-Guarantees: a checkpoint appears atomically (written to a temporary sibling directory, then
-renamed), so a crash never leaves a half-written ``v<n>`` that a resume would trust; saving a
-version that exists replaces it (a redo after a crash). Limits: the weights are one file (a
-sharded trainer gathers them to rank 0's host memory to write it); the optimizer state is a ``torch.save`` pickle, so load only checkpoints you wrote.
-
-What a checkpoint holds is a list of *parts* (:data:`Part`: a function that writes its files into
-the staging directory): the weights, ``config.json``, the optimizer state; a new kind of state
-(an adapter, a scheduler) is one more part. :func:`snapshot` copies what the parts write while the
-trainer holds still (clones on the model's device: tens of ms even at 4B, where the write takes
-tens of seconds), so :func:`write` can run later in another thread while the next step changes
-the model (``trainer.background_checkpoint``). Files are fsync'ed before the rename: a version
-directory, once there, survives a crash of the process or the machine.
+"""Checkpoints: one directory per weight version, ``<run_dir>/checkpoints/v<version>/``, made of
+*parts* (weights, ``config.json``, optimizer state) that a ``Snapshot`` captures while the trainer
+holds still and ``write`` writes later, possibly in another thread. Guarantees: a version appears
+atomically (staged, fsync'ed, renamed), so a crash never leaves a half-written ``v<n>``; rewriting a
+version replaces it. Limits: the optimizer state is a ``torch.save`` pickle (load only checkpoints
+you wrote).
+Design: docs/training.md#checkpoints-off-the-trainers-path
 """
 
 from __future__ import annotations
@@ -87,18 +71,15 @@ def staging(run_dir: Path | str, version: int) -> Path:
 def write_weights(tmp: Path, state: Mapping[str, torch.Tensor], *, partial: bool) -> None:
     """``state`` as ``tmp/model.safetensors`` (``partial``: only the trained tensors)."""
     metadata = {"format": "pt", **({"partial": "1"} if partial else {})}
-    save_file(
-        {n: t.detach().contiguous() for n, t in state.items()},
-        str(tmp / WEIGHTS_FILE),
-        metadata=metadata,
-    )
+    tensors = {n: t.detach().contiguous() for n, t in state.items()}
+    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata=metadata)
 
 
 def commit(
     tmp: Path, run_dir: Path | str, version: int, meta: dict[str, object]
 ) -> tuple[Path, str]:
-    """Write ``trainer.json`` into the staged ``tmp``, fsync it all, then rename it to
-    ``v<version>`` (replacing one that exists); returns (path of model.safetensors, sha256)."""
+    """Write ``trainer.json`` into the staged ``tmp``, fsync it all and rename it to ``v<version>``;
+    returns (path of model.safetensors, sha256)."""
     target = version_dir(run_dir, version)
     (tmp / META_FILE).write_text(json.dumps({"version": version, **meta}, indent=2) + "\n")
     sha = sha256_file(tmp / WEIGHTS_FILE)
@@ -136,17 +117,15 @@ def tied_aliases(lm: nn.Module) -> set[str]:
 
 
 def owned(tree: object) -> object:
-    """``tree`` (a state dict, nested) with every tensor cloned (DTensors stay DTensors): the
-    snapshot owns them, the next optimizer step cannot change them."""
+    """``tree`` (a nested state dict) with every tensor cloned (DTensors stay DTensors)."""
     return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), tree)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One version as the trainer held it after its step: ``weights`` are what engines load
-    (by name, owned copies), ``parts`` write the checkpoint from owned copies, ``meta`` is
-    ``trainer.json``. ``tmp``: a staging directory made at snapshot time, when other processes
-    (trainer ranks) write into it too; otherwise :func:`write` makes one."""
+    """One version as the trainer held it: ``weights`` for engines, ``parts`` that write it,
+    ``meta`` (``trainer.json``), and ``tmp``, a staging directory other ranks write into, or None.
+    """
 
     version: int
     weights: Mapping[str, torch.Tensor]
@@ -160,7 +139,9 @@ def weights_part(state: Mapping[str, torch.Tensor], *, partial: bool) -> Part:
 
 
 def config_part(model: nn.Module) -> Part:
-    return lambda tmp: write_config(tmp, model)
+    """The LM's ``config.json`` beside full weights, so ``v<n>/`` is a loadable HF directory."""
+    to_json = getattr(getattr(model, "config", None), "to_json_file", None)
+    return lambda tmp: to_json(str(tmp / "config.json")) if callable(to_json) else None
 
 
 def snapshot(
@@ -171,9 +152,7 @@ def snapshot(
     *,
     only_trainable: bool = False,
 ) -> Snapshot:
-    """A one-device trainer's version ``version`` (see :class:`Snapshot`). ``optimizer`` None:
-    the weights only, for engines (a version that will not be written). The clones are on the
-    model's device and complete when this returns (the writer may use another CUDA stream)."""
+    """A one-device trainer's version (``optimizer`` None: weights only), owned on return."""
     params = {
         n: p.detach().clone()
         for n, p in model.named_parameters()
@@ -199,8 +178,7 @@ def snapshot(
 
 
 def write(run_dir: Path | str, snap: Snapshot) -> tuple[Path, str]:
-    """Write ``snap`` as ``v<version>/`` atomically; returns (model.safetensors, its sha256). On CUDA its copies to host run on a stream of their own, so a CUDA graph
-    capture of an engine thread of this process is not disturbed by them."""
+    """Write ``snap`` as ``v<version>/`` atomically; returns (model.safetensors, its sha256)."""
     tmp = snap.tmp or staging(run_dir, snap.version)
     try:
         with _own_stream(snap.weights):
@@ -212,23 +190,16 @@ def write(run_dir: Path | str, snap: Snapshot) -> tuple[Path, str]:
         raise
 
 
-class _own_stream:
-    """On CUDA: the writer's copies go on a side stream (the default stream is shared with the
-    engine and the trainer, and a copy on it would wait for their work)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        first = next(iter(tensors.values()), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        self.ctx: object = None
-
-    def __enter__(self) -> None:
-        if self.device.type == "cuda":
-            self.ctx = torch.cuda.stream(torch.cuda.Stream(self.device))
-            self.ctx.__enter__()  # type: ignore[attr-defined]
-
-    def __exit__(self, *exc: object) -> None:
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)  # type: ignore[attr-defined]
+@contextlib.contextmanager
+def _own_stream(tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """On CUDA, the writer's host copies on a side stream: a copy on the default stream would wait
+    for the engine's and trainer's work, and disturb an engine thread's CUDA graph capture."""
+    first = next(iter(tensors.values()), None)
+    if first is not None and first.device.type == "cuda":
+        with torch.cuda.stream(torch.cuda.Stream(first.device)):
+            yield
+    else:
+        yield
 
 
 def clear_staging(run_dir: Path | str) -> list[str]:
@@ -251,28 +222,16 @@ def save(
     *,
     only_trainable: bool = False,
 ) -> tuple[Path, str]:
-    """Write version ``version`` now; returns (path of model.safetensors, its sha256).
-
-    ``only_trainable`` writes the parameters with ``requires_grad`` only."""
+    """Write version ``version`` now (``only_trainable``: the parameters with ``requires_grad``);
+    returns (path of model.safetensors, its sha256)."""
     return write(run_dir, snapshot(version, model, optimizer, meta, only_trainable=only_trainable))
-
-
-def write_config(tmp: Path, model: nn.Module) -> None:
-    """The LM's ``config.json`` beside full weights, so ``v<n>/`` is a loadable HF directory
-    (what SGLang's update_weights_from_disk and from_pretrained take)."""
-    config = getattr(model, "config", None)
-    to_json = getattr(config, "to_json_file", None)
-    if callable(to_json):
-        to_json(str(tmp / "config.json"))
 
 
 def load(
     weights: Path | str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, object]:
-    """Load weights (and, when given, the optimizer state beside them) into ``model``.
-
-    Returns the checkpoint's ``trainer.json``. Raises :class:`CheckpointError` naming the file
-    when something is missing or does not fit the model."""
+    """Load weights (and, when given, the optimizer state) into ``model``; returns ``trainer.json``.
+    Raises :class:`CheckpointError` naming the file when something is missing or does not fit."""
     weights = Path(weights)
     if not weights.is_file():
         raise CheckpointError(f"checkpoint weights {weights} do not exist")
@@ -325,11 +284,9 @@ def _sharded(weights: Path | str) -> bool:
 def sharded_optimizer_part(
     model: nn.Module, optimizer: torch.optim.Optimizer, group: object = None
 ) -> Part:
-    """This rank's shard of the optimizer state (owned clones, taken now), written into
-    ``tmp/optimizer/`` by torch.distributed.checkpoint (one file per rank plus metadata;
-    nothing is gathered). The write is collective over ``group`` (every rank runs its part, in
-    the same order): a gloo group of its own, so that it can run in a writer thread beside the
-    training step's NCCL collectives."""
+    """This rank's shard of the optimizer state (owned clones), written by
+    torch.distributed.checkpoint into ``tmp/optimizer/``; collective over ``group`` (gloo, its own:
+    a writer thread runs it)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -349,8 +306,7 @@ def sharded_optimizer_part(
 def load_sharded_optimizer(
     weights: Path | str, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> None:
-    """The sharded optimizer state beside ``weights`` into every rank's ``optimizer``
-    (resharded to the current world size by torch.distributed.checkpoint). Collective."""
+    """Load the sharded optimizer state into every rank, resharded to its world size. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,
@@ -371,10 +327,9 @@ def load_sharded_optimizer(
 
 @contextlib.contextmanager
 def _dcp_errors(doing: str, where: Path) -> Iterator[None]:
-    """torch.distributed.checkpoint's failures as a `CheckpointError` naming the directory, each
-    rank's error and the space left there. DCP raises ``CheckpointException``, a
-    ``BaseException``: left as it is, it passes every ``except Exception`` and ends the actor's
-    task unseen (an 8B full fine-tune filling the disk showed it: the run hung)."""
+    """DCP's failures as a `CheckpointError` naming the directory, each rank's error and the space
+    left (DCP's ``CheckpointException`` is a ``BaseException``: it would pass ``except Exception``).
+    """
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -393,18 +348,13 @@ def versions(run_dir: Path | str) -> list[int]:
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    found = []
-    for d in root.iterdir():
-        m = _VERSION_DIR.match(d.name)
-        if m and (d / WEIGHTS_FILE).is_file():
-            found.append(int(m.group(1)))
-    return sorted(found)
+    dirs = ((d, _VERSION_DIR.match(d.name)) for d in root.iterdir())
+    return sorted(int(m.group(1)) for d, m in dirs if m and (d / WEIGHTS_FILE).is_file())
 
 
 def prune(run_dir: Path | str, latest: int, *, keep_last: int, save_every: int) -> list[int]:
-    """Delete checkpoints older than the ``keep_last`` newest, except multiples of
-    ``save_every`` (kept for good). The newest is never deleted; ``keep_last == 0`` keeps all.
-    Returns the versions deleted."""
+    """Delete checkpoints older than the ``keep_last`` newest, except multiples of ``save_every``;
+    the newest is never deleted, ``keep_last == 0`` keeps all. Returns the versions deleted."""
     if keep_last == 0:
         return []
     removed = []

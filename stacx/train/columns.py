@@ -1,10 +1,7 @@
-"""View rows (Arrow) as training samples: a LIST column read through its Arrow offsets and values
-buffers (``ListArray.offsets``, ``.values``), never a Python object per token.
-
-Guarantees: a NULL where a value is needed, or a per-token list whose length differs from the
-completion's, raises :class:`BatchError` naming the column and the row's episode and turn;
-nothing is silently dropped or padded. The algorithms (``stacx.train.algorithms``) name their
-columns through :func:`samples_from_table`; ``stacx.train.batches`` reads and packs a step's.
+"""View rows (Arrow) as training samples: a LIST column is read through its Arrow offsets and values
+buffers, never a Python object per token. Guarantees: a NULL where a value is needed, or a per-token
+list of the wrong length, raises :class:`BatchError` naming the column, episode and turn; nothing is
+dropped or padded.
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ def _where(table: pa.Table, i: int) -> str:
 
 def list_buffers(table: pa.Table, name: str) -> tuple[Offsets, np.ndarray, NDArray[np.bool_]]:
     """LIST column `name` as (offsets from 0, one per row + 1; the flat values; which rows are
-    NULL): Arrow's own buffers, copied only when the column has several chunks. A NULL element
-    inside a list raises :class:`BatchError` naming its row."""
+    NULL): Arrow's own buffers, copied only for several chunks. A NULL element raises BatchError."""
     col = table.column(name)
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
@@ -92,11 +88,9 @@ def samples_from_table(
 ) -> list[Sample]:
     """One :class:`Sample` per row, its fields numpy views of the columns' buffers.
 
-    ``token_columns`` maps a value name to a LIST column with one float per completion id;
-    ``scalar_columns`` maps a value name to a numeric column broadcast over the completion.
-    ``loss_mask`` names a 0/1 LIST column over the completion. ``prompt=None``: rows read
-    without their prompts (empty; :func:`chain_sequences` supplies them).
-    """
+    ``token_columns``: value name -> LIST column, one float per completion id; ``scalar_columns``:
+    value name -> numeric column broadcast over the completion; ``loss_mask``: a 0/1 LIST column;
+    ``prompt=None``: rows read without prompts (:func:`chain_sequences` supplies them)."""
     token_columns = dict(token_columns or {})
     scalar_columns = dict(scalar_columns or {})
     clash = set(token_columns) & set(scalar_columns)

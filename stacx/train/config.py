@@ -1,28 +1,19 @@
 """The trainer's configuration: one frozen, validated Struct (the recipe's ``[trainer]`` table).
-
-Every field has a default, so ``TrainerConfig()`` is a valid (tiny) GRPO run. Bad values fail
-at load with a :class:`~stacx.errors.ConfigError` naming the key (``trainer.<field>``) and the
-accepted values; unknown keys fail too (``forbid_unknown_fields``).
-
-``algorithm`` names a module of ``stacx.train.algorithms``: the view the trainer reads
-(``source`` overrides it), its default ``filter``, the units that must be complete before they
-are used (readiness), the batch columns and the loss.
-
-``filter`` is a SQL boolean expression over the source view's columns (e.g.
-``reward >= 1 and actor = 'oracle'``), applied before readiness is counted.
+Every field has a default (``TrainerConfig()`` is a tiny GRPO run); bad values and unknown keys fail
+at load with a :class:`~stacx.errors.ConfigError` naming ``trainer.<field>``. ``algorithm`` names a
+module of ``stacx.train.algorithms``, which checks the name and the keys that depend on it
+(``algorithm_for``): this module knows no algorithm. ``filter`` is a SQL boolean over the source
+view's columns, applied before readiness is counted.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 
 from stacx.errors import ConfigError
-
-if TYPE_CHECKING:
-    from stacx.train.algorithms.base import Algorithm
 
 MODES: Final = ("sync", "async")
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")
@@ -144,29 +135,6 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         validate(self)
 
     @property
-    def algo(self) -> Algorithm:
-        """The algorithm's module object (stacx.train.algorithms)."""
-        from stacx.train import algorithms  # the algorithms import this module
-
-        return algorithms.get(self.algorithm, "trainer.algorithm")
-
-    @property
-    def source_view(self) -> str:
-        return self.source or self.algo.source
-
-    @property
-    def row_filter(self) -> str:
-        return self.filter or self.algo.filter
-
-    @property
-    def ready_threshold(self) -> int:
-        return self.min_ready if self.min_ready is not None else self.batch_units
-
-    @property
-    def batch_units(self) -> int:
-        return self.batch_groups if self.algo.per_group else self.batch_episodes
-
-    @property
     def sharded(self) -> bool:
         """Whether the trainer runs as an FSDP2 process group (stacx.train.distributed)."""
         return self.world_size > 1 or self.fsdp
@@ -180,75 +148,70 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _fail(key: str, value: object, accepted: str) -> ConfigError:
+def config_error(key: str, value: object, accepted: str) -> ConfigError:
+    """The error for ``trainer.<key> = value``, naming the accepted values."""
     return ConfigError(f"trainer.{key} = {value!r}: accepted values are {accepted}")
 
 
 def validate(cfg: TrainerConfig) -> TrainerConfig:
-    """Check values msgspec's types cannot express; returns ``cfg`` unchanged."""
+    """Check values msgspec's types cannot express, but for those that depend on the algorithm
+    (``stacx.train.algorithms.algorithm_for``); returns ``cfg`` unchanged."""
     _check_ranges(cfg)
     if cfg.background_checkpoint and not cfg.inprocess_handoff:
-        raise _fail(
+        raise config_error(
             "background_checkpoint",
             True,
             "false unless trainer.inprocess_handoff (engines get a version before its file)",
         )
     if cfg.mixed_precision and not cfg.sharded:
-        raise _fail(
+        raise config_error(
             "mixed_precision", True, "false unless the trainer shards (world_size > 1 or fsdp)"
         )
-    if cfg.steps_per_iteration > 1 and not cfg.algo.dataset:
-        raise _fail(
-            "steps_per_iteration",
-            cfg.steps_per_iteration,
-            f"1 for {cfg.algorithm} (it uses each unit once; only the dataset algorithms "
-            "(sft, dagger) train epochs over an aggregate dataset)",
-        )
-    if cfg.min_ready is not None and not 1 <= cfg.min_ready <= cfg.batch_units:
-        raise _fail("min_ready", cfg.min_ready, f"an integer in [1, batch size {cfg.batch_units}]")
+    if cfg.min_ready is not None and cfg.min_ready < 1:
+        raise config_error("min_ready", cfg.min_ready, "an integer >= 1, at most the batch size")
     if cfg.weight_decay < 0:
-        raise _fail("weight_decay", cfg.weight_decay, "a float >= 0")
+        raise config_error("weight_decay", cfg.weight_decay, "a float >= 0")
     if not all(0 <= b < 1 for b in cfg.betas):
-        raise _fail("betas", list(cfg.betas), "two floats in [0, 1)")
+        raise config_error("betas", list(cfg.betas), "two floats in [0, 1)")
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
-        raise _fail("max_grad_norm", cfg.max_grad_norm, "a float > 0, or omitted for no clipping")
+        raise config_error(
+            "max_grad_norm", cfg.max_grad_norm, "a float > 0, or omitted for no clipping"
+        )
     if not 0 <= cfg.clip_eps < 1:
-        raise _fail("clip_eps", cfg.clip_eps, "a float in [0, 1)")
+        raise config_error("clip_eps", cfg.clip_eps, "a float in [0, 1)")
     if cfg.clip_eps_high is not None and cfg.clip_eps_high < 0:
-        raise _fail("clip_eps_high", cfg.clip_eps_high, "a float >= 0")
+        raise config_error("clip_eps_high", cfg.clip_eps_high, "a float >= 0")
     if cfg.tis_cap is not None and not cfg.tis_cap > 0:
-        raise _fail("tis_cap", cfg.tis_cap, "a float > 0, or omitted for no TIS correction")
+        raise config_error("tis_cap", cfg.tis_cap, "a float > 0, or omitted for no TIS correction")
     if cfg.is_mask_band is not None and not 0 < cfg.is_mask_band[0] < 1 < cfg.is_mask_band[1]:
-        raise _fail(
+        raise config_error(
             "is_mask_band",
             list(cfg.is_mask_band),
             "[low, high] with 0 < low < 1 < high, e.g. [0.5, 2.0], or omitted",
         )
     if cfg.source and not _IDENT.match(cfg.source):
-        raise _fail("source", cfg.source, "the name of a view or table (letters, digits, _)")
+        raise config_error("source", cfg.source, "the name of a view or table (letters, digits, _)")
     if ";" in cfg.filter:
-        raise _fail("filter", cfg.filter, "one SQL boolean expression (no ';')")
+        raise config_error("filter", cfg.filter, "one SQL boolean expression (no ';')")
     if cfg.trainable:
         try:
             re.compile(cfg.trainable)
         except re.error as e:
-            raise _fail("trainable", cfg.trainable, f"a Python regex ({e})") from e
+            raise config_error("trainable", cfg.trainable, f"a Python regex ({e})") from e
     if cfg.lora is not None:
         _validate_lora(cfg.lora)
     if cfg.device != "auto" and not re.match(r"^(cpu|cuda|cuda:\d+|mps)$", cfg.device):
-        raise _fail("device", cfg.device, "auto | cpu | cuda | cuda:N")
+        raise config_error("device", cfg.device, "auto | cpu | cuda | cuda:N")
     return cfg
 
 
 def _check_ranges(cfg: TrainerConfig) -> None:
     """The named choices, and the integers and floats that must be positive."""
-    from stacx.train.algorithms import TRAINED
-
-    choices = {"algorithm": TRAINED, "mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
+    choices = {"mode": MODES, "dtype": DTYPES, "optimizer": OPTIMIZERS}
     for key, accepted in choices.items():
         value = getattr(cfg, key)
         if value not in accepted:
-            raise _fail(key, value, " | ".join(accepted))
+            raise config_error(key, value, " | ".join(accepted))
     positive = (
         "steps",
         "checkpoint_every",
@@ -262,25 +225,25 @@ def _check_ranges(cfg: TrainerConfig) -> None:
     )
     for key in positive:
         if getattr(cfg, key) < 1:
-            raise _fail(key, getattr(cfg, key), "an integer >= 1")
+            raise config_error(key, getattr(cfg, key), "an integer >= 1")
     for key in ("warmup_steps", "max_staleness", "save_every", "keep_last"):
         if getattr(cfg, key) < 0:
-            raise _fail(key, getattr(cfg, key), "an integer >= 0")
+            raise config_error(key, getattr(cfg, key), "an integer >= 0")
     for key in ("lr", "dist_timeout_s"):
         if not getattr(cfg, key) > 0:
-            raise _fail(key, getattr(cfg, key), "a float > 0")
+            raise config_error(key, getattr(cfg, key), "a float > 0")
 
 
 def _validate_lora(lora: LoraConfig) -> None:
     if lora.rank < 1:
-        raise _fail("lora.rank", lora.rank, "an integer >= 1")
+        raise config_error("lora.rank", lora.rank, "an integer >= 1")
     if not lora.alpha > 0:
-        raise _fail("lora.alpha", lora.alpha, "a float > 0")
+        raise config_error("lora.alpha", lora.alpha, "a float > 0")
     if not 0 <= lora.dropout < 1:
-        raise _fail("lora.dropout", lora.dropout, "a float in [0, 1)")
+        raise config_error("lora.dropout", lora.dropout, "a float in [0, 1)")
     bad = [m for m in lora.target_modules if not _IDENT.match(m)]
     if not lora.target_modules or bad:
-        raise _fail(
+        raise config_error(
             "lora.target_modules",
             lora.target_modules,
             f"a non-empty list of linear module names, e.g. {list(LORA_TARGETS)}",

@@ -1,13 +1,8 @@
-"""The one trainer as ``trainer.world_size`` ranks: FSDP2 over a torch.distributed group.
-
-Rank 0 lives in the Trainer actor's process and keeps the actor's duties (readiness, batches by
-SQL, events); :class:`RankGroup` starts ranks ``1..N-1`` on the same node and drives them by
-broadcasting one command at a time (``step``, ``snapshot``, ``load``, ``stop``). Guarantees:
-every rank sees the same commands in the same order; the step's figures and updated weights equal
-the one-device step's on the same batch up to fp32 reordering. Limits: one node; world sizes
-above 1 need a model path.
-
-Specification: docs/concepts/placement.md#the-ranks-commands
+"""The one trainer as ``trainer.world_size`` ranks: FSDP2 over a torch.distributed group. Rank 0 is
+the Trainer actor; :class:`RankGroup` starts ranks ``1..N-1`` on its node and broadcasts one command
+at a time. Guarantees: every rank sees the same commands in the same order; a step equals the
+one-device step up to fp32 reordering. Limits: one node; world sizes above 1 need a model path.
+Design: docs/concepts/placement.md#the-ranks-commands
 """
 
 from __future__ import annotations
@@ -42,8 +37,8 @@ class RankError(StacxError):
 
 
 def shard_by_tokens(samples: list[Sample], world_size: int) -> list[list[Sample]]:
-    """``samples`` split into ``world_size`` shards of about equal positions (longest first
-    onto the least-loaded shard); each shard keeps the batch's order."""
+    """``samples`` in ``world_size`` shards of about equal positions (longest first onto the least
+    loaded); each shard keeps the batch's order."""
     load = [0] * world_size
     owner: dict[int, int] = {}
     for i in sorted(range(len(samples)), key=lambda j: -samples[j].n_positions):
@@ -63,6 +58,7 @@ def _free_port() -> int:
 def _join(cfg: TrainerConfig, rank: int, port: int) -> object:
     """Join the default group; returns the gloo group that checkpoint writes use."""
     device, _ = pick_device(cfg, rank)
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -71,12 +67,11 @@ def _join(cfg: TrainerConfig, rank: int, port: int) -> object:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=cfg.world_size,
-        timeout=datetime.timedelta(seconds=cfg.dist_timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
     # checkpoint writes run in a writer thread while the trainer thread steps: their
     # collectives get a group of their own (gloo: host objects), never interleaved with the step's
-    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
     return dist.new_group(backend="gloo", timeout=timeout)
 
 
@@ -95,11 +90,9 @@ def _scatter(shards: list[list[Sample]] | None) -> list[Sample]:
 
 
 def full_weights(cfg: TrainerConfig, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's tensors by HF name on rank 0 (empty on the others): in host memory
-    when there are several ranks, on the device at world size 1 (so the in-process handoff is a
-    device copy); tied aliases once; with ``trainer.trainable`` or ``[trainer.lora]`` the
-    trained tensors only.
-    Collective."""
+    """The model's tensors by HF name on rank 0 (empty elsewhere; host memory with several ranks,
+    the device at world size 1), tied aliases once, only the trained ones when partial. Collective.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     lm = language_model(model)
@@ -126,23 +119,8 @@ def full_weights(cfg: TrainerConfig, model: nn.Module) -> dict[str, torch.Tensor
     return out
 
 
-def _snapshot(
-    cfg: TrainerConfig,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    group: object,
-    write: bool,
-) -> tuple[dict[str, torch.Tensor], checkpoint.Part | None]:
-    """This rank's part of a snapshot: the full weights (rank 0) and, when the version is to be
-    written, the write of its optimizer shard. Collective."""
-    state = full_weights(cfg, model)
-    part = checkpoint.sharded_optimizer_part(model, optimizer, group) if write else None
-    return state, part
-
-
 class _Writer:
-    """One thread that runs a rank's checkpoint writes in order (their collectives pair up
-    across ranks because every rank submits them in the same order)."""
+    """One thread running a rank's checkpoint writes in order (collectives pair across ranks)."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="stacx-ckpt")
@@ -172,10 +150,10 @@ def _serve(rank: int, cfg_json: bytes, port: int, weights: str | None, version: 
             if op == "step":
                 train_step(cfg, model, optimizer, _scatter(None), command["step"], distributed=True)
             elif op == "snapshot":
-                tmp = command["tmp"]
-                _, part = _snapshot(cfg, model, optimizer, group, tmp is not None)
-                if part is not None:
-                    writer.submit(part, Path(tmp))
+                full_weights(cfg, model)  # rank 0 gathers them: a collective
+                if command["tmp"] is not None:
+                    part = checkpoint.sharded_optimizer_part(model, optimizer, group)
+                    writer.submit(part, Path(command["tmp"]))
             elif op == "load":
                 writer.drain()
                 model, optimizer = build(
@@ -189,8 +167,7 @@ def _serve(rank: int, cfg_json: bytes, port: int, weights: str | None, version: 
 
 
 class RankGroup:
-    """Rank 0's side of the group (docs/concepts/placement.md#the-ranks-commands).
-    Synchronous: call from one thread (the trainer's worker thread), one call at a time."""
+    """Rank 0's side of the group. Synchronous: one call at a time, from one thread."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
@@ -199,15 +176,11 @@ class RankGroup:
         self._procs: list[Any] = []
         self._group: object = None  # the checkpoint writes' gloo group
 
-    @property
-    def started(self) -> bool:
-        return self.model is not None
-
     def start(
         self, weights: str | None, *, version: int = 0, base: nn.Module | None = None
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Spawn ranks 1..N-1, join the group, and build every rank's model (from ``weights``
-        when given); returns rank 0's (sharded model, optimizer)."""
+        """Spawn ranks 1..N-1, join the group and build every rank's model (from ``weights`` when
+        given); returns rank 0's (sharded model, optimizer)."""
         cfg = self.cfg
         if dist.is_initialized():
             raise RankError("a torch.distributed group already exists in this process")
@@ -251,23 +224,22 @@ class RankGroup:
     def snapshot(
         self, run_dir: Path | str, version: int, meta: dict[str, object], *, write: bool
     ) -> checkpoint.Snapshot:
-        """Version ``version`` held still (docs/concepts/placement.md#the-ranks-commands); with
-        ``write`` its directory is staged and every other rank's shard write is under way in its
-        writer thread: rank 0 must then :func:`stacx.train.checkpoint.write` it (the collective that
-        completes them)."""
+        """Version ``version`` held still; with ``write`` its directory is staged and the other
+        ranks' writes under way: rank 0 then ``checkpoint.write``s it, the collective that ends
+        them."""
         assert self.model is not None and self.optimizer is not None
         tmp = checkpoint.staging(run_dir, version) if write else None
         _broadcast({"op": "snapshot", "tmp": str(tmp) if tmp is not None else None})
-        state, part = _snapshot(self.cfg, self.model, self.optimizer, self._group, write)
+        state = full_weights(self.cfg, self.model)
         parts: list[checkpoint.Part] = []
         if self.cfg.lora is not None:  # the version is the adapter (stacx.train.lora)
             state = lora.adapter_state(state)
             meta = {**meta, "lora": True}
-        if part is not None:
-            parts = [part]
+        if write:
+            parts = [checkpoint.sharded_optimizer_part(self.model, self.optimizer, self._group)]
             if self.cfg.lora is not None:
                 config = lora.peft_config_of(language_model(self.model))
-                parts.append(lora.adapter_part(state, config))
+                parts.append(lambda staged: lora.write(staged, state, config))
             else:
                 parts.append(checkpoint.weights_part(state, partial=bool(self.cfg.trainable)))
             if not (self.cfg.trainable or self.cfg.lora):

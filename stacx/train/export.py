@@ -1,14 +1,6 @@
-"""A run's checkpoint as a standalone HF model directory (`stacx models export`).
-
-Checkpoints of runs that train a subset of the parameters (``trainer.trainable``) hold only
-those tensors. Exporting lays them over the run's base model (the recipe's ``model.path`` from
-RunStarted, or an explicit base) and writes a directory that ``resolve_model``, transformers,
-SGLang or a teacher (``teacher.path``) load like any checkpoint.
-
-A LoRA run's checkpoint (``[trainer.lora]``: a PEFT adapter directory) is exported as the adapter
-(``adapter_config.json`` naming the base, ``adapter_model.safetensors``: what peft's
-``PeftModel.from_pretrained`` and SGLang's ``--lora-paths`` load), or with ``merged`` as the
-base with the adapter merged in by peft (``merge_and_unload``): a plain HF model directory.
+"""A run's checkpoint as a standalone HF model directory (`stacx models export`): a partial
+checkpoint (``trainer.trainable``) is laid over the run's base model; a LoRA checkpoint is exported
+as its PEFT adapter directory, or with ``merged`` merged into the base (a plain HF model).
 """
 
 from __future__ import annotations
@@ -28,11 +20,8 @@ def run_base_model(run_dir: Path) -> str:
     """The model the run started from: RunStarted's recipe ``model.path``."""
     from stacx.store.db import connect_run
 
-    con = connect_run(run_dir)
-    try:
+    with connect_run(run_dir) as con:
         rows = con.sql(BASE_SQL).fetchall()
-    finally:
-        con.close()
     config = json.loads(rows[0][0]) if rows and rows[0][0] else {}
     model = config.get("model", {}) if isinstance(config, dict) else {}
     path = model.get("path") if isinstance(model, dict) else None
@@ -49,8 +38,8 @@ def export_hf(
     base: str | None = None,
     merged: bool = False,
 ) -> Path:
-    """Write checkpoint `version` (default: the latest) of `run_dir` as an HF directory `out`
-    (a LoRA checkpoint: its adapter directory, or with `merged` the merged model)."""
+    """Write checkpoint `version` (default: the latest) of `run_dir` as an HF directory `out` (LoRA:
+    the adapter, or with `merged` the merged model)."""
     from safetensors.torch import save_file
 
     have = versions(run_dir)
@@ -63,14 +52,18 @@ def export_hf(
         raise CheckpointError(f"{out} exists; refusing to overwrite")
     base_dir = Path(resolve_model(base or run_base_model(run_dir)))
     source = version_dir(run_dir, version)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
     if (source / ADAPTER_CONFIG).is_file():
-        return _export_adapter(source, out, base_dir, version, merged=merged)
+        _export_adapter(source, tmp, base_dir, version, merged=merged)
+        tmp.rename(out)
+        return out
     if merged:
         raise CheckpointError(
             f"checkpoint v{version} is not a LoRA adapter: --merged applies to LoRA runs"
         )
     state = read_safetensors(base_dir)  # every shard
-    trained = read_safetensors(version_dir(run_dir, version) / WEIGHTS_FILE)
+    trained = read_safetensors(source / WEIGHTS_FILE)
     unknown = sorted(set(trained) - set(state))
     if unknown:
         raise CheckpointError(
@@ -83,16 +76,11 @@ def export_hf(
             f"checkpoint v{version}: shapes differ from the base at {mismatched[:3]}"
         )
     state.update(trained)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(
         base_dir, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json")
     )
-    save_file(
-        {n: t.contiguous() for n, t in state.items()},
-        str(tmp / WEIGHTS_FILE),
-        metadata={"format": "pt"},
-    )
+    tensors = {n: t.contiguous() for n, t in state.items()}
+    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     _provenance(tmp, run_dir, version, base_dir, trained_tensors=len(trained))
     tmp.rename(out)
     return out
@@ -103,10 +91,8 @@ def _provenance(tmp: Path, run_dir: Path, version: int, base_dir: Path, **more: 
     (tmp / "stacx-export.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _export_adapter(source: Path, out: Path, base_dir: Path, version: int, *, merged: bool) -> Path:
-    """A LoRA checkpoint as its adapter directory, or merged into the base (peft)."""
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _export_adapter(source: Path, tmp: Path, base_dir: Path, version: int, *, merged: bool) -> None:
+    """A LoRA checkpoint as its adapter directory `tmp`, or merged into the base (peft)."""
     run_dir = source.parent.parent
     if merged:
         from peft import PeftModel
@@ -129,5 +115,3 @@ def _export_adapter(source: Path, out: Path, base_dir: Path, version: int, *, me
         config["base_model_name_or_path"] = str(base_dir)  # where peft finds the base
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         _provenance(tmp, run_dir, version, base_dir, adapter=True)
-    tmp.rename(out)
-    return out

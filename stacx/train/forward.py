@@ -1,26 +1,9 @@
-"""Per-token logprobs of a packed batch under a transformers causal LM.
-
-:func:`packed_token_logprobs` runs the model's decoder on packed rows and computes logprobs
-only at loss positions, with the chunked lm_head of ``stacx.train.losses`` (no ``[N, V]``
-logits tensor ever exists). Attention never crosses a sequence boundary; how that is enforced:
-
-- ``"position_ids"``: no attention mask is passed; transformers derives sequence
-  boundaries from ``position_ids`` restarting at 0 (its packed-sequence path). With
-  ``flash_attention_2`` this is the varlen kernel (one row per batch: pack with a single row);
-  with ``sdpa``, ``eager`` and ``flex_attention`` transformers builds the block-causal mask.
-- ``"block_mask"``: the fallback; the batch's own ``[R, 1, T, T]`` block-causal mask is passed
-  as a 4-D mask (bool for sdpa/flex, additive float for eager). Costs ``R*T*T`` bytes.
-- ``"varlen"``: the batch's ``cu_seqlens`` go to the ``stacx_varlen`` attention
-  (``stacx.train.attention``: PyTorch's flash varlen kernel on GPU); any number of rows; the
-  model must have been switched with ``use_varlen_attention(model)``. The fastest path on GPU
-  (``tools/bench/train.py``: 61k tok/s with torch.compile on the decoder layers vs 31k for the
-  sdpa mask path on an H200, Qwen3-0.6B shape).
-
-``"auto"`` (default) picks ``"varlen"`` when the model uses that attention, else
-``"position_ids"``.
-
-Limits: the lm_head must be a plain linear map of the last hidden state (Llama, Qwen, SmolLM,
-Mistral); configs with logit soft-capping or scaling are rejected rather than silently wrong.
+"""Per-token logprobs of a packed batch under a transformers causal LM: the decoder runs on packed
+rows and logprobs come from the chunked lm_head at loss positions only (no ``[N, V]`` logits).
+Attention never crosses a sequence boundary (``boundaries``: ``position_ids``, ``block_mask`` or
+``varlen``). Limits: the lm_head must be a plain linear map of the last hidden state; soft-capped or
+scaled logits are rejected.
+Design: docs/training.md#the-model-and-the-step
 """
 
 from __future__ import annotations
@@ -52,15 +35,6 @@ def _check_plain_head(model: nn.Module) -> None:
             )
 
 
-def _mask_for(model: nn.Module, batch: PackedBatch, dtype: torch.dtype) -> Tensor:
-    allowed = batch.block_causal_mask()
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
-    if impl == "eager":
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        return additive.masked_fill(~allowed, torch.finfo(dtype).min)
-    return allowed
-
-
 def packed_token_logprobs(
     model: nn.Module,
     batch: PackedBatch,
@@ -68,13 +42,8 @@ def packed_token_logprobs(
     boundaries: BoundaryMode = "auto",
     chunk_tokens: int = 2048,
 ) -> Tensor:
-    """``[R, T]`` logprob of each target at loss positions, 0 elsewhere; differentiable. fp32
-    (fp64 for an fp64 model).
-
-    ``batch`` must be on the model's device. ``model`` is a transformers ``*ForCausalLM``
-    (anything with ``get_decoder()`` and ``get_output_embeddings()``). ``boundaries="auto"`` is
-    ``"varlen"`` for a model switched to the varlen attention, else ``"position_ids"``.
-    """
+    """``[R, T]`` logprob of each target at loss positions, 0 elsewhere; differentiable; fp32 (fp64
+    for an fp64 model). ``batch`` must be on the model's device."""
     _check_plain_head(model)
     decoder = model.get_decoder()  # type: ignore[operator]
     head = model.get_output_embeddings()  # type: ignore[operator]
@@ -99,9 +68,8 @@ def packed_token_logprobs(
 def _boundaries(
     model: nn.Module, batch: PackedBatch, boundaries: BoundaryMode
 ) -> dict[str, Tensor | int | None]:
-    """The decoder's keyword arguments that keep the packed sequences apart: an attention mask
-    (``block_mask``: shared prompts need it), the varlen attention's offsets (``varlen``), or
-    none (``position_ids``: the positions restart at each sequence)."""
+    """The decoder's keyword arguments that keep packed sequences apart: an attention mask
+    (``block_mask``), the varlen offsets (``varlen``), or none (``position_ids``)."""
     mask = None
     varlen: dict[str, Tensor | int] = {}
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -115,8 +83,12 @@ def _boundaries(
     if boundaries == "auto":
         boundaries = "varlen" if impl == VARLEN_ATTENTION else "position_ids"
     if boundaries == "block_mask":
-        dtype = next(model.parameters()).dtype
-        mask = _mask_for(model, batch, dtype).to(batch.input_ids_R_T.device)
+        mask = batch.block_causal_mask().to(batch.input_ids_R_T.device)
+        if impl == "eager":  # an additive mask
+            dtype = next(model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
     elif boundaries == "varlen":
         if impl != VARLEN_ATTENTION:
             raise ModelShapeError(
@@ -133,12 +105,9 @@ def _boundaries(
 
 
 class PackedLM(nn.Module):
-    """A causal LM whose ``forward(batch)`` is :func:`packed_token_logprobs`.
-
-    Exists for FSDP2 (``stacx.train.distributed``): the trainer reads the decoder and the lm_head
-    weight directly, outside the LM's own forward, so the module FSDP shards as its root must be
-    one whose forward does exactly that (the root's hooks gather the embedding, norm and head).
-    Its parameters are the LM's with the prefix ``lm.``."""
+    """A causal LM whose ``forward(batch)`` is :func:`packed_token_logprobs`: the root FSDP2 shards,
+    whose hooks gather the embedding, norm and head. Its parameters are the LM's, prefixed ``lm.``.
+    """
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()

@@ -1,26 +1,12 @@
-"""LoRA adapters for the one trainer (``[trainer.lora]``), through ``peft``.
-
-:func:`wrap` injects peft's LoRA layers into the HF model in place (the model object stays the
-one every other part of the trainer knows: the packed forward, FSDP sharding, compile), freezes
-the base weights and leaves only the adapters' A and B trainable. Which modules get adapters:
-the linear modules whose name ends in one of ``lora.target_modules`` and, when
-``trainer.trainable`` is set, whose ``.weight`` matches that regex (so ``grpo_tiny``'s
-last-four-layers pattern adapts those layers only).
-
-A weight version is the adapter: :func:`write` lays a checkpoint directory out as a PEFT
-adapter directory — ``adapter_config.json`` and the tensors under PEFT's names
-(``base_model.model.<module>.lora_A.weight``) in ``model.safetensors`` (the file the
-checkpoint's digest and ``WeightsPublished`` name), with ``adapter_model.safetensors`` a hard
-link to it (what ``peft`` and SGLang's ``/load_lora_adapter`` read). :func:`load` puts such a
-file back into a wrapped model (an exact resume: the tensors are copied bit for bit).
-
-Limits: plain LoRA only (no DoRA, no rsLoRA, one rank and alpha for every module); the bias and
-every non-adapted weight stay the base model's.
+"""LoRA adapters for the one trainer (``[trainer.lora]``), through ``peft``: :func:`wrap` injects
+them into the HF model in place and freezes the base; a weight version is the adapter, written as a
+PEFT adapter directory and loaded back bit for bit. Limits: plain LoRA only (no DoRA or rsLoRA; one
+rank and alpha for every module); biases and non-adapted weights stay the base's.
+Design: docs/training.md#lora-trainerlora
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -45,8 +31,8 @@ _LORA_PARAM = re.compile(r"\.(lora_[AB])\.default\.weight$")
 
 
 def target_modules(lm: nn.Module, cfg: TrainerConfig) -> list[str]:
-    """The module names to adapt: short names (``q_proj``, ...) when every layer is adapted
-    (what SGLang matches), else the full names of the modules ``trainer.trainable`` selects."""
+    """The module names to adapt: short names (``q_proj``, ...) when every layer is adapted (what
+    SGLang matches), else the full names of the modules ``trainer.trainable`` selects."""
     assert cfg.lora is not None
     wanted = set(cfg.lora.target_modules)
     found = [
@@ -84,8 +70,8 @@ def peft_config(lm: nn.Module, cfg: TrainerConfig) -> PeftLoraConfig:
 
 
 def wrap(lm: nn.Module, cfg: TrainerConfig) -> nn.Module:
-    """Inject LoRA layers into ``lm`` in place (seeded by the caller's ``torch.manual_seed``:
-    A is random, B zero, so version 0 is the base model); returns ``lm``."""
+    """Inject LoRA layers into ``lm`` in place and return it; A is random (the caller's seed), B
+    zero, so version 0 is the base model."""
     from peft import get_peft_model
 
     if any(_LORA_PARAM.search(n) for n, _ in lm.named_parameters()):
@@ -105,8 +91,7 @@ def peft_name(param: str) -> str | None:
 
 
 def adapter_state(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter tensors of ``named`` (a model's parameters or a gathered state dict) under
-    PEFT's names, detached (views of the parameters: snapshot them before another step)."""
+    """The adapter tensors of ``named`` by PEFT name, detached views (snapshot before a step)."""
     out = {}
     for name, t in named.items():
         key = peft_name(name)
@@ -120,15 +105,11 @@ def adapter_bytes(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def write(tmp: Path, state: Mapping[str, torch.Tensor], config: PeftLoraConfig) -> None:
-    """The adapter files of a staged checkpoint directory (see the module docstring)."""
+    """The adapter files of a staged checkpoint: ``model.safetensors`` under PEFT's names, with
+    ``adapter_model.safetensors`` a hard link to it, and ``adapter_config.json``."""
     checkpoint.write_weights(tmp, state, partial=True)
     os.link(tmp / checkpoint.WEIGHTS_FILE, tmp / ADAPTER_FILE)
     config.save_pretrained(str(tmp))
-
-
-def adapter_part(state: Mapping[str, torch.Tensor], config: PeftLoraConfig) -> checkpoint.Part:
-    """The checkpoint part that writes ``state`` as the adapter files (:func:`write`)."""
-    return lambda tmp: write(tmp, state, config)
 
 
 def snapshot(
@@ -137,14 +118,14 @@ def snapshot(
     optimizer: torch.optim.Optimizer | None,
     meta: dict[str, object],
 ) -> checkpoint.Snapshot:
-    """A one-device LoRA trainer's version ``version`` held still (stacx.train.checkpoint's
-    pipeline): ``weights`` are the adapter (owned copies, PEFT names); with ``optimizer`` the
-    parts write the adapter directory and the optimizer state. Never the base weights."""
+    """A one-device LoRA trainer's version held still: ``weights`` are the adapter (owned copies);
+    with ``optimizer`` the parts write the adapter directory and the optimizer state."""
     state = {k: t.clone() for k, t in adapter_state(dict(lm.named_parameters())).items()}
     parts: list[checkpoint.Part] = []
     if optimizer is not None:
         opt_state = checkpoint.owned(optimizer.state_dict())
-        parts.append(adapter_part(state, peft_config_of(lm)))
+        config = peft_config_of(lm)
+        parts.append(lambda tmp: write(tmp, state, config))
         parts.append(lambda tmp: torch.save(opt_state, tmp / checkpoint.OPTIMIZER_FILE))
     first = next(iter(state.values()), None)
     if first is not None and first.is_cuda:
@@ -152,21 +133,6 @@ def snapshot(
     return checkpoint.Snapshot(
         version=version, weights=state, parts=tuple(parts), meta={**meta, "lora": True}
     )
-
-
-def save(
-    run_dir: Path | str,
-    version: int,
-    lm: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    meta: dict[str, object],
-    cfg: TrainerConfig,
-) -> tuple[Path, str, dict[str, torch.Tensor]]:
-    """Checkpoint ``v<version>`` of a one-device LoRA trainer now: the adapter and the
-    optimizer state; returns (model.safetensors, sha256, the adapter tensors as written)."""
-    snap = snapshot(version, lm, optimizer, meta)
-    path, sha = checkpoint.write(run_dir, snap)
-    return path, sha, dict(snap.weights)
 
 
 def peft_config_of(lm: nn.Module) -> PeftLoraConfig:
@@ -179,8 +145,7 @@ def peft_config_of(lm: nn.Module) -> PeftLoraConfig:
 
 
 def load(weights: Path | str, lm: nn.Module) -> None:
-    """Copy an adapter checkpoint (PEFT names) into the wrapped ``lm``; every adapter
-    parameter must be in the file, with its shape (else :class:`CheckpointError`)."""
+    """Copy an adapter checkpoint into ``lm``; CheckpointError unless every adapter tensor fits."""
     from safetensors.torch import load_file
 
     weights = Path(weights)
@@ -202,9 +167,3 @@ def load(weights: Path | str, lm: nn.Module) -> None:
     with torch.no_grad():
         for k, p in params.items():
             p.copy_(state[k].to(device=p.device, dtype=p.dtype))
-
-
-def read_config(directory: Path | str) -> dict[str, object]:
-    """An adapter directory's adapter_config.json."""
-    data: dict[str, object] = json.loads((Path(directory) / ADAPTER_CONFIG).read_text())
-    return data

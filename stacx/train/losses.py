@@ -1,30 +1,8 @@
-"""Per-token losses of every STACX algorithm, as pure torch functions.
-
-All losses take *aligned* per-token tensors: position ``t`` of ``logprobs_B_T`` is the log
-probability of ``targets_B_T[t]`` (the next token) under the model being trained, and
-``loss_mask_B_T`` is 1 where that target is a completion (assistant) token. The ``B_T`` suffix
-reads "any leading shape": a padded batch ``[B, T]`` or a packed row ``[1, T]`` (see
-``stacx.train.packing``) work the same way.
-
-Normalization (one rule, written once in :func:`masked_mean`): every loss is a *token-level
-mean* — the sum of per-token losses over all masked tokens of the batch divided by the number
-of masked tokens (DAPO-style; long completions weigh more than short ones, and no per-sequence
-mean is taken first). Pass ``normalizer`` to divide by a fixed count instead, so that the
-gradients of micro-batches accumulated over one optimizer step add up to the gradient of the
-whole batch's token mean. An empty mask gives a loss of exactly 0 with zero gradients, never
-NaN.
-
-Algorithms (advantages come from ``stacx.train.advantages``):
-
-- SFT and DAgger: ``-mean(logprob)`` over completion tokens (:func:`sft_loss`).
-- GRPO and OPD: clipped-ratio policy gradient against the *behavior* logprobs stored in the log,
-  with optional truncated importance sampling for stale samples (:func:`policy_gradient_loss`).
-- AggreVaTe: advantage-weighted log-likelihood (:func:`advantage_weighted_loss`).
-
-Logprobs over a large vocabulary come from :func:`chunked_token_logprobs`, which never
-materializes the full ``[N, V]`` fp32 logits, in the forward or the backward pass.
-
-What this module does not do: it knows nothing about models, batches or the log.
+"""Per-token losses of every STACX algorithm, as pure torch functions: SFT/DAgger cross-entropy, the
+clipped policy gradient of GRPO/OPD (truncated IS, IcePop band) and AggreVaTe's advantage-weighted
+NLL, all token-level means over aligned ``*_B_T`` tensors (padded ``[B, T]`` or a packed ``[1, T]``
+row); an empty mask gives exactly 0, never NaN. Knows nothing about models, batches or the log.
+Design: docs/training.md#losses
 """
 
 from __future__ import annotations
@@ -47,27 +25,19 @@ def _same_shape(**tensors: Tensor) -> None:
         raise LossInputError(f"per-token tensors must have one shape, got {shapes}")
 
 
-def masked_sum(values_B_T: Tensor, loss_mask_B_T: Tensor) -> Tensor:
-    """Sum of ``values`` where the mask is set. Masked-out values may be anything finite *or not*:
-    they are selected away with ``where``, so a NaN or inf in padding never leaks into the sum
-    or its gradient."""
-    _same_shape(values=values_B_T, loss_mask=loss_mask_B_T)
-    keep = loss_mask_B_T.bool()
-    return torch.where(keep, values_B_T, torch.zeros_like(values_B_T)).sum()
-
-
 def masked_mean(
     values_B_T: Tensor, loss_mask_B_T: Tensor, normalizer: float | None = None
 ) -> Tensor:
-    """Token-level mean: ``sum(values * mask) / count`` where ``count`` is the number of masked
-    tokens (or ``normalizer`` when given). ``count == 0`` gives 0, not NaN."""
-    total = masked_sum(values_B_T, loss_mask_B_T)
+    """``sum(values * mask) / count`` (masked tokens, or ``normalizer``); 0 for an empty mask.
+    Masked-out NaN or inf never reach the sum or its gradient (selected away with ``where``)."""
+    _same_shape(values=values_B_T, loss_mask=loss_mask_B_T)
+    keep = loss_mask_B_T.bool()
+    total = torch.where(keep, values_B_T, torch.zeros_like(values_B_T)).sum()
     if normalizer is not None:
         if normalizer <= 0:
             raise LossInputError(f"normalizer must be > 0, got {normalizer}")
         return total / normalizer
-    count = loss_mask_B_T.bool().sum()
-    return total / count.clamp(min=1).to(total.dtype)
+    return total / keep.sum().clamp(min=1).to(total.dtype)
 
 
 def _stats_dtype(x: Tensor) -> torch.dtype:
@@ -76,8 +46,7 @@ def _stats_dtype(x: Tensor) -> torch.dtype:
 
 
 def token_logprobs(logits_B_T_V: Tensor, targets_B_T: Tensor) -> Tensor:
-    """``log softmax(logits)[target]`` in fp32 (fp64 for fp64 logits), for logits that already
-    exist (small vocab, tests). Use :func:`chunked_token_logprobs` when they would be large."""
+    """``log softmax(logits)[target]`` in fp32 (fp64 for fp64), for logits that already exist."""
     if logits_B_T_V.shape[:-1] != targets_B_T.shape:
         raise LossInputError(
             f"logits {tuple(logits_B_T_V.shape)} and targets {tuple(targets_B_T.shape)} disagree"
@@ -88,12 +57,8 @@ def token_logprobs(logits_B_T_V: Tensor, targets_B_T: Tensor) -> Tensor:
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
-    """Logprobs of targets under ``softmax(hidden @ weight.T)``, computed chunk by chunk.
-
-    Forward keeps only the per-token log-sum-exp (N floats); backward recomputes each chunk's
-    logits and forms ``d logprob / d logits = onehot(target) - softmax`` in place. Peak extra
-    memory is a few ``[chunk, V]`` fp32 buffers plus an fp32 ``[V, H]`` gradient accumulator.
-    """
+    """Logprobs of targets under ``softmax(hidden @ weight.T)``, chunk by chunk: forward keeps only
+    the per-token log-sum-exp; backward recomputes each chunk's logits."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -150,16 +115,12 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 def chunked_token_logprobs(
     hidden_N_H: Tensor, weight_V_H: Tensor, targets_N: Tensor, chunk_tokens: int = 2048
 ) -> Tensor:
-    """Logprob of each target under ``log_softmax(hidden @ weight.T)``, differentiable in
-    ``hidden`` and ``weight``, without materializing all ``N x V`` logits.
+    """Logprob of each target under ``log_softmax(hidden @ weight.T)``, differentiable in both,
+    without materializing the ``N x V`` logits.
 
-    ``hidden_N_H`` is the final hidden state (after the model's last norm) of only the tokens
-    that need a logprob; ``weight_V_H`` is the lm_head (or tied embedding) weight. Matmuls run
-    in the inputs' dtype (bf16 on GPU); softmax statistics are fp32 (fp64 for fp64 inputs), and
-    so is the returned ``[N]`` tensor.
-    ``chunk_tokens`` bounds memory: one chunk costs about ``3 * chunk_tokens * V * 4`` bytes
-    at peak (152k vocab, 2048 tokens: ~3.7 GB).
-    """
+    ``hidden_N_H``: the final hidden states (after the last norm) of the tokens that need a logprob;
+    ``weight_V_H``: the lm_head weight. Matmuls in the inputs' dtype, statistics and result in fp32
+    (fp64 for fp64). One chunk peaks at about ``3 * chunk_tokens * V * 4`` bytes."""
     if hidden_N_H.ndim != 2 or weight_V_H.ndim != 2 or targets_N.ndim != 1:
         raise LossInputError(
             "chunked_token_logprobs wants hidden [N, H], weight [V, H], targets [N]; got "
@@ -183,8 +144,7 @@ def chunked_token_logprobs(
 
 @dataclass(frozen=True)
 class LossOutput:
-    """A scalar loss to backpropagate and detached scalar diagnostics (tensors, so that reading
-    them costs one device sync, when the trainer chooses)."""
+    """A scalar loss and detached scalar diagnostics (tensors: reading them is one device sync)."""
 
     loss: Tensor
     metrics: dict[str, Tensor]
@@ -217,23 +177,9 @@ def policy_gradient_loss(
 ) -> LossOutput:
     """PPO-style clipped policy gradient (GRPO, OPD), token-level mean.
 
-    Per token, with ``ratio = exp(logprob - proximal)``::
-
-        loss_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) * w
-
-    The proximal logprobs are ``old_logprobs_B_T`` (the trainer's own logprobs before this
-    update) when given, else the behavior logprobs the engine recorded when it sampled.
-    Truncated importance sampling (``tis_cap``, requires ``old_logprobs_B_T``) corrects for the
-    engine/trainer mismatch and staleness: ``w = min(exp(old - behavior), tis_cap)``, a
-    constant (no gradient). Without it ``w = 1``. Token masking (``mask_band = (low, high)``,
-    IcePop-style, requires ``old_logprobs_B_T``): a token whose ratio ``exp(old - behavior)``
-    leaves ``[low, high]`` (the engine's and the trainer's probabilities disagree: a stale or
-    mismatched token) gets weight 0; it still counts in the normalizer, as a masked-out token of
-    the mean would not: ``is_masked_frac`` reports the share.
-
-    Metrics: ``clip_frac`` (share of masked tokens whose clipped branch was taken), ``ratio_mean``,
-    ``approx_kl`` (``mean(proximal - logprob)``), ``tis_weight_mean``.
-    """
+    The proximal logprobs are ``old_logprobs_B_T`` (the trainer's, before this update) when given,
+    else the behavior logprobs; ``tis_cap`` and ``mask_band`` need ``old_logprobs_B_T``. Formula and
+    metrics: docs/training.md#losses."""
     _same_shape(
         logprobs=logprobs_B_T,
         behavior_logprobs=behavior_logprobs_B_T,
@@ -256,11 +202,16 @@ def policy_gradient_loss(
         per_token_B_T, old_logprobs_B_T, behavior_logprobs_B_T, mask, tis_cap, mask_band
     )
     loss = masked_mean(per_token_B_T, loss_mask_B_T, normalizer)
-    with torch.no_grad():
+    with torch.no_grad():  # the diagnostics: per-token means over the loss mask
         clipped_taken_B_T = (clipped_B_T < unclipped_B_T).to(logprobs_B_T.dtype)
-        metrics = _pg_metrics(
-            loss_mask_B_T, clipped_taken_B_T, ratio_B_T, log_ratio_B_T, weight_B_T, kept_B_T
-        )
+        metrics = {
+            "clip_frac": masked_mean(clipped_taken_B_T, loss_mask_B_T),
+            "ratio_mean": masked_mean(ratio_B_T, loss_mask_B_T),
+            "approx_kl": masked_mean(-log_ratio_B_T, loss_mask_B_T),
+            "tis_weight_mean": masked_mean(weight_B_T, loss_mask_B_T),
+            "is_masked_frac": masked_mean(1 - kept_B_T, loss_mask_B_T),
+            "n_tokens": loss_mask_B_T.bool().sum(),
+        }
     return LossOutput(loss, metrics)
 
 
@@ -272,9 +223,8 @@ def _mismatch_weighted(
     tis_cap: float | None,
     mask_band: tuple[float, float] | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The per-token loss corrected for the engine/trainer mismatch: weighted by the truncated
-    importance ratio (``tis_cap``) and zeroed outside ``mask_band``; with the weights and the
-    kept tokens (ones where a correction is off)."""
+    """The per-token loss weighted by the truncated IS ratio and zeroed outside ``mask_band``; with
+    the weights and the kept tokens (ones where a correction is off)."""
     weight_B_T = kept_B_T = torch.ones_like(per_token_B_T)
     if old_logprobs_B_T is None or (tis_cap is None and mask_band is None):
         return per_token_B_T, weight_B_T, kept_B_T
@@ -292,25 +242,6 @@ def _mismatch_weighted(
         )
         per_token_B_T = per_token_B_T * kept_B_T
     return per_token_B_T, weight_B_T, kept_B_T
-
-
-def _pg_metrics(
-    loss_mask_B_T: Tensor,
-    clipped_taken_B_T: Tensor,
-    ratio_B_T: Tensor,
-    log_ratio_B_T: Tensor,
-    weight_B_T: Tensor,
-    kept_B_T: Tensor,
-) -> dict[str, Tensor]:
-    """`policy_gradient_loss`'s diagnostics: per-token means over the loss mask."""
-    return {
-        "clip_frac": masked_mean(clipped_taken_B_T, loss_mask_B_T),
-        "ratio_mean": masked_mean(ratio_B_T, loss_mask_B_T),
-        "approx_kl": masked_mean(-log_ratio_B_T, loss_mask_B_T),
-        "tis_weight_mean": masked_mean(weight_B_T, loss_mask_B_T),
-        "is_masked_frac": masked_mean(1 - kept_B_T, loss_mask_B_T),
-        "n_tokens": loss_mask_B_T.bool().sum(),
-    }
 
 
 def _check_pg_options(
@@ -339,9 +270,7 @@ def advantage_weighted_loss(
     loss_mask_B_T: Tensor,
     normalizer: float | None = None,
 ) -> LossOutput:
-    """Advantage-weighted log-likelihood, ``-masked_mean(A * logprob)`` (AggreVaTe's
-    cost-sensitive update: actions with a lower cost-to-go than the state's mean are pushed up,
-    the others down). Its gradient equals the clipped loss's at ratio 1 (on-policy)."""
+    """``-masked_mean(A * logprob)``, AggreVaTe's update (= the clipped loss at ratio 1)."""
     _same_shape(logprobs=logprobs_B_T, advantages=advantages_B_T, loss_mask=loss_mask_B_T)
     per_token = -advantages_B_T.detach().to(logprobs_B_T.dtype) * logprobs_B_T
     loss = masked_mean(per_token, loss_mask_B_T, normalizer)

@@ -1,27 +1,8 @@
-"""The model the trainer steps: its device, the fast path, activation checkpointing, FSDP2.
-
-:func:`build` is the one way a trainer (any rank) gets its model and optimizer from the
-recipe's ``[trainer]`` table:
-
-1. load the LM (``config.model``, or a given base module) in ``trainer.dtype`` on the rank's
-   device, then the checkpoint's weights when resuming;
-2. on CUDA with ``trainer.fast`` (the default): the packed varlen attention
-   (``stacx.train.attention``), TF32 for the process's fp32 matmuls (the chunked lm_head's fp32
-   weight-gradient GEMM; bf16 matmuls are unaffected) and, with ``trainer.compile``,
-   ``torch.compile`` of each decoder layer. The chunked lm_head (``stacx.train.forward``) is
-   used on every device;
-3. ``trainer.activation_checkpointing``: transformers' non-reentrant gradient checkpointing
-   of the decoder layers;
-4. when sharded (``trainer.world_size > 1`` or ``trainer.fsdp``): ``fully_shard`` of every
-   decoder layer and of a :class:`~stacx.train.forward.PackedLM` root (embedding, final norm
-   and the tied head), with a ``MixedPrecisionPolicy`` (fp32 gradient reduction; with
-   ``trainer.mixed_precision`` fp32 master weights computed in ``trainer.dtype``), gradients
-   summed rather than averaged (the step's loss is already the whole batch's token mean);
-5. the optimizer over the trainable parameters (``trainer.trainable``; with ``[trainer.lora]``
-   the base is wrapped by peft first (stacx.train.lora) and only the adapters train).
-
-Limits: every rank first loads the full model (then shards it); FSDP sharding is per decoder
-layer of a transformers LM with ``model.layers`` (Llama, Qwen, Mistral, SmolLM shapes).
+"""The model the trainer steps: :func:`build` is the one way a trainer rank gets its model and
+optimizer from ``[trainer]`` (device and dtype, the CUDA fast path, activation checkpointing, FSDP2,
+LoRA). Limits: every rank first loads the full model, then shards it; sharding is per decoder layer
+of a transformers LM with ``model.layers``.
+Design: docs/training.md#the-model-and-the-step
 """
 
 from __future__ import annotations
@@ -39,8 +20,7 @@ from stacx.train.step import make_optimizer, trainable_parameters
 
 
 def pick_device(cfg: TrainerConfig, rank: int = 0) -> tuple[torch.device, torch.dtype]:
-    """Rank ``rank``'s device (on CUDA: the configured index + rank, one GPU each) and the
-    weights' dtype."""
+    """Rank ``rank``'s device (CUDA: the configured index + rank) and the weights' dtype."""
     if cfg.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -75,15 +55,11 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def fast_path(cfg: TrainerConfig, device: torch.device) -> bool:
-    return cfg.fast and device.type == "cuda"
-
-
 def _shard(
     lm: nn.Module, cfg: TrainerConfig, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
-    """`lm` as FSDP2 units (each decoder layer, then the whole as a :class:`PackedLM`), computing
-    in `dtype` under ``mixed_precision``, reducing gradients in fp32 as plain sums."""
+    """`lm` as FSDP2 units (each decoder layer, then a :class:`PackedLM` root), computing in `dtype`
+    under ``mixed_precision``, reducing gradients in fp32 as sums."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(
@@ -109,9 +85,8 @@ def build(
     base: nn.Module | None = None,
     version: int = 0,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """(model, optimizer) of rank ``rank``, from ``base`` or ``cfg.model``, resumed from
-    ``weights`` (a checkpoint's model.safetensors) when given. Sharded configs need the default
-    process group to exist; the model returned is then a sharded :class:`PackedLM`."""
+    """(model, optimizer) of rank ``rank`` from ``base`` or ``cfg.model``, resumed from ``weights``
+    when given; sharded: a :class:`PackedLM` (the default process group must exist)."""
     torch.manual_seed(cfg.seed + version)
     random.seed(cfg.seed + version)
     device, dtype = pick_device(cfg, rank)
@@ -126,7 +101,7 @@ def build(
         lora.load(weights, lm)
     elif weights is not None:
         checkpoint.load(weights, lm)
-    if fast_path(cfg, device):
+    if cfg.fast and device.type == "cuda":
         use_varlen_attention(lm)
         # the chunked lm_head accumulates its weight gradient in fp32 (stacx.train.losses):
         # without TF32 that GEMM runs on SIMT cores, 28% of a 0.6B step on the H200 (profile,

@@ -1,30 +1,15 @@
-"""Sequence packing: many variable-length (prompt + completion) sequences in few dense rows.
-
-A GRPO batch mixes completions of 100 and 2,000 tokens; padding each to the longest wastes most
-of the compute. Packing places whole sequences one after another in rows of at most
-``row_tokens`` positions (first-fit decreasing), restarts ``position_ids`` at 0 for every
-sequence, and describes the boundaries twice:
-
-- ``cu_seqlens`` / ``max_seqlen`` (int32 cumulative lengths over the row-major flattened batch),
-  the layout of flash-attention's varlen kernels and of transformers' packed-sequence path
-  (which reads boundaries from ``position_ids`` restarting at 0 when the batch is one row);
-- :meth:`PackedBatch.block_causal_mask`, a ``[R, 1, T, T]`` boolean mask (True = may attend) for
-  attention implementations without varlen support (eager, sdpa). It costs ``R * T * T`` bytes.
-
-Targets are next-token aligned *within* each sequence: a sequence of ``L`` ids contributes
-``L - 1`` positions (inputs ``ids[:-1]``, targets ``ids[1:]``), so no position ever predicts
-the first token of the next sequence. Per-completion-token values (behavior logprobs,
-advantages, teacher logprobs) are placed on the position whose target is that token.
-
-Guarantees: every sequence lies whole in one row; padding (row tails) is its own segment with
-``loss_mask`` False and ``sequence_index`` -1. Limits: a sequence longer than ``row_tokens + 1``
-ids is an error, never silently truncated.
+"""Sequence packing: variable-length (prompt + completion) sequences laid whole, one after another,
+in few dense rows (first-fit decreasing), with ``cu_seqlens`` for varlen kernels and a block-causal
+mask for the others; ``pack_shared`` keeps one copy of a group's prompt. Guarantees: targets never
+cross a sequence boundary; padding is its own segment with no loss; a sequence longer than a row is
+an error, never truncated.
+Design: docs/training.md#sequence-packing
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -45,13 +30,8 @@ Floats = Sequence[float] | NDArray[Any]
 
 @dataclass(frozen=True)
 class Sample:
-    """One training sequence: ``prompt_ids`` then ``completion_ids``.
-
-    ``loss_mask`` (optional) covers the completion only, one 0/1 per completion id; absent means
-    every completion id is trained on. ``token_values`` maps a name (``behavior_logprobs``,
-    ``advantages``, ``teacher_logprobs``...) to one float per completion id. Lists or numpy
-    arrays (``stacx.train.batches`` gives views of the Arrow buffers).
-    """
+    """One training sequence: ``prompt_ids`` then ``completion_ids``; ``loss_mask`` (default all 1)
+    and each ``token_values`` entry hold one value per completion id. Lists or numpy arrays."""
 
     prompt_ids: Ints
     completion_ids: Ints
@@ -96,48 +76,36 @@ class PackedBatch:
         return int(self.loss_mask_R_T.sum())
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        return PackedBatch(
-            input_ids_R_T=self.input_ids_R_T.to(device),
-            position_ids_R_T=self.position_ids_R_T.to(device),
-            targets_R_T=self.targets_R_T.to(device),
-            loss_mask_R_T=self.loss_mask_R_T.to(device),
-            sequence_index_R_T=self.sequence_index_R_T.to(device),
-            values_R_T={k: v.to(device) for k, v in self.values_R_T.items()},
-            cu_seqlens=self.cu_seqlens.to(device),
-            max_seqlen=self.max_seqlen,
-            n_samples=self.n_samples,
-            segment_R_T=None if self.segment_R_T is None else self.segment_R_T.to(device),
-            parent_R_T=None if self.parent_R_T is None else self.parent_R_T.to(device),
-        )
+        """Every tensor (and each of ``values_R_T``) on `device`."""
+
+        def move(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: v.to(device) for k, v in value.items()}
+            return value.to(device) if isinstance(value, Tensor) else value
+
+        return PackedBatch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
     def block_causal_mask(self) -> Tensor:
-        """``[R, 1, T, T]`` bool: position i may attend to j iff ``j <= i`` and j is in i's
-        segment (or, with shared prompts, in i's parent segment: the group's prompt). Padding
-        attends to itself only, so no row of the mask is empty."""
+        """``[R, 1, T, T]`` bool: i may attend to j iff ``j <= i`` and j is in i's segment or its
+        parent (the group's shared prompt); padding attends to itself, so no mask row is empty."""
         if self.segment_R_T is not None and self.parent_R_T is not None:
             seg_R_T, parent_R_T = self.segment_R_T, self.parent_R_T
             same = (seg_R_T[:, None, :] == seg_R_T[:, :, None]) | (
                 seg_R_T[:, None, :] == parent_R_T[:, :, None]
             )
         else:
-            seg_R_T = _segment_ids(self.position_ids_R_T)
+            seg_R_T = (self.position_ids_R_T == 0).long().cumsum(dim=1)  # a new one at position 0
             same = seg_R_T[:, :, None] == seg_R_T[:, None, :]
         t = self.input_ids_R_T.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool, device=same.device).tril()
         return (same & causal)[:, None, :, :]
 
     def per_sample(self, values_R_T: Tensor) -> list[Tensor]:
-        """Split a per-position tensor into each sample's completion positions (in sample order):
-        entry i has one value per completion id of sample i whose loss mask is set."""
+        """Each sample's values on its loss-masked completion positions, in sample order."""
         flat_index = self.sequence_index_R_T.reshape(-1)
         flat_values = values_R_T.reshape(-1)
         flat_mask = self.loss_mask_R_T.reshape(-1)
         return [flat_values[(flat_index == i) & flat_mask] for i in range(self.n_samples)]
-
-
-def _segment_ids(position_ids_R_T: Tensor) -> Tensor:
-    """Segment number of each position within its row: increments where position_ids == 0."""
-    return (position_ids_R_T == 0).long().cumsum(dim=1)
 
 
 def _check(sample: Sample, index: int, row_tokens: int) -> None:
@@ -180,8 +148,8 @@ def _validate(samples: Sequence[Sample], row_tokens: int, pad_to: int) -> list[s
 
 
 def assign_rows(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
-    """First-fit decreasing bin packing: lists of sample indices per row (each row's lengths sum
-    to at most ``row_tokens``). Deterministic: ties keep input order."""
+    """First-fit decreasing: sample indices per row, each row's lengths summing to at most
+    ``row_tokens``; ties keep input order."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     rows: list[list[int]] = []
     free: list[int] = []
@@ -200,14 +168,8 @@ def assign_rows(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
 def pack(
     samples: Sequence[Sample], row_tokens: int, *, one_per_row: bool = False, pad_to: int = 1
 ) -> PackedBatch:
-    """Pack ``samples`` into rows of at most ``row_tokens`` positions.
-
-    ``one_per_row=True`` gives a plain padded batch (one sample per row, rows padded to the
-    longest) with the same fields, for baselines and for code paths that cannot pack.
-    ``pad_to`` rounds the row length up to a multiple (tensor-core friendly shapes).
-    Columnar: the ids, masks and values of all samples are laid out with numpy index arrays and
-    become tensors by one ``torch.from_numpy`` per field (no tensor, no Python int per token).
-    """
+    """Pack ``samples`` into rows of at most ``row_tokens`` positions (``one_per_row``: a padded
+    batch; ``pad_to``: row length rounded up to a multiple), one ``torch.from_numpy`` per field."""
     names = _validate(samples, row_tokens, pad_to)
     lengths = [s.n_positions for s in samples]
     rows = [[i] for i in range(len(samples))] if one_per_row else assign_rows(lengths, row_tokens)
@@ -234,16 +196,16 @@ def ids_of(values: Ints) -> NDArray[np.int64]:
     return np.asarray(values, dtype=np.int64)
 
 
-def _flat(parts: list[NDArray[Any]], dtype: type) -> NDArray[Any]:
+def concat(parts: list[NDArray[Any]], dtype: type) -> NDArray[Any]:
+    """`parts` joined as one `dtype` array (empty: a 0-length one)."""
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
 def _loss_mask(
     samples: Sequence[Sample], size: int, dest: NDArray[np.int64], at: NDArray[np.int64]
 ) -> NDArray[np.bool_]:
-    """The flat loss mask: completion token ``at[k]`` of the samples' concatenated completions
-    (its own ``loss_mask``, else True) at flat index ``dest[k]``."""
-    mask = _flat(
+    """The flat loss mask: completion token ``at[k]`` (its mask, else True) at ``dest[k]``."""
+    mask = concat(
         [
             np.ones(len(s.completion_ids), np.bool_)
             if s.loss_mask is None
@@ -266,12 +228,11 @@ def _fill(
     seqlens: list[int],
     pads: list[tuple[int, int]],
 ) -> PackedBatch:
-    """The PackedBatch of `samples`, sample i's positions starting at flat index `first[i]`
-    of the row-major ``[n_rows, t]`` layout."""
+    """The PackedBatch of `samples`, sample i from flat index `first[i]` of ``[n_rows, t]``."""
     n_pos = np.array([s.n_positions for s in samples], np.int64)
     n_prompt = np.array([len(s.prompt_ids) for s in samples], np.int64)
     n_comp = n_pos + 1 - n_prompt
-    ids = _flat(
+    ids = concat(
         [np.concatenate((ids_of(s.prompt_ids), ids_of(s.completion_ids))) for s in samples],
         np.int64,
     )
@@ -292,7 +253,7 @@ def _fill(
     loss_mask = _loss_mask(samples, size, dest[on], at_c)
     values = {}
     for name in names:
-        flat = _flat([np.asarray(s.token_values[name], np.float32) for s in samples], np.float32)
+        flat = concat([np.asarray(s.token_values[name], np.float32) for s in samples], np.float32)
         out = np.zeros(size, np.float32)
         out[dest[on]] = flat[at_c]
         values[name] = torch.from_numpy(out).view(n_rows, t)
@@ -312,9 +273,9 @@ def _fill(
 
 
 class _Layout:
-    """The tensors of a PackedBatch being filled, row by row (`pack`, `pack_shared`)."""
+    """The tensors of a `pack_shared` batch being filled, row by row."""
 
-    def __init__(self, rows: int, t: int, names: list[str], *, shared: bool = False) -> None:
+    def __init__(self, rows: int, t: int, names: list[str]) -> None:
         self.t = t
         self.input_ids = torch.zeros(rows, t, dtype=torch.long)
         self.targets = torch.zeros(rows, t, dtype=torch.long)
@@ -322,13 +283,13 @@ class _Layout:
         self.loss_mask = torch.zeros(rows, t, dtype=torch.bool)
         self.seq_index = torch.full((rows, t), -1, dtype=torch.long)
         self.values = {name: torch.zeros(rows, t, dtype=torch.float32) for name in names}
-        self.segment = torch.zeros(rows, t, dtype=torch.long) if shared else None
-        self.parent = torch.full((rows, t), -1, dtype=torch.long) if shared else None
+        self.segment = torch.zeros(rows, t, dtype=torch.long)
+        self.parent = torch.full((rows, t), -1, dtype=torch.long)
         self.seqlens: list[int] = []
 
     def completion(self, row: int, span: slice, sample: Sample) -> None:
         """The loss mask and per-token values of `sample` on the positions predicting its
-        completion ids."""
+        completion."""
         n = len(sample.completion_ids)
         mask = np.ones(n, np.bool_) if sample.loss_mask is None else np.asarray(sample.loss_mask)
         self.loss_mask[row, span] = torch.from_numpy(mask != 0)
@@ -339,8 +300,7 @@ class _Layout:
         """The row's padding tail from `offset`: one segment of its own."""
         if offset < self.t:
             self.positions[row, offset:] = torch.arange(self.t - offset)
-            if self.segment is not None:
-                self.segment[row, offset:] = segment
+            self.segment[row, offset:] = segment
             self.seqlens.append(self.t - offset)
 
     def batch(self, n_samples: int) -> PackedBatch:
@@ -362,8 +322,7 @@ class _Layout:
 
 
 def _prompt_units(samples: Sequence[Sample], row_tokens: int) -> list[list[int]]:
-    """Sample indices grouped by identical prompt (first-appearance order), each group split
-    so that one prompt copy plus its completions fits a row."""
+    """Sample indices grouped by prompt, split so one prompt plus its completions fits a row."""
     by_prompt: dict[bytes, list[int]] = {}
     for i, s in enumerate(samples):
         by_prompt.setdefault(prompt_key(s.prompt_ids), []).append(i)
@@ -400,23 +359,16 @@ def shared_positions(samples: Sequence[Sample]) -> int:
 
 
 def pack_shared(samples: Sequence[Sample], row_tokens: int, *, pad_to: int = 1) -> PackedBatch:
-    """Like `pack`, but samples with the same prompt (a GRPO group: n completions of one task)
-    share one copy of it: the prompt minus its last token is a segment of its own, and each
-    completion is a branch ``[last prompt token, completion[:-1]]`` whose positions continue
-    the prompt's and whose attention sees the shared prompt and its own branch only
-    (`block_causal_mask`). Logprobs and gradients equal `pack`'s; the forward costs
-    ``P + sum(C_i)`` positions per group instead of ``n * P + sum(C_i)``.
-
-    Needs mask-based attention (eager, sdpa): `cu_seqlens` describe whole groups, not the
-    attention pattern, so varlen kernels cannot run a shared batch.
-    """
+    """Like `pack`, but samples with the same prompt share one copy of it (each completion is a
+    branch attending to the shared prompt and itself): same logprobs and gradients, ``P + sum(C_i)``
+    positions per group instead of ``n * P + sum(C_i)``. Needs mask-based attention (eager, sdpa):
+    `cu_seqlens` describe whole groups, so varlen kernels cannot run it."""
     names = _validate(samples, row_tokens, pad_to)
     units = _prompt_units(samples, row_tokens)
     unit_len = [shared_positions([samples[i] for i in u]) for u in units]
     rows = assign_rows(unit_len, row_tokens)
     t = -(-max(sum(unit_len[u] for u in row) for row in rows) // pad_to) * pad_to
-    out = _Layout(len(rows), t, names, shared=True)
-    assert out.segment is not None and out.parent is not None
+    out = _Layout(len(rows), t, names)
     for row, row_units in enumerate(rows):
         offset, seg = 0, 0
         for u in row_units:

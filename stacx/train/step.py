@@ -1,22 +1,9 @@
-"""One optimizer step over a batch of view rows: the model-side half of the trainer.
-
-:func:`train_step` takes the samples ``stacx.train.batches.samples_for`` made of a source
-view's rows and splits the samples into micro-batches of at most ``max_tokens`` positions (at least
-``grad_accumulation`` of them), accumulates gradients with the losses of
-``stacx.train.losses`` normalized by the whole batch's loss tokens (so the result is the
-batch's token mean whatever the split), clips, and steps the optimizer.
-
-With ``distributed=True`` it is one rank's part of an FSDP2 step (``stacx.train.distributed``):
-``samples`` are this rank's shard, the normalizer, loss, metrics and counts are summed over the
-default process group (so every rank computes the same figures and the whole batch's token
-mean), ranks with fewer micro-batches run zero-weight ones so that FSDP's collectives pair up,
-and FSDP sums (not averages) the gradients: the result equals the one-device step on the whole
-batch up to floating-point reordering.
-
-Guarantees: a sample longer than ``max_tokens`` is never truncated: it gets a micro-batch of its
-own. Runs synchronously; the actor calls it in a worker thread. Limits: no PPO epochs (one
-optimizer step per batch, so the trainer's pre-update logprobs are the proximal ones for
-truncated importance sampling).
+"""One optimizer step over a batch of samples, the model-side half of the trainer: micro-batches of
+at most ``max_tokens`` positions, losses normalized by the whole batch's loss tokens, clipping, and
+the step; with ``distributed=True`` one FSDP2 rank's part of it. Guarantees: the result is the
+batch's token mean whatever the split, and across ranks equals the one-device step; a sample is
+never truncated. Synchronous (the actor runs it in a worker thread).
+Design: docs/training.md#the-model-and-the-step
 """
 
 from __future__ import annotations
@@ -30,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from stacx.train.algorithms import algorithm_for
 from stacx.train.attention import VARLEN_ATTENTION
 from stacx.train.config import TrainerConfig
 from stacx.train.forward import language_model, token_logprobs_of
-from stacx.train.losses import LossOutput
-from stacx.train.packing import PackedBatch, Sample, pack, pack_shared, prompt_key
+from stacx.train.packing import Sample, pack, pack_shared, prompt_key
 
 
 @dataclass(frozen=True)
@@ -51,10 +38,8 @@ class StepResult:
 def micro_batches(
     samples: list[Sample], max_tokens: int, at_least: int, *, share: bool = False
 ) -> list[list[Sample]]:
-    """Consecutive runs of samples of at most ``max_tokens`` positions (an oversized sample
-    alone), split further until there are ``at_least`` of them (or one per sample). With
-    ``share`` a sample whose prompt is already in the run costs its completion only (see
-    `pack_shared`)."""
+    """Consecutive runs of samples of at most ``max_tokens`` positions (an oversized sample alone),
+    split until there are ``at_least``; with ``share`` a repeated prompt costs nothing more."""
     groups: list[list[Sample]] = []
     used = 0
     prompts: set[bytes] = set()
@@ -75,12 +60,6 @@ def micro_batches(
         half = len(groups[i]) // 2
         groups[i : i + 1] = [groups[i][:half], groups[i][half:]]
     return groups
-
-
-def _loss(
-    cfg: TrainerConfig, model: nn.Module, batch: PackedBatch, normalizer: float
-) -> LossOutput:
-    return cfg.algo.loss(cfg, token_logprobs_of(model, batch), batch, normalizer)
 
 
 def trainable_parameters(model: nn.Module, pattern: str) -> list[nn.Parameter]:
@@ -109,29 +88,20 @@ def make_optimizer(cfg: TrainerConfig, params: list[nn.Parameter]) -> torch.opti
     )
 
 
-def _all_sum(values: list[float]) -> list[float]:
+def _all_reduce(values: list[float], op: str = "SUM") -> list[float]:
+    """`values` reduced over the ranks (``op``: a ``dist.ReduceOp`` name), in float64."""
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return [float(v) for v in t.cpu()]
-
-
-def _all_max(value: int) -> int:
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
 
 
 def _filler(cfg: TrainerConfig) -> Sample:
     """A one-token stand-in for a rank with no sample of its own (its loss is weighted 0)."""
-    return Sample([0], [0], {k: [0.0] for k in cfg.algo.values}, [1])
+    return Sample([0], [0], {k: [0.0] for k in algorithm_for(cfg).values}, [1])
 
 
 def _total_norm(params: list[nn.Parameter]) -> torch.Tensor:
@@ -150,12 +120,12 @@ def _loss_tokens(s: Sample) -> int:
 def _micro_plan(
     cfg: TrainerConfig, samples: list[Sample], share: bool, distributed: bool
 ) -> tuple[list[list[Sample]], list[float]]:
-    """The step's micro-batches and the weight of each one's loss: distributed, every rank
-    runs as many forwards/backwards as the busiest one (its extra ones weighted 0)."""
+    """The step's micro-batches and each one's loss weight: distributed, every rank runs as many as
+    the busiest one (the extras weighted 0)."""
     micros = micro_batches(samples, cfg.max_tokens, cfg.grad_accumulation, share=share)
     weights = [1.0] * len(micros)
     if distributed:
-        pad = _all_max(len(micros)) - len(micros)
+        pad = int(_all_reduce([len(micros)], "MAX")[0]) - len(micros)
         micros += [micros[-1] if micros else [_filler(cfg)]] * pad
         weights += [0.0] * pad
     return micros, weights
@@ -164,8 +134,7 @@ def _micro_plan(
 def _apply_gradients(
     cfg: TrainerConfig, optimizer: torch.optim.Optimizer, device: torch.device
 ) -> float:
-    """Clip (max_grad_norm) and take the optimizer step, unless the gradient norm is not
-    finite (the step is then skipped); the norm before clipping."""
+    """Clip and step (skipped for a non-finite gradient norm); returns the norm before clipping."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = _total_norm(params)
     grad_norm = float(norm)
@@ -186,8 +155,7 @@ def train_step(
     *,
     distributed: bool = False,
 ) -> StepResult:
-    """One optimizer step (number ``step``, from 1) on ``samples`` (this rank's shard when
-    ``distributed``; see the module docstring)."""
+    """One optimizer step (``step`` from 1) on ``samples`` (this rank's shard if distributed)."""
     start = time.perf_counter()
     device = next(model.parameters()).device
     model.train()
@@ -197,7 +165,7 @@ def train_step(
     normalizer = float(sum(map(_loss_tokens, samples)))
     n_samples = len(samples)
     if distributed:
-        normalizer, n_all = _all_sum([normalizer, float(n_samples)])
+        normalizer, n_all = _all_reduce([normalizer, float(n_samples)])
         n_samples = int(n_all)
     optimizer.zero_grad(set_to_none=True)
     total_loss = 0.0
@@ -209,7 +177,8 @@ def train_step(
     for micro, weight in zip(micros, weights, strict=True):
         row = max(cfg.max_tokens, max(s.n_positions for s in micro))
         batch = (pack_shared(micro, row) if share else pack(micro, row)).to(device)
-        out = _loss(cfg, model, batch, max(normalizer, 1.0))
+        logprobs_B_T = token_logprobs_of(model, batch)
+        out = algorithm_for(cfg).loss(cfg, logprobs_B_T, batch, max(normalizer, 1.0))
         (out.loss * weight if weight != 1.0 else out.loss).backward()
         for k, v in out.metrics.items():  # a filler names the keys too (weight 0)
             if k != "n_tokens":
@@ -220,7 +189,7 @@ def train_step(
         n_tokens += batch.n_tokens
     if distributed:
         keys = sorted(sums)
-        totals = _all_sum([total_loss, float(n_tokens), *(sums.get(k, 0.0) for k in keys)])
+        totals = _all_reduce([total_loss, float(n_tokens), *(sums.get(k, 0.0) for k in keys)])
         total_loss, n_tokens = totals[0], int(totals[1])
         sums = dict(zip(keys, totals[2:], strict=True))
     grad_norm = _apply_gradients(cfg, optimizer, device)

@@ -1,13 +1,8 @@
-"""The Trainer actor: readiness from the log, a step, a checkpoint, a new weight version.
-
-Woken by the signals that can complete a unit of its algorithm (``algo.wakes``), it asks the log
-in SQL whether a step is ready, and while one is it trains, snapshots and hands the weights to
-the engines, publishes ``TrainStepFinished`` then ``WeightsPublished`` (the commit point), and
-writes the checkpoint. Step n produces version n. Guarantees: a checkpoint directory is written
-atomically; on resume the trainer redoes every recorded step after its newest durable checkpoint
-on exactly its recorded episode ids, so it holds the published version again (bit for bit on CPU).
-
-Specification: docs/training.md#the-trainers-step
+"""The Trainer actor: readiness from the log, a step, a new weight version, a checkpoint. Step n
+produces version n; ``WeightsPublished`` is the commit point. Guarantees: checkpoints are atomic; on
+resume it redoes every recorded step after its newest durable checkpoint on exactly its recorded
+episode ids (bit for bit on CPU).
+Design: docs/training.md#the-trainers-step
 """
 
 from __future__ import annotations
@@ -26,14 +21,7 @@ from stacx.actors.base import Actor
 from stacx.device_lock import exclusive
 from stacx.events import (
     CheckpointSaved,
-    CostToGoEstimated,
-    EpisodeFinished,
     Event,
-    InfraFailed,
-    RewardAssigned,
-    RunStarted,
-    TeacherLabeled,
-    TeacherScored,
     TrainerResumed,
     TrainStepFinished,
     WeightsPublished,
@@ -41,17 +29,13 @@ from stacx.events import (
 )
 from stacx.ports import WeightOffer
 from stacx.train import checkpoint, lora, units
+from stacx.train.algorithms import ALGORITHMS, algorithm_for, batch_units, ready_threshold
 from stacx.train.batches import Query, StepBatch, scalar_rows, step_batch
 from stacx.train.config import TrainerConfig
 from stacx.train.distributed import RankGroup
 from stacx.train.model import build, load_model, pick_device
 from stacx.train.step import StepResult, train_step
-from stacx.train.units import (
-    gate_sql,
-    ready_units_sql,
-    redo_steps_sql,
-    trainer_state_sql,
-)
+from stacx.train.units import gate_sql, ready_units_sql, redo_steps_sql, trainer_state_sql
 
 # load_model, pick_device: stacx.train.model; Query, StepBatch, step_batch: stacx.train.batches
 __all__ = ["Query", "StepBatch", "Trainer", "load_model", "pick_device", "step_batch"]
@@ -60,17 +44,10 @@ log = logging.getLogger(__name__)
 
 
 class Trainer(Actor):
-    """See docs/training.md#the-trainers-step. ``Trainer(config)``, then ``run.spawn(trainer)``."""
-
     name: ClassVar[str] = "trainer"
-    kinds: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted,
-        EpisodeFinished,
-        RewardAssigned,
-        InfraFailed,
-        TeacherLabeled,
-        TeacherScored,
-        CostToGoEstimated,
+    # every kind that wakes some algorithm; `handle` acks the others of its own at once
+    kinds: ClassVar[tuple[type[Event], ...]] = tuple(
+        dict.fromkeys(kind for a in ALGORITHMS.values() for kind in a.wakes)
     )
     max_inflight: ClassVar[int] = 1
     ack_wait: ClassVar[float] = 120.0
@@ -82,10 +59,10 @@ class Trainer(Actor):
         model: nn.Module | None = None,
         handoff: WeightOffer | None = None,
     ) -> None:
-        """``model`` (optional) is the base model to start from instead of ``config.model``;
-        it is trained in place. ``handoff`` (optional) receives a snapshot of every version
-        saved, for engines of this process (``trainer.inprocess_handoff``)."""
+        """``model``: a base model to train in place instead of ``config.model``; ``handoff``:
+        receives a snapshot of every version, for engines of this process."""
         self.config = config
+        self.algorithm = algorithm_for(config)  # a key the algorithm rules out fails here
         self.handoff = handoff
         self._base = model
         self.model: nn.Module | None = None
@@ -97,6 +74,9 @@ class Trainer(Actor):
         self._loaded = -1  # the version the model in memory holds
         self._dirty = False  # a step began and did not publish: the model in memory is suspect
         self._group: RankGroup | None = None  # the ranks, when sharded (stacx.train.distributed)
+        # the stream sequence the last "nothing ready" answer saw the log up to: an event at or
+        # below it is already counted, so a burst of rewards costs one readiness query, not one each
+        self._checked = 0
 
     @property
     def finished(self) -> bool:
@@ -113,10 +93,8 @@ class Trainer(Actor):
             return
         gone = await asyncio.to_thread(checkpoint.clear_staging, self.ctx.run_dir)
         durable = _newest_durable(self.ctx.run_dir, self._published)
-        sql = redo_steps_sql()
-        redo = scalar_rows(
-            await self.query(sql, {"durable": durable, "published": self._published})
-        )
+        bounds = {"durable": durable, "published": self._published}
+        redo = scalar_rows(await self.query(redo_steps_sql(), bounds))
         self._redo = {int(r["version"]): [str(e) for e in r["episode_ids"]] for r in redo}
         expected = list(range(durable + 1, durable + 1 + len(self._redo)))
         if sorted(self._redo) != expected or len(self._redo) < self._published - durable:
@@ -174,7 +152,7 @@ class Trainer(Actor):
     async def handle(self, event: Event) -> None:
         # only the kinds that can complete one of the algorithm's units make the trainer ask
         # the log (RunStarted: a resumed run re-checks at once); the others are acked at once
-        if not isinstance(event, self.config.algo.wakes):
+        if not isinstance(event, self.algorithm.wakes) or self.ctx.watermark.seq <= self._checked:
             return
         while not self.finished:
             episode_ids = await self._next_batch()
@@ -186,16 +164,20 @@ class Trainer(Actor):
         if self.version + 1 in self._redo:
             return self._redo[self.version + 1]
         cfg = self.config
+        head = await self.ctx.head()  # a barrier: the answer below covers every event up to head
+        self.ctx.watermark.advance(head)
         gate = gate_sql(cfg)
         if gate is not None:
             (row,) = scalar_rows(await self.query(gate, units.params(cfg, gate, self.version)))
             if not row["open"]:
+                self._checked = head
                 return None  # its iteration is still in flight: labels, scores or samples
         sql = ready_units_sql(cfg)
         ready = scalar_rows(await self.query(sql, units.params(cfg, sql, self.version)))
-        if len(ready) < cfg.ready_threshold:
+        if len(ready) < ready_threshold(cfg):
+            self._checked = head
             return None
-        chosen = ready[: cfg.batch_units]
+        chosen = ready[: batch_units(cfg)]
         return [str(e) for u in chosen for e in u["episode_ids"]]
 
     async def _step(self, episode_ids: list[str]) -> None:
@@ -258,8 +240,8 @@ class Trainer(Actor):
     async def _hold(
         self, step: int, result: StepResult, write: str | None
     ) -> tuple[checkpoint.Snapshot, Path, str, float]:
-        """Snapshot version ``step``, write it if ``write == "now"``, hand its weights to the
-        engines of this process; returns (snapshot, weights path, sha256 or "", write ms)."""
+        """Snapshot version ``step``, write it if ``write == "now"``, hand its weights to this
+        process's engines; returns (snapshot, weights path, sha256 or "", write ms)."""
         snap = await asyncio.to_thread(exclusive, self._snapshot, step, result, write is not None)
         path = checkpoint.version_dir(self.ctx.run_dir, step) / checkpoint.WEIGHTS_FILE
         sha, save_ms = "", 0.0
@@ -273,8 +255,7 @@ class Trainer(Actor):
         return snap, path, sha, save_ms
 
     def _write_kind(self, step: int) -> str | None:
-        """Whether version ``step``'s checkpoint is written "now" (before it is published),
-        in the "background", or not at all (None)."""
+        """Whether version ``step`` is written "now", in the "background", or not at all (None)."""
         cfg = self.config
         if step in self._redo and step < self._published:
             return None  # on the way back to the published version: it is in the log already
@@ -309,18 +290,11 @@ class Trainer(Actor):
                 nbytes=await asyncio.to_thread(_nbytes, path.parent),
             )
         )
-        cfg = self.config
-        await asyncio.to_thread(
-            checkpoint.prune,
-            self.ctx.run_dir,
-            version,
-            keep_last=cfg.keep_last,
-            save_every=cfg.save_every,
-        )
+        keep = {"keep_last": self.config.keep_last, "save_every": self.config.save_every}
+        await asyncio.to_thread(checkpoint.prune, self.ctx.run_dir, version, **keep)
 
     async def _drain(self) -> None:
-        """Wait for the background write (its failure is raised here: the trainer crashes and
-        its supervisor restarts it from the log)."""
+        """Wait for the background write; its failure raises here (restart from the log)."""
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer
@@ -373,8 +347,8 @@ class Trainer(Actor):
         )
 
     def _snapshot(self, step: int, result: StepResult, write: bool) -> checkpoint.Snapshot:
-        """Version ``step`` held still: the weights for the engines of this process (when they
-        take it from memory) and, with ``write``, all that its checkpoint holds."""
+        """Version ``step`` held still: weights for this process's engines; with ``write``, the
+        rest."""
         assert self.model is not None and self.optimizer is not None
         cfg = self.config
         meta: dict[str, object] = {

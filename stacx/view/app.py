@@ -1,16 +1,12 @@
-"""The viewer's aiohttp application: routes, the loopback guard, errors as pages.
+"""The viewer's aiohttp application: routes, the loopback guard, errors as pages. It binds 127.0.0.1
+only and refuses a Host header that is not its own address (no DNS rebinding); no route writes.
 
-Guarantees: it binds 127.0.0.1 only; a request whose Host header is not this loopback address
-and port is refused (a web page elsewhere cannot reach the viewer through DNS rebinding); every
-page reads the log through a read-only ``Source`` (no route writes anything). Pages run in a
-worker thread (DuckDB queries and tokenizer loads block), one at a time. A bad query-string
-parameter is a 400 page naming it; a bug in the viewer is a 500 with its traceback in the log.
+Design: docs/view.md#what-the-viewer-guarantees
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -35,22 +31,21 @@ ROUTES: dict[str, tuple[str, Page]] = {
     "/sql": ("SQL", pages.sql_page),
     "/compare": ("compare", pages.compare_page),
 }
+NAV = [(path, title) for path, (title, _) in ROUTES.items() if path != "/episode"]
 
 
 def _handler(title: str, render: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         source = request.app[SOURCE]
         params = dict(request.query)
-        label = pages.runs_label(source)
+        label = " · ".join(str(d) for d in source.run_dirs)
+        shown, status = title, 200
         try:
             body = await asyncio.to_thread(render, source, params)
         except pages.BadRequest as exc:
-            return web.Response(
-                text=page("bad request", f'<pre class="error">{esc(exc)}</pre>', runs=label),
-                status=400,
-                content_type="text/html",
-            )
-        return web.Response(text=page(title, body, runs=label), content_type="text/html")
+            shown, body, status = "bad request", f'<pre class="error">{esc(exc)}</pre>', 400
+        text = page(shown, body, runs=label, nav=NAV)
+        return web.Response(text=text, status=status, content_type="text/html")
 
     return handle
 
@@ -77,12 +72,6 @@ def make_app(source: Source, port: int) -> web.Application:
 
     app.on_cleanup.append(close)
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def serve(source: Source, port: int, *, ready: Callable[[str], None]) -> None:

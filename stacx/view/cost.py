@@ -1,11 +1,10 @@
-"""The drift & cost page: the ``gateway_drift`` / ``gateway_episodes`` views (how often an
-installed scaffold's calls did not extend the previous call token-exactly, segments per
-episode) and the ``episode_cost`` view (tokens, engine, sandbox and trainer time per episode),
-summed per run and listed per episode (most expensive first)."""
+"""The drift & cost page: the ``gateway_drift`` / ``gateway_episodes`` and ``episode_cost`` views,
+summed per run and listed per episode (most expensive first).
+"""
 
 from __future__ import annotations
 
-from stacx.view.html import esc, link, table
+from stacx.view.html import link, table
 from stacx.view.pages import Params
 from stacx.view.source import Source
 
@@ -54,6 +53,4 @@ def cost_page(source: Source, params: Params) -> str:
             "tokens); see events/views/41_episode_cost.sql.</p>",
             table(rows.columns, rows.rows, cells=ep),
         ]
-    return (
-        "".join(parts) or f"<p>{esc('The drift and cost views are not loaded for this log.')}</p>"
-    )
+    return "".join(parts) or "<p>The drift and cost views are not loaded for this log.</p>"

@@ -1,17 +1,8 @@
-"""One episode, turn by turn: the text decoded from the recorded token ids with the run's
-tokenizer, each output token shaded by its logprob, the tool calls and what they returned,
-the verifier's reward and output, infrastructure failures, sandboxes and gateway segments.
+"""One episode, turn by turn: the text decoded from the recorded ids with the run's tokenizer
+(output tokens shaded by logprob), tool calls, the verifier's verdict, failures, sandboxes and
+gateway segments. The ids are the record; decoding is for reading.
 
-What is shown is what the engine saw and produced: the prompt of a turn is the ids the ``turns``
-view rebuilds, shown as what it added to the previous turn's prompt + output (the observation
-and the next chat header), or whole when it does not extend it (a first turn, or a gateway
-segment: a scaffold that rewrote its history). Decoding is for reading only; the ids are the
-record. A token that decodes to part of a UTF-8 character is shown joined with the next ones
-(up to 4) so that no replacement character hides a byte sequence that decodes fine together.
-
-Limits: without a loadable tokenizer (a model path that no longer exists) the ids are shown
-as numbers. ``TurnGenerated`` carries one weight version per turn; a per-token version is the
-turn's.
+Design: docs/view.md#what-the-viewer-guarantees
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ class Decoder(Protocol):
 
 
 def load_tokenizer(spec: str | None) -> Decoder | None:
-    """The tokenizer of a model spec (a path, a hub id in the local cache, or "default");
-    None when it cannot be loaded (the page then shows ids)."""
+    """The tokenizer of a model spec, or None when it cannot be loaded (the page then shows ids)."""
     try:
         from transformers import AutoTokenizer
 
@@ -50,9 +40,8 @@ def load_tokenizer(spec: str | None) -> Decoder | None:
 
 
 def token_pieces(tok: Decoder, ids: Sequence[int]) -> list[tuple[int, int, str]]:
-    """``(start, end, text)`` spans covering ``ids``: one token each, except where a token
-    alone decodes to a replacement character (part of a UTF-8 character), which is joined with
-    the following tokens (at most 4) until it decodes cleanly."""
+    """``(start, end, text)`` spans over ``ids``, one per token, except that a token decoding to
+    part of a UTF-8 character is joined with the next ones (at most 4) until they decode cleanly."""
     singles = tok.batch_decode([[int(i)] for i in ids], skip_special_tokens=False)
     out, i, n = [], 0, len(ids)
     while i < n:
@@ -66,8 +55,7 @@ def token_pieces(tok: Decoder, ids: Sequence[int]) -> list[tuple[int, int, str]]
 
 
 def shade(logprob: float | None) -> str:
-    """The background of a token: transparent when the model was sure (p = 1), red as the
-    probability of what it sampled falls."""
+    """A token's background: clear when the model was sure, redder as its probability falls."""
     if logprob is None or math.isnan(logprob):
         return ""
     alpha = 0.85 * (1.0 - math.exp(min(0.0, logprob)))
@@ -108,34 +96,20 @@ where c.episode_id = ? order by c.turn, c._seq"""
 
 
 SUMMARY = (  # an episode's columns in its page's summary table
-    "task_id",
-    "status",
-    "reward",
-    "stop_reason",
-    "failure_kind",
-    "weight_version",
-    "n_turns",
-    "n_tool_calls",
-    "agent",
-    "policy",
-    "split",
-    "role",
-    "run_id",
+    "task_id, status, reward, stop_reason, failure_kind, weight_version, n_turns, n_tool_calls, "
+    "agent, policy, split, role, run_id"
 )
 
 
 def episode_page(source: Source, params: Params) -> str:
     eid = params.get("id") or ""
-    found = source.query("select * from episodes where episode_id = ?", [eid])
+    found = source.query(f"select {SUMMARY} from episodes where episode_id = ?", [eid])
     if not found.rows:
         raise BadRequest(f"parameter id={eid!r}: no such episode in these runs")
     ep = found.dicts()[0]
     tok: Decoder | None = source.tokenizer(str(ep["run_id"]), load_tokenizer)  # type: ignore[assignment]
-    summary = table(
-        SUMMARY,
-        [[ep[k] for k in SUMMARY]],
-        cells={"task_id": lambda v: link("/episodes", v, task=v)},
-    )
+    cells = {"task_id": lambda v: link("/episodes", v, task=v)}
+    summary = table(found.columns, found.rows[:1], cells=cells)
     parts = [f'<p class="mono">{esc(eid)}</p>', summary]
     if tok is None:
         parts.append(
@@ -179,22 +153,15 @@ def _turns_html(source: Source, eid: str, tok: Decoder | None) -> str:
             f"{len(output)} tokens · {esc(t['finish_reason'])} · {esc(t['engine'])} · "
             f"{float(t['gen_ms'] or 0) / 1000:.1f} s{seg}"  # type: ignore[arg-type]
         )
-        label = (
-            "observation and chat header"
-            if extends
-            else (
-                "whole prompt (a new segment: it does not extend the previous call)"
-                if end
-                else "prompt"
-            )
-        )
+        label = "observation and chat header" if extends else "prompt"
+        if end and not extends:
+            label = "whole prompt (a new segment: it does not extend the previous call)"
         body = [
             f"<details{' open' if extends else ''}><summary>{label} · {len(added)} tokens</summary>"
             f"{_text(tok, added)}</details>",
             output_html(tok, output, t["logprobs"], t["weight_version"]),  # type: ignore[arg-type]
         ]
-        for c in tools.get(int(t["turn"]), []):  # type: ignore[call-overload]
-            body.append(_tool_html(c))
+        body += [_tool_html(c) for c in tools.get(int(t["turn"]), [])]  # type: ignore[call-overload]
         if t["request_json"]:
             body.append(
                 f"<details><summary>gateway request {esc(t['request_id'])}</summary>"
@@ -236,16 +203,11 @@ def _verifier_html(source: Source, eid: str) -> str:
         return ""
     v = r[-1]
     by = "" if v["grader"] == "rollout" else f" · by <code>{esc(v['grader'])}</code>"
+    out = f'<pre class="verifier">{esc(v["verifier_output"])}</pre>' if v["verifier_output"] else ""
     return (
         "<section><h2>verifier</h2>"
         f'<p>reward <b class="reward">{fmt(v["reward"])}</b>{by} · {fmt(v["verifier_ms"])} ms · '
-        f"metrics <code>{esc(v['metrics_json'])}</code></p>"
-        + (
-            f'<pre class="verifier">{esc(v["verifier_output"])}</pre>'
-            if v["verifier_output"]
-            else ""
-        )
-        + "</section>"
+        f"metrics <code>{esc(v['metrics_json'])}</code></p>{out}</section>"
     )
 
 
@@ -262,33 +224,28 @@ def _events_html(source: Source, eid: str) -> str:
             "<h3>infrastructure failures</h3>" + table(fails.columns, fails.rows, cls="failures")
         )
     parts.append(_scaffold_html(source, eid))
-    for name, events, sql in (
-        (
-            "warnings",
-            "episode_warned",
-            "select message from episode_warned where episode_id = ? order by _seq",
-        ),
-        (
-            "failed steps",
-            "step_failed",
-            "select step, exception_type, message from step_failed where episode_id = ? order by _seq",
-        ),
+    for name, events, columns, join in (
+        ("warnings", "episode_warned", "message", ""),
+        ("failed steps", "step_failed", "step, exception_type, message", ""),
         (
             "gateway refusals",
             "gateway_refused",
-            "select route, status, error_type, code, param, message from gateway_refused "
-            "where episode_id = ? order by _seq",
+            "route, status, error_type, code, param, message",
+            "",
         ),
         (
             "sandboxes",
             "sandbox_started",
-            "select s.sandbox_id, s.image, s.start_ms, s.warm, s.host, p.reason as stop_reason, "
-            "p.ts - s.ts as seconds from sandbox_started s left join sandbox_stopped p "
-            "using (sandbox_id) where s.episode_id = ? order by s._seq",
+            "s.sandbox_id, s.image, s.start_ms, s.warm, s.host, p.reason as stop_reason, "
+            "p.ts - s.ts as seconds",
+            "left join sandbox_stopped p using (sandbox_id)",
         ),
     ):
         if source.has(events):  # a log older than the event kind has no table for it
-            r = source.query(sql, [eid])
+            r = source.query(
+                f"select {columns} from {events} s {join} where s.episode_id = ? order by s._seq",
+                [eid],
+            )
             if r.rows:
                 parts.append(f"<h3>{name}</h3>" + table(r.columns, r.rows))
     return "".join(parts)

@@ -1,9 +1,6 @@
 """HTML building blocks of the viewer: escaped text, tables, inline SVG charts, the page frame.
-
-Every value that reaches a page passes through ``esc`` (or is a number formatted here): log
-content (model text, tool output, task ids) is untrusted and is never markup. Links are built
-with ``href`` (query strings url-encoded). Charts are inline SVG drawn here: no script, no
-asset from the internet.
+Every value reaching a page goes through ``esc`` (or is a number formatted here): log content is
+untrusted and never markup.
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ def table(
     cls: str = "",
     max_chars: int = 200,
 ) -> str:
-    """A table; ``cells`` maps a column to a function returning its cell's HTML (else escaped
-    text, cut at ``max_chars`` with the whole value in the title)."""
+    """A table; ``cells``: column -> its cell's HTML maker (else escaped, cut at ``max_chars``)."""
     cells = cells or {}
     head = "".join(f"<th>{esc(c)}</th>" for c in columns)
     body = []
@@ -154,21 +150,18 @@ def _axes(
         parts.append(
             f'<text x="{plot.sx(x):.1f}" y="{top + h + 14}" class="tick" text-anchor="middle">{fmt(float(x))}</text>'
         )
-    parts.append(
-        f'<text x="{left + w / 2}" y="{height - 4}" class="label" text-anchor="middle">{esc(x_label)}</text>'
-    )
-    parts.append(
+    return [
+        *parts,
+        f'<text x="{left + w / 2}" y="{height - 4}" class="label" text-anchor="middle">{esc(x_label)}</text>',
         f'<text x="11" y="{top + h / 2}" class="label" transform="rotate(-90 11 {top + h / 2})" '
-        f'text-anchor="middle">{esc(y_label)}</text>'
-    )
-    return parts
+        f'text-anchor="middle">{esc(y_label)}</text>',
+    ]
 
 
 def _line(
     plot: _Plot, i: int, label: str, pts: Sequence[tuple[float, float]], *, legend: bool
 ) -> list[str]:
-    """Series `i` of a chart: its line, its points (each titled with its values) and, with
-    `legend`, its label."""
+    """Series `i` of a chart: its line, its titled points and, with `legend`, its label."""
     color = PALETTE[i % len(PALETTE)]
     kept = sorted(p for p in pts if not any(math.isnan(v) for v in p))
     parts = []
@@ -188,25 +181,14 @@ def _line(
     return parts
 
 
-NAV = (
-    ("/", "runs"),
-    ("/episodes", "episodes"),
-    ("/lineage", "lineage"),
-    ("/cost", "drift & cost"),
-    ("/load", "time & load"),
-    ("/sql", "SQL"),
-    ("/compare", "compare"),
-)
-
-
-def page(title: str, body: str, *, runs: str) -> str:
-    """A whole page: header with the viewed runs and the navigation, then ``body``."""
-    nav = " ".join(f'<a href="{p}">{esc(t)}</a>' for p, t in NAV)
+def page(title: str, body: str, *, runs: str, nav: Sequence[tuple[str, str]]) -> str:
+    """A whole page: header with the viewed runs and the navigation (path, title), then ``body``."""
+    links = " ".join(f'<a href="{p}">{esc(t)}</a>' for p, t in nav)
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)} · stacx view</title>"
         '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/view.css"><script src="/static/view.js" defer></script>'
-        f'</head><body><header><b>stacx view</b> <span class="runs">{esc(runs)}</span><nav>{nav}</nav>'
+        f'</head><body><header><b>stacx view</b> <span class="runs">{esc(runs)}</span><nav>{links}</nav>'
         f"</header><main><h1>{esc(title)}</h1>{body}</main></body></html>"
     )
 

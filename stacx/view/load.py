@@ -1,7 +1,6 @@
-"""The time & load page: where the time went (``time_accounting_run``: engine, trainer,
-sandboxes busy and idle over the run) beside each process's load (``process_load_run`` and
-``process_load_by_version``: event-loop lag p50/p99, CPU cores used, resident memory, forks,
-and whether a window saturated the process: lag p99 over 100 ms)."""
+"""The time & load page: ``time_accounting_run`` beside each process's load (``process_load_run``,
+``process_load_by_version``), the saturated processes named.
+"""
 
 from __future__ import annotations
 
@@ -39,4 +38,4 @@ def load_page(source: Source, params: Params) -> str:
             parts.append(
                 "<h2>processes</h2><p>No process load recorded (a log from before it was).</p>"
             )
-    return "".join(parts) or f"<p>{esc('The time and load views are not loaded for this log.')}</p>"
+    return "".join(parts) or "<p>The time and load views are not loaded for this log.</p>"

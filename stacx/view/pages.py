@@ -1,30 +1,26 @@
-"""The viewer's pages over the runs' views: runs, episodes, lineage, drift & cost, SQL, compare.
-
-Each page is a function ``(source, params) -> HTML`` that reads the log through
-``Source.query`` (bound parameters only; a sort column comes from ``SORTS``). A bad parameter
-raises ``BadRequest`` naming it and the accepted values.
+"""The viewer's pages: runs, episodes, lineage, drift & cost, SQL, compare. Each is
+``(source, params) -> HTML`` over ``Source.query`` with bound parameters (a sort column only from
+``SORTS``); a bad parameter raises ``BadRequest`` naming it and the accepted values.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from stacx.errors import StacxError
 from stacx.harbor.jobs import pass_at_k
-from stacx.view.html import esc, line_chart, link, select, table
+from stacx.view.html import Series, esc, line_chart, link, select, table
 from stacx.view.source import Result, Source
 
 Params = Mapping[str, str]
+N = TypeVar("N", int, float)
 
 
 class BadRequest(StacxError):
     """A query-string parameter the page cannot use (named, with what it accepts)."""
-
-
-def runs_label(source: Source) -> str:
-    return " · ".join(str(d) for d in source.run_dirs)
 
 
 def run_ids(source: Source) -> list[str]:
@@ -35,24 +31,15 @@ def run_ids(source: Source) -> list[str]:
     return ordered + sorted(seen - set(ordered))
 
 
-def _int(params: Params, name: str) -> int | None:
+def _number(params: Params, name: str, kind: Callable[[str], N]) -> N | None:
     v = params.get(name, "")
     if v == "":
         return None
     try:
-        return int(v)
+        return kind(v)
     except ValueError:
-        raise BadRequest(f"parameter {name}={v!r}: expected an integer") from None
-
-
-def _float(params: Params, name: str) -> float | None:
-    v = params.get(name, "")
-    if v == "":
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        raise BadRequest(f"parameter {name}={v!r}: expected a number") from None
+        what = "an integer" if kind is int else "a number"
+        raise BadRequest(f"parameter {name}={v!r}: expected {what}") from None
 
 
 def _section(title: str, body: str) -> str:
@@ -74,17 +61,12 @@ def _series(
 
 def runs_page(source: Source, params: Params) -> str:
     files = {str(f.get("run_id")): f for f in source.run_files()}
-    parts = []
-    for run_id in run_ids(source):
-        parts.append(_run_section(source, run_id, files.get(run_id, {})))
-    if not parts:
-        parts.append("<p>No run has started in these directories yet.</p>")
-    return "".join(parts)
+    parts = [_run_section(source, run_id, files.get(run_id, {})) for run_id in run_ids(source)]
+    return "".join(parts) or "<p>No run has started in these directories yet.</p>"
 
 
 def _run_head(source: Source, run_id: str, run_file: Mapping[str, object]) -> tuple[str, object]:
-    """A run's summary table (recipe, status, start, attempts, samples done) and its resolved
-    config's JSON."""
+    """A run's summary table and its resolved config's JSON."""
     ((recipe, config_json, started, attempts),) = source.query(
         "select any_value(recipe), arg_min(config_json, _seq), min(ts), max(attempt) + 1 "
         "from run_started where run_id = ?",
@@ -114,14 +96,7 @@ def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) ->
     ).rows
     episodes = " ".join(link("/episodes", f"{s}: {n}", run=run_id, status=s) for s, n in counts)
     rbv = reward_curve(source, run_id)
-    charts = [
-        line_chart(
-            _series(rbv, "weight_version", "reward_mean", "split"),
-            title="reward by weight version",
-            x_label="weight version",
-            y_label="mean reward",
-        )
-    ]
+    charts = [_reward_chart(_series(rbv, "weight_version", "reward_mean", "split"))]
     steps = source.query(
         "select step, loss, reward_mean, n_samples, tokens, duration_ms, weight_version "
         "from train_steps where run_id = ? order by step",
@@ -136,12 +111,7 @@ def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) ->
     curve = source.query("select * from eval_curve") if _single(source) else Result([], [])
     if curve.rows:
         charts.append(
-            line_chart(
-                _series(curve, "weight_version", "reward_mean"),
-                title="periodic eval",
-                x_label="weight version",
-                y_label="mean reward",
-            )
+            _reward_chart(_series(curve, "weight_version", "reward_mean"), "periodic eval")
         )
     config = json.dumps(json.loads(str(config_json)), indent=2) if config_json else "{}"
     body = [
@@ -159,14 +129,21 @@ def _run_section(source: Source, run_id: str, run_file: Mapping[str, object]) ->
     return _section(f"run {run_id}", "".join(body))
 
 
+def _reward_chart(
+    series: Sequence[Series], title: str = "reward by weight version", width: int = 460
+) -> str:
+    return line_chart(
+        series, title=title, x_label="weight version", y_label="mean reward", width=width
+    )
+
+
 def _single(source: Source) -> bool:
     return len(source.run_dirs) == 1
 
 
 def reward_curve(source: Source, run_id: str) -> Result:
-    """Reward by weight version: the ``reward_by_weight_version`` view when one run is viewed;
-    with several (the view covers their union and has no run_id) the same statistics over the
-    run's own scored episodes, by the same split (train/eval: a `stacx eval` run's are eval)."""
+    """Reward by weight version: ``reward_by_weight_version`` for one run; for several (the view
+    covers their union) the same statistics over each run's own scored episodes."""
     if _single(source):
         return source.query(
             "select * exclude (first_ts, last_ts) from reward_by_weight_version "
@@ -211,22 +188,16 @@ SORTS = (
     "n_tool_calls",
     "failure_kind",
 )
-EPISODE_COLUMNS = (
-    "episode_id",
-    "run_id",
-    "task_id",
-    "sample_index",
-    "status",
-    "reward",
-    "failure_kind",
-    "stop_reason",
-    "weight_version",
-    "n_turns",
-    "n_tool_calls",
-    "split",
-    "role",
+EPISODE_COLUMNS = (  # the episodes page's table
+    "episode_id, run_id, task_id, sample_index, status, reward, failure_kind, stop_reason, "
+    "weight_version, n_turns, n_tool_calls, split, role"
 )
 PAGE_SIZE = 200
+# the episodes form's <select> filters: parameter -> the column whose values it offers
+FORM_FILTERS = {
+    "task": "task_id",
+    **{c: c for c in ("status", "split", "role", "weight_version", "failure_kind")},
+}
 
 
 def episode_filter(params: Params) -> tuple[str, list[object]]:
@@ -236,9 +207,9 @@ def episode_filter(params: Params) -> tuple[str, list[object]]:
     for name, predicate in FILTERS.items():
         value: object
         if name == "weight_version":
-            value = _int(params, name)
+            value = _number(params, name, int)
         elif name.endswith("_reward"):
-            value = _float(params, name)
+            value = _number(params, name, float)
         else:
             value = params.get(name) or None
         if value is not None:
@@ -254,11 +225,11 @@ def episodes_page(source: Source, params: Params) -> str:
     order = params.get("order") or ("asc" if sort in ("task_id", "status") else "desc")
     if order not in ("asc", "desc"):
         raise BadRequest(f"parameter order={order!r}: accepted: asc, desc")
-    offset = _int(params, "offset") or 0
+    offset = _number(params, "offset", int) or 0
     where, values = episode_filter(params)
     total = int(source.query(f"select count(*) from episodes{where}", values).rows[0][0])  # type: ignore[call-overload]
     r = source.query(
-        f"select {', '.join(EPISODE_COLUMNS)} from episodes{where} "
+        f"select {EPISODE_COLUMNS} from episodes{where} "
         f"order by {sort} {order} nulls last, episode_id limit {PAGE_SIZE} offset ?",
         [*values, offset],
     )
@@ -279,25 +250,17 @@ def episodes_page(source: Source, params: Params) -> str:
 
 
 def _distinct(source: Source, column: str) -> list[object]:
-    return [
-        r[0]
-        for r in source.query(
-            f"select distinct {column} from episodes where {column} is not null order by 1"
-        ).rows
-    ]
+    sql = f"select distinct {column} from episodes where {column} is not null order by 1"
+    return [r[0] for r in source.query(sql).rows]
 
 
 def _episode_form(source: Source, params: Params, sort: str, order: str) -> str:
     fields = [
         select("run", run_ids(source), params.get("run", "")) if not _single(source) else "",
-        select("task", _distinct(source, "task_id"), params.get("task", "")),
-        select("status", _distinct(source, "status"), params.get("status", "")),
-        select("split", _distinct(source, "split"), params.get("split", "")),
-        select("role", _distinct(source, "role"), params.get("role", "")),
-        select(
-            "weight_version", _distinct(source, "weight_version"), params.get("weight_version", "")
+        *(
+            select(name, _distinct(source, column), params.get(name, ""))
+            for name, column in FORM_FILTERS.items()
         ),
-        select("failure_kind", _distinct(source, "failure_kind"), params.get("failure_kind", "")),
         f'<label>reward ≥ <input name="min_reward" size="4" value="{esc(params.get("min_reward", ""))}"></label>',
         f'<label>reward ≤ <input name="max_reward" size="4" value="{esc(params.get("max_reward", ""))}"></label>',
         select("sort", SORTS, sort, blank=""),
@@ -308,9 +271,7 @@ def _episode_form(source: Source, params: Params, sort: str, order: str) -> str:
 
 
 def _pass_at_k_table(source: Source, where: str, values: list[object]) -> str:
-    """pass@k per task over the filtered episodes' samples (a sample's scored attempt; an
-    infrastructure failure is not a 0: unscored samples are left out), the unbiased estimator
-    of ``stacx.harbor.jobs.pass_at_k``."""
+    """pass@k per task over the filtered episodes' scored samples (``jobs.pass_at_k``)."""
     r = source.query(
         f"select task_id, group_id, sample_index, max(reward) filter (where status = 'scored') as reward "
         f"from episodes{where} group by all",
@@ -326,16 +287,9 @@ def _pass_at_k_table(source: Source, where: str, values: list[object]) -> str:
     ks = [1, 2, 4, 8, 16]
     rows = []
     for task in sorted(set(passed) | set(unscored)):
-        est = pass_at_k({task: passed[task]}) if passed[task] else {}
-        rows.append(
-            [
-                task,
-                len(passed[task]),
-                sum(passed[task]),
-                unscored[task],
-                *(est.get(str(k)) for k in ks),
-            ]
-        )
+        p = passed[task]
+        est = pass_at_k({task: p}) if p else {}
+        rows.append([task, len(p), sum(p), unscored[task], *(est.get(str(k)) for k in ks)])
     return table(
         ["task_id", "scored samples", "passed", "unscored", *(f"pass@{k}" for k in ks)], rows
     )
@@ -345,9 +299,8 @@ def _pass_at_k_table(source: Source, where: str, values: list[object]) -> str:
 
 
 def lineage_page(source: Source, params: Params) -> str:
-    """Weight versions and the episodes each trained on (``lineage``); with ``version=`` that
-    version's episodes, with ``episode=`` the versions an episode fed."""
-    version, episode = _int(params, "version"), params.get("episode") or None
+    """Weight versions and the episodes each trained on; ``version=`` or ``episode=`` narrows it."""
+    version, episode = _number(params, "version", int), params.get("episode") or None
     ep = lambda v: link("/episode", str(v)[:12], id=v)  # noqa: E731
     ver = lambda v: link("/lineage", v, version=v)  # noqa: E731
     if episode:
@@ -378,10 +331,8 @@ def lineage_page(source: Source, params: Params) -> str:
         "min(episode_weight_version) as oldest_episode_version, bool_or(imported) as any_imported "
         "from lineage group by all order by run_id, weight_version"
     )
-    note = (
-        "" if r.rows else "<p>No train step recorded: nothing trained on these runs' episodes.</p>"
-    )
-    return note + table(r.columns, r.rows, cells={"weight_version": ver})
+    note = "<p>No train step recorded: nothing trained on these runs' episodes.</p>"
+    return ("" if r.rows else note) + table(r.columns, r.rows, cells={"weight_version": ver})
 
 
 # ---- SQL ----------------------------------------------------------------------------------------
@@ -446,13 +397,7 @@ def compare_page(source: Source, params: Params) -> str:
             reward_curve(source, rid), "weight_version", "reward_mean", "split"
         ):
             series.append((f"{label} {split}", pts))
-    chart = line_chart(
-        series,
-        title="reward by weight version",
-        x_label="weight version",
-        y_label="mean reward",
-        width=620,
-    )
+    chart = _reward_chart(series, width=620)
     form = (
         '<form class="filters" method="get" action="/compare">'
         + select("a", ids, a, blank="")
@@ -493,9 +438,7 @@ def _task_sides(source: Source, a: str, b: str, task: str) -> str:
         sides.append(
             f"<div><h3>{label}: {esc(rid)}</h3>"
             + table(
-                cols,
-                r.rows,
-                cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)},
+                cols, r.rows, cells={"episode_id": lambda v: link("/episode", str(v)[:12], id=v)}
             )
             + "</div>"
         )

@@ -1,26 +1,8 @@
-"""The runs a viewer reads: one read-only DuckDB connection over their logs, and their tokenizers.
+"""The runs a viewer reads: one read-only, locked-down DuckDB connection over their logs (re-opened
+when a live run's files change), typed queries on throwaway connections with a time limit, and the
+runs' tokenizers. A viewer for one person: one query at a time.
 
-Guarantees:
-- Read-only. The pages' connection is ``stacx sql``'s (``db.connect_run`` for one run,
-  ``db.attach_runs`` for several: the project views over the union of the runs), then locked
-  down: file access, ATTACH, COPY and extension loading are off (``enable_external_access``)
-  and the configuration is locked. A query typed into the SQL box never runs on it: each runs
-  on a fresh in-memory DuckDB instance with the same files attached read-only
-  (``db.attach_files``), locked the same way and closed after the query, so whatever the
-  statement (an ``EXPLAIN ANALYZE CREATE OR REPLACE VIEW``, a ``DROP``) it changes nothing
-  that the pages or the next query see, and it reads or writes no file.
-- Time-limited. A typed query is interrupted (DuckDB's ``interrupt``, from a timer) after
-  ``sql_timeout_s`` and the error says so; it holds no lock while it runs, so other pages
-  are served meanwhile.
-- Live runs. A live run's recorder holds the file's write lock; ``stacx sql`` then reads a
-  snapshot copy (``db.connect_run``). The viewer re-opens when a run's file or WAL changed
-  (size or mtime), at most once per ``min_reopen_s``, so each page shows the log as of at most
-  that long ago; the previous snapshot copy is deleted when its connection closes.
-- Every query of a page goes through ``query`` with bound parameters; a name that cannot be
-  bound (an ORDER BY column) is taken only from a fixed list (``pages``).
-
-Limits: the pages share one connection, used by one query at a time (a lock): this is a viewer
-for one person, not a server for many. A typed query may still use memory until its limit. A run dir that stops being a run while viewed fails the page.
+Design: docs/view.md#what-the-viewer-guarantees
 """
 
 from __future__ import annotations
@@ -48,8 +30,6 @@ class QueryInterrupted(StacxError):
 
 @dataclass
 class Result:
-    """A query's columns and rows."""
-
     columns: list[str]
     rows: list[Row]
 
@@ -79,8 +59,7 @@ def _files(con: duckdb.DuckDBPyConnection) -> list[Path]:
 
 
 def _snapshot_dirs(files: list[Path]) -> list[Path]:
-    """The temp directories of the snapshot copies among ``files`` (``db._snapshot`` names them
-    ``stacx-snap-*`` under the temp dir)."""
+    """The temp directories (``stacx-snap-*``) of the snapshot copies among ``files``."""
     tmp = Path(tempfile.gettempdir()).resolve()
     parents = [f.resolve().parent for f in files]
     return [p for p in parents if p.parent == tmp and p.name.startswith("stacx-snap-")]
@@ -143,9 +122,7 @@ class Source:
             return Result(cols, cur.fetchall() if cur.description else [])
 
     def query_user(self, sql: str, limit: int = 1000) -> tuple[Result, bool]:
-        """A query typed by the user, on a connection of its own that is thrown away after it
-        (see the module docstring): at most ``limit`` rows (and whether there were more).
-        Errors are StacxError with DuckDB's message; QueryInterrupted past ``sql_timeout_s``."""
+        """A typed query on a throwaway connection: at most ``limit`` rows, whether more exist."""
         with self._lock:
             self._connection()
             files = list(self._files)

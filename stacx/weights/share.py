@@ -1,30 +1,7 @@
-"""Weights across processes of one node, without a disk round trip.
-
-The trainer's side (:meth:`SharedWeights.offer`, the ``WeightOffer`` port) packs the snapshot of
-a version into ONE buffer and writes a small manifest beside the checkpoint
-(``<checkpoints>/shared/v<n>.json``, beside the version directories rather than in one, so that
-a version published before its checkpoint is written (``trainer.background_checkpoint``) can be
-shared too: host, boot id, the checkpoint's sha256, each tensor's name, dtype, shape
-and byte offset, and the buffer's handle):
-
-- CUDA: the buffer is device memory exported by a CUDA IPC handle
-  (``UntypedStorage._share_cuda_``, what ``torch.multiprocessing`` sends for a CUDA tensor); the
-  engine's process maps it (``_new_shared_cuda``) and copies device to device;
-- CPU: the buffer is a file in ``/dev/shm`` (POSIX shared memory, mapped with
-  ``torch.from_file(shared=True)``); the engine maps it and copies from it.
-
-The engine's side (:meth:`SharedWeights.take`, called by ``WeightSync``) reads the manifest,
-checks that it is this node and this version (path and sha256 equal the ``WeightsPublished``
-event's), maps the buffer and returns tensor views into it; the engine copies them into its own
-parameters and drops the views.
-
-Guarantees: a buffer is written once and never modified (each version gets a new one), so a
-slow reader can never see a mix of two versions; the newest ``keep`` buffers stay alive in the
-trainer's process (CUDA: torch's IPC reference counts also keep a mapped block alive until the
-reader frees it). Limits: one node only (another host, another boot, a GPU the reader cannot
-see, or a buffer already dropped -> ``take`` returns None and the caller loads the checkpoint
-file instead); the pack costs one extra copy of the weights in the trainer's memory (device or
-host) per kept version; the manifest is JSON (no pickle is ever loaded).
+"""Weights across processes of one node, without a disk round trip: the trainer packs each version
+into one CUDA IPC buffer (or /dev/shm segment on CPU) with a JSON manifest beside the checkpoint;
+the engine maps it. A buffer is written once, never modified; off this node, ``take`` returns None
+and the caller loads the file. Design: docs/engine.md#weight-sync
 """
 
 from __future__ import annotations
@@ -32,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -92,24 +70,13 @@ def views(buffer: torch.Tensor, entries: list[dict[str, object]]) -> dict[str, t
     out: dict[str, torch.Tensor] = {}
     for e in entries:
         dtype, shape, offset = _dtype(str(e["dtype"])), list(e["shape"]), int(e["offset"])  # type: ignore[call-overload]
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(int(d) for d in shape) * torch.empty((), dtype=dtype).element_size()
         out[str(e["name"])] = buffer[offset : offset + nbytes].view(dtype).view(shape)
     return out
 
 
 def _gpu_uuid(index: int) -> str:
     return str(torch.cuda.get_device_properties(index).uuid)
-
-
-def _local_gpu(uuid_: str) -> int | None:
-    """The index, in this process, of the GPU with ``uuid_`` (None: not visible here)."""
-    for i in range(torch.cuda.device_count()):
-        if _gpu_uuid(i) == uuid_:
-            return i
-    return None
 
 
 class _Shared:
@@ -124,7 +91,6 @@ class _Shared:
         self.path: Path | None = None
         if device.type == "cuda":
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            handle = self._pack(state, entries)
         else:
             self.path = SHM_DIR / f"stacx-weights-{tag}-{uuid.uuid4().hex[:12]}"
             with self.path.open("wb") as f:
@@ -132,7 +98,7 @@ class _Shared:
             self.buffer = torch.from_file(
                 str(self.path), shared=True, size=nbytes, dtype=torch.uint8
             )
-            handle = self._pack(state, entries)
+        handle = self._pack(state, entries)
         self.manifest: dict[str, object] = {**_node(), "tensors": entries, **handle}
 
     def _pack(
@@ -182,7 +148,8 @@ def open_manifest(manifest: Mapping[str, object]) -> torch.Tensor | None:
         return torch.from_file(str(path), shared=False, size=nbytes, dtype=torch.uint8)
     if manifest.get("kind") != "cuda_ipc" or not torch.cuda.is_available():
         return None
-    index = _local_gpu(str(manifest["gpu_uuid"]))
+    gpus = range(torch.cuda.device_count())  # the GPU's index in this process, if visible here
+    index = next((i for i in gpus if _gpu_uuid(i) == manifest["gpu_uuid"]), None)
     if index is None:
         return None
     unb64 = lambda s: base64.b64decode(str(s)) if s else b""  # noqa: E731
@@ -202,9 +169,8 @@ def open_manifest(manifest: Mapping[str, object]) -> torch.Tensor | None:
 
 
 class SharedWeights:
-    """The cross-process handoff of one process (see the module docstring): ``offer`` on the
-    trainer's side, ``take`` on the engine's. In the trainer's own process ``take`` returns the
-    packed views directly (no mapping)."""
+    """One process's side of the handoff: ``offer`` (trainer), ``take`` (engine; in the
+    trainer's own process, the packed views directly)."""
 
     def __init__(self, *, keep: int = 2) -> None:
         self._lock = threading.Lock()
@@ -212,8 +178,7 @@ class SharedWeights:
         self.keep = keep
 
     def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
-        """Pack ``state`` (the weights written to ``path``, digest ``sha256``) and write the
-        manifest (:func:`manifest_path`, atomically)."""
+        """Pack ``state`` (the weights at ``path``); write its manifest atomically."""
         try:
             shared = _Shared(state, tag=f"{os.getpid()}")
         except (RuntimeError, OSError) as e:  # e.g. no IPC from expandable segments, shm full
@@ -233,8 +198,7 @@ class SharedWeights:
                 self._kept.popleft()[2].drop()
 
     def take(self, path: str, sha256: str) -> Mapping[str, torch.Tensor] | None:
-        """The weights of ``path`` (digest ``sha256``) without reading the file, or None when
-        they cannot be reached from this process (the caller then loads the file)."""
+        """The weights of ``path`` (digest ``sha256``) from the buffer, or None: load the file."""
         with self._lock:
             for p, s, shared in self._kept:
                 if (p, s) == (path, sha256):

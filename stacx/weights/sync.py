@@ -1,13 +1,7 @@
-"""Weight sync: engines pick up what the trainer publishes (a room above the engines, because it
-joins two of them: the trainer's output and an inference engine).
-
-:class:`WeightSync`, one small actor per engine, loads each ``WeightsPublished`` version into its
-engine by the cheapest transport that reaches it (``memory``, ``shared``, ``file``) and publishes
-``WeightsLoaded``. Guarantees: versions only move forward (a lagging engine skips straight to the
-newest); a restarted engine catches up to the newest published version; a file whose sha256 does
-not match the event is an error, never a silent load.
-
-Specification: docs/engine.md#weight-sync
+"""Weight sync: :class:`WeightSync`, one actor per engine, loads each ``WeightsPublished`` version
+by the cheapest transport that reaches it (memory, shared, file) and publishes ``WeightsLoaded``.
+Versions only move forward; a restarted engine catches up to the newest; a file whose sha256 does
+not match is an error, never a silent load. Design: docs/engine.md#weight-sync
 """
 
 from __future__ import annotations
@@ -37,16 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class InProcessWeights:
-    """The in-process weight handoff (docs/engine.md#weight-sync): the `WeightOffer` port for
-    the trainer, `take` for WeightSync. Keeps only the newest offer."""
+    """The in-process handoff: `WeightOffer` for the trainer, `take` for WeightSync; newest only."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._offered: tuple[str, str, Mapping[str, torch.Tensor]] | None = None
 
     def offer(self, path: str, sha256: str, state: Mapping[str, torch.Tensor]) -> None:
-        """Make ``state`` (a snapshot the caller will not modify) the in-memory copy of
-        ``path``."""
+        """Make ``state`` (a snapshot the caller will not modify) the copy of ``path``."""
         with self._lock:
             self._offered = (path, sha256, state)
 
@@ -79,7 +71,6 @@ class WeightSync(Actor):
         self.verify = verify
         # one durable consumer per engine: two engines must each see every WeightsPublished
         self.name = f"weight-sync-{self.label}"  # type: ignore[misc]
-        self.last_load_ms = 0.0
 
     async def on_start(self) -> None:
         try:
@@ -157,7 +148,6 @@ class WeightSync(Actor):
                     )
             await load_published(self.engine, event.path, event.version)
             moved = (await asyncio.to_thread(os.stat, event.path)).st_size
-        self.last_load_ms = (time.perf_counter() - start) * 1e3
         await self.publish(
             WeightsLoaded(
                 run_id=self.run_id,
@@ -167,7 +157,7 @@ class WeightSync(Actor):
                 latency_ms=max(0.0, (time.time() - event.ts) * 1e3),
                 transport=transport,
                 bytes=moved,
-                load_ms=self.last_load_ms,
+                load_ms=(time.perf_counter() - start) * 1e3,
                 adapter=lora is not None,
             )
         )

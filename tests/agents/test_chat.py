@@ -26,7 +26,8 @@ def test_full_transcript_decodes_to_the_template_rendering(
 ) -> None:
     """Pieces appended turn by turn render the same text as the template on the whole chat."""
     prompt = chat.start("sys", "task")
-    out1 = chat.scripted_output(render_tool_call("bash", {"command": "ls"}))
+    # a scripted actor's output: its text and the end-of-turn token a model emits
+    out1 = [*chat.content_ids(render_tool_call("bash", {"command": "ls"})), chat.end_of_turn_id]
     prompt = prompt + out1 + chat.close(out1) + chat.observation("a.txt\nb.txt")
     out2 = tokenizer.encode("thinking...", add_special_tokens=False)  # stopped by length: no end
     prompt = prompt + out2 + chat.close(out2) + chat.observation("Error: x")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from stacx.agents.installed import FORWARD_PORT, FORWARDER, SOCKET, SOCKET_DIR, scaffold
+from stacx.agents.installed import FORWARD_PORT, FORWARDER, SOCKET, SOCKET_DIR
+from stacx.agents.scaffold_spec import resolve
 from stacx.harbor.tasks import load_task
 from stacx.inference.gateway import Gateway, serve_unix
 from stacx.sandbox.environments import DockerEnvironments
@@ -72,7 +73,7 @@ async def test_the_container_reaches_the_gateway_and_nothing_else(tmp_path: Path
     port = listener.sockets[0].getsockname()[1]
     sock_dir = tempfile.mkdtemp(prefix="stacx-gw-test-")
     os.chmod(sock_dir, 0o755)
-    mini = scaffold("mini-swe-agent")
+    mini = resolve("mini-swe-agent")
     layer = ImageLayer(name=mini.name, run=mini.layer_commands(), mounts={sock_dir: SOCKET_DIR})
     try:
         async with serve_unix(gateway, os.path.join(sock_dir, "gateway.sock")):

@@ -161,11 +161,8 @@ _OLD_ENUM_PAYLOADS: list[tuple[dict[str, object], str, Enum]] = [
 def test_enum_fields_decode_old_string_payloads_to_members(
     payload: dict[str, object], field: str, member: Enum
 ) -> None:
-    for e in (
-        wire.decode(msgspec.msgpack.encode(payload)),
-        wire.decode_json(msgspec.json.encode(payload)),
-    ):
-        assert getattr(e, field) is member
+    e = wire.decode(msgspec.msgpack.encode(payload))
+    assert getattr(e, field) is member
     # and they are written back as the same strings, so old readers read new logs
     assert msgspec.msgpack.decode(wire.encode(e))[field] == payload[field]
 

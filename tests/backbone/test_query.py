@@ -3,6 +3,8 @@ results larger than one NATS message, errors carried back."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,5 +41,38 @@ async def test_remote_query_sees_own_writes_and_big_results(tmp_path: Path) -> N
                 await query("select * from no_such_table")
             assert service.served == 2
         finally:
+            await nc.close()
+            await service.stop()
+
+
+async def test_a_long_query_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    # two actors ask at once; the first asks a query that runs until the test ends it: the
+    # second is answered meanwhile (each request is served in a task of its own, on a cursor of
+    # its own)
+    async with RunContext(tmp_path / "run") as run:
+        assert run.nc is not None and run.recorder is not None
+        release = threading.Event()
+
+        def held(n: int) -> int:
+            release.wait(60)
+            return n
+
+        if run.recorder.con is None:
+            run.recorder.open()
+        assert run.recorder.con is not None
+        run.recorder.con.create_function("held", held, [int], int)  # type: ignore[list-item]
+        service = QueryService(run.nc, run.run_id, run.query)
+        await service.start()
+        nc = await connect(run.nats_url)
+        try:
+            query = remote_query(nc, run.run_id, timeout=30)
+            slow = asyncio.create_task(query("select held(41) as n"))
+            await asyncio.sleep(0.2)
+            quick = await query("select 42 as n")  # before the slow one is let go
+            assert quick.column(0).to_pylist() == [42] and not slow.done()
+            release.set()
+            assert (await slow).column(0).to_pylist() == [41]
+        finally:
+            release.set()
             await nc.close()
             await service.stop()

@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -524,3 +525,42 @@ async def test_a_restart_after_a_failed_commit_records_what_that_commit_held(
     assert rec.failed
     assert _counts(run_dir)[:2] == (len(events), len(events))
     assert rec.lost == 0  # read again at the restart, not found missing later by the idle check
+
+
+async def test_a_commit_does_not_wait_for_a_query(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # a query of the launcher (a view over the whole log) runs on a cursor of its own beside the
+    # commits: the log keeps advancing while it runs, and the query sees the log as it started
+    run_id, run_dir = "r9", tmp_path / "run"
+    first = await _publish_all(nats_server.url, run_id, episode_events(run_id, 2))
+    nc = await connect(nats_server.url)
+    rec = Recorder(nc.jetstream(), run_id, run_dir)
+    rec.open()
+    release = threading.Event()
+
+    def held(n: int) -> int:  # a query that runs until the test lets it end
+        release.wait(60)
+        return n
+
+    assert rec.con is not None
+    rec.con.create_function("held", held, [int], int)  # type: ignore[list-item]
+    task = asyncio.create_task(rec.run())
+    await rec.wait_for(first, timeout=30)
+    count = "SELECT count(*)::INT AS n FROM _events"
+    before = (await rec.query(count)).column("n").to_pylist()
+    query = asyncio.create_task(rec.query("SELECT held(count(*)::INT) AS n FROM _events"))
+    await asyncio.sleep(0.2)  # the query is running (it held the recorder's one lock, before)
+    more = await _publish_all(nats_server.url, run_id, episode_events(run_id, 3)[-5:])
+    try:
+        await rec.wait_for(more, timeout=30)  # committed while the query still runs
+        assert not query.done()
+    finally:
+        release.set()
+    assert (await query).column("n").to_pylist() == before  # the log as the query started
+    after = (await rec.query(count)).column("n").to_pylist()
+    assert after[0] == before[0] + 5
+    rec.stop()
+    await task
+    rec.close()
+    await nc.drain()

@@ -12,11 +12,12 @@ import pytest
 
 from stacx.errors import TaskError
 from stacx.harbor.task_network import allowed_hosts, episode_network, network_mode
-from stacx.harbor.tasks import discover, discover_all, load_task, task_limits
+from stacx.harbor.tasks import discover, discover_all, load_task
 from stacx.ports import StepFailed, Verdict
 from stacx.rollout.episode import combine_steps
 from stacx.sandbox.compose import binds, load_compose
 from stacx.sandbox.egress_proxy import host_allowed
+from stacx.sandbox.limits import task_limits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MIXED = FIXTURES / "mixed"

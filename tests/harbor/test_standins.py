@@ -6,13 +6,16 @@ the variant's base mapping (python:3.12-slim-bookworm on Ubuntu noble) is warned
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
+import aiodocker
 import pytest
 
+from stacx.errors import TaskError
 from stacx.launch.presets import check_tasks
 from stacx.sandbox.aliases import AliasMap
-from stacx.sandbox.standins import standin, standin_base
+from stacx.sandbox.standins import UV_REPO, ensure_standin, standin, standin_base
 
 from .conftest import FIXTURES
 from .test_harbor_tasks import by_task, rows
@@ -57,3 +60,21 @@ def test_uv_images_are_rebuilt_from_pypi(tmp_path: Path, base_images: object) ->
     warned = dict(rows(run_dir, "select task_id, message from episode_warned"))
     assert "is uv from PyPI on top of" in str(warned["uv-variant"])
     assert "runs on stacx/base:noble (Ubuntu noble, not bookworm)" in str(warned["uv-variant"])
+
+
+@pytest.mark.docker
+async def test_a_missing_stand_in_is_built() -> None:
+    # a tag of its own: the images above stay cached between runs, and would hide the build
+    tag = f"stacx/standin-test-{uuid.uuid4().hex[:12]}:0.9.7"
+    async with aiodocker.Docker() as docker:
+        try:
+            await ensure_standin(docker, tag, None, task="standin-test")
+        except TaskError as exc:
+            if "from the package index" in str(exc):
+                pytest.skip(f"no package index reachable: {exc}")
+            raise
+        try:
+            info = await docker.images.inspect(tag)
+            assert info["Config"]["Labels"]["stacx.standin"] == f"{UV_REPO}:0.9.7"
+        finally:
+            await docker.images.delete(tag, force=True)

@@ -191,16 +191,16 @@ def test_agent_format_lists_accepted_values() -> None:
 
 
 def test_task_filters_by_difficulty_and_name_the_bad_value() -> None:
-    from stacx.launch.launcher import select_tasks
+    from stacx.launch.launcher import selection
 
     recipe = convert(
         {"name": "x", "tasks": {"path": "basic", "difficulty": ["trivial"], "exclude": ["*-file"]}}
     )
-    ids = [ref.task_id for ref in select_tasks(recipe)]
+    ids = [ref.task_id for ref in selection(recipe)[0]]
     assert len(ids) == 8 and not any(i.endswith("-file") for i in ids)
     bad = convert({"name": "x", "tasks": {"path": "basic", "difficulty": ["trival"]}})
     with pytest.raises(ConfigError, match=r"tasks.difficulty: \['trival'\].*accepted: easy"):
-        select_tasks(bad)
+        selection(bad)[0]
 
 
 # ---- cross-checks: a setting the path does not honour, or a combination that cannot work ----
@@ -213,6 +213,15 @@ def test_trainer_gpus_must_match_its_world_size() -> None:
     assert convert({"name": "x", "placement": {"trainer": {"gpus": 1}}}).placement.trainer.gpus == 1
     four = {"name": "x", "trainer": {"world_size": 4}, "placement": {"trainer": {"gpus": 4}}}
     assert convert(four).trainer.world_size == 4
+
+
+def test_trainer_keys_the_algorithm_decides_are_checked_at_load() -> None:
+    msg = _error({"name": "x", "trainer": {"steps_per_iteration": 2}})
+    assert "trainer.steps_per_iteration = 2: accepted values are 1 for grpo" in msg
+    msg = _error({"name": "x", "algorithm": {"name": "sft"}, "trainer": {"min_ready": 99}})
+    assert "trainer.min_ready = 99" in msg
+    epochs = {"name": "x", "algorithm": {"name": "sft"}, "trainer": {"steps_per_iteration": 2}}
+    assert convert(epochs).trainer.steps_per_iteration == 2
 
 
 def test_openai_engine_cannot_serve_a_training_run() -> None:

@@ -12,7 +12,7 @@ from stacx.cli.eval import resolve_tasks
 from stacx.errors import ConfigError
 from stacx.harbor.jsonl_tasks import write_jsonl
 from stacx.harbor.tasks import discover
-from stacx.launch.launcher import select_tasks, unsolvable_tasks
+from stacx.launch.launcher import selection
 from stacx.launch.presets import eval_recipe
 
 BASIC = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "basic"
@@ -22,8 +22,8 @@ def test_bundled_name_dir_and_jsonl_select_the_same_tasks(tmp_path: Path) -> Non
     assert resolve_tasks("basic") == BASIC
     jsonl = tmp_path / "tasks.jsonl"
     write_jsonl(discover(BASIC)[:3], jsonl)
-    from_dir = select_tasks(eval_recipe(tasks=str(resolve_tasks(str(BASIC))), limit=3))
-    from_jsonl = select_tasks(eval_recipe(tasks=str(resolve_tasks(str(jsonl)))))
+    from_dir = selection(eval_recipe(tasks=str(resolve_tasks(str(BASIC))), limit=3))[0]
+    from_jsonl = selection(eval_recipe(tasks=str(resolve_tasks(str(jsonl)))))[0]
     assert [t.task_id for t in from_dir] == [t.task_id for t in from_jsonl]
     assert len(from_dir) == 3
 
@@ -38,11 +38,11 @@ def test_oracle_skips_tasks_without_a_solution(tmp_path: Path) -> None:
         shutil.copytree(BASIC / name, tmp_path / name)
     (tmp_path / "sort-names" / "solution" / "solve.sh").unlink()
     recipe = eval_recipe(tasks=str(tmp_path), agent="oracle")
-    assert [t.task_id for t in select_tasks(recipe)] == ["write-answer-42"]
-    assert unsolvable_tasks(recipe) == ["sort-names"]
-    assert len(select_tasks(eval_recipe(tasks=str(tmp_path), agent="null"))) == 2
+    assert [t.task_id for t in selection(recipe)[0]] == ["write-answer-42"]
+    assert selection(recipe)[1] == ["sort-names"]  # the tasks an oracle run leaves out
+    assert len(selection(eval_recipe(tasks=str(tmp_path), agent="null"))[0]) == 2
     (tmp_path / "write-answer-42" / "solution" / "solve.sh").unlink()
     with pytest.raises(
         ConfigError, match=r"agent.name = 'oracle': no selected task in .*solve\.sh"
     ):
-        select_tasks(recipe)
+        selection(recipe)[0]

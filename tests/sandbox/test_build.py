@@ -8,11 +8,12 @@ import aiodocker
 import pytest
 
 from stacx.errors import TaskError
-from stacx.harbor.tasks import load_task, task_limits
+from stacx.harbor.tasks import load_task
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
 from stacx.sandbox.docker import DockerSandbox
 from stacx.sandbox.images import bootstrap_base_image
+from stacx.sandbox.limits import task_limits
 
 from .conftest import make_task
 

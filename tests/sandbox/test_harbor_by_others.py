@@ -12,10 +12,11 @@ from pathlib import Path
 import aiodocker
 import pytest
 
-from stacx.harbor.tasks import load_task, task_limits
+from stacx.harbor.tasks import load_task
 from stacx.launch.presets import check_tasks
 from stacx.sandbox.aliases import AliasMap
 from stacx.sandbox.build import build_task_image
+from stacx.sandbox.limits import task_limits
 from stacx.sandbox.pool import SandboxPool
 from stacx.store.db import connect_run
 from tests.conftest import need_noble

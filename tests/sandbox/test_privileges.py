@@ -15,9 +15,10 @@ import msgspec
 import pytest
 
 from stacx.errors import ConfigError, TaskError
-from stacx.harbor.tasks import load_task, task_limits
+from stacx.harbor.tasks import load_task
 from stacx.ports import Limits
 from stacx.sandbox.docker import DockerSandbox, container_config
+from stacx.sandbox.limits import task_limits
 
 RAW = "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print(\"raw ok\")'"
 

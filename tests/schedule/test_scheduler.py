@@ -8,7 +8,6 @@ from stacx.schedule.scheduler import (
     LogState,
     Plan,
     TaskRef,
-    is_done,
     iteration_events,
     iterations_due,
     tasks_for_iteration,
@@ -85,25 +84,24 @@ def test_starved_trainer_gets_a_refill_until_the_cap() -> None:
     # at the cap (4 x steps) and still starved: the run ends, saying why
     capped = _state(version=1, iterations=8, done=48, scheduled=48, ready=0)
     assert iterations_due(p, capped) == [0, 1]
-    assert is_done(p, capped)
+    assert verdict(p, capped) is not None
     assert (verdict(p, capped) or "").startswith("starved")
 
 
 def test_training_done_at_final_version() -> None:
     p = _plan(steps=3)
-    assert not is_done(p, _state(version=2))
-    assert is_done(p, _state(version=3))
+    assert verdict(p, _state(version=2)) is None
+    assert verdict(p, _state(version=3)) == "completed"
 
 
 def test_eval_done_when_every_sample_settles() -> None:
     p = _plan(eval=True)
     total = len(TASKS) * 3
     assert iterations_due(p, _state()) == [0]
-    assert not is_done(p, _state(done=total - 1))
-    assert is_done(p, _state(done=total))
-    assert is_done(
-        p, _state(done=total - 3, lost=1)
-    )  # an unreadable task's group counts as settled
+    assert verdict(p, _state(done=total - 1)) is None
+    assert verdict(p, _state(done=total)) == "completed"
+    # an unreadable task's group counts as settled
+    assert verdict(p, _state(done=total - 3, lost=1)) == "completed"
 
 
 def test_event_ids_and_groups_are_derived() -> None:

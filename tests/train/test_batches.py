@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
 
@@ -16,12 +18,41 @@ from stacx.events import (
     TurnGenerated,
 )
 from stacx.store.db import attach_runs, connect_run, open_writer
-from stacx.train.batches import read_batch
 from stacx.train.columns import BatchError, samples_from_table
+from stacx.train.packing import PackedBatch, pack
 
 from .conftest import Log
 
 RUN = "run-b"
+
+
+def read_batch(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: Sequence[object] | None = None,
+    *,
+    row_tokens: int,
+    one_per_row: bool = False,
+    pad_to: int = 1,
+    prompt: str = "prompt_ids",
+    completion: str = "completion_ids",
+    token_columns: Mapping[str, str] | None = None,
+    scalar_columns: Mapping[str, str] | None = None,
+    loss_mask: str | None = None,
+) -> PackedBatch:
+    """Run ``sql`` and pack its rows (``one_per_row``: padded); BatchError on an empty result."""
+    table = con.sql(sql, params=list(params) if params else None).to_arrow_table()
+    if table.num_rows == 0:
+        raise BatchError(f"query returned no rows: {sql}")
+    samples = samples_from_table(
+        table,
+        prompt=prompt,
+        completion=completion,
+        token_columns=token_columns,
+        scalar_columns=scalar_columns,
+        loss_mask=loss_mask,
+    )
+    return pack(samples, row_tokens, one_per_row=one_per_row, pad_to=pad_to)
 
 
 def grpo_log(log: Log) -> None:

@@ -5,6 +5,7 @@ adapter or the merged model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -72,7 +73,9 @@ def test_only_the_adapter_trains_and_a_resume_is_exact(model_dir: Path, tmp_path
     model, opt = build(cfg, None)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     train_step(cfg, model, opt, samples(1, "grpo"), 1)
-    path, sha, state = lora.save(tmp_path, 1, model, opt, {"step": 1}, cfg)
+    snap = lora.snapshot(1, model, opt, {"step": 1})
+    path, sha = checkpoint.write(tmp_path, snap)
+    state = dict(snap.weights)
     assert sha == checkpoint.sha256_file(path)
     assert state and all(".layers.1." in k for k in state)  # trainable chose the modules
     assert all(k.startswith("base_model.model.") for k in state)  # PEFT's names
@@ -129,7 +132,7 @@ async def test_export_writes_the_adapter_or_the_merged_model(
     cfg = lora_config(model_dir)
     model, opt = build(cfg, None)
     train_step(cfg, model, opt, samples(1, "grpo"), 1)
-    lora.save(run_dir, 1, model, opt, {"step": 1}, cfg)
+    checkpoint.write(run_dir, lora.snapshot(1, model, opt, {"step": 1}))
 
     out = export_hf(run_dir, tmp_path / "adapter")
     assert sorted(p.name for p in out.iterdir()) == [
@@ -137,7 +140,8 @@ async def test_export_writes_the_adapter_or_the_merged_model(
         lora.ADAPTER_FILE,
         "stacx-export.json",
     ]
-    assert lora.read_config(out)["base_model_name_or_path"] == str(model_dir)
+    config = json.loads((out / lora.ADAPTER_CONFIG).read_text())
+    assert config["base_model_name_or_path"] == str(model_dir)
 
     merged = export_hf(run_dir, tmp_path / "merged", merged=True)
     plain = AutoModelForCausalLM.from_pretrained(merged)  # no peft needed to load it

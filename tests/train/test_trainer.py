@@ -58,6 +58,35 @@ async def test_not_ready_until_enough_complete_groups(tmp_path: Path, base: nn.M
         assert published[0]["path"].endswith("checkpoints/v1/model.safetensors")
 
 
+class CountingTrainer(Trainer):
+    """The real trainer, counting how often it asks the log whether a batch is ready."""
+
+    checks = 0
+
+    async def _next_batch(self) -> list[str] | None:
+        self.checks += 1
+        return await super()._next_batch()
+
+
+async def test_a_burst_of_rewards_costs_one_readiness_check(
+    tmp_path: Path, base: nn.Module
+) -> None:
+    async with RunContext(tmp_path / "run") as run:
+        for g in range(6):  # 12 rewards (and 12 finishes) in the stream before the trainer reads
+            await emit_group(run, f"g{g}", [1.0, 0.0])
+        t = CountingTrainer(config(batch_groups=100, steps=1), model=copy.deepcopy(base))
+        run.spawn(t)
+        await drained(run, "trainer")
+        # the first check saw the log up to the stream's head: every later event is counted in
+        # it (one check per event was 12+)
+        assert t.checks <= 2, t.checks
+        assert t.version == 0
+        before = t.checks
+        await emit_group(run, "late", [1.0, 0.0])  # a new reward after that check: asked again
+        await drained(run, "trainer")
+        assert t.checks > before
+
+
 async def test_final_infra_failure_completes_a_group_and_is_not_trained(
     tmp_path: Path, base: nn.Module
 ) -> None:

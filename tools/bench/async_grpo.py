@@ -61,6 +61,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "longtail" / "grpo.toml"
+sys.path.insert(0, str(ROOT))  # measure() reads the logs with stacx, installed or not
 
 # CPU: one short turn per episode and a light step, so the sandbox tail is not lost in the
 # 2 cores' generation and training time
@@ -256,6 +257,9 @@ def main() -> None:
     base = [*(CUDA_SETS if cuda else TINY_SETS), f"trainer.steps={steps}", *args.sets]
     work = args.work or Path(tempfile.mkdtemp(prefix="async-grpo-"))
     work.mkdir(parents=True, exist_ok=True)
+    old = [d.name for d in (work / "warmup", work / "sync", work / "async") if d.exists()]
+    if old:  # `stacx run` would resume them and the bench report the old runs' figures
+        raise SystemExit(f"bench: {work} already holds runs {old}: pass a new --work directory")
     print(
         f"bench: {platform.node()} python {platform.python_version()}, work {work}", file=sys.stderr
     )

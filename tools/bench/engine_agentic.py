@@ -564,7 +564,7 @@ def run_stacx(
     if args.profile and isinstance(warm, dict):
         try:
             result["profile"] = asyncio.run(
-                profile_pass(engine, wl, warm["wall_s"], device, args.profile)
+                profile_pass(engine, wl, warm["decode_steps"], device, args.profile)
             )
             print(f"profile: {result['profile']}", file=sys.stderr)
         except Exception as e:
@@ -574,21 +574,31 @@ def run_stacx(
 
 
 async def profile_pass(
-    engine: object, wl: Workload, warm_s: float, device: torch.device, trace: str
+    engine: object, wl: Workload, warm_steps: int, device: torch.device, trace: str
 ) -> dict[str, object]:
-    """The warm pass again, torch-profiled from 40% to 60% of the warm pass's wall time (the
+    """The warm pass again, torch-profiled from 40% to 60% of the warm pass's decode steps (the
     middle of the phase, contexts half grown; the full pass would make a trace of millions of
-    kernels): kernel time per decode step by kind, host gaps, and the trace at `trace`."""
-    window = Window(device, lambda: engine.stats["decode_steps"])  # type: ignore[attr-defined]
+    kernels): kernel time per decode step by kind, host gaps, and the trace at `trace`. The
+    window follows the engine's steps, not the clock, so a slower or faster pass (a loaded
+    machine) still puts decode steps in it."""
+    stats: dict[str, int] = engine.stats  # type: ignore[attr-defined]
+    window = Window(device, lambda: stats["decode_steps"])
+    base, ended = stats["decode_steps"], asyncio.Event()
+
+    async def reach(fraction: float) -> None:
+        # the engine's own thread counts the steps: there is nothing to await but a poll
+        while stats["decode_steps"] < base + fraction * warm_steps and not ended.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.002)
 
     async def timer() -> None:
-        await asyncio.sleep(0.4 * warm_s)
+        await reach(0.4)
         window.start()
-        await asyncio.sleep(0.2 * warm_s)
+        await reach(0.6)
         window.stop()
 
     clock = asyncio.create_task(timer())
     await stacx_pass(engine, wl, reuse=True, together=False)
+    ended.set()  # a pass of fewer steps than the warm one: the window ends with it
     await clock
     return window.summary(Path(trace))
 

@@ -3,13 +3,14 @@
 In one run, on this machine:
   1. raw: plain nats-py ``publish_async`` of the same pre-encoded payloads into a bare stream,
      every ack awaited;
-  2. end to end: STACX's Publisher (message ids, ack checks, backpressure) into the run's
-     stream while the recorder commits every event to DuckDB, placed as ``stacx run`` places
-     it: in-process, in the run's RunContext (the publishers share its process and event
-     loop); the clock stops when the last event is committed (queryable);
+  2. end to end: the run's Publisher (message ids, ack checks, backpressure; what actors
+     publish through) into the run's stream while the recorder commits every event to DuckDB,
+     the run opened as ``stacx run`` opens it (stacx.launch.launcher.open_run, NATS from
+     ``STACX_NATS_URL``): the recorder in-process, sharing the publishers' event loop; the
+     clock stops when the last event is committed (queryable);
   3. latency: a steady 10k events/s for a few seconds; for each event, publish -> committed;
      ``--sweep 3000,5000,8000,10000`` measures each of those steady rates instead (a fresh
-     RunContext each) and reports the highest one whose p99 is within ``--p99-goal-ms``.
+     run each) and reports the highest one whose p99 is within ``--p99-goal-ms``.
 The events are a realistic mix (episode start, 3 turns of TurnGenerated with 256-token
 prompt/output arrays and logprobs, tool call/return pairs, finish, reward).
 Prints the machine and versions, then one JSON line:
@@ -41,9 +42,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from stacx.actors.run import RunContext  # noqa: E402
-from stacx.bus.client import Publisher, connect  # noqa: E402
-from stacx.bus.server import EmbeddedNats, LocalCluster  # noqa: E402
+from stacx.bus.client import connect  # noqa: E402
+from stacx.bus.server import ENV_URL, EmbeddedNats, LocalCluster  # noqa: E402
 from stacx.events import Event  # noqa: E402
+from stacx.launch.launcher import open_run  # noqa: E402
 from stacx.store.schema import to_arrow  # noqa: E402
 from stacx.wire import decode_wire, encode  # noqa: E402
 from tools.bench.synthetic import episode_events  # noqa: E402
@@ -85,14 +87,12 @@ async def raw_rate(url: str, events: list[Event], replicas: int = 1) -> float:
 
 
 @contextlib.asynccontextmanager
-async def recorded_run(
-    url: str, run_dir: Path
-) -> AsyncIterator[tuple[RunContext, list[tuple[int, float]]]]:
-    """A run as ``stacx run`` places it: a RunContext whose recorder runs in-process, on the
-    launcher's event loop (its commits in a worker thread); yields it and the (stream sequence,
-    unix time) of every commit."""
+async def recorded_run(run_dir: Path) -> AsyncIterator[tuple[RunContext, list[tuple[int, float]]]]:
+    """A run opened as ``stacx run`` opens it: its recorder in-process, on the launcher's event
+    loop (its commits in a worker thread); yields it and the (stream sequence, unix time) of
+    every commit."""
     commits: list[tuple[int, float]] = []
-    async with RunContext(run_dir, recipe="bench-events", nats_url=url) as run:
+    async with open_run(run_dir, "bench-events", {}) as (run, _):
         assert run.recorder is not None
         run.recorder.on_commit = lambda seq: commits.append((seq, time.time()))
         yield run, commits
@@ -118,11 +118,11 @@ def commit_times(
     return [commits[bisect.bisect_left(seqs, recorded[e.event_id])][1] for e in events]
 
 
-async def end_to_end(url: str, n: int, run_dir: Path, window: int) -> float:
-    async with recorded_run(url, run_dir) as (run, commits):
-        assert run.js is not None
+async def end_to_end(n: int, run_dir: Path) -> float:
+    async with recorded_run(run_dir) as (run, commits):
+        assert run.publisher is not None
         events = make_events(run.run_id, n)
-        pub = Publisher(run.js, run.run_id, max_pending=window)
+        pub = run.publisher  # what actors publish through
         t0 = time.time()
         for e in events:
             await pub.submit(e)
@@ -131,8 +131,8 @@ async def end_to_end(url: str, n: int, run_dir: Path, window: int) -> float:
     return len(events) / (max(commit_times(run, commits, events)) - t0)
 
 
-async def latency(url: str, n: int, run_dir: Path, rate: float) -> tuple[float, float]:
-    async with recorded_run(url, run_dir) as (run, commits):
+async def latency(n: int, run_dir: Path, rate: float) -> tuple[float, float]:
+    async with recorded_run(run_dir) as (run, commits):
         assert run.publisher is not None
         events = make_events(run.run_id, n, seed=10**6)
         pub = run.publisher  # what actors publish through
@@ -179,9 +179,6 @@ async def main() -> None:
     )
     ap.add_argument("--p99-goal-ms", type=float, default=100.0)
     ap.add_argument(
-        "--window", type=int, default=2048, help="STACX publisher window (in-flight publishes)"
-    )
-    ap.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -201,6 +198,7 @@ async def main() -> None:
             await wait_for_jetstream(server.url)
         else:
             server = stack.enter_context(EmbeddedNats(Path(tmp) / "nats"))
+        os.environ[ENV_URL] = server.url  # the runs reach it as `stacx run` reaches a server
         events = make_events("bench", a.events)
         size = sum(len(encode(e)) for e in events) / len(events)
         print(f"{len(events)} events, mean payload {size:.0f} bytes, stream replicas {a.replicas}")
@@ -208,12 +206,12 @@ async def main() -> None:
         print(f"recorder per TurnGenerated: decode {decode_us:.1f} µs, Arrow {arrow_us:.1f} µs")
         raw = await raw_rate(server.url, events, a.replicas)
         print(f"raw JetStream publish: {raw:,.0f} events/s")
-        e2e = await end_to_end(server.url, a.events, Path(tmp) / "e2e", a.window)
+        e2e = await end_to_end(a.events, Path(tmp) / "e2e")
         print(f"STACX publish -> committed DuckDB row: {e2e:,.0f} events/s")
         rates = [float(r) for r in a.sweep.split(",")] if a.sweep else [a.rate]
         sweep: list[dict[str, float]] = []
         for i, rate in enumerate(rates):
-            p50, p99 = await latency(server.url, int(rate * a.seconds), Path(tmp) / f"lat{i}", rate)
+            p50, p99 = await latency(int(rate * a.seconds), Path(tmp) / f"lat{i}", rate)
             print(
                 f"latency at {rate:,.0f} events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True
             )

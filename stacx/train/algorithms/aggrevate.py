@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from stacx.events import CostToGoEstimated, Event, InfraFailed, RewardAssigned, RunStarted
-from stacx.train.algorithms.base import Base, Get, Teacher, TrainerKeys
+from stacx.events import CostToGoEstimated, Event
+from stacx.train.algorithms.base import Algorithm, Get, Teacher, TrainerKeys
 from stacx.train.algorithms.dagger import label_actors
 from stacx.train.columns import samples_from_table
 from stacx.train.losses import LossOutput, advantage_weighted_loss
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from stacx.train.packing import PackedBatch, Sample
 
 
-class Aggrevate(Base):
+class Aggrevate(Algorithm):
     name: ClassVar[str] = "aggrevate"
     teacher: ClassVar[Teacher] = Teacher.LABEL
     roll_in: ClassVar[bool] = True
@@ -36,12 +36,7 @@ class Aggrevate(Base):
     waits: ClassVar[bool] = True
     versioned: ClassVar[bool] = False
     values: ClassVar[tuple[str, ...]] = ("advantages",)
-    wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted,
-        RewardAssigned,
-        CostToGoEstimated,
-        InfraFailed,
-    )
+    wakes: ClassVar[tuple[type[Event], ...]] = (*Algorithm.wakes, CostToGoEstimated)
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         branches = get("algorithm.imitation.branches", 2)

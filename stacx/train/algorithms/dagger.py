@@ -7,26 +7,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from stacx.events import (
-    EpisodeFinished,
-    Event,
-    InfraFailed,
-    RewardAssigned,
-    RunStarted,
-    TeacherLabeled,
-)
-from stacx.train.algorithms.base import Get, Teacher, TrainerKeys
+from stacx.events import EpisodeFinished, Event, TeacherLabeled
+from stacx.train.algorithms.base import Algorithm, Get, Teacher, TrainerKeys
 from stacx.train.algorithms.sft import Sft
 
 
 def label_actors(get: Get) -> TrainerKeys:
     """trainer.label_actors = teacher.label_actors (DAgger's and AggreVaTe's roll-in labels)."""
-    return {
-        "label_actors": (
-            get("teacher.label_actors", ["student", "teacher"]),
-            "teacher.label_actors",
-        )
-    }
+    key = "teacher.label_actors"
+    return {"label_actors": (get(key, ["student", "teacher"]), key)}
 
 
 class Dagger(Sft):
@@ -44,13 +33,7 @@ class Dagger(Sft):
     complete: ClassVar[str] = "u.done AND NOT list_has_any(u.unlabeled_actors, $label_actors)"
     done: ClassVar[str] = "u.done"
     waits: ClassVar[bool] = True
-    wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted,
-        EpisodeFinished,
-        RewardAssigned,
-        TeacherLabeled,
-        InfraFailed,
-    )
+    wakes: ClassVar[tuple[type[Event], ...]] = (*Algorithm.wakes, EpisodeFinished, TeacherLabeled)
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         return label_actors(get)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from stacx.train.algorithms.base import Base
+from stacx.train.algorithms.base import Algorithm
 from stacx.train.columns import samples_from_table
 from stacx.train.losses import LossOutput, policy_gradient_loss
 
@@ -39,7 +39,7 @@ def policy_gradient(
     )
 
 
-class Grpo(Base):
+class Grpo(Algorithm):
     name: ClassVar[str] = "grpo"
     installed_agents: ClassVar[bool] = True
     source: ClassVar[str] = "grpo_batch"

@@ -1,8 +1,8 @@
-"""On-policy distillation: the student rolls in, a frozen teacher scores the student's tokens;
-clipped policy gradient with per-token advantage ``teacher - student`` logprob (``opd_batch``),
-with the ``algorithm.imitation`` knobs (``opd_discount``, ``opd_center``, ``opd_grpo_weight``).
-The unit is a scored roll-in episode whose student turns all have a teacher score (or a
-recorded teacher failure); each unit is used once, within the staleness limit."""
+"""On-policy distillation: the student rolls in, a frozen teacher scores its tokens; clipped policy
+gradient on the per-token advantage ``teacher - student`` logprob (``opd_batch``) with the
+``algorithm.imitation`` knobs. The unit is a scored roll-in whose student turns all have a teacher
+score (or failure); used once, within the staleness limit.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stacx.events import Event, InfraFailed, RewardAssigned, RunStarted, TeacherScored
-from stacx.train.algorithms.base import Base, Get, Teacher, TrainerKeys
+from stacx.events import Event, TeacherScored
+from stacx.train.algorithms.base import Algorithm, Get, Teacher, TrainerKeys
 from stacx.train.algorithms.grpo import policy_gradient
 from stacx.train.columns import list_buffers, samples_from_table
 from stacx.train.losses import LossOutput
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 KNOBS = (("opd_discount", 0.0), ("opd_grpo_weight", 0.0), ("opd_center", False))
 
 
-class Opd(Base):
+class Opd(Algorithm):
     name: ClassVar[str] = "opd"
     teacher: ClassVar[Teacher] = Teacher.SCORE
     teacher_role: ClassVar[bool] = True
@@ -40,12 +40,7 @@ class Opd(Base):
     fresh_only: ClassVar[bool] = True
     token_versions: ClassVar[bool] = True
     values: ClassVar[tuple[str, ...]] = ("behavior_logprobs", "advantages")
-    wakes: ClassVar[tuple[type[Event], ...]] = (
-        RunStarted,
-        RewardAssigned,
-        TeacherScored,
-        InfraFailed,
-    )
+    wakes: ClassVar[tuple[type[Event], ...]] = (*Algorithm.wakes, TeacherScored)
 
     def trainer_keys(self, get: Get) -> TrainerKeys:
         return {
@@ -76,11 +71,8 @@ ALGORITHM = Opd()
 def opd_advantage_lists(
     table: pa.Table, *, discount: float = 0.0, grpo_weight: float = 0.0, center: bool = False
 ) -> pa.Table:
-    """``opd_batch`` rows with the knobs applied to the view's ``advantages`` (its per-token
-    ``teacher - student`` log ratio, the one definition) by
-    :func:`stacx.train.advantages.opd_advantages`: ``discount``, ``center`` over the table's
-    tokens, ``grpo_weight * grpo_advantage``. Every knob off: the table as it is (no copy).
-    Rows that are not ``aligned`` keep NULL."""
+    """``opd_batch`` rows with the knobs applied to the view's ``advantages`` (the one definition of
+    the log ratio); every knob off: the table as it is. Rows not ``aligned`` keep NULL."""
     if discount == 0.0 and grpo_weight == 0.0 and not center:
         return table
     import torch

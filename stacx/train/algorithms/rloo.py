@@ -1,11 +1,7 @@
-"""RLOO (REINFORCE leave-one-out, Ahmadian et al. 2024): GRPO's groups and loss, with each
-episode's advantage its reward minus the mean reward of the *other* episodes of its group,
-``A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_j r_j)``: an unbiased baseline
-(the sample's own reward is not in it), no std division. Exactly 0 for a group of one or
-a group whose rewards are all equal (``grpo_batch.advantage`` is 0 there).
-
-Read from ``grpo_batch`` (its ``advantage`` and ``group_size``); what this module adds over
-``grpo`` is the advantage column, which is the whole cost of the algorithm."""
+"""RLOO (REINFORCE leave-one-out, Ahmadian et al. 2024): GRPO's groups and loss with the advantage
+``r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean r)`` (an unbiased baseline, no std division),
+read from ``grpo_batch``; exactly 0 for a group of one or of equal rewards.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +28,6 @@ def leave_one_out(advantage: np.ndarray, group_size: np.ndarray) -> np.ndarray:
 
 class Rloo(Grpo):
     name: ClassVar[str] = "rloo"
-    installed_agents: ClassVar[bool] = True
 
     def advantage_column(self, cfg: TrainerConfig, table: pa.Table) -> tuple[pa.Table, str]:
         adv = pc.cast(table.column("advantage"), pa.float64()).to_numpy()

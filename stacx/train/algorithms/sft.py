@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from stacx.train.algorithms.base import Base
+from stacx.train.algorithms.base import Algorithm
 from stacx.train.columns import samples_from_table
 from stacx.train.losses import LossOutput, sft_loss
 
@@ -18,14 +18,7 @@ if TYPE_CHECKING:
     from stacx.train.packing import PackedBatch, Sample
 
 
-def completion_samples(table: pa.Table, prompt: str | None) -> list[Sample]:
-    """Samples of a supervised view (``completion_ids`` under ``loss_mask``)."""
-    return samples_from_table(
-        table, prompt=prompt, completion="completion_ids", loss_mask="loss_mask"
-    )
-
-
-class Sft(Base):
+class Sft(Algorithm):
     name: ClassVar[str] = "sft"
     scripted_agents: ClassVar[bool] = True
     installed_agents: ClassVar[bool] = True
@@ -34,7 +27,9 @@ class Sft(Base):
     dataset: ClassVar[bool] = True
 
     def samples(self, cfg: TrainerConfig, table: pa.Table, *, prompt: str | None) -> list[Sample]:
-        return completion_samples(table, prompt)
+        return samples_from_table(
+            table, prompt=prompt, completion="completion_ids", loss_mask="loss_mask"
+        )
 
     def loss(
         self, cfg: TrainerConfig, logprobs_B_T: Tensor, batch: PackedBatch, normalizer: float

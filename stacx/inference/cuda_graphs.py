@@ -14,10 +14,11 @@ from typing import NamedTuple
 import torch
 
 from stacx.device_lock import CUDA_EXCLUSIVE
-from stacx.inference.decoder import Decoder
+from stacx.inference.decoder import Decoder, FlatPiece
 from stacx.inference.kv_cache import KVCache
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)  # tokens of a graphed prefill piece
 MIN_KV_BUCKET = 256  # key-length buckets: 256, 384, 512, 768, 1024, 1536, ... (x1.5, x4/3)
 
 
@@ -61,7 +62,83 @@ class GraphedDecode:
             tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]
         ] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        self.prefills: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._uncaptured: set[int] = set()  # prefill buckets whose capture failed: eager
+        self._piece: FlatPiece | None = None  # the static inputs of the prefill graphs
         self._host: dict[tuple[int, int], list[torch.Tensor]] = {}  # pinned outputs, 2 per shape
+
+    @torch.inference_mode()
+    def prefill_piece(self, piece: FlatPiece) -> torch.Tensor:
+        """`Decoder.prefill_tokens` by a graph captured per token bucket (a turn's new tokens
+        cost one replay, not ~12 launches a layer from Python); larger pieces run eagerly."""
+        t, n_tiles = piece.ids.shape[0], piece.tiles.shape[0]
+        b = bucket(t, PREFILL_BUCKETS)
+        from stacx.inference.triton_attention import prefill_tile_tokens
+
+        j = b // prefill_tile_tokens(self.decoder.rep) + min(b, self.cache.slots) + 1
+        if t > PREFILL_BUCKETS[-1] or n_tiles > j or b in self._uncaptured:
+            return self.decoder.prefill_tokens(self.cache, piece)
+        static = self._load_piece(piece, b, j)
+        if b not in self.prefills:
+            captured = self._capture_prefill(static)
+            if captured is None:
+                self._uncaptured.add(b)
+                return self.decoder.prefill_tokens(self.cache, piece)
+            self.prefills[b] = captured
+        graph, out = self.prefills[b]
+        graph.replay()
+        return out[:t]
+
+    def _load_piece(self, piece: FlatPiece, b: int, j: int) -> FlatPiece:
+        """`piece` padded to `b` tokens and `j` tiles in the static buffers (padding: token 0 of
+        row 0 at the scratch position, tiles of no tokens)."""
+        if self._piece is None:
+            most = PREFILL_BUCKETS[-1]
+            dev = self.decoder.device
+            most_tiles = most + self.cache.slots + 1
+            self._piece = FlatPiece(
+                torch.zeros(most, dtype=torch.long, device=dev),
+                torch.zeros(most, dtype=torch.long, device=dev),
+                torch.zeros(most, dtype=torch.long, device=dev),
+                torch.zeros(most_tiles, 3, dtype=torch.int32, device=dev),
+                0,
+                [],
+            )
+        ids, pos, rows, tiles, _, _ = self._piece
+        t, n_tiles = piece.ids.shape[0], piece.tiles.shape[0]
+        ids[:t].copy_(piece.ids)
+        pos[:t].copy_(piece.pos)
+        rows[:t].copy_(piece.rows)
+        tiles[:n_tiles].copy_(piece.tiles)
+        ids[t:b].zero_()
+        pos[t:b].fill_(self.cache.capacity - 1)
+        rows[t:b].zero_()
+        tiles[n_tiles:j].zero_()
+        return FlatPiece(ids[:b], pos[:b], rows[:b], tiles[:j], 0, [])
+
+    def _capture_prefill(
+        self, static: FlatPiece
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """A graph of `Decoder.prefill_tokens` over the static inputs (which hold a real piece:
+        the warm-up writes its keys, as the replay will); None if it cannot be captured."""
+        try:
+            with CUDA_EXCLUSIVE.capture():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.decoder.prefill_tokens(self.cache, static)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    out = self.decoder.prefill_tokens(self.cache, static)
+            return graph, out
+        except Exception as e:  # eager prefill still works
+            warnings.warn(
+                f"capturing the prefill of {static.ids.shape[0]} tokens failed "
+                f"({type(e).__name__}: {e}); it runs eagerly",
+                stacklevel=2,
+            )
+            return None
 
     def _kv_bucket(self, kv_len: int) -> int:
         """The smallest bucket >= kv_len: powers of two and their midpoints, so a step reads at

@@ -9,8 +9,9 @@ Design: docs/engine.md#the-decoder-cache-layout-and-fused-projections
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -297,6 +298,7 @@ class Decoder:
         table_B_W: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`_decode_impl` as Triton kernels (projections as chosen in `enable_kernels`)."""
+        from stacx.inference import triton_attention as ta
         from stacx.inference import triton_kernels as tk
 
         n = ids_B.shape[0]
@@ -328,7 +330,7 @@ class Decoder:
                 w.qk_norm,
                 cell=cell_B,
             )
-            out = tk.decode_attention(
+            out = ta.decode_attention(
                 q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W
             )
             x, residual = _kernel_mlp(w, x, residual, out.view(n, -1), small, mid)
@@ -381,11 +383,16 @@ class Decoder:
         new_ids: list[list[int]],
         logits_from: list[int],
         token_budget: int | None = None,
+        run: Callable[[FlatPiece], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Feed ``new_ids[i]`` into slot ``slots[i]`` from position ``offsets[i]`` (positions before
         it must be valid), chunked to ~`token_budget` tokens at once. Returns per row the logits
-        [t_i - logits_from[i], V] after each new token from index ``logits_from[i]`` on."""
+        [t_i - logits_from[i], V] after each new token from index ``logits_from[i]`` on.
+        ``run``: runs one flat piece (`prefill_tokens`'s arguments; a CUDA graph's replay)."""
         cache.sync_table()
+        if self.kernels:
+            budget = token_budget or self.prefill_chunk
+            return self._prefill_flat(cache, slots, offsets, new_ids, logits_from, budget, run)
         n = len(slots)
         lens = [len(ids) for ids in new_ids]
         t_max = max(lens)
@@ -443,8 +450,6 @@ class Decoder:
         x = self.embed(ids)
         key_pos = torch.arange(kv_len, device=ids.device)
         mask = None if fresh else (key_pos[None, None, :] <= pos[:, :, None])[:, None]
-        if self.kernels:
-            return self._prefill_chunk_kernels(cache, where, rows, x, pos, kv_len, mask)
         cos, sin = self.cos[pos], self.sin[pos]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(x), cos, sin)
@@ -470,31 +475,55 @@ class Decoder:
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         return x
 
-    def _prefill_chunk_kernels(
+    def _prefill_flat(
         self,
         cache: KVCache,
-        where: tuple[torch.Tensor, torch.Tensor],
-        rows: slice | torch.Tensor,
-        x: torch.Tensor,
-        pos: torch.Tensor,
-        kv_len: int,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """`_prefill_chunk` with the kernel step's fused norms, rope + cache writes, SiLU gate."""
+        slots: list[int],
+        offsets: list[int],
+        new_ids: list[list[int]],
+        logits_from: list[int],
+        budget: int,
+        run: Callable[[FlatPiece], torch.Tensor] | None,
+    ) -> list[torch.Tensor]:
+        """`prefill` on the Triton step: every row's new tokens as one flat batch (pieces of at
+        most `budget` tokens), attention read straight from the cache (`prefill_attention`)."""
+        from stacx.inference.triton_attention import prefill_tile_tokens
+
+        hidden: list[list[torch.Tensor]] = [[] for _ in slots]
+        tile = prefill_tile_tokens(self.rep)
+        for piece in flat_pieces(slots, offsets, new_ids, budget, tile, self.device):
+            x = run(piece) if run is not None else self.prefill_tokens(cache, piece)
+            keep = [j for j, (r, i) in enumerate(piece.picks) if i >= logits_from[r]]
+            if not keep:
+                continue
+            got = x[torch.tensor(keep, device=self.device)]
+            start = 0  # a piece's tokens come row by row
+            for r, group in itertools.groupby(keep, key=lambda j: piece.picks[j][0]):
+                n = len(list(group))
+                hidden[r].append(got[start : start + n])
+                start += n
+        states = [torch.cat(h, dim=0) for h in hidden]
+        logits = self.lm_head(self.norm(torch.cat(states, dim=0)))
+        return list(logits.split([len(h) for h in states]))
+
+    def prefill_tokens(self, cache: KVCache, piece: FlatPiece) -> torch.Tensor:
+        """The hidden states [T, hidden] (before the final norm) of a flat piece, its keys and
+        values written to the cache; fixed shapes for a piece's size: graph-capturable."""
+        from stacx.inference import triton_attention as ta
         from stacx.inference import triton_kernels as tk
 
-        n, c, _ = x.shape
-        slots = where[0].expand(n, c).reshape(-1)  # one slot (block) per token, materialized
-        cells = None if cache.table is None else where[1].reshape(-1)
+        slot_T, cell_T = cache.locate(piece.rows, piece.pos)
+        cells = None if cache.table is None else cell_T
+        x = self.embed(piece.ids)
         residual: torch.Tensor | None = None
         for i, w in enumerate(self._kl):
             x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
-            qkv = F.linear(h, w.qkv.weight, w.qkv.bias).view(n * c, -1)
+            qkv = F.linear(h, w.qkv.weight, w.qkv.bias)
             kc, vc = cache.k[i], cache.v[i]
             q = tk.rope_cache(
                 qkv,
-                pos.reshape(-1),
-                slots,
+                piece.pos,
+                slot_T,
                 kc,
                 vc,
                 self.cos,
@@ -504,20 +533,75 @@ class Decoder:
                 w.qk_norm,
                 cell=cells,
             )
-            out = F.scaled_dot_product_attention(
-                q.view(n, c, self.n_heads, self.head_dim).transpose(1, 2),
-                cache.keys(kc, rows, kv_len),
-                cache.keys(vc, rows, kv_len),
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scaling,
-                enable_gqa=self.rep > 1,
+            out = ta.prefill_attention(
+                q, kc, vc, piece.pos, piece.tiles, self.scaling, cache.table, piece.keys
             )
-            o = F.linear(out.transpose(1, 2).reshape(n, c, -1), w.o.weight, w.o.bias)
+            o = F.linear(out.view(out.shape[0], -1), w.o.weight, w.o.bias)
             x, h = tk.add_rmsnorm(x, o, *w.post_norm)
             act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
             residual = F.linear(act, w.down.weight, w.down.bias)
         return x if residual is None else x + residual
+
+
+class FlatPiece(NamedTuple):
+    """Prefill tokens of several rows as one batch: token t is ``ids[t]`` of row ``rows[t]`` at
+    ``pos[t]``; ``tiles`` [J, 3]: (row, first token, count) runs of one row's consecutive
+    tokens; ``keys``: max(pos) + 1; ``picks``: (row index, token index) of each token."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    rows: torch.Tensor
+    tiles: torch.Tensor
+    keys: int
+    picks: list[tuple[int, int]]
+
+
+def flat_pieces(
+    slots: list[int],
+    offsets: list[int],
+    new_ids: list[list[int]],
+    budget: int,
+    tile: int,
+    device: torch.device,
+) -> Iterator[FlatPiece]:
+    """Row ``slots[r]``'s tokens ``new_ids[r]`` from position ``offsets[r]``, in pieces of at most
+    `budget` tokens (a row may span pieces: a later piece reads the earlier one's keys)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    rows: list[int] = []
+    tiles: list[tuple[int, int, int]] = []
+    picks: list[tuple[int, int]] = []
+
+    def piece() -> FlatPiece:
+        def dev(x: list[Any], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype).to(device, non_blocking=True)
+
+        return FlatPiece(
+            dev(ids, torch.long),
+            dev(pos, torch.long),
+            dev(rows, torch.long),
+            dev(tiles, torch.int32),
+            max(pos) + 1,
+            list(picks),
+        )
+
+    for r, (slot, off, row_ids) in enumerate(zip(slots, offsets, new_ids, strict=True)):
+        i = 0
+        while i < len(row_ids):
+            if len(ids) == budget:
+                yield piece()
+                for acc in (ids, pos, rows, tiles, picks):
+                    acc.clear()
+            take = min(len(row_ids) - i, budget - len(ids))
+            first = len(ids)
+            ids += row_ids[i : i + take]
+            pos += range(off + i, off + i + take)
+            rows += [slot] * take
+            picks += [(r, i + k) for k in range(take)]
+            tiles += [(slot, first + s, min(tile, take - s)) for s in range(0, take, tile)]
+            i += take
+    if ids:
+        yield piece()
 
 
 class Fused(NamedTuple):

@@ -411,6 +411,7 @@ class TorchEngine(MultiStepReplays):
             [p.reuse for _, p in batch],
             [t[p.reuse :] for t, (_, p) in zip(tokens, batch, strict=True)],
             [len(t) - p.reuse - 1 for t, (_, p) in zip(tokens, batch, strict=True)],
+            run=None if self._graphed is None else self._graphed.prefill_piece,
         )
         for t, (_, p) in zip(tokens, batch, strict=True):
             self.stats["reused_tokens"] += p.reuse

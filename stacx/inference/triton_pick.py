@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stacx.inference.triton_kernels import TARGET_PROGRAMS
+from stacx.inference.triton_attention import TARGET_PROGRAMS
 
 PICK_BLOCK = 1024
 

@@ -22,7 +22,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 import transformers
 
 from stacx.errors import EngineError
-from stacx.inference import triton_kernels, triton_pick
+from stacx.inference import triton_attention, triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
 from stacx.inference.torch_engine import TorchEngine
 
@@ -304,6 +304,59 @@ def test_sampled_pick_draws_from_softmax_over_temperature() -> None:
     three = (torch.ones(3, device=DEVICE), seeds[:3], pos[:3])
     first = triton_pick.pick(wide, out_tok[:3], out_lp[:3], three)
     assert first.tolist() == [12345, 3, 19999]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_prefill_attention_is_causal_attention_over_each_rows_cache(paged: bool) -> None:
+    """`prefill_attention`: rows of ragged new tokens (one starting mid-row after cached keys,
+    one longer than a tile, a 3:1 GQA ratio that leaves part of each tile's pairs unused) and
+    an unused tile; each token's output is softmax attention over its row's keys up to its own
+    position, read from slots or from shuffled paged blocks."""
+    gen = torch.Generator().manual_seed(5)
+    heads, n_kv, dim, slots, cap, block = 6, 2, 16, 3, 200, 8
+    kc, vc = (torch.randn(slots, n_kv, cap, dim, generator=gen) for _ in range(2))
+    tile = triton_attention.prefill_tile_tokens(heads // n_kv)
+    pos, owner, tiles = [], [], []
+    for row, first, count in ((1, 50, 40), (2, 0, 10)):  # row 1: 50 cached keys, then 40 new
+        tiles += [(row, len(pos) + s, min(tile, count - s)) for s in range(0, count, tile)]
+        pos += range(first, first + count)
+        owner += [row] * count
+    tiles.append((0, 0, 0))
+    q = torch.randn(len(pos), heads, dim, generator=gen)
+    ref = torch.stack(
+        [
+            torch.stack(
+                [
+                    torch.softmax(q[t, h] @ kc[r, h // 3, : p + 1].T * 0.25, -1)
+                    @ vc[r, h // 3, : p + 1]
+                    for h in range(heads)
+                ]
+            )
+            for t, (r, p) in enumerate(zip(owner, pos, strict=True))
+        ]
+    )
+    table = None
+    if paged:  # each row's blocks scattered over a pool, in a shuffled order (block 0 unused)
+        order = (torch.randperm(slots * cap // block, generator=gen) + 1).view(slots, -1)
+        pool_k, pool_v = (torch.zeros(slots * cap // block + 1, n_kv, block, dim) for _ in "kv")
+        for row in range(slots):
+            for b, at in enumerate(order[row].tolist()):
+                pool_k[at] = kc[row, :, b * block : (b + 1) * block]
+                pool_v[at] = vc[row, :, b * block : (b + 1) * block]
+        kc, vc = pool_k, pool_v
+        table = torch.cat([order, torch.zeros(slots, 1, dtype=order.dtype)], 1).int()
+    to = {"device": DEVICE}
+    out = triton_attention.prefill_attention(
+        q.to(**to),
+        kc.to(**to),
+        vc.to(**to),
+        torch.tensor(pos, **to),
+        torch.tensor(tiles, dtype=torch.int32, **to),
+        0.25,
+        None if table is None else table.to(**to),
+        max_keys=max(pos) + 1,
+    )
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block", [8, 64])

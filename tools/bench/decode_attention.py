@@ -1,4 +1,4 @@
-"""Decode attention alone (triton_kernels.decode_attention) at the agentic bench's shape: the
+"""Decode attention alone (triton_attention.decode_attention) at the agentic bench's shape: the
 bandwidth it reaches against the device's copy bandwidth, per split of each row's keys.
 
 One layer of the Qwen3-0.6B shape (16 query heads, 8 kv heads of 128 dims, bf16): ``--rows``
@@ -86,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
-    from stacx.inference import triton_kernels as tk
+    from stacx.inference import triton_attention as tk
     from stacx.inference.cuda_graphs import MIN_KV_BUCKET
 
     tiny = args.tiny or not gpu

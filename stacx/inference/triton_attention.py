@@ -1,0 +1,466 @@
+"""Triton attention kernels of the hand-written CUDA step over either KV-cache layout: decode
+(one query per row, keys split across programs, `decode_attention`) and prefill (many queries
+per row, each tile's queries sharing its key reads, `prefill_attention`).
+
+Every kernel also runs under Triton's CPU interpreter. Design: docs/engine.md#the-kernels
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stacx.inference.triton_kernels import INTERPRET
+
+BLOCK_N = 64  # keys per attention tile
+# Split the keys until the grid has this many programs (~30 per SM on an H100/H200): rows of
+# uneven lengths then end together. tools/bench/decode_attention.py on an H200 (64 rows, 500 to
+# 5,000 keys): 1 split 0.78 of the copy bandwidth (paged) / 0.91 (slots), 8 splits 0.93 / 0.98
+TARGET_PROGRAMS = 4096
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    kbase,
+    vbase,
+    start,
+    hi,
+    kc_pos,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    d,
+    TBL,
+    kc_slot,
+    BLOCK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax; PAGE > 0:
+    key n lives in block ``TBL[n // PAGE]`` at offset ``n % PAGE`` (a paged cache)."""
+    n = start + tl.arange(0, BLOCK)
+    valid = n < hi
+    if PAGE == 0:
+        offs = n[:, None] * kc_pos + d[None, :]
+    else:
+        blk = tl.load(TBL + n // PAGE, mask=valid, other=0).to(tl.int64)
+        offs = blk[:, None] * kc_slot + (n % PAGE)[:, None] * kc_pos + d[None, :]
+    k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
+    v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
+    if F32_DOT:
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if F32_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _decode_attn_kernel(
+    Q,
+    KC,
+    VC,
+    POS,
+    OUT,
+    PO,
+    PM,
+    PL,
+    TABLE,
+    keys,
+    scale,
+    kc_slot,
+    kc_head,
+    kc_pos,
+    table_stride,
+    N_HEADS: tl.constexpr,
+    REP: tl.constexpr,
+    REP_PAD: tl.constexpr,
+    DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    r = tl.arange(0, REP_PAD)
+    d = tl.arange(0, DIM)
+    heads = g * REP + r
+    q = tl.load(
+        Q + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=(r < REP)[:, None], other=0.0
+    )
+    pos = tl.load(POS + b)
+    length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, length)
+    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([REP_PAD], tl.float32)
+    acc = tl.zeros([REP_PAD, DIM], tl.float32)
+    row = b * kc_slot if PAGE == 0 else 0  # paged: each key's block comes from row b's table
+    kbase = KC + row + g * kc_head
+    vbase = VC + row + g * kc_head
+    tbl = TABLE + b * table_stride
+    if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past the length
+        for start in range(0, CHUNK, BLOCK):
+            if lo + start < hi:
+                m_i, l_i, acc = _attend_tile(
+                    q,
+                    kbase,
+                    vbase,
+                    lo + start,
+                    hi,
+                    kc_pos,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    d,
+                    tbl,
+                    kc_slot,
+                    BLOCK,
+                    F32_DOT,
+                    PAGE,
+                )
+    else:
+        for start in range(lo, hi, BLOCK):
+            m_i, l_i, acc = _attend_tile(
+                q,
+                kbase,
+                vbase,
+                start,
+                hi,
+                kc_pos,
+                scale,
+                m_i,
+                l_i,
+                acc,
+                d,
+                tbl,
+                kc_slot,
+                BLOCK,
+                F32_DOT,
+                PAGE,
+            )
+    rmask = (r < REP)[:, None]
+    if SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=rmask,
+        )
+    else:
+        part = (b * N_HEADS + heads) * SPLITS + s  # [B, H, SPLITS] partials
+        tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
+        tl.store(PM + part, m_i, mask=r < REP)
+        tl.store(PL + part, l_i, mask=r < REP)
+
+
+@triton.jit
+def _combine_kernel(
+    PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr
+):
+    bh = tl.program_id(0)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, DIM)
+    live = sp < SPLITS
+    m = tl.load(PM + bh * SPLITS + sp, mask=live, other=float("-inf"))
+    l_s = tl.load(PL + bh * SPLITS + sp, mask=live, other=0.0)
+    top = tl.max(m, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys (a padded row): zeros
+    w = tl.exp(m - top)
+    total = tl.sum(l_s * w, axis=0)
+    acc = tl.load(
+        PO + (bh * SPLITS + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
+    )
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
+
+
+def attention_splits(batch: int, n_kv: int, keys: int) -> int:
+    """How many key ranges each (row, kv head) is split into for a step reading at most `keys`
+    keys: enough for ~TARGET_PROGRAMS programs, at least one tile of keys each."""
+    return max(1, min(triton.cdiv(TARGET_PROGRAMS, batch * n_kv), triton.cdiv(keys, BLOCK_N)))
+
+
+def _split_partials(
+    out: torch.Tensor, splits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each key range's partial output, running max and sum (fp32) for `_combine_kernel` to
+    merge into `out` [B, H, D]; one range writes `out` directly (the three are `out`)."""
+    if splits <= 1:
+        return out, out, out
+    batch, n_heads, dim = out.shape
+    po = torch.empty(batch, n_heads, splits, dim, dtype=torch.float32, device=out.device)
+    pm = torch.empty(batch, n_heads, splits, dtype=torch.float32, device=out.device)
+    return po, pm, torch.empty_like(pm)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    keys: int,
+    scale: float,
+    table: torch.Tensor | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """One query per row, ``q`` [B, H, D] -> [B, H, D]: row b attends to slot b's keys
+    ``[0, pos[b]]`` (none, zeros, if ``pos[b] >= keys``: ``keys`` bounds the grid, not the
+    reads); ``table``: a paged cache's block tables; ``splits``: default `attention_splits`."""
+    batch, n_heads, dim = q.shape
+    n_kv = k_cache.shape[1]
+    rep = n_heads // n_kv
+    splits = splits or attention_splits(batch, n_kv, keys)
+    chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
+    out = torch.empty_like(q)
+    po, pm, pl = _split_partials(out, splits)
+    _decode_attn_kernel[(batch, n_kv, splits)](
+        q,
+        k_cache,
+        v_cache,
+        pos,
+        out,
+        po,
+        pm,
+        pl,
+        pos if table is None else table,
+        keys,
+        scale,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        0 if table is None else table.stride(0),
+        N_HEADS=n_heads,
+        REP=rep,
+        REP_PAD=max(16, triton.next_power_of_2(rep)),
+        DIM=dim,
+        BLOCK=BLOCK_N,
+        SPLITS=splits,
+        CHUNK=chunk,
+        F32_DOT=q.dtype == torch.float32 or INTERPRET,
+        INTERPRETED=INTERPRET,
+        PAGE=0 if table is None else k_cache.shape[2],
+        num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
+    )
+    if splits > 1:
+        _combine_kernel[(batch * n_heads,)](
+            po, pm, pl, out, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
+        )
+    return out
+
+
+PREFILL_ROWS = 64  # (token, head) pairs per prefill-attention program: 64 // rep tokens
+
+
+def prefill_tile_tokens(rep: int) -> int:
+    """Tokens per prefill-attention tile: a tile is at most this many consecutive new tokens of
+    one row, each with its ``rep`` query heads of one kv head (``PREFILL_ROWS`` pairs)."""
+    return max(1, PREFILL_ROWS // rep)
+
+
+@triton.jit
+def _prefill_attn_kernel(
+    Q,
+    KC,
+    VC,
+    POS,
+    TILES,
+    OUT,
+    TABLE,
+    scale,
+    kc_slot,
+    kc_head,
+    kc_pos,
+    table_stride,
+    N_HEADS: tl.constexpr,
+    REP: tl.constexpr,
+    DIM: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    MAX_KEYS: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    j = tl.program_id(0)
+    g = tl.program_id(1)
+    row = tl.load(TILES + j * 3).to(tl.int64)
+    first = tl.load(TILES + j * 3 + 1)
+    count = tl.load(TILES + j * 3 + 2)
+    i = tl.arange(0, ROWS)
+    d = tl.arange(0, DIM)
+    live = i // REP < count
+    t = first + i // REP
+    heads = g * REP + i % REP
+    q = tl.load(
+        Q + (t * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
+    )
+    qpos = tl.load(POS + t, mask=live, other=0)  # a dead pair sees key 0: finite, not stored
+    hi = tl.max(qpos, axis=0) + 1
+    hi = tl.where(count > 0, hi, 0)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, DIM], tl.float32)
+    base = row * kc_slot if PAGE == 0 else 0
+    kbase = KC + base + g * kc_head
+    vbase = VC + base + g * kc_head
+    tbl = TABLE + row * table_stride
+    if INTERPRETED:  # the interpreter takes no tensor loop bounds
+        for start in range(0, MAX_KEYS, BLOCK):
+            if start < hi:
+                m_i, l_i, acc = _causal_tile(
+                    q,
+                    kbase,
+                    vbase,
+                    start,
+                    hi,
+                    qpos,
+                    kc_pos,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    d,
+                    tbl,
+                    kc_slot,
+                    BLOCK,
+                    F32_DOT,
+                    PAGE,
+                )
+    else:
+        for start in range(0, hi, BLOCK):
+            m_i, l_i, acc = _causal_tile(
+                q,
+                kbase,
+                vbase,
+                start,
+                hi,
+                qpos,
+                kc_pos,
+                scale,
+                m_i,
+                l_i,
+                acc,
+                d,
+                tbl,
+                kc_slot,
+                BLOCK,
+                F32_DOT,
+                PAGE,
+            )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        OUT + (t * N_HEADS + heads)[:, None] * DIM + d[None, :],
+        out.to(OUT.dtype.element_ty),
+        mask=live[:, None],
+    )
+
+
+@triton.jit
+def _causal_tile(
+    q,
+    kbase,
+    vbase,
+    start,
+    hi,
+    qpos,
+    kc_pos,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    d,
+    TBL,
+    kc_slot,
+    BLOCK: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    """`_attend_tile` for queries at positions ``qpos``: key n is seen by the queries at n or
+    later (causal), the keys themselves as `_attend_tile` reads them."""
+    n = start + tl.arange(0, BLOCK)
+    valid = n < hi
+    if PAGE == 0:
+        offs = n[:, None] * kc_pos + d[None, :]
+    else:
+        blk = tl.load(TBL + n // PAGE, mask=valid, other=0).to(tl.int64)
+        offs = blk[:, None] * kc_slot + (n % PAGE)[:, None] * kc_pos + d[None, :]
+    k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
+    v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
+    if F32_DOT:
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    seen = valid[None, :] & (n[None, :] <= qpos[:, None])
+    qk = tl.where(seen, qk * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if F32_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    tiles: torch.Tensor,
+    scale: float,
+    table: torch.Tensor | None = None,
+    max_keys: int = 0,
+) -> torch.Tensor:
+    """Many queries per row, ``q`` [T, H, D] -> [T, H, D]: token t attends to its row's keys
+    ``[0, pos[t]]`` (its own and the earlier new tokens' already written). ``tiles`` [J, 3]
+    int: (row, first token, count) runs of at most `prefill_tile_tokens` consecutive tokens of
+    one row (count 0: an unused tile); a row is its slot, or its line of the paged ``table``.
+    Each program reads its row's keys once for all its queries. ``max_keys``: a bound on
+    ``pos + 1`` (the interpreter's loop; compiled kernels read ``pos``)."""
+    _, n_heads, dim = q.shape
+    n_kv = k_cache.shape[1]
+    rep = n_heads // n_kv
+    out = torch.empty_like(q)
+    _prefill_attn_kernel[(tiles.shape[0], n_kv)](
+        q,
+        k_cache,
+        v_cache,
+        pos,
+        tiles,
+        out,
+        pos if table is None else table,
+        scale,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        0 if table is None else table.stride(0),
+        N_HEADS=n_heads,
+        REP=rep,
+        DIM=dim,
+        ROWS=triton.next_power_of_2(prefill_tile_tokens(rep) * rep),
+        BLOCK=BLOCK_N,
+        F32_DOT=q.dtype == torch.float32 or INTERPRET,
+        INTERPRETED=INTERPRET,
+        MAX_KEYS=triton.cdiv(max(max_keys, 1), BLOCK_N) * BLOCK_N if INTERPRET else 0,
+        PAGE=0 if table is None else k_cache.shape[2],
+    )
+    return out

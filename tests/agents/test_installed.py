@@ -225,7 +225,9 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
             "--max-new-tokens",
             "64",
             "--episode-timeout",
-            "60",
+            # its first model call comes after harbor starts in its container and tmux in the
+            # task's: ~20 s on the quiet 2-core machine, over 60 s when CI's workers load it
+            "240",
             "--run-dir",
             str(run_dir),
         ],

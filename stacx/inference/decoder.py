@@ -496,7 +496,7 @@ class Decoder:
             keep = [j for j, (r, i) in enumerate(piece.picks) if i >= logits_from[r]]
             if not keep:
                 continue
-            got = x[torch.tensor(keep, device=self.device)]
+            got = x[torch.tensor(keep).to(self.device, non_blocking=True)]
             start = 0  # a piece's tokens come row by row
             for r, group in itertools.groupby(keep, key=lambda j: piece.picks[j][0]):
                 n = len(list(group))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -67,6 +68,7 @@ class Decoder:
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
         self.kernels = False  # see enable_kernels
+        self.flat_prefill: bool | None = None  # the Triton prefill: None until its first use
         self.gemm_rows = 0  # see enable_kernels
         self._kl: list[KernelLayer] = []
         self.qkv_split = (
@@ -390,9 +392,22 @@ class Decoder:
         [t_i - logits_from[i], V] after each new token from index ``logits_from[i]`` on.
         ``run``: runs one flat piece (`prefill_tokens`'s arguments; a CUDA graph's replay)."""
         cache.sync_table()
-        if self.kernels:
+        if self.kernels and self.flat_prefill is not False:
             budget = token_budget or self.prefill_chunk
-            return self._prefill_flat(cache, slots, offsets, new_ids, logits_from, budget, run)
+            try:
+                got = self._prefill_flat(cache, slots, offsets, new_ids, logits_from, budget, run)
+            except Exception as e:  # the Triton build failing on this GPU, at its first use
+                if self.flat_prefill or self.device.type != "cuda":
+                    raise
+                warnings.warn(
+                    f"the Triton prefill failed ({type(e).__name__}: {e}); "
+                    "prefills run as torch ops",
+                    stacklevel=2,
+                )
+                self.flat_prefill = False
+            else:
+                self.flat_prefill = True
+                return got
         n = len(slots)
         lens = [len(ids) for ids in new_ids]
         t_max = max(lens)

@@ -14,7 +14,8 @@ from typing import NamedTuple
 import torch
 
 from stacx.device_lock import CUDA_EXCLUSIVE
-from stacx.inference.decoder import Decoder, FlatPiece
+from stacx.inference.decoder import Decoder
+from stacx.inference.flat_prefill import FlatPiece
 from stacx.inference.kv_cache import KVCache
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

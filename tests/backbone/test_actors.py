@@ -29,7 +29,6 @@ class Counter(Actor):
         self.attempts += 1
         if self.attempts <= self.fail_first:
             raise ConnectionError("transient")  # infrastructure: retried, even in strict mode
-        self.seen.append(event.task_id)
         await self.publish(
             ev.EpisodeStarted(
                 run_id=self.run_id,
@@ -39,6 +38,7 @@ class Counter(Actor):
                 event_id=ev.derive_id(self.run_id, event.task_id),
             )
         )
+        self.seen.append(event.task_id)  # after its publish is acked: the stream holds it
 
 
 async def _until(cond, timeout: float = 20.0) -> None:
@@ -64,7 +64,8 @@ async def test_actor_gets_its_kinds_and_publishes(tmp_path: Path) -> None:
             )
         )
         await _until(lambda: len(a.seen) == 5)
-        rows = await run.query("select count(*) from episode_started")
+        # the actor's publishes, not this context's: wait for the recorder to reach the head
+        rows = await run.query("select count(*) from episode_started", barrier=True)
         assert rows.column(0)[0].as_py() == 5
     assert sorted(a.seen) == [f"t{i}" for i in range(5)]
 

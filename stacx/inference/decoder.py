@@ -409,6 +409,18 @@ class Decoder:
             else:
                 self.flat_prefill = True
                 return got
+        return self._prefill_torch(cache, slots, offsets, new_ids, logits_from, token_budget)
+
+    def _prefill_torch(
+        self,
+        cache: KVCache,
+        slots: list[int],
+        offsets: list[int],
+        new_ids: list[list[int]],
+        logits_from: list[int],
+        token_budget: int | None,
+    ) -> list[torch.Tensor]:
+        """`prefill` as torch ops (rows padded to the longest), chunk by chunk."""
         n = len(slots)
         lens = [len(ids) for ids in new_ids]
         t_max = max(lens)

@@ -23,30 +23,30 @@ TARGET_PROGRAMS = 4096
 @triton.jit
 def _attend_tile(
     q,
-    kbase,
-    vbase,
+    qpos,
+    cache,
     start,
     hi,
-    kc_pos,
     scale,
-    m_i,
-    l_i,
-    acc,
+    state,
     d,
-    TBL,
-    kc_slot,
     BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     PAGE: tl.constexpr,
 ):
-    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax; PAGE > 0:
-    key n lives in block ``TBL[n // PAGE]`` at offset ``n % PAGE`` (a paged cache)."""
+    """One tile of keys [start, start + BLOCK) (those < hi) into the online softmax ``state``
+    (max, sum, output) of the queries ``q``; CAUSAL: key n is seen by the queries at positions
+    ``qpos`` n or later. ``cache``: (k base, v base, block table, slot stride, position stride);
+    PAGE > 0: key n lives in block ``table[n // PAGE]`` at offset ``n % PAGE`` (a paged cache)."""
+    kbase, vbase, tbl, kc_slot, kc_pos = cache
+    m_i, l_i, acc = state
     n = start + tl.arange(0, BLOCK)
     valid = n < hi
     if PAGE == 0:
         offs = n[:, None] * kc_pos + d[None, :]
     else:
-        blk = tl.load(TBL + n // PAGE, mask=valid, other=0).to(tl.int64)
+        blk = tl.load(tbl + n // PAGE, mask=valid, other=0).to(tl.int64)
         offs = blk[:, None] * kc_slot + (n % PAGE)[:, None] * kc_pos + d[None, :]
     k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
     v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
@@ -54,7 +54,10 @@ def _attend_tile(
         qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         qk = tl.dot(q, tl.trans(k))
-    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+    seen = valid[None, :]
+    if CAUSAL:
+        seen = seen & (n[None, :] <= qpos[:, None])
+    qk = tl.where(seen, qk * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
@@ -64,6 +67,44 @@ def _attend_tile(
     else:
         pv = tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _attend_keys(
+    q,
+    qpos,
+    cache,
+    lo,
+    hi,
+    scale,
+    d,
+    ROWS: tl.constexpr,
+    LIMIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    """The online softmax (max, sum, output) of the queries ``q`` [ROWS, D] over keys
+    [lo, hi), a tile at a time (`_attend_tile`); LIMIT: a bound on ``hi - lo`` (interpreted)."""
+    state = (
+        tl.full([ROWS], float("-inf"), tl.float32),
+        tl.zeros([ROWS], tl.float32),
+        tl.zeros([ROWS, q.shape[1]], tl.float32),
+    )
+    if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past hi
+        for start in range(0, LIMIT, BLOCK):
+            if lo + start < hi:
+                state = _attend_tile(
+                    q, qpos, cache, lo + start, hi, scale, state, d, BLOCK, CAUSAL, F32_DOT, PAGE
+                )
+    else:
+        for start in range(lo, hi, BLOCK):
+            state = _attend_tile(
+                q, qpos, cache, start, hi, scale, state, d, BLOCK, CAUSAL, F32_DOT, PAGE
+            )
+    return state
 
 
 @triton.jit
@@ -107,62 +148,15 @@ def _decode_attn_kernel(
     length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
     lo = s * CHUNK
     hi = tl.minimum(lo + CHUNK, length)
-    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([REP_PAD], tl.float32)
-    acc = tl.zeros([REP_PAD, DIM], tl.float32)
-    row = b * kc_slot if PAGE == 0 else 0  # paged: each key's block comes from row b's table
-    kbase = KC + row + g * kc_head
-    vbase = VC + row + g * kc_head
-    tbl = TABLE + b * table_stride
-    if INTERPRETED:  # the interpreter takes no tensor loop bounds: skip tiles past the length
-        for start in range(0, CHUNK, BLOCK):
-            if lo + start < hi:
-                m_i, l_i, acc = _attend_tile(
-                    q,
-                    kbase,
-                    vbase,
-                    lo + start,
-                    hi,
-                    kc_pos,
-                    scale,
-                    m_i,
-                    l_i,
-                    acc,
-                    d,
-                    tbl,
-                    kc_slot,
-                    BLOCK,
-                    F32_DOT,
-                    PAGE,
-                )
-    else:
-        for start in range(lo, hi, BLOCK):
-            m_i, l_i, acc = _attend_tile(
-                q,
-                kbase,
-                vbase,
-                start,
-                hi,
-                kc_pos,
-                scale,
-                m_i,
-                l_i,
-                acc,
-                d,
-                tbl,
-                kc_slot,
-                BLOCK,
-                F32_DOT,
-                PAGE,
-            )
+    at = (b * kc_slot if PAGE == 0 else 0) + g * kc_head  # paged: blocks from row b's table
+    cache = (KC + at, VC + at, TABLE + b * table_stride, kc_slot, kc_pos)
+    m_i, l_i, acc = _attend_keys(
+        q, pos, cache, lo, hi, scale, d, REP_PAD, CHUNK, BLOCK, False, F32_DOT, INTERPRETED, PAGE
+    )
     rmask = (r < REP)[:, None]
     if SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :],
-            out.to(OUT.dtype.element_ty),
-            mask=rmask,
-        )
+        out = (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(OUT.dtype.element_ty)
+        tl.store(OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], out, mask=rmask)
     else:
         part = (b * N_HEADS + heads) * SPLITS + s  # [B, H, SPLITS] partials
         tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
@@ -312,112 +306,14 @@ def _prefill_attn_kernel(
         Q + (t * N_HEADS + heads)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
     )
     qpos = tl.load(POS + t, mask=live, other=0)  # a dead pair sees key 0: finite, not stored
-    hi = tl.max(qpos, axis=0) + 1
-    hi = tl.where(count > 0, hi, 0)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, DIM], tl.float32)
-    base = row * kc_slot if PAGE == 0 else 0
-    kbase = KC + base + g * kc_head
-    vbase = VC + base + g * kc_head
-    tbl = TABLE + row * table_stride
-    if INTERPRETED:  # the interpreter takes no tensor loop bounds
-        for start in range(0, MAX_KEYS, BLOCK):
-            if start < hi:
-                m_i, l_i, acc = _causal_tile(
-                    q,
-                    kbase,
-                    vbase,
-                    start,
-                    hi,
-                    qpos,
-                    kc_pos,
-                    scale,
-                    m_i,
-                    l_i,
-                    acc,
-                    d,
-                    tbl,
-                    kc_slot,
-                    BLOCK,
-                    F32_DOT,
-                    PAGE,
-                )
-    else:
-        for start in range(0, hi, BLOCK):
-            m_i, l_i, acc = _causal_tile(
-                q,
-                kbase,
-                vbase,
-                start,
-                hi,
-                qpos,
-                kc_pos,
-                scale,
-                m_i,
-                l_i,
-                acc,
-                d,
-                tbl,
-                kc_slot,
-                BLOCK,
-                F32_DOT,
-                PAGE,
-            )
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        OUT + (t * N_HEADS + heads)[:, None] * DIM + d[None, :],
-        out.to(OUT.dtype.element_ty),
-        mask=live[:, None],
+    hi = tl.where(count > 0, tl.max(qpos, axis=0) + 1, 0)
+    at = (row * kc_slot if PAGE == 0 else 0) + g * kc_head  # paged: blocks from row's table
+    cache = (KC + at, VC + at, TABLE + row * table_stride, kc_slot, kc_pos)
+    _, l_i, acc = _attend_keys(
+        q, qpos, cache, 0, hi, scale, d, ROWS, MAX_KEYS, BLOCK, True, F32_DOT, INTERPRETED, PAGE
     )
-
-
-@triton.jit
-def _causal_tile(
-    q,
-    kbase,
-    vbase,
-    start,
-    hi,
-    qpos,
-    kc_pos,
-    scale,
-    m_i,
-    l_i,
-    acc,
-    d,
-    TBL,
-    kc_slot,
-    BLOCK: tl.constexpr,
-    F32_DOT: tl.constexpr,
-    PAGE: tl.constexpr,
-):
-    """`_attend_tile` for queries at positions ``qpos``: key n is seen by the queries at n or
-    later (causal), the keys themselves as `_attend_tile` reads them."""
-    n = start + tl.arange(0, BLOCK)
-    valid = n < hi
-    if PAGE == 0:
-        offs = n[:, None] * kc_pos + d[None, :]
-    else:
-        blk = tl.load(TBL + n // PAGE, mask=valid, other=0).to(tl.int64)
-        offs = blk[:, None] * kc_slot + (n % PAGE)[:, None] * kc_pos + d[None, :]
-    k = tl.load(kbase + offs, mask=valid[:, None], other=0.0)
-    v = tl.load(vbase + offs, mask=valid[:, None], other=0.0)
-    if F32_DOT:
-        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
-    seen = valid[None, :] & (n[None, :] <= qpos[:, None])
-    qk = tl.where(seen, qk * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if F32_DOT:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
+    out = (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(OUT.dtype.element_ty)
+    tl.store(OUT + (t * N_HEADS + heads)[:, None] * DIM + d[None, :], out, mask=live[:, None])
 
 
 def prefill_attention(

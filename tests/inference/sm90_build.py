@@ -1,0 +1,131 @@
+"""Build every Triton kernel the Triton step launches, for an H100 (sm_90), on a machine with no
+GPU: Triton's real compiler (TTIR -> TTGIR -> LLVM -> PTX -> ptxas cubin) behind a driver that
+only compiles. It checks each kernel's shared memory against an H100's 227 KiB, and its launch
+does nothing (the tensors live on the CPU).
+
+Run as a script (``python tests/inference/sm90_build.py``), never with TRITON_INTERPRET set:
+the kernels must be built as the GPU builds them. Prints one JSON line: the kernels built."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+import transformers
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+
+from stacx.inference import triton_pick
+from stacx.inference.decoder import Decoder
+
+H100_SHARED = 232448  # bytes of shared memory one block may opt in to on an H100
+
+
+class _Utils:
+    def get_device_properties(self, device: int) -> dict[str, int]:
+        return {"max_shared_mem": H100_SHARED, "multiprocessor_count": 132, "warpSize": 32}
+
+    def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple:
+        return None, None, 0, 0, 1024  # module, function, registers, spills, max threads
+
+
+class BuildOnly:
+    """Triton's driver interface, for an H100 that is not there: kernels build, launches skip."""
+
+    utils = _Utils()
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def launcher_cls(self, src: Any, metadata: Any) -> Any:
+        return lambda *args: None
+
+
+def _model(family: str) -> torch.nn.Module:
+    """Two layers of SmolLM2-135M (Llama: 9 query heads over 3 kv heads of 64) or of a Qwen3
+    (q/k norms, 16 query heads over 8 kv heads of 128), in bfloat16, random weights."""
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg: Any = transformers.LlamaConfig(
+            hidden_size=576,
+            intermediate_size=1536,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            num_hidden_layers=2,
+            vocab_size=49152,
+            max_position_embeddings=2048,
+        )
+        return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    cfg = transformers.Qwen3Config(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        num_hidden_layers=2,
+        vocab_size=4096,
+        max_position_embeddings=2048,
+    )
+    return transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+def _engine_steps(family: str) -> None:
+    """The step's launches as the engine makes them: a flat prefill (fresh prompts, then a turn
+    on a reused prefix), decode steps at a GEMV, a Triton-GEMM and a cuBLAS row count, over a
+    slot cache and a paged one; then the token pick, greedy and sampled."""
+    dec = Decoder(_model(family), 512)
+    os.environ["TRITON_INTERPRET"] = "1"  # only for enable_kernels' device check: a CPU here
+    try:
+        dec.enable_kernels(gemv_rows=4, gemm_rows=64)
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 4000, (n,), generator=gen).tolist() for n in (40, 300, 7)]
+    slots = dec.new_cache()
+    slots.grow(130, 513)
+    paged = dec.new_paged_cache(rows=130, blocks=700, block=16)
+    for row in range(130):
+        paged.set_row(row, list(range(1 + 5 * row, 6 + 5 * row)))
+    for cache in (slots, paged):
+        rows = [0, 1, 2]
+        dec.prefill(cache, rows, [0, 0, 0], prompts, [n - 1 for n in (40, 300, 7)])
+        dec.prefill(cache, rows, [40, 300, 7], [p[:20] for p in prompts], [0, 0, 0])
+        for batch, keys in ((1, 320), (16, 64), (130, 512)):  # keys split (and combined) or not
+            ids = torch.randint(3, 4000, (batch,), generator=gen)
+            dec.decode(cache, ids, torch.full((batch,), 24), keys)
+    logits = torch.randn(16, dec.model.config.vocab_size).to(torch.bfloat16)
+    out_tok, out_lp = torch.empty(16), torch.empty(16)
+    triton_pick.pick(logits, out_tok, out_lp)
+    draw = (torch.full((16,), 0.7), torch.arange(16), torch.arange(16))
+    triton_pick.pick(logits, out_tok, out_lp, draw)
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+    built: list[str] = []
+
+    def record(*, fn: Any, **_: Any) -> None:
+        built.append(fn.name)
+
+    triton.runtime.driver.set_active(BuildOnly())  # type: ignore[arg-type]
+    knobs.runtime.jit_post_compile_hook = record
+    for family in sys.argv[1:] or ["llama", "qwen3"]:
+        _engine_steps(family)
+    print(json.dumps({"built": len(built), "kernels": sorted(set(built))}))
+
+
+if __name__ == "__main__":
+    main()

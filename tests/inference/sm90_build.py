@@ -4,22 +4,27 @@ only compiles. It checks each kernel's shared memory against an H100's 227 KiB, 
 does nothing (the tensors live on the CPU).
 
 Run as a script (``python tests/inference/sm90_build.py``), never with TRITON_INTERPRET set:
-the kernels must be built as the GPU builds them. Prints one JSON line: the kernels built."""
+the kernels must be built as the GPU builds them. Prints one JSON line: each kernel built (one
+per specialization), its registers, spill bytes and shared memory."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 import triton
-from triton import knobs
 from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
 
-from stacx.inference import triton_pick
+from stacx.inference import triton_attention, triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
 
 H100_SHARED = 232448  # bytes of shared memory one block may opt in to on an H100
@@ -113,18 +118,33 @@ def _engine_steps(family: str) -> None:
     triton_pick.pick(logits, out_tok, out_lp, draw)
 
 
+def _usage(cubin: bytes) -> dict[str, int]:
+    """A cubin's registers per thread and spill bytes per thread (LOCAL), as
+    ``cuobjdump --dump-resource-usage`` (shipped with Triton) reads them."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run(
+            [tool, "--dump-resource-usage", f.name], capture_output=True, text=True
+        )
+    fields = dict(re.findall(r"\b(REG|LOCAL):(\d+)", out.stdout))
+    return {k.lower(): int(v) for k, v in fields.items()}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
-    built: list[str] = []
-
-    def record(*, fn: Any, **_: Any) -> None:
-        built.append(fn.name)
-
     triton.runtime.driver.set_active(BuildOnly())  # type: ignore[arg-type]
-    knobs.runtime.jit_post_compile_hook = record
     for family in sys.argv[1:] or ["llama", "qwen3"]:
         _engine_steps(family)
-    print(json.dumps({"built": len(built), "kernels": sorted(set(built))}))
+    built = []
+    for module in (triton_kernels, triton_attention, triton_pick):
+        for name, fn in vars(module).items():
+            if isinstance(fn, JITFunction) and fn.device_caches:
+                for kernel in fn.device_caches[0][0].values():
+                    usage = _usage(kernel.asm["cubin"])
+                    built.append({"kernel": name, "shared": kernel.metadata.shared, **usage})
+    print(json.dumps({"built": built}))
 
 
 if __name__ == "__main__":

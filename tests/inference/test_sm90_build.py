@@ -1,7 +1,8 @@
 """Every Triton kernel of the Triton step builds for an H100 (sm_90) here, with no GPU: the CPU
 interpreter (test_triton_kernels.py) checks what the kernels compute, not that Triton's compiler
 accepts them (a dot's shape, a loop bound, a layout) nor that they fit an H100's shared memory.
-sm90_build.py runs the engine's prefill and decode steps behind a driver that only builds."""
+sm90_build.py runs the engine's prefill and decode steps behind a driver that only builds, and
+reads each build's registers and spills with cuobjdump."""
 
 from __future__ import annotations
 
@@ -38,5 +39,7 @@ def test_every_step_kernel_builds_for_sm90(family: str) -> None:
         [sys.executable, str(BUILD), family], env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(report["kernels"]) == STEP_KERNELS
+    built = json.loads(proc.stdout.strip().splitlines()[-1])["built"]
+    assert {k["kernel"] for k in built} == STEP_KERNELS
+    # no kernel spills registers to local memory (a spill costs bandwidth on every step)
+    assert [k for k in built if k["local"]] == []

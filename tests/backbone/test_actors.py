@@ -111,7 +111,7 @@ class Worker(Counter):
     max_inflight = 1
 
     async def handle(self, event: ev.Event) -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # 20 tasks keep one worker busy 2 s: both get some
         await super().handle(event)
 
 

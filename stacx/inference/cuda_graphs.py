@@ -70,7 +70,7 @@ class GraphedDecode:
 
     @torch.inference_mode()
     def prefill_piece(self, piece: FlatPiece) -> torch.Tensor:
-        """`Decoder.prefill_tokens` by a graph captured per token bucket (a turn's new tokens
+        """`KernelStep.prefill_tokens` by a graph captured per token bucket (a turn's new tokens
         cost one replay, not ~12 launches a layer from Python); larger pieces run eagerly."""
         t, n_tiles = piece.ids.shape[0], piece.tiles.shape[0]
         b = bucket(t, PREFILL_BUCKETS)
@@ -78,17 +78,22 @@ class GraphedDecode:
 
         j = b // prefill_tile_tokens(self.decoder.rep) + min(b, self.cache.slots) + 1
         if t > PREFILL_BUCKETS[-1] or n_tiles > j or b in self._uncaptured:
-            return self.decoder.prefill_tokens(self.cache, piece)
+            return self._prefill_tokens(piece)
         static = self._load_piece(piece, b, j)
         if b not in self.prefills:
             captured = self._capture_prefill(static)
             if captured is None:
                 self._uncaptured.add(b)
-                return self.decoder.prefill_tokens(self.cache, piece)
+                return self._prefill_tokens(piece)
             self.prefills[b] = captured
         graph, out = self.prefills[b]
         graph.replay()
         return out[:t]
+
+    def _prefill_tokens(self, piece: FlatPiece) -> torch.Tensor:
+        step = self.decoder.kernel_step
+        assert step is not None  # flat pieces are the Triton path's prefill
+        return step.prefill_tokens(self.cache, piece)
 
     def _load_piece(self, piece: FlatPiece, b: int, j: int) -> FlatPiece:
         """`piece` padded to `b` tokens and `j` tiles in the static buffers (padding: token 0 of
@@ -120,18 +125,18 @@ class GraphedDecode:
     def _capture_prefill(
         self, static: FlatPiece
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
-        """A graph of `Decoder.prefill_tokens` over the static inputs (which hold a real piece:
+        """A graph of `KernelStep.prefill_tokens` over the static inputs (which hold a real piece:
         the warm-up writes its keys, as the replay will); None if it cannot be captured."""
         try:
             with CUDA_EXCLUSIVE.capture():
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    self.decoder.prefill_tokens(self.cache, static)
+                    self._prefill_tokens(static)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                    out = self.decoder.prefill_tokens(self.cache, static)
+                    out = self._prefill_tokens(static)
             return graph, out
         except Exception as e:  # eager prefill still works
             warnings.warn(

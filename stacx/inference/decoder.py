@@ -2,15 +2,13 @@
 
 It owns attention and the cache (the transformers model supplies weights and layers), so requests
 of different lengths share one graph-capturable decode step; padding never corrupts a row, and
-fused projections keep the model's parameters the same objects. Llama-style models only.
+fused projections keep the model's parameters the same objects. Llama-style models only. These
+are its torch ops; its Triton path (CUDA) is decoder_kernels.py.
 Design: docs/engine.md#the-decoder-cache-layout-and-fused-projections
 """
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -20,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from stacx.errors import EngineError
-from stacx.inference.flat_prefill import FlatPiece, flat_pieces
+from stacx.inference.flat_prefill import FlatPiece
 from stacx.inference.kv_cache import KVCache, PagedKVCache, gather_blocks
 
 if TYPE_CHECKING:
-    from stacx.inference.triton_kernels import Partials
+    from stacx.inference.decoder_kernels import KernelStep
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -68,10 +66,9 @@ class Decoder:
         self.prefill_chunk = 16384 if self.device.type == "cuda" else 2048
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
-        self.kernels = False  # see enable_kernels
+        self.kernel_step: KernelStep | None = None  # the Triton path: decoder_kernels.py
         self.flat_prefill: bool | None = None  # the Triton prefill: None until its first use
-        self.gemm_rows = 0  # see enable_kernels
-        self._kl: list[KernelLayer] = []
+        self.gemm_rows = 0  # see decoder_kernels.enable_kernels
         self.qkv_split = (
             self.n_heads * self.head_dim,
             self.n_kv * self.head_dim,
@@ -177,63 +174,15 @@ class Decoder:
             else self._decode_fn
         )
 
+    @property
+    def kernels(self) -> bool:
+        """Whether decode steps and prefills run as the Triton path (`kernel_step`)."""
+        return self.kernel_step is not None
+
     def disable_compile(self) -> None:
         self.gemv_rows, self.compiled = 0, False
-        self.kernels = False
+        self.kernel_step = None
         self._decode_fn = self._decode_small = self._decode_impl
-
-    def kernels_unsupported(self) -> str | None:
-        """Why the Triton decode step cannot run this model (None: it can)."""
-        if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            return "it runs on CUDA devices (or under TRITON_INTERPRET=1)"
-        if importlib.util.find_spec("triton") is None:
-            return "the triton package is not installed"
-        if self.head_dim & (self.head_dim - 1) or self.head_dim < 16:
-            return f"head_dim {self.head_dim} is not a power of two >= 16"
-        norms = [self.norm]
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if self.fused_qkv[i] is None or self.fused_gate_up[i] is None:
-                return f"layer {i}'s q/k/v or gate/up projections are not plain nn.Linear"
-            if type(attn.o_proj) is not nn.Linear or type(mlp.down_proj) is not nn.Linear:
-                return f"layer {i}'s o_proj or down_proj is not a plain nn.Linear"
-            if type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
-                return f"layer {i}'s activation is {type(mlp.act_fn).__name__}, not SiLU"
-            norms += [layer.input_layernorm, layer.post_attention_layernorm]
-            norms += [attn.q_norm, attn.k_norm] if self.qk_norm else []
-        for norm in norms:
-            if not _is_rmsnorm(norm):
-                return f"{type(norm).__name__} is not an RMSNorm (weight * x / rms(x))"
-        return None
-
-    def enable_kernels(self, gemv_rows: int = 0, gemm_rows: int = 64) -> None:
-        """Run decode steps as triton_kernels.py's step: GEMVs up to ``gemv_rows`` rows, Triton
-        GEMMs up to ``gemm_rows`` (<= GEMM_ROWS), cuBLAS beyond; EngineError if unsupported."""
-        reason = self.kernels_unsupported()
-        if reason is not None:
-            raise EngineError(f"the Triton decode step cannot run this model: {reason}")
-        self._kl = []
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv, gate_up = self.fused_qkv[i], self.fused_gate_up[i]
-            assert qkv is not None and gate_up is not None  # kernels_unsupported checked
-            self._kl.append(
-                KernelLayer(
-                    _norm(layer.input_layernorm),
-                    _norm(layer.post_attention_layernorm),
-                    qkv,
-                    (attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm))
-                    if self.qk_norm
-                    else None,
-                    Fused(attn.o_proj.weight, attn.o_proj.bias),
-                    gate_up,
-                    Fused(mlp.down_proj.weight, mlp.down_proj.bias),
-                )
-            )
-        self.kernels, self.gemv_rows = True, gemv_rows
-        from stacx.inference.triton_kernels import GEMM_ROWS
-
-        self.gemm_rows = min(gemm_rows, GEMM_ROWS)
 
     @torch.inference_mode()
     def decode(
@@ -242,8 +191,8 @@ class Decoder:
         """One token for each of rows ``[0, B)``: writes its k/v at ``pos``, returns logits [B, V].
         Reads keys ``[0, kv_len)`` (``pos < kv_len <= capacity``); graph-capturable shapes."""
         table = None if cache.table is None else cache.table[: ids_B.shape[0]]  # paged: row r's
-        if self.kernels:
-            return self._decode_kernels(cache.k, cache.v, ids_B, pos_B, kv_len, table)
+        if self.kernel_step is not None:
+            return self.kernel_step.decode(cache.k, cache.v, ids_B, pos_B, kv_len, table)
         small = ids_B.shape[0] <= self.gemv_rows
         fn = getattr(self, "_decode_small" if small else "_decode_fn", self._decode_impl)
         visible = torch.arange(kv_len, device=ids_B.device)[None, :] <= pos_B[:, None]
@@ -290,57 +239,6 @@ class Decoder:
             x = x + self._project(layer.self_attn.o_proj, out)
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         return self._project(self.lm_head, self.norm(x))
-
-    def _decode_kernels(
-        self,
-        k_cache: list[torch.Tensor],
-        v_cache: list[torch.Tensor],
-        ids_B: torch.Tensor,
-        pos_B: torch.Tensor,
-        kv_len: int,
-        table_B_W: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """`_decode_impl` as Triton kernels (projections as chosen in `enable_kernels`)."""
-        from stacx.inference import triton_attention as ta
-        from stacx.inference import triton_kernels as tk
-
-        n = ids_B.shape[0]
-        x = self.embed(ids_B)
-        small = n <= self.gemv_rows
-        mid = not small and n <= self.gemm_rows
-        residual: torch.Tensor | tk.Partials | None = None
-        slot_B, cell_B = None, None  # slots: row r's keys go to slot r at its position
-        if table_B_W is not None:
-            block = k_cache[0].shape[2]
-            slot_B = table_B_W[torch.arange(n, device=pos_B.device), pos_B // block].long()
-            cell_B = pos_B % block
-        for i, w in enumerate(self._kl):
-            if small:
-                qkv = tk.gemv(x, *w.qkv, norm=w.in_norm)
-            else:
-                x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
-                qkv = tk.gemm(h, *w.qkv) if mid else F.linear(h, w.qkv.weight, w.qkv.bias)
-            q = tk.rope_cache(
-                qkv,
-                pos_B,
-                slot_B,
-                k_cache[i],
-                v_cache[i],
-                self.cos,
-                self.sin,
-                self.n_heads,
-                self.n_kv,
-                w.qk_norm,
-                cell=cell_B,
-            )
-            out = ta.decode_attention(
-                q, k_cache[i], v_cache[i], pos_B, kv_len, self.scaling, table_B_W
-            )
-            x, residual = _kernel_mlp(w, x, residual, out.view(n, -1), small, mid)
-        if small and type(self.lm_head) is nn.Linear:
-            return tk.gemv(x, self.lm_head.weight, self.lm_head.bias, norm=_norm(self.norm))
-        _, h = tk.add_rmsnorm(x, residual, *_norm(self.norm))
-        return self._project(self.lm_head, h)
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
@@ -391,12 +289,14 @@ class Decoder:
         """Feed ``new_ids[i]`` into slot ``slots[i]`` from position ``offsets[i]`` (positions before
         it must be valid), chunked to ~`token_budget` tokens at once. Returns per row the logits
         [t_i - logits_from[i], V] after each new token from index ``logits_from[i]`` on.
-        ``run``: runs one flat piece (`prefill_tokens`'s arguments; a CUDA graph's replay)."""
+        ``run``: runs one flat piece (`KernelStep.prefill_tokens`'s arguments; a CUDA graph's
+        replay)."""
         cache.sync_table()
-        if self.kernels and self.flat_prefill is not False:
+        step = self.kernel_step
+        if step is not None and self.flat_prefill is not False:
             budget = token_budget or self.prefill_chunk
             try:
-                got = self._prefill_flat(cache, slots, offsets, new_ids, logits_from, budget, run)
+                got = step.prefill(cache, slots, offsets, new_ids, logits_from, budget, run)
             except Exception as e:  # the Triton build failing on this GPU, at its first use
                 if self.flat_prefill or self.device.type != "cuda":
                     raise
@@ -503,130 +403,10 @@ class Decoder:
             x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
         return x
 
-    def _prefill_flat(
-        self,
-        cache: KVCache,
-        slots: list[int],
-        offsets: list[int],
-        new_ids: list[list[int]],
-        logits_from: list[int],
-        budget: int,
-        run: Callable[[FlatPiece], torch.Tensor] | None,
-    ) -> list[torch.Tensor]:
-        """`prefill` on the Triton step: every row's new tokens as one flat batch (pieces of at
-        most `budget` tokens), attention read straight from the cache (`prefill_attention`)."""
-        from stacx.inference.triton_attention import prefill_tile_tokens
-
-        hidden: list[list[torch.Tensor]] = [[] for _ in slots]
-        tile = prefill_tile_tokens(self.rep)
-        for piece in flat_pieces(slots, offsets, new_ids, budget, tile, self.device):
-            x = run(piece) if run is not None else self.prefill_tokens(cache, piece)
-            keep = [j for j, (r, i) in enumerate(piece.picks) if i >= logits_from[r]]
-            if not keep:
-                continue
-            got = x[torch.tensor(keep).to(self.device, non_blocking=True)]
-            start = 0  # a piece's tokens come row by row
-            for r, group in itertools.groupby(keep, key=lambda j: piece.picks[j][0]):
-                n = len(list(group))
-                hidden[r].append(got[start : start + n])
-                start += n
-        states = [torch.cat(h, dim=0) for h in hidden]
-        logits = self.lm_head(self.norm(torch.cat(states, dim=0)))
-        return list(logits.split([len(h) for h in states]))
-
-    def prefill_tokens(self, cache: KVCache, piece: FlatPiece) -> torch.Tensor:
-        """The hidden states [T, hidden] (before the final norm) of a flat piece, its keys and
-        values written to the cache; fixed shapes for a piece's size: graph-capturable."""
-        from stacx.inference import triton_attention as ta
-        from stacx.inference import triton_kernels as tk
-
-        slot_T, cell_T = cache.locate(piece.rows, piece.pos)
-        cells = None if cache.table is None else cell_T
-        x = self.embed(piece.ids)
-        residual: torch.Tensor | None = None
-        for i, w in enumerate(self._kl):
-            x, h = tk.add_rmsnorm(x, residual, *w.in_norm)
-            qkv = F.linear(h, w.qkv.weight, w.qkv.bias)
-            kc, vc = cache.k[i], cache.v[i]
-            q = tk.rope_cache(
-                qkv,
-                piece.pos,
-                slot_T,
-                kc,
-                vc,
-                self.cos,
-                self.sin,
-                self.n_heads,
-                self.n_kv,
-                w.qk_norm,
-                cell=cells,
-            )
-            out = ta.prefill_attention(
-                q, kc, vc, piece.pos, piece.tiles, self.scaling, cache.table, piece.keys
-            )
-            o = F.linear(out.view(out.shape[0], -1), w.o.weight, w.o.bias)
-            x, h = tk.add_rmsnorm(x, o, *w.post_norm)
-            act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
-            residual = F.linear(act, w.down.weight, w.down.bias)
-        return x if residual is None else x + residual
-
 
 class Fused(NamedTuple):
     weight: torch.Tensor  # [sum of out_features, in_features]
     bias: torch.Tensor | None
-
-
-class KernelLayer(NamedTuple):
-    """One layer's tensors as the Triton decode step reads them (the model's own, in place)."""
-
-    in_norm: tuple[torch.Tensor, float]  # weight, eps
-    post_norm: tuple[torch.Tensor, float]
-    qkv: Fused
-    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None  # q weight, k weight, eps
-    o: Fused
-    gate_up: Fused
-    down: Fused
-
-
-def _is_rmsnorm(module: Any) -> bool:
-    """transformers' Llama-style RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``."""
-    return (
-        type(module).__name__.endswith("RMSNorm")
-        and isinstance(getattr(module, "weight", None), torch.Tensor)
-        and isinstance(getattr(module, "variance_epsilon", getattr(module, "eps", None)), float)
-    )
-
-
-def _eps(norm: Any) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-
-
-def _kernel_mlp(
-    w: KernelLayer,
-    x: torch.Tensor,
-    residual: torch.Tensor | Partials | None,
-    attn: torch.Tensor,
-    small: bool,
-    mid: bool,
-) -> tuple[torch.Tensor, torch.Tensor | Partials | None]:
-    """A layer's o projection and MLP as kernels (``small``: GEMVs, ``mid``: Triton GEMMs, else
-    cuBLAS): the new ``x`` and the residual the next add+RMSNorm adds (None: already added)."""
-    from stacx.inference import triton_kernels as tk
-
-    if small:
-        x = tk.gemv(attn, *w.o, residual=x)
-        act = tk.gemv(x, *w.gate_up, norm=w.post_norm, glu=True)
-        return tk.gemv(act, *w.down, residual=x), residual
-    if mid:
-        x, h = tk.add_rmsnorm(x, tk.gemm_partials(attn, *w.o), *w.post_norm)
-        return x, tk.gemm_partials(tk.gemm(h, *w.gate_up, glu=True), *w.down)
-    x, h = tk.add_rmsnorm(x, F.linear(attn, w.o.weight, w.o.bias), *w.post_norm)
-    act = tk.silu_mul(F.linear(h, w.gate_up.weight, w.gate_up.bias))
-    return x, F.linear(act, w.down.weight, w.down.bias)
-
-
-def _norm(norm: Any) -> tuple[torch.Tensor, float]:
-    return norm.weight, _eps(norm)
 
 
 def fuse_rows(linears: list[Any]) -> Fused | None:

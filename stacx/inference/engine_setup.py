@@ -15,6 +15,7 @@ from torch import nn
 from stacx.errors import EngineError
 from stacx.hf import load_hf_model
 from stacx.inference.decoder import Decoder
+from stacx.inference.decoder_kernels import enable_kernels, kernels_unsupported
 
 if TYPE_CHECKING:
     from stacx.inference.cuda_graphs import GraphedDecode
@@ -67,8 +68,8 @@ def decode_path(
         return None
     from stacx.inference.cuda_graphs import GraphedDecode
 
-    if kernels or (kernels is None and decoder.kernels_unsupported() is None):
-        decoder.enable_kernels(gemv_rows)
+    if kernels or (kernels is None and kernels_unsupported(decoder) is None):
+        enable_kernels(decoder, gemv_rows)
     elif compile is None or compile:
         decoder.enable_compile(compile_mode, gemv_rows)
     return GraphedDecode(decoder, cache)

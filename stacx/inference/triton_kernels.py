@@ -1,4 +1,4 @@
-"""Triton kernels of the hand-written CUDA decode step (:meth:`Decoder.enable_kernels`).
+"""Triton kernels of the hand-written CUDA decode step (decoder_kernels.py).
 
 Fewer launches and reads than the torch-op step (attention reads only each row's valid keys),
 with transformers' eager numerics op by op; every kernel also runs under Triton's CPU interpreter.

@@ -26,6 +26,7 @@ from triton.runtime.jit import JITFunction
 
 from stacx.inference import triton_attention, triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
+from stacx.inference.decoder_kernels import enable_kernels
 
 H100_SHARED = 232448  # bytes of shared memory one block may opt in to on an H100
 
@@ -94,7 +95,7 @@ def _engine_steps(family: str) -> None:
     dec = Decoder(_model(family), 512)
     os.environ["TRITON_INTERPRET"] = "1"  # only for enable_kernels' device check: a CPU here
     try:
-        dec.enable_kernels(gemv_rows=4, gemm_rows=64)
+        enable_kernels(dec, gemv_rows=4, gemm_rows=64)
     finally:
         del os.environ["TRITON_INTERPRET"]
     gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""The Triton decode step (triton_kernels.py, through ``Decoder.enable_kernels``) against the
+"""The Triton decode step (triton_kernels.py, through decoder_kernels.py) against the
 torch-op step and transformers' greedy ``generate``, on small random models of each supported
 family (Qwen3: q/k norms and GQA; Llama: MHA; Qwen2: q/k/v biases), in float32.
 
@@ -24,6 +24,7 @@ import transformers
 from stacx.errors import EngineError
 from stacx.inference import triton_attention, triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
+from stacx.inference.decoder_kernels import enable_kernels, kernels_unsupported
 from stacx.inference.torch_engine import TorchEngine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,7 +78,7 @@ def test_kernel_step_equals_the_torch_step(
     ids = torch.randint(3, 500, (rows,), generator=gen).to(DEVICE)
     mine = copy.deepcopy(cache)
     ref = dec.decode(cache, ids, pos, 192)
-    dec.enable_kernels(gemv_rows, gemm_rows)
+    enable_kernels(dec, gemv_rows, gemm_rows)
     out = dec.decode(mine, ids, pos, 192)
     real = slice(0, rows if rows == 1 else rows - 1)
     torch.testing.assert_close(out[real], ref[real], atol=1e-4, rtol=1e-4)
@@ -106,7 +107,7 @@ async def test_kernel_greedy_decode_equals_hf_generate() -> None:
         )
         refs.append(out[0, len(p) :].tolist())
     dec = Decoder(net, 128)
-    dec.enable_kernels(gemv_rows=4)
+    enable_kernels(dec, gemv_rows=4)
     cache = dec.new_cache()
     cache.grow(len(prompts), 129)
     logits = dec.prefill(cache, [0, 1, 2], [0, 0, 0], prompts, [len(p) - 1 for p in prompts])
@@ -122,10 +123,10 @@ async def test_kernel_greedy_decode_equals_hf_generate() -> None:
 
 def test_unsupported_models_and_devices_are_errors_naming_the_cause() -> None:
     dec = Decoder(model("llama", hidden_act="gelu"), 64)
-    reason = dec.kernels_unsupported()
+    reason = kernels_unsupported(dec)
     assert reason is not None and "GELU" in reason and "SiLU" in reason
     with pytest.raises(EngineError, match=r"cannot run this model.*GELU"):
-        dec.enable_kernels()
+        enable_kernels(dec)
     if DEVICE == "cpu":
         with pytest.raises(EngineError, match="kernels=True needs a CUDA device"):
             TorchEngine(model("qwen3"), device="cpu", kernels=True)
@@ -151,9 +152,9 @@ def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
         cache = dec.new_cache()
         cache.grow(2, 65)
         if kernels:
-            dec.enable_kernels()
+            enable_kernels(dec)
         if any(offsets):  # the reused prefix's keys, written by the torch path either way
-            dec.kernels = False
+            step, dec.kernel_step = dec.kernel_step, None
             dec.prefill(
                 cache,
                 rows,
@@ -161,7 +162,7 @@ def test_kernel_prefill_equals_the_torch_prefill(case: str) -> None:
                 [p[:o] for p, o in zip(prompts, offsets, strict=True)],
                 [o - 1 for o in offsets],
             )
-            dec.kernels = kernels
+            dec.kernel_step = step
         logits = dec.prefill(
             cache,
             rows,
@@ -189,8 +190,8 @@ def test_rope_cache_is_the_same_for_any_heads_per_program() -> None:
     long prefill): the same q and cache cells for 1, 4 (the prefill test's), 8 (a partly masked
     second program of 12 heads) and 16 (one program, masked rows) heads per program."""
     dec = Decoder(model("qwen3"), 64)
-    dec.enable_kernels()
-    w = dec._kl[0]
+    enable_kernels(dec)
+    w = dec.kernel_step.layers[0]
     gen = torch.Generator().manual_seed(5)
     tokens, width = 7, (dec.n_heads + 2 * dec.n_kv) * dec.head_dim
     qkv = torch.randn(tokens, width, generator=gen).to(DEVICE)
@@ -380,7 +381,7 @@ def test_paged_kernels_equal_the_torch_path_through_block_tables(block: int) -> 
     results = []
     for kernels in (False, True):
         if kernels:
-            dec.enable_kernels()
+            enable_kernels(dec)
         cache = dec.new_paged_cache(rows=5, blocks=sum(need) + 5, block=block)
         for row, table in enumerate(tables):
             cache.set_row(row, table)

@@ -7,6 +7,8 @@ Every kernel also runs under Triton's CPU interpreter. Design: docs/engine.md#th
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -185,10 +187,24 @@ def _combine_kernel(
     tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
 
 
-def attention_splits(batch: int, n_kv: int, keys: int) -> int:
+def attention_splits(
+    batch: int, n_kv: int, keys: int, block: int = BLOCK_N, target: int = TARGET_PROGRAMS
+) -> int:
     """How many key ranges each (row, kv head) is split into for a step reading at most `keys`
-    keys: enough for ~TARGET_PROGRAMS programs, at least one tile of keys each."""
-    return max(1, min(triton.cdiv(TARGET_PROGRAMS, batch * n_kv), triton.cdiv(keys, BLOCK_N)))
+    keys: enough for ~`target` programs, at least one tile of `block` keys each."""
+    return max(1, min(triton.cdiv(target, batch * n_kv), triton.cdiv(keys, block)))
+
+
+class DecodeLaunch(NamedTuple):
+    """How `decode_attention` launches: keys per tile, warps, pipeline stages, target programs.
+    The default is within 1 % of the best of 33 swept on an H100 (64 rows of 500 to 5,000 keys,
+    docs/benchmarks.md; tools/bench/decode_attention.py ``--configs``); 8 warps, 1 stage: 25 %
+    slower."""
+
+    block: int = BLOCK_N
+    warps: int = 4
+    stages: int = 2  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
+    target: int = TARGET_PROGRAMS
 
 
 def _split_partials(
@@ -213,6 +229,7 @@ def decode_attention(
     scale: float,
     table: torch.Tensor | None = None,
     splits: int | None = None,
+    launch: DecodeLaunch = DecodeLaunch(),
 ) -> torch.Tensor:
     """One query per row, ``q`` [B, H, D] -> [B, H, D]: row b attends to slot b's keys
     ``[0, pos[b]]`` (none, zeros, if ``pos[b] >= keys``: ``keys`` bounds the grid, not the
@@ -220,8 +237,8 @@ def decode_attention(
     batch, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
-    splits = splits or attention_splits(batch, n_kv, keys)
-    chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_N) * BLOCK_N
+    splits = splits or attention_splits(batch, n_kv, keys, launch.block, launch.target)
+    chunk = triton.cdiv(triton.cdiv(keys, splits), launch.block) * launch.block
     out = torch.empty_like(q)
     po, pm, pl = _split_partials(out, splits)
     _decode_attn_kernel[(batch, n_kv, splits)](
@@ -244,13 +261,14 @@ def decode_attention(
         REP=rep,
         REP_PAD=max(16, triton.next_power_of_2(rep)),
         DIM=dim,
-        BLOCK=BLOCK_N,
+        BLOCK=launch.block,
         SPLITS=splits,
         CHUNK=chunk,
         F32_DOT=q.dtype == torch.float32 or INTERPRET,
         INTERPRETED=INTERPRET,
         PAGE=0 if table is None else k_cache.shape[2],
-        num_stages=2,  # H200, 64 rows x 500 keys: 34.4 us vs 38.3 at 3
+        num_warps=launch.warps,
+        num_stages=launch.stages,
     )
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](

@@ -97,8 +97,9 @@ def test_kernel_kinds_of_the_triton_step_cublas_and_cpu_ops() -> None:
 )
 def test_decode_attention_bench_checks_every_split_against_a_reference() -> None:
     """tools/bench/decode_attention.py --tiny (Triton's interpreter without a GPU): the engine's
-    split rule and a forced split, over slots and over shuffled paged blocks, each checked
-    against float32 attention (the script raises past its tolerance)."""
+    split rule, a forced split and another launch configuration (16 keys per tile, 64 target
+    programs), over slots and over shuffled paged blocks, each checked against float32 attention
+    (the script raises past its tolerance)."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     if not torch.cuda.is_available():
@@ -109,10 +110,12 @@ def test_decode_attention_bench_checks_every_split_against_a_reference() -> None
         "--tiny",
         "--splits",
         "auto,3",
+        "--configs",
+        "16x4x2x64",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["auto_splits"] > 1  # 3 rows: the keys are split across programs
-    for name in ("slots_auto", "slots_3", "paged_auto", "paged_3"):
+    for name in ("slots_auto", "slots_3", "paged_auto", "paged_3", "paged_16x4x2x64"):
         assert result[name]["rel_err"] < 1e-4

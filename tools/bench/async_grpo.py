@@ -40,7 +40,9 @@ event-loop lag, CPU and forks are in the JSON (``process_load``, the view ``proc
 ``--tiny`` runs 4 steps of 2 tasks x 4 samples, one turn of up to 16 tokens, the last decoder
 layer and the final norm trained. ``--device cuda`` runs 8 steps of 4 tasks x 8 samples, 3 turns
 of up to 96 tokens, the default model (SmolLM2-135M) trained whole, after a 1-step warm-up run
-(not measured: it pays the Triton JIT and compile caches both measured runs then share); each
+(not measured: it pays the Triton JIT and compile caches both measured runs then share); the
+async run makes 1.5x the steps (``--async-steps``: 12), so that the time it takes to reach the
+reward sync ended with is measured (``async_time_to_sync_final_over_sync``); each
 measured run is stopped at 190 s (warm-up 130 s) and then measured on the steps it made, so the
 whole script ends within 9 minutes. ``--set KEY=VALUE`` is passed to every run. Run order:
 warm-up, sync, async. Each run's output goes to WORK/<mode>.log.
@@ -238,7 +240,13 @@ def main() -> None:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--tiny", action="store_true", help="CPU, the recipe as committed (default)")
     size.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--steps", type=int, help="train steps per run (default: 3 tiny, 10 cuda)")
+    ap.add_argument("--steps", type=int, help="train steps per run (default: 4 tiny, 8 cuda)")
+    ap.add_argument(
+        "--async-steps",
+        type=int,
+        help="train steps of the async run (default: 1.5x --steps on cuda, so it can reach the "
+        "reward sync ends with; --steps on the CPU)",
+    )
     ap.add_argument("--staleness", type=int, default=2, help="async max_staleness (default 2)")
     ap.add_argument("--warmup-steps", type=int, help="unmeasured warm-up run (default 0 / 1 cuda)")
     ap.add_argument(
@@ -252,6 +260,7 @@ def main() -> None:
     args = ap.parse_args()
     cuda = args.device == "cuda" and not args.tiny
     steps = args.steps or (8 if cuda else 4)
+    async_steps = args.async_steps or (steps * 3 // 2 if cuda else steps)
     warmup = args.warmup_steps if args.warmup_steps is not None else (1 if cuda else 0)
     limit = args.timeout_s or (190.0 if cuda else 1800.0)
     base = [*(CUDA_SETS if cuda else TINY_SETS), f"trainer.steps={steps}", *args.sets]
@@ -277,7 +286,14 @@ def main() -> None:
     }
     for mode, extra in (
         ("sync", ["algorithm.mode=sync"]),
-        ("async", ["algorithm.mode=async", f"algorithm.max_staleness={args.staleness}"]),
+        (
+            "async",
+            [
+                "algorithm.mode=async",
+                f"algorithm.max_staleness={args.staleness}",
+                f"trainer.steps={async_steps}",
+            ],
+        ),
     ):
         wall, finished = stacx_run(work / mode, [*base, *extra], limit)
         out[mode] = {"wall_s": round(wall, 1), "finished": finished, **measure(work / mode)}

@@ -7,7 +7,8 @@ turns), the grid bounded by the engine's key bucket for the longest (cuda_graphs
 cache and over a paged one (blocks of 64 in shuffled order). Bytes: each row's keys and values
 read once (what the kernel must read); time: the median of CUDA-graph replays of 20 calls
 (triton.testing.do_bench_cudagraph). Variants: the engine's split rule ("auto") and fixed
-splits. Every variant is first checked against a float32 reference on fresh random data.
+splits, and with ``--configs`` other launch configurations (keys per tile, warps, stages, target
+programs: ``triton_attention.DecodeLaunch``). Every variant is first checked against a float32 reference on fresh random data.
 
 ``--tiny``: 3 rows of 1..130 keys, 4 heads of 32 dims, float32 (Triton's CPU interpreter where
 there is no GPU: checks the variants, times nothing). Prints ONE JSON line last.
@@ -83,6 +84,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--lengths", default=None, help="lo,hi context lengths")
     ap.add_argument("--splits", default="auto,1,2,4,8", help="variants: auto and fixed splits")
+    ap.add_argument(
+        "--configs",
+        default="",
+        help="more variants, the split rule's: launch configurations KEYSxWARPSxSTAGES[xPROGRAMS] "
+        "(e.g. 32x4x2,64x8x1,128x4x3x8192; triton_attention.DecodeLaunch)",
+    )
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
@@ -121,25 +128,30 @@ def main() -> None:
     if gpu:
         result["copy_gb_s"] = round(copy_bandwidth(dev) / 1e9, 1)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    variants: list[tuple[str, int | None, tk.DecodeLaunch]] = [
+        (name, None if name == "auto" else int(name), tk.DecodeLaunch())
+        for name in args.splits.split(",")
+    ]
+    for spec in filter(None, args.configs.split(",")):
+        variants.append((spec, None, tk.DecodeLaunch(*map(int, spec.split("x")))))
     for layout, (kc, vc, table) in caches.items():
-        for name in args.splits.split(","):
-            splits = None if name == "auto" else int(name)
-            out = tk.decode_attention(q, kc, vc, pos, keys, scale, table, splits=splits)
+        for name, splits, launch in variants:
+            out = tk.decode_attention(q, kc, vc, pos, keys, scale, table, splits, launch)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             entry: dict[str, float] = {"rel_err": float(f"{err:.2e}")}
             if err > tol:
-                raise RuntimeError(f"{layout} splits={name}: relative error {err:.2e} > {tol}")
+                raise RuntimeError(f"{layout} {name}: relative error {err:.2e} > {tol}")
             if gpu:
                 import triton.testing
 
-                def call(kc=kc, vc=vc, table=table, splits=splits) -> None:  # type: ignore[no-untyped-def]
-                    tk.decode_attention(q, kc, vc, pos, keys, scale, table, splits=splits)
+                def call(kc=kc, vc=vc, table=table, splits=splits, launch=launch) -> None:  # type: ignore[no-untyped-def]
+                    tk.decode_attention(q, kc, vc, pos, keys, scale, table, splits, launch)
 
                 ms = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
                 entry |= {"us": round(ms * 1e3, 1), "gb_s": round(read / ms / 1e6, 1)}
                 entry["of_copy"] = round(entry["gb_s"] / result["copy_gb_s"], 3)  # type: ignore[operator]
             result[f"{layout}_{name}"] = entry
-            print(f"{layout} splits={name}: {entry}", file=sys.stderr)
+            print(f"{layout} {name}: {entry}", file=sys.stderr)
     print(json.dumps(result))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +21,35 @@ from stacx.errors import EngineError
 from stacx.inference.flat_prefill import FlatPiece
 from stacx.inference.kv_cache import KVCache, PagedKVCache, gather_blocks
 
-if TYPE_CHECKING:
-    from stacx.inference.decoder_kernels import KernelStep
-
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class KernelPath(Protocol):
+    """What the decoder runs instead of its torch ops once a Triton path is enabled
+    (`decoder_kernels.KernelStep`, which imports this module: the protocol keeps it one way)."""
+
+    def decode(
+        self,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+        ids_B: torch.Tensor,
+        pos_B: torch.Tensor,
+        kv_len: int,
+        table_B_W: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def prefill(
+        self,
+        cache: KVCache,
+        slots: list[int],
+        offsets: list[int],
+        new_ids: list[list[int]],
+        logits_from: list[int],
+        budget: int,
+        run: Callable[[FlatPiece], torch.Tensor] | None,
+    ) -> list[torch.Tensor]: ...
+
+    def prefill_tokens(self, cache: KVCache, piece: FlatPiece) -> torch.Tensor: ...
 
 
 class Decoder:
@@ -66,7 +91,7 @@ class Decoder:
         self.prefill_chunk = 16384 if self.device.type == "cuda" else 2048
         self.gemv_rows = 0  # see _linear; set by enable_compile
         self.compiled = False
-        self.kernel_step: KernelStep | None = None  # the Triton path: decoder_kernels.py
+        self.kernel_step: KernelPath | None = None  # the Triton path: decoder_kernels.py
         self.flat_prefill: bool | None = None  # the Triton prefill: None until its first use
         self.gemm_rows = 0  # see decoder_kernels.enable_kernels
         self.qkv_split = (

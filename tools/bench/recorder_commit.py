@@ -1,8 +1,8 @@
 """What one recorder commit costs, outside the event loop: the recorder's own ``_commit`` (one
 transaction: a row insert per kind table, ``_events``, the stream position) on a file opened as
-the recorder opens it, the events of tools/bench/events.py (tools/bench/synthetic.py's mix, 256-
-token turns) decoded as the recorder decodes them, checkpointed when the WAL passes the
-recorder's threshold.
+the recorder opens it, the events of tools/bench/events.py (tools/bench/synthetic.py's mix,
+256-token turns) as one message each, decoded by the recorder's own ``_prepare`` (not timed),
+checkpointed when the WAL passes the recorder's threshold.
 
 For each ``--batches`` size: the mean milliseconds per commit, microseconds per event, and the
 checkpoints' seconds; the baseline is the same events in one commit (what the rows themselves
@@ -22,34 +22,30 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import duckdb
+from nats.aio.msg import Msg
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from stacx.events import Event  # noqa: E402
 from stacx.store import db  # noqa: E402
-from stacx.store.recorder import Recorder, _Batch, _rows  # noqa: E402
-from stacx.store.schema import EVENTS_SCHEMA, TABLES, to_arrow  # noqa: E402
-from stacx.wire import decode_wire, encode  # noqa: E402
+from stacx.store.recorder import Recorder  # noqa: E402
+from stacx.store.schema import to_arrow  # noqa: E402
+from stacx.wire import encode  # noqa: E402
 from tools.bench.events import make_events  # noqa: E402
 
 
-def batch_of(events: list[Event], first_seq: int) -> _Batch:
-    """A `_Batch` as `Recorder._prepare` builds it from a fetch: one message per event."""
-    by_kind: dict[str, list[Event]] = defaultdict(list)
-    seqs: dict[str, list[int]] = defaultdict(list)
-    index = []
-    for seq, e in enumerate(events, first_seq):
-        by_kind[e.kind].append(e)
-        seqs[e.kind].append(seq)
-        index.append((seq, e.event_id, e.kind, e.run_id, e.ts, getattr(e, "episode_id", None)))
-    tables = {TABLES[k].name: to_arrow(k, evs, seqs[k]) for k, evs in by_kind.items()}
-    tables["_events"] = _rows(index, EVENTS_SCHEMA)
-    return _Batch(tables, index, [], [], [], first_seq + len(events) - 1)
+def fetched(events: list[Event], first_seq: int) -> list[Msg]:
+    """The events as a fetch delivers them to the recorder: one message each, in sequence."""
+    return [
+        Msg(
+            _client=None, subject="bench", reply=f"$JS.ACK.S.recorder.1.{s}.{s}.0.0", data=encode(e)
+        )
+        for s, e in enumerate(events, first_seq)
+    ]
 
 
 def commit_all(events: list[Event], size: int) -> tuple[list[float], float]:
@@ -59,9 +55,12 @@ def commit_all(events: list[Event], size: int) -> tuple[list[float], float]:
         rec = Recorder(None, "bench", Path(tmp))  # type: ignore[arg-type]  # no stream: _commit only
         rec.open()
         assert rec.con is not None
-        batches = [batch_of(events[i : i + size], i + 1) for i in range(0, len(events), size)]
+        batches = [  # decoded and indexed by the recorder's own `_prepare`, not timed
+            rec._prepare(fetched(events[i : i + size], i + 1)) for i in range(0, len(events), size)
+        ]
         commits, checkpoints = [], 0.0
         for b in batches:
+            assert b is not None
             t0 = time.perf_counter()
             rec._commit(b)
             commits.append(time.perf_counter() - t0)
@@ -101,7 +100,7 @@ def main() -> None:
         f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
         f"duckdb {duckdb.__version__}"
     )
-    events = [d for e in make_events("bench", a.events) for d in decode_wire(encode(e))]
+    events = make_events("bench", a.events)
     one, _ = commit_all(events, len(events))
     baseline_us = one[0] / len(events) * 1e6
     print(f"{len(events)} events in one commit: {one[0]:.2f} s, {baseline_us:.1f} µs per event")

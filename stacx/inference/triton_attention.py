@@ -109,7 +109,7 @@ def _attend_keys(
     return state
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["keys", "splits", "chunk"])  # one compile for every length
 def _decode_attn_kernel(
     Q,
     KC,
@@ -126,13 +126,15 @@ def _decode_attn_kernel(
     kc_head,
     kc_pos,
     table_stride,
+    splits,
+    chunk,
     N_HEADS: tl.constexpr,
     REP: tl.constexpr,
     REP_PAD: tl.constexpr,
     DIM: tl.constexpr,
     BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr,
-    CHUNK: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    LIMIT: tl.constexpr,
     F32_DOT: tl.constexpr,
     INTERPRETED: tl.constexpr,
     PAGE: tl.constexpr,
@@ -148,40 +150,38 @@ def _decode_attn_kernel(
     )
     pos = tl.load(POS + b)
     length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
-    lo = s * CHUNK
-    hi = tl.minimum(lo + CHUNK, length)
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, length)
     at = (b * kc_slot if PAGE == 0 else 0) + g * kc_head  # paged: blocks from row b's table
     cache = (KC + at, VC + at, TABLE + b * table_stride, kc_slot, kc_pos)
     m_i, l_i, acc = _attend_keys(
-        q, pos, cache, lo, hi, scale, d, REP_PAD, CHUNK, BLOCK, False, F32_DOT, INTERPRETED, PAGE
+        q, pos, cache, lo, hi, scale, d, REP_PAD, LIMIT, BLOCK, False, F32_DOT, INTERPRETED, PAGE
     )
     rmask = (r < REP)[:, None]
-    if SPLITS == 1:
+    if ONE_SPLIT:
         out = (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(OUT.dtype.element_ty)
         tl.store(OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], out, mask=rmask)
     else:
-        part = (b * N_HEADS + heads) * SPLITS + s  # [B, H, SPLITS] partials
+        part = (b * N_HEADS + heads) * splits + s  # [B, H, splits] partials
         tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
         tl.store(PM + part, m_i, mask=r < REP)
         tl.store(PL + part, l_i, mask=r < REP)
 
 
-@triton.jit
-def _combine_kernel(
-    PO, PM, PL, OUT, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr
-):
+@triton.jit(do_not_specialize=["splits"])
+def _combine_kernel(PO, PM, PL, OUT, splits, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr):
     bh = tl.program_id(0)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, DIM)
-    live = sp < SPLITS
-    m = tl.load(PM + bh * SPLITS + sp, mask=live, other=float("-inf"))
-    l_s = tl.load(PL + bh * SPLITS + sp, mask=live, other=0.0)
+    live = sp < splits
+    m = tl.load(PM + bh * splits + sp, mask=live, other=float("-inf"))
+    l_s = tl.load(PL + bh * splits + sp, mask=live, other=0.0)
     top = tl.max(m, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys (a padded row): zeros
     w = tl.exp(m - top)
     total = tl.sum(l_s * w, axis=0)
     acc = tl.load(
-        PO + (bh * SPLITS + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
+        PO + (bh * splits + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
     )
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
@@ -257,13 +257,15 @@ def decode_attention(
         k_cache.stride(1),
         k_cache.stride(2),
         0 if table is None else table.stride(0),
+        splits,
+        chunk,
         N_HEADS=n_heads,
         REP=rep,
         REP_PAD=max(16, triton.next_power_of_2(rep)),
         DIM=dim,
         BLOCK=launch.block,
-        SPLITS=splits,
-        CHUNK=chunk,
+        ONE_SPLIT=splits == 1,
+        LIMIT=chunk if INTERPRET else 0,  # compiled: one kernel for every key count and split
         F32_DOT=q.dtype == torch.float32 or INTERPRET,
         INTERPRETED=INTERPRET,
         PAGE=0 if table is None else k_cache.shape[2],
@@ -272,7 +274,7 @@ def decode_attention(
     )
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](
-            po, pm, pl, out, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
+            po, pm, pl, out, splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
         )
     return out
 

@@ -350,3 +350,32 @@ async def test_a_cache_budget_sizes_the_kv_cache_in_new_plan() -> None:
             cuda_graphs=False,
             cache_bytes=per_row - 1,
         )
+
+
+def test_decode_attention_compiles_once_for_every_key_count_and_batch() -> None:
+    """The split count and key range of a decode-attention launch are runtime arguments: every
+    (batch bucket, key bucket) of a run shares one compiled kernel per split/no-split, so a cold
+    engine does not pay a Triton compile per new context length (the cold pass's JIT time)."""
+    from stacx.inference import triton_attention as ta
+
+    dev = torch.device("cuda")
+    n_heads, n_kv, dim, slots, cap = 8, 2, 64, 64, 4096
+    gen = torch.Generator(device=dev).manual_seed(0)
+    k_cache = torch.randn(slots, n_kv, cap, dim, device=dev, generator=gen, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    worst = 0.0
+    for batch in (1, 3, 16, 64):
+        for keys in (256, 384, 1024, 3072):
+            q = torch.randn(batch, n_heads, dim, device=dev, generator=gen, dtype=torch.bfloat16)
+            pos = torch.randint(0, keys, (batch,), device=dev, generator=gen)
+            out = ta.decode_attention(q, k_cache, v_cache, pos, keys, dim**-0.5)
+            for b in range(batch):
+                n = int(pos[b]) + 1
+                k = k_cache[b, :, :n].float().repeat_interleave(n_heads // n_kv, 0)
+                v = v_cache[b, :, :n].float().repeat_interleave(n_heads // n_kv, 0)
+                w = torch.softmax(q[b].float()[:, None, :] @ k.transpose(1, 2) * dim**-0.5, -1)
+                ref = (w @ v)[:, 0]
+                worst = max(worst, float((out[b].float() - ref).norm() / ref.norm()))
+    assert worst < 1e-2
+    compiled = ta._decode_attn_kernel.device_caches[torch.cuda.current_device()][0]
+    assert len(compiled) <= 2, f"{len(compiled)} compiled variants of _decode_attn_kernel"

@@ -30,6 +30,16 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
     return n
 
 
+def kv_bucket(kv_len: int, capacity: int) -> int:
+    """The smallest key-length bucket >= kv_len: powers of two and their midpoints, so a step
+    reads at most a third more keys than it needs (at batch 64 the keys are most of a step's
+    bytes); at most `capacity`."""
+    b = MIN_KV_BUCKET
+    while b < kv_len:
+        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
+    return min(b, capacity)
+
+
 class Chunk(NamedTuple):
     """A launched multi-step replay: its [2, steps, rows] tokens and logprobs land in
     ``host`` (pinned) once ``done`` has completed; ``sampled``: drawn at the rows' temperatures."""
@@ -147,12 +157,7 @@ class GraphedDecode:
             return None
 
     def _kv_bucket(self, kv_len: int) -> int:
-        """The smallest bucket >= kv_len: powers of two and their midpoints, so a step reads at
-        most a third more keys than it needs (at batch 64 the keys are most of a step's bytes)."""
-        b = MIN_KV_BUCKET
-        while b < kv_len:
-            b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
-        return min(b, self.cache.capacity)
+        return kv_bucket(kv_len, self.cache.capacity)
 
     @torch.inference_mode()
     def run(self, ids: list[int], pos: list[int], kv_len: int) -> torch.Tensor:

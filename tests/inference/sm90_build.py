@@ -5,7 +5,10 @@ does nothing (the tensors live on the CPU).
 
 Run as a script (``python tests/inference/sm90_build.py``), never with TRITON_INTERPRET set:
 the kernels must be built as the GPU builds them. Prints one JSON line: each kernel built (one
-per specialization), its registers, spill bytes and shared memory."""
+per specialization), its registers, spill bytes and shared memory. With ``--decode-grid``: the
+decode attention at every (batch bucket, key-length bucket) a cold engine meets up to 6,144
+keys, Qwen3-0.6B's heads over a paged cache; the line gives its builds and their seconds (what
+a cold engine pays in Triton JIT for them)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +123,30 @@ def _engine_steps(family: str) -> None:
     triton_pick.pick(logits, out_tok, out_lp, draw)
 
 
+def _decode_grid() -> dict[str, Any]:
+    """`decode_attention` launched as the CUDA graphs capture it: every batch bucket up to 64
+    rows at every key-length bucket up to 6,144 keys (Qwen3-0.6B: 16 query heads over 8 kv heads
+    of 128, a paged cache of 64-position blocks, bf16); the builds it took and their time."""
+    from stacx.inference.cuda_graphs import BATCH_BUCKETS, kv_bucket
+
+    keys = sorted({kv_bucket(n, 6144) for n in range(1, 6145)})
+    cache = torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16)  # launches skip: shapes suffice
+    table = torch.zeros(64, 6144 // 64, dtype=torch.int32)
+    t0 = time.perf_counter()
+    for batch in (b for b in BATCH_BUCKETS if b <= 64):
+        q = torch.zeros(batch, 16, 128, dtype=torch.bfloat16)
+        pos = torch.zeros(batch, dtype=torch.long)
+        for n in keys:
+            triton_attention.decode_attention(q, cache, cache, pos, n, 0.1, table[:batch])
+    fn = triton_attention._decode_attn_kernel
+    return {
+        "shapes": len(keys) * sum(b <= 64 for b in BATCH_BUCKETS),
+        "builds": len(fn.device_caches[0][0]) if fn.device_caches else 0,
+        "combine_builds": len(triton_attention._combine_kernel.device_caches[0][0]),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
 def _usage(cubin: bytes) -> dict[str, int]:
     """A cubin's registers per thread and spill bytes per thread (LOCAL), as
     ``cuobjdump --dump-resource-usage`` (shipped with Triton) reads them."""
@@ -136,6 +164,9 @@ def _usage(cubin: bytes) -> dict[str, int]:
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
     triton.runtime.driver.set_active(BuildOnly())  # type: ignore[arg-type]
+    if sys.argv[1:] == ["--decode-grid"]:
+        print(json.dumps(_decode_grid()))
+        return
     for family in sys.argv[1:] or ["llama", "qwen3"]:
         _engine_steps(family)
     built = []

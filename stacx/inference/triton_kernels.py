@@ -361,7 +361,7 @@ def gemv(
 GEMM_ROWS = 64  # the Triton GEMM's one tile of rows; more rows: cuBLAS
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])  # one build per BLOCK_M, not per batch bucket
 def _gemm_kernel(
     X,
     W,

@@ -6,9 +6,9 @@ does nothing (the tensors live on the CPU).
 Run as a script (``python tests/inference/sm90_build.py``), never with TRITON_INTERPRET set:
 the kernels must be built as the GPU builds them. Prints one JSON line: each kernel built (one
 per specialization), its registers, spill bytes and shared memory. With ``--decode-grid``: the
-decode attention at every (batch bucket, key-length bucket) a cold engine meets up to 6,144
-keys, Qwen3-0.6B's heads over a paged cache; the line gives its builds and their seconds (what
-a cold engine pays in Triton JIT for them)."""
+decode step at every (batch bucket, key-length bucket) a cold engine meets up to 6,144 keys
+(Qwen3-0.6B's layer over a paged cache); the line gives each kernel's builds and their seconds
+(what a cold engine pays in Triton JIT for its decode steps)."""
 
 from __future__ import annotations
 
@@ -124,27 +124,40 @@ def _engine_steps(family: str) -> None:
 
 
 def _decode_grid() -> dict[str, Any]:
-    """`decode_attention` launched as the CUDA graphs capture it: every batch bucket up to 64
-    rows at every key-length bucket up to 6,144 keys (Qwen3-0.6B: 16 query heads over 8 kv heads
-    of 128, a paged cache of 64-position blocks, bf16); the builds it took and their time."""
+    """The decode step launched as the CUDA graphs capture it: every batch bucket up to 64 rows
+    at every key-length bucket up to 6,144 keys (two Qwen3-0.6B layers over a paged cache of
+    64-position blocks, bf16); the builds of each kernel and their time."""
     from stacx.inference.cuda_graphs import BATCH_BUCKETS, kv_bucket
 
+    dec = Decoder(_model("qwen3"), 6200)
+    os.environ["TRITON_INTERPRET"] = "1"  # only for enable_kernels' device check
+    try:
+        enable_kernels(dec, gemv_rows=4, gemm_rows=64)
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+    paged = dec.new_paged_cache(rows=64, blocks=8, block=64)  # launches skip: shapes suffice
     keys = sorted({kv_bucket(n, 6144) for n in range(1, 6145)})
-    cache = torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16)  # launches skip: shapes suffice
-    table = torch.zeros(64, 6144 // 64, dtype=torch.int32)
+    batches = [b for b in BATCH_BUCKETS if b <= 64]
     t0 = time.perf_counter()
-    for batch in (b for b in BATCH_BUCKETS if b <= 64):
-        q = torch.zeros(batch, 16, 128, dtype=torch.bfloat16)
-        pos = torch.zeros(batch, dtype=torch.long)
+    for b in batches:
         for n in keys:
-            triton_attention.decode_attention(q, cache, cache, pos, n, 0.1, table[:batch])
-    fn = triton_attention._decode_attn_kernel
+            dec.decode(paged, torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long), n)
     return {
-        "shapes": len(keys) * sum(b <= 64 for b in BATCH_BUCKETS),
-        "builds": len(fn.device_caches[0][0]) if fn.device_caches else 0,
-        "combine_builds": len(triton_attention._combine_kernel.device_caches[0][0]),
+        "shapes": len(keys) * len(batches),
         "seconds": round(time.perf_counter() - t0, 1),
+        "builds": {
+            name: len(fn.device_caches[0][0]) for name, fn in _kernels() if fn.device_caches
+        },
     }
+
+
+def _kernels() -> list[tuple[str, JITFunction]]:
+    return [
+        (name, fn)
+        for module in (triton_kernels, triton_attention, triton_pick)
+        for name, fn in vars(module).items()
+        if isinstance(fn, JITFunction)
+    ]
 
 
 def _usage(cubin: bytes) -> dict[str, int]:
@@ -170,12 +183,10 @@ def main() -> None:
     for family in sys.argv[1:] or ["llama", "qwen3"]:
         _engine_steps(family)
     built = []
-    for module in (triton_kernels, triton_attention, triton_pick):
-        for name, fn in vars(module).items():
-            if isinstance(fn, JITFunction) and fn.device_caches:
-                for kernel in fn.device_caches[0][0].values():
-                    usage = _usage(kernel.asm["cubin"])
-                    built.append({"kernel": name, "shared": kernel.metadata.shared, **usage})
+    for name, fn in _kernels():
+        for kernel in fn.device_caches[0][0].values() if fn.device_caches else ():
+            usage = _usage(kernel.asm["cubin"])
+            built.append({"kernel": name, "shared": kernel.metadata.shared, **usage})
     print(json.dumps({"built": built}))
 
 

@@ -156,14 +156,11 @@ class GraphedDecode:
             )
             return None
 
-    def _kv_bucket(self, kv_len: int) -> int:
-        return kv_bucket(kv_len, self.cache.capacity)
-
     @torch.inference_mode()
     def run(self, ids: list[int], pos: list[int], kv_len: int) -> torch.Tensor:
         n = len(ids)
         b = min(bucket(n, BATCH_BUCKETS), self.cache.slots)
-        t = self._kv_bucket(kv_len)
+        t = kv_bucket(kv_len, self.cache.capacity)
         self._load_inputs(ids, pos, n, b)
         key = (b, t)
         if key not in self.graphs:
@@ -217,7 +214,7 @@ class GraphedDecode:
     ) -> tuple[int, int, int, bool]:
         return (
             min(bucket(n, BATCH_BUCKETS), self.cache.slots),
-            self._kv_bucket(kv_len),
+            kv_bucket(kv_len, self.cache.capacity),
             steps,
             sampled,
         )

@@ -92,16 +92,23 @@ def _model(family: str) -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
-def _engine_steps(family: str) -> None:
-    """The step's launches as the engine makes them: a flat prefill (fresh prompts, then a turn
-    on a reused prefix), decode steps at a GEMV, a Triton-GEMM and a cuBLAS row count, over a
-    slot cache and a paged one; then the token pick, greedy and sampled."""
-    dec = Decoder(_model(family), 512)
-    os.environ["TRITON_INTERPRET"] = "1"  # only for enable_kernels' device check: a CPU here
+def _kernel_decoder(family: str, capacity: int) -> Decoder:
+    """A decoder of `_model(family)` with the Triton step kernels on, as the engine enables them
+    (TRITON_INTERPRET is set only across enable_kernels' device check: a CPU here)."""
+    dec = Decoder(_model(family), capacity)
+    os.environ["TRITON_INTERPRET"] = "1"
     try:
         enable_kernels(dec, gemv_rows=4, gemm_rows=64)
     finally:
         del os.environ["TRITON_INTERPRET"]
+    return dec
+
+
+def _engine_steps(family: str) -> None:
+    """The step's launches as the engine makes them: a flat prefill (fresh prompts, then a turn
+    on a reused prefix), decode steps at a GEMV, a Triton-GEMM and a cuBLAS row count, over a
+    slot cache and a paged one; then the token pick, greedy and sampled."""
+    dec = _kernel_decoder(family, 512)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 4000, (n,), generator=gen).tolist() for n in (40, 300, 7)]
     slots = dec.new_cache()
@@ -129,12 +136,7 @@ def _decode_grid() -> dict[str, Any]:
     64-position blocks, bf16); the builds of each kernel and their time."""
     from stacx.inference.cuda_graphs import BATCH_BUCKETS, kv_bucket
 
-    dec = Decoder(_model("qwen3"), 6200)
-    os.environ["TRITON_INTERPRET"] = "1"  # only for enable_kernels' device check
-    try:
-        enable_kernels(dec, gemv_rows=4, gemm_rows=64)
-    finally:
-        del os.environ["TRITON_INTERPRET"]
+    dec = _kernel_decoder("qwen3", 6200)
     paged = dec.new_paged_cache(rows=64, blocks=8, block=64)  # launches skip: shapes suffice
     keys = sorted({kv_bucket(n, 6144) for n in range(1, 6145)})
     batches = [b for b in BATCH_BUCKETS if b <= 64]

@@ -145,6 +145,7 @@ def hf_tokens(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> list[l
     return [row[prompts.shape[1] :].tolist() for row in out]
 
 
+@torch.inference_mode()  # the graphs' input buffers are inference tensors
 def profile_decode(engine: object, b: int) -> dict[str, object]:
     """Replay the decode graphs the timed run used for batch `b` (CUDA events, no host in the
     loop) and torch-profile one replay of the longest: GPU ms per decode step, kernels per
@@ -420,12 +421,17 @@ def main() -> None:
                     f"{result[f'stacx_prefill_ms_b{b}']} ms)",
                     file=sys.stderr,
                 )
-                if args.profile and gpu:
-                    result[f"profile_b{b}"] = profile_decode(engine, b)
             except Exception as e:
                 errors[f"stacx_b{b}"] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
                 result[f"stacx_tok_s_b{b}"] = None
+                continue
+            if args.profile and gpu:  # a failed profile keeps the rate measured above
+                try:
+                    result[f"profile_b{b}"] = profile_decode(engine, b)
+                except Exception as e:
+                    errors[f"profile_b{b}"] = f"{type(e).__name__}: {e}"
+                    traceback.print_exc()
         graphed = getattr(engine, "_graphed", None)
         if graphed is not None:
             compiled = engine.decoder.compiled

@@ -62,6 +62,8 @@ def cli(
         engine = await asyncio.to_thread(
             TorchEngine, model, device=device, max_batch=max_batch, max_len=max_len, threads=threads
         )
+        if engine.graphed:  # kernel builds and graph captures before the first request, not in it
+            await engine.warm_up()
         server = Server(engine, model_name=model, aliases=aliases)
         runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()

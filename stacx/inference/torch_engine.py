@@ -12,17 +12,20 @@ import asyncio
 import collections
 import functools
 import os
+import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
+import msgspec
 import torch
 from torch import nn
 
 from stacx.errors import EngineError
 from stacx.hf import read_safetensors
 from stacx.inference import adapters
+from stacx.inference.cuda_graphs import BATCH_BUCKETS, PREFILL_BUCKETS
 from stacx.inference.decoder import Decoder
 from stacx.inference.engine_admission import Holds
 from stacx.inference.engine_replays import MultiStepReplays
@@ -276,6 +279,32 @@ class TorchEngine(MultiStepReplays):
     def _flush(self) -> None:
         self._kv.invalidate()
         self._holds.held.clear()  # no next turn can reuse the keys they were held for
+
+    @property
+    def graphed(self) -> bool:
+        """Whether decode runs from CUDA graphs (whose first use of a shape captures it)."""
+        return self._graphed is not None
+
+    async def warm_up(self) -> WarmUp:
+        """Build the step's kernels and capture the graphs a first pass meets, before any request
+        does (`warm_up_plan`: a prefill at every piece bucket, then greedy and sampled replies at
+        every batch bucket, short and long); the prefix cache, holds and counters are then reset,
+        so serving starts as on a fresh engine. The open path runs it where decode is `graphed`
+        (a CPU engine builds nothing ahead)."""
+        t0 = time.perf_counter()
+        pool = self._kv.usage()["pool_tokens"]
+        plan = warm_up_plan(self.max_batch, self.max_len, self.decode_steps, self.vocab_size, pool)
+        tokens = 0
+        for prompts, params in plan:
+            tokens += sum(len(g.output_ids) for g in await self.generate(prompts, params))
+        await self._call(self._reset_after_warm_up)
+        return WarmUp(time.perf_counter() - t0, sum(len(p) for p, _ in plan), tokens)
+
+    def _reset_after_warm_up(self) -> None:
+        self._flush()
+        self._kv.reset_peak()
+        for key in self.stats:
+            self.stats[key] = 0
 
     async def close(self) -> None:
         with self._cv:
@@ -552,3 +581,43 @@ class TorchEngine(MultiStepReplays):
         if self.decoder.changes_keys(state):
             self._kv.invalidate()
         self._version = version
+
+
+class WarmUp(NamedTuple):
+    """What `TorchEngine.warm_up` ran: its seconds, requests and generated tokens."""
+
+    seconds: float
+    requests: int
+    tokens: int
+
+
+def warm_up_plan(
+    max_batch: int, max_len: int, decode_steps: int, vocab: int, pool_tokens: int = 0
+) -> list[tuple[list[list[int]], SamplingParams]]:
+    """`TorchEngine.warm_up`'s generate calls, in order: one prompt per prefill piece bucket (its
+    graph and the prefill kernels), then at every batch bucket up to `max_batch` rows of short
+    prompts, greedy and sampled, each reply two multi-step replays long (the decode graphs and
+    every row tile's kernels), then one row and the most rows that fit half of a `pool_tokens`
+    pool (0: no pool) at a long context (the attention's split path). Random prompts (seeded), so
+    no row reuses another's prefix."""
+    steps = 2 * decode_steps
+    draw = random.Random(0)
+
+    def prompts(rows: int, length: int) -> list[list[int]]:
+        return [[draw.randrange(1, vocab) for _ in range(length)] for _ in range(rows)]
+
+    greedy = SamplingParams(max_new_tokens=steps, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=steps, temperature=1.0, seed=0, ignore_eos=True)
+    plan = [
+        (prompts(1, n), msgspec.structs.replace(greedy, max_new_tokens=1))
+        for n in PREFILL_BUCKETS
+        if n <= max_len - 2
+    ]
+    batches = [b for b in BATCH_BUCKETS if b <= max_batch]
+    for b in batches:
+        plan += [(prompts(b, 16), greedy), (prompts(b, 16), sampled)]
+    long = min(PREFILL_BUCKETS[-1], max_len - steps - 1)  # a prompt that leaves the reply room
+    if long > 16:
+        fit = [b for b in batches if not pool_tokens or b * (long + steps) <= pool_tokens // 2]
+        plan += [(prompts(b, long), greedy) for b in sorted({1, fit[-1] if fit else 1})]
+    return plan

@@ -100,6 +100,8 @@ async def _open_torch(
         cache_bytes=cache_bytes,
     )
     stack.push_async_callback(engine.close)
+    if engine.graphed:  # else the first requests would wait on kernel builds and graph captures
+        await engine.warm_up()
     assert engine.tokenizer is not None
     return engine, engine.tokenizer  # type: ignore[return-value]
 

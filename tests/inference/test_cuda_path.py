@@ -30,6 +30,24 @@ def small_qwen3() -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM(cfg).float().cuda().eval()
 
 
+def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Each prompt's `n` greedy tokens from transformers' `generate`, alone, EOS ignored."""
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        out = model.generate(  # type: ignore[operator]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        refs.append(out[0, len(p) :].tolist())
+    return refs
+
+
 @pytest.mark.parametrize(
     ("graphs", "gemv_rows", "lengths"),
     [
@@ -45,19 +63,7 @@ async def test_cuda_greedy_equals_hf_generate(
     model = small_qwen3()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in lengths]
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p], device="cuda")
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=12,
-            min_new_tokens=12,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        refs.append(out[0, len(p) :].tolist())
+    refs = hf_greedy(model, prompts, 12)
     engine = TorchEngine(
         model,
         device="cuda",
@@ -249,19 +255,7 @@ async def test_paged_cache_on_cuda_equals_hf_under_preemption_and_group_sharing(
     model = small_qwen3()
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (5, 17, 40, 33, 61, 8)]
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p], device="cuda")
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=48,
-            min_new_tokens=48,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        refs.append(out[0, len(p) :].tolist())
+    refs = hf_greedy(model, prompts, 48)
     engine = TorchEngine(
         model,
         device="cuda",
@@ -379,3 +373,48 @@ def test_decode_attention_compiles_once_for_every_key_count_and_batch() -> None:
     assert worst < 1e-2
     compiled = ta._decode_attn_kernel.device_caches[torch.cuda.current_device()][0]
     assert len(compiled) <= 2, f"{len(compiled)} compiled variants of _decode_attn_kernel"
+
+
+async def test_a_warm_up_captures_each_bucket_before_the_first_request_and_changes_no_output() -> (
+    None
+):
+    """`TorchEngine.warm_up` (what `stacx run` and `stacx serve` do before serving on CUDA)
+    captures a prefill graph per piece bucket and greedy and sampled multi-step replays at every
+    batch bucket; a warmed engine's greedy rows still equal HF generate, and its seeded samples
+    what a fresh engine draws."""
+    from stacx.inference.cuda_graphs import BATCH_BUCKETS, PREFILL_BUCKETS
+
+    model = small_qwen3()
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (5, 40, 300)]
+    refs = hf_greedy(model, prompts, 40)
+
+    def make() -> TorchEngine:
+        return TorchEngine(
+            model,
+            device="cuda",
+            dtype=torch.float32,
+            max_batch=8,
+            max_len=512,
+            kv_cache="paged",
+            kernels=True,
+        )
+
+    hot = SamplingParams(max_new_tokens=40, temperature=1.0, seed=5, ignore_eos=True)
+    fresh, warmed = make(), make()
+    try:
+        done = await warmed.warm_up()
+        graphs = warmed._graphed
+        assert graphs is not None
+        assert {b for b in PREFILL_BUCKETS if b <= 510} <= set(graphs.prefills)
+        for sampled in (False, True):
+            rows = {k[0] for k in graphs.greedy if k[2] == 16 and k[3] is sampled}
+            assert rows == {b for b in BATCH_BUCKETS if b <= 8}
+        assert done.tokens > 0 and set(warmed.stats.values()) == {0}
+        greedy = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+        assert [g.output_ids for g in await warmed.generate(prompts, greedy)] == refs
+        a, b = await fresh.generate(prompts, hot), await warmed.generate(prompts, hot)
+        assert [g.output_ids for g in a] == [g.output_ids for g in b]
+    finally:
+        await fresh.close()
+        await warmed.close()

@@ -4,13 +4,14 @@ transformers, prefix reuse, in-memory weight loads, cancellation, seeded samplin
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 import torch
 
 from stacx.errors import EngineError
 from stacx.inference.decoder import Decoder
-from stacx.inference.torch_engine import TorchEngine
+from stacx.inference.torch_engine import TorchEngine, warm_up_plan
 from stacx.ports import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -124,6 +125,53 @@ async def test_seeded_sampling_reproduces_and_seeds_differ(torch_engine, chat_pr
     (again,) = await torch_engine.generate([prompt], params)
     assert again.output_ids == a.output_ids
     assert a.output_ids != b.output_ids
+
+
+def test_the_warm_up_plan_covers_every_prefill_piece_and_batch_bucket() -> None:
+    plan = warm_up_plan(max_batch=48, max_len=1200, decode_steps=16, vocab=500, pool_tokens=40_000)
+    shapes = [(len(p), len(p[0]), params.max_new_tokens, params.temperature) for p, params in plan]
+    prefills = [(1, n, 1, 0.0) for n in (32, 64, 128, 256, 512, 1024)]  # pieces up to max_len
+    decodes = [(b, 16, 32, t) for b in (1, 2, 4, 8, 16, 24, 32, 48) for t in (0.0, 1.0)]
+    # long contexts: one row and the most rows whose replies fit half the pool (16 x 1,199)
+    assert shapes == prefills + decodes + [(1, 1167, 32, 0.0), (16, 1167, 32, 0.0)]
+    starts = [tuple(p[:4]) for prompts, _ in plan for p in prompts]
+    assert len(set(starts)) == len(starts) == 293  # no prompt shares another's prefix: no reuse
+    assert all(0 < t < 500 for prompts, _ in plan for p in prompts for t in p)
+
+
+async def test_a_warmed_up_engine_serves_as_a_fresh_one(model_dir, chat_prompt) -> None:
+    """`warm_up` runs its plan through the engine, then leaves no cached prefix, hold or count
+    behind: the next requests get the tokens and logprobs of an engine that never ran."""
+    make = functools.partial(
+        TorchEngine,
+        model_dir,
+        device="cpu",
+        max_len=160,
+        max_batch=4,
+        decode_steps=2,
+        threads=1,
+        kv_cache="paged",
+    )
+    fresh, warmed = make(), make()
+    try:
+        plan = warm_up_plan(4, 160, 2, warmed.vocab_size, warmed.kv_usage()["pool_tokens"])
+        done = await warmed.warm_up()
+        assert done.requests == sum(len(p) for p, _ in plan)
+        assert done.tokens == sum(len(p) * q.max_new_tokens for p, q in plan)
+        assert set(warmed.stats.values()) == {0}
+        assert warmed.kv_usage()["peak_tokens"] == fresh.kv_usage()["peak_tokens"]
+        prompts = [chat_prompt("Name a colour."), plan[-1][0][0][:40]]  # one warm-up prefix too
+        sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3, ignore_eos=True)
+        for params in (GREEDY, sampled):
+            a = await fresh.generate(prompts, params)
+            b = await warmed.generate(prompts, params)
+            assert [g.output_ids for g in a] == [g.output_ids for g in b]
+            for x, y in zip(a, b, strict=True):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        assert warmed.stats["reused_tokens"] == fresh.stats["reused_tokens"]
+    finally:
+        await fresh.close()
+        await warmed.close()
 
 
 async def test_prompt_beyond_context_limit_is_refused(torch_engine) -> None:

@@ -598,8 +598,8 @@ def warm_up_plan(
     graph and the prefill kernels), then at every batch bucket up to `max_batch` rows of short
     prompts, greedy and sampled, each reply two multi-step replays long (the decode graphs and
     every row tile's kernels), then one row and the most rows that fit half of a `pool_tokens`
-    pool (0: no pool) at a long context (the attention's split path). Random prompts (seeded), so
-    no row reuses another's prefix."""
+    pool (0: no pool) at a long context (the attention's split path). No row is longer than half
+    that pool. Random prompts (seeded), so no row reuses another's prefix."""
     steps = 2 * decode_steps
     draw = random.Random(0)
 
@@ -608,15 +608,17 @@ def warm_up_plan(
 
     greedy = SamplingParams(max_new_tokens=steps, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(max_new_tokens=steps, temperature=1.0, seed=0, ignore_eos=True)
+    # a row's positions: under the context limit, and within half a paged pool (block rounding)
+    most = min(max_len, pool_tokens // 2) if pool_tokens else max_len
     plan = [
         (prompts(1, n), msgspec.structs.replace(greedy, max_new_tokens=1))
         for n in PREFILL_BUCKETS
-        if n <= max_len - 2
+        if n <= most - 2
     ]
     batches = [b for b in BATCH_BUCKETS if b <= max_batch]
     for b in batches:
         plan += [(prompts(b, 16), greedy), (prompts(b, 16), sampled)]
-    long = min(PREFILL_BUCKETS[-1], max_len - steps - 1)  # a prompt that leaves the reply room
+    long = min(PREFILL_BUCKETS[-1], most - steps - 1)  # a prompt that leaves the reply room
     if long > 16:
         fit = [b for b in batches if not pool_tokens or b * (long + steps) <= pool_tokens // 2]
         plan += [(prompts(b, long), greedy) for b in sorted({1, fit[-1] if fit else 1})]

@@ -137,6 +137,11 @@ def test_the_warm_up_plan_covers_every_prefill_piece_and_batch_bucket() -> None:
     starts = [tuple(p[:4]) for prompts, _ in plan for p in prompts]
     assert len(set(starts)) == len(starts) == 293  # no prompt shares another's prefix: no reuse
     assert all(0 < t < 500 for prompts, _ in plan for p in prompts for t in p)
+    # a paged pool smaller than the context limit bounds every row (else a prompt is refused)
+    small = warm_up_plan(max_batch=8, max_len=4096, decode_steps=16, vocab=500, pool_tokens=600)
+    assert max(len(p[0]) + q.max_new_tokens for p, q in small) <= 300
+    lengths = [len(p[0]) for p, _ in small]
+    assert lengths[:5] == [32, 64, 128, 256, 16] and lengths[-1] == 267  # 300 - 32 replied - 1
 
 
 async def test_a_warmed_up_engine_serves_as_a_fresh_one(model_dir, chat_prompt) -> None:

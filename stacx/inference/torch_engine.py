@@ -295,8 +295,12 @@ class TorchEngine(MultiStepReplays):
         pool = self._kv.usage()["pool_tokens"]
         plan = warm_up_plan(self.max_batch, self.max_len, self.decode_steps, self.vocab_size, pool)
         tokens = 0
-        for prompts, params in plan:
-            tokens += sum(len(g.output_ids) for g in await self.generate(prompts, params))
+        hold_s, self._holds.hold_s = self._holds.hold_s, 0.0  # no next turns: hold no rows for any
+        try:
+            for prompts, params in plan:
+                tokens += sum(len(g.output_ids) for g in await self.generate(prompts, params))
+        finally:
+            self._holds.hold_s = hold_s
         await self._call(self._reset_after_warm_up)
         return WarmUp(time.perf_counter() - t0, sum(len(p) for p, _ in plan), tokens)
 

@@ -164,6 +164,7 @@ async def test_a_warmed_up_engine_serves_as_a_fresh_one(model_dir, chat_prompt) 
         assert done.requests == sum(len(p) for p, _ in plan)
         assert done.tokens == sum(len(p) * q.max_new_tokens for p, q in plan)
         assert set(warmed.stats.values()) == {0}
+        assert warmed._holds.misses == 0 and warmed._holds.hold_s == fresh._holds.hold_s > 0
         assert warmed.kv_usage()["peak_tokens"] == fresh.kv_usage()["peak_tokens"]
         prompts = [chat_prompt("Name a colour."), plan[-1][0][0][:40]]  # one warm-up prefix too
         sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3, ignore_eos=True)

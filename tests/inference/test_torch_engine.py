@@ -11,7 +11,8 @@ import torch
 
 from stacx.errors import EngineError
 from stacx.inference.decoder import Decoder
-from stacx.inference.torch_engine import TorchEngine, warm_up_plan
+from stacx.inference.engine_warmup import warm_up_plan
+from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stacx.inference.triton_kernels import INTERPRET
+from stacx.inference.triton_kernels import INTERPRET, after_previous, pdl
 
 BLOCK_N = 64  # keys per attention tile
 # Split the keys until the grid has this many programs (~30 per SM on an H100/H200): rows of
@@ -138,7 +138,9 @@ def _decode_attn_kernel(
     F32_DOT: tl.constexpr,
     INTERPRETED: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous(PDL)
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
@@ -169,7 +171,10 @@ def _decode_attn_kernel(
 
 
 @triton.jit(do_not_specialize=["splits"])
-def _combine_kernel(PO, PM, PL, OUT, splits, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr):
+def _combine_kernel(
+    PO, PM, PL, OUT, splits, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr, PDL: tl.constexpr
+):
+    after_previous(PDL)
     bh = tl.program_id(0)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, DIM)
@@ -271,10 +276,18 @@ def decode_attention(
         PAGE=0 if table is None else k_cache.shape[2],
         num_warps=launch.warps,
         num_stages=launch.stages,
+        **pdl(),
     )
     if splits > 1:
         _combine_kernel[(batch * n_heads,)](
-            po, pm, pl, out, splits, SPLITS_PAD=triton.next_power_of_2(splits), DIM=dim
+            po,
+            pm,
+            pl,
+            out,
+            splits,
+            SPLITS_PAD=triton.next_power_of_2(splits),
+            DIM=dim,
+            **pdl(),
         )
     return out
 

@@ -16,6 +16,31 @@ import triton.language as tl
 
 # Triton's interpreter multiplies bf16 operands of tl.dot as raw bits (3.6.0): upcast there
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# programmatic dependent launch on sm90+ (STACX_PDL=0 turns it off; the engine benches' A/B
+# sets it): a decode kernel launches while the one before it finishes and waits in-kernel for
+# its writes (`after_previous`), so a replay's ~200 short kernels no longer pay a launch and a
+# ramp each, and a projection reads its first weight tile before that wait
+PDL = os.environ.get("STACX_PDL", "1") != "0"
+
+
+def pdl() -> dict[str, bool]:
+    """The launch options of a kernel that calls `after_previous`: ``launch_pdl`` where `PDL`
+    is on and Triton builds for an sm90+ CUDA target (never under its interpreter)."""
+    if not PDL or INTERPRET:
+        return {"PDL": False}
+    target = triton.runtime.driver.active.get_current_target()
+    on = target.backend == "cuda" and isinstance(target.arch, int) and target.arch >= 90
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def after_previous(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait until the kernel before has finished and its
+    writes are visible (nothing but weights may be read, and nothing written, before this), then
+    let the next kernel launch; its programs wait here in turn."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -34,10 +59,13 @@ def _add_rmsnorm_kernel(
     PARTS: tl.constexpr,
     HAS_RB: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    after_previous(PDL)
     x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
     dt = XO.dtype.element_ty
     if HAS_RES:
@@ -55,7 +83,6 @@ def _add_rmsnorm_kernel(
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     xn = (xf * rstd).to(Y.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * stride + cols, (w * xn).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -94,6 +121,7 @@ def add_rmsnorm(
         PARTS=0 if parts is None else parts.parts.shape[0],
         HAS_RB=parts is not None and parts.bias is not None,
         BLOCK=triton.next_power_of_2(n_cols),
+        **pdl(),
     )
     return xo, y
 
@@ -122,7 +150,9 @@ def _rope_cache_kernel(
     QK_NORM: tl.constexpr,
     ROW_SLOTS: tl.constexpr,
     HEADS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous(PDL)
     t = tl.program_id(0)
     # HEADS of token t's heads: [0, H) q heads, [H, H + Hkv) k heads, then the v heads
     j = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -220,6 +250,7 @@ def rope_cache(
         QK_NORM=q_norm is not None,
         ROW_SLOTS=slot is None,
         HEADS=heads,
+        **pdl(),
     )
     return q
 
@@ -247,6 +278,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _gemv_x(X, NW, m, mrow, k, kin, x_stride, rstd, dt, NORM: tl.constexpr):
+    """Input rows' keys ``k`` in fp32, RMS-normed (``rstd``, weight NW) if NORM."""
+    x = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mrow & kin[None, :], other=0.0)
+    x = x.to(tl.float32)
+    if NORM:
+        nw = tl.load(NW + k, mask=kin, other=0.0).to(tl.float32)
+        x = (nw[None, :] * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _gemv_kernel(
     X,
     W,
@@ -266,37 +308,50 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_RES: tl.constexpr,
     GLU: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     dt = Y.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = n < n_out
     m = tl.arange(0, ROWS)
     mrow = (m < rows)[:, None]
+    # the first tile of weights is read before waiting on the kernel that writes X
+    k = tl.arange(0, BLOCK_K)
+    kin = k < N_IN
+    wmask = live[:, None] & kin[None, :]
+    w = tl.load(W + n[:, None] * N_IN + k[None, :], mask=wmask, other=0.0)
+    if GLU:
+        wu = tl.load(W + (n + n_out)[:, None] * N_IN + k[None, :], mask=wmask, other=0.0)
+    else:
+        wu = w
+    after_previous(PDL)
+    rstd = tl.zeros([ROWS], tl.float32)
     if NORM:  # the RMSNorm of each input row, folded in front of the product
         sq = tl.zeros([ROWS, BLOCK_K], tl.float32)
         for k0 in range(0, N_IN, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
+            kk = k0 + tl.arange(0, BLOCK_K)
             xk = tl.load(
-                X + m[:, None] * x_stride + k[None, :], mask=mrow & (k < N_IN)[None, :], other=0.0
+                X + m[:, None] * x_stride + kk[None, :],
+                mask=mrow & (kk < N_IN)[None, :],
+                other=0.0,
             )
             sq += xk.to(tl.float32) * xk.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / N_IN + eps)
-    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
+    x = _gemv_x(X, NW, m, mrow, k, kin, x_stride, rstd, dt, NORM)
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32) + x[:, None, :] * w.to(tl.float32)[None]
     acc_up = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, N_IN, BLOCK_K):
+    if GLU:
+        acc_up += x[:, None, :] * wu.to(tl.float32)[None, :, :]
+    for k0 in range(BLOCK_K, N_IN, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kin = k < N_IN
-        x = tl.load(X + m[:, None] * x_stride + k[None, :], mask=mrow & kin[None, :], other=0.0)
-        x = x.to(tl.float32)
-        if NORM:
-            nw = tl.load(NW + k, mask=kin, other=0.0).to(tl.float32)
-            x = (nw[None, :] * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x = _gemv_x(X, NW, m, mrow, k, kin, x_stride, rstd, dt, NORM)
         wmask = live[:, None] & kin[None, :]
-        w = tl.load(W + n[:, None] * N_IN + k[None, :], mask=wmask, other=0.0).to(tl.float32)
-        acc += x[:, None, :] * w[None, :, :]
+        wk = tl.load(W + n[:, None] * N_IN + k[None, :], mask=wmask, other=0.0).to(tl.float32)
+        acc += x[:, None, :] * wk[None, :, :]
         if GLU:
-            wu = tl.load(W + (n + n_out)[:, None] * N_IN + k[None, :], mask=wmask, other=0.0)
-            acc_up += x[:, None, :] * wu.to(tl.float32)[None, :, :]
+            wuk = tl.load(W + (n + n_out)[:, None] * N_IN + k[None, :], mask=wmask, other=0.0)
+            acc_up += x[:, None, :] * wuk.to(tl.float32)[None, :, :]
     y = tl.sum(acc, axis=2)  # [ROWS, BLOCK_N]
     if HAS_BIAS:
         y += tl.load(BIAS + n, mask=live, other=0.0).to(tl.float32)[None, :]
@@ -354,6 +409,7 @@ def gemv(
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,
         GLU=glu,
+        **pdl(),
     )
     return y
 
@@ -379,7 +435,9 @@ def _gemm_kernel(
     GLU: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     F32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous(PDL)
     pn = tl.program_id(0)
     s = tl.program_id(1)  # key range [s * K_SPLIT, (s + 1) * K_SPLIT) of a split-K GEMM
     m = tl.arange(0, BLOCK_M)
@@ -462,6 +520,7 @@ def _gemm(
         HAS_BIAS=bias is not None and split == 1,
         F32_DOT=f32 or INTERPRET,
         num_stages=3 if f32 else 5,
+        **pdl(),
     )
     return y
 

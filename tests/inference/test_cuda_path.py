@@ -357,6 +357,8 @@ def test_decode_attention_compiles_once_for_every_key_count_and_batch() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     k_cache = torch.randn(slots, n_kv, cap, dim, device=dev, generator=gen, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
+    dev_caches = ta._decode_attn_kernel.device_caches
+    before = set(dev_caches[torch.cuda.current_device()][0]) if dev_caches else set()
     worst = 0.0
     for batch in (1, 3, 16, 64):
         for keys in (256, 384, 1024, 3072):
@@ -371,7 +373,8 @@ def test_decode_attention_compiles_once_for_every_key_count_and_batch() -> None:
                 ref = (w @ v)[:, 0]
                 worst = max(worst, float((out[b].float() - ref).norm() / ref.norm()))
     assert worst < 1e-2
-    compiled = ta._decode_attn_kernel.device_caches[torch.cuda.current_device()][0]
+    # the variants this test built (earlier tests' fp32 engines built their own)
+    compiled = set(ta._decode_attn_kernel.device_caches[torch.cuda.current_device()][0]) - before
     assert len(compiled) <= 2, f"{len(compiled)} compiled variants of _decode_attn_kernel"
 
 
@@ -418,3 +421,55 @@ async def test_a_warm_up_captures_each_bucket_before_the_first_request_and_chang
     finally:
         await fresh.close()
         await warmed.close()
+
+
+async def test_programmatic_dependent_launch_changes_no_token_or_logprob() -> None:
+    """The decode kernels launched under programmatic dependent launch (each waits in-kernel for
+    the one before; a projection reads its first weight tile before that wait) give the tokens
+    and logprobs they give launched one after another: greedy and seeded-sampled, at GEMV and
+    Triton-GEMM row counts, over a paged cache with keys split across programs. The GPU's own
+    ordering is what is tested: a missing wait reads a stale activation or KV entry."""
+    from stacx.inference import triton_kernels
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm90+")
+    model = small_qwen3()
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (70, 5, 130)]
+    many = [torch.randint(3, 1000, (n,), generator=gen).tolist() for n in range(20, 260, 20)]
+    runs, default = [], triton_kernels.PDL
+    try:
+        for on in (False, True):
+            triton_kernels.PDL = on
+            engine = TorchEngine(
+                model,
+                device="cuda",
+                dtype=torch.bfloat16,
+                max_batch=16,
+                max_len=400,
+                kv_cache="paged",
+                kv_block=16,
+                kernels=True,
+            )
+            try:
+                out = []
+                for batch in (prompts, many):  # 3 rows: GEMVs; 12 rows: the Triton GEMM
+                    for params in (
+                        SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True),
+                        SamplingParams(max_new_tokens=40, temperature=1.0, seed=5, ignore_eos=True),
+                    ):
+                        await engine.flush_cache()
+                        out += [
+                            (g.output_ids, g.logprobs) for g in await engine.generate(batch, params)
+                        ]
+            finally:
+                await engine.close()
+            runs.append(out)
+    finally:
+        triton_kernels.PDL = default
+    launched = [
+        k.metadata.launch_pdl
+        for k in triton_kernels._gemv_kernel.device_caches[torch.cuda.current_device()][0].values()
+    ]
+    assert True in launched and False in launched  # both ways were really built and launched
+    assert runs[0] == runs[1]

@@ -73,6 +73,14 @@ def build_model(spec: str, device: torch.device, dtype: torch.dtype) -> torch.nn
     )
 
 
+def triton_pdl() -> bool:
+    """Whether the Triton decode kernels launch under programmatic dependent launch here
+    (sm90+; ``STACX_PDL=0`` turns it off for an A/B)."""
+    from stacx.inference import triton_kernels
+
+    return triton_kernels.pdl()["PDL"]
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -393,6 +401,7 @@ def main() -> None:
             gemv_rows=engine.decoder.gemv_rows,
             fused=not args.no_fuse,
             kernels=engine.decoder.kernels,
+            pdl=gpu and triton_pdl(),
             kv_cache=args.kv_cache,
             kv_gib=round(engine.kv_usage()["bytes"] / 2**30, 3),
         )

@@ -84,7 +84,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tools.bench.decode_bound import Bound, Window, reply_kv_tokens  # noqa: E402
-from tools.bench.engine import QWEN3_SHAPE, build_model, sync  # noqa: E402
+from tools.bench.engine import QWEN3_SHAPE, build_model, sync, triton_pdl  # noqa: E402
 
 SHAPES = {
     "0.6b": QWEN3_SHAPE,
@@ -520,6 +520,7 @@ def run_stacx(
         usage = engine.kv_usage()
         result.update(
             kv_cache=args.kv_cache,
+            pdl=gpu and triton_pdl(),
             kv_pool_tokens=usage["pool_tokens"],
             kv_cache_gib=round(usage["bytes"] / 2**30, 3),
         )  # allocated (CPU: grown so far)

@@ -369,6 +369,25 @@ def _gemv_kernel(
     tl.store(Y + offs, y.to(dt), mask=omask)
 
 
+class GemvLaunch(NamedTuple):
+    """How `gemv` launches: ``wide`` output rows per program where that still gives at least
+    ``programs`` programs, else ``narrow``; key tiles of at most ``max_block_k``, bounded so the
+    fp32 accumulator [rows, block_n, block_k] holds at most ``acc`` values (64 registers per thread
+    at 4 warps); ``warps`` warps. The default: H200, bf16, one row
+    (triton.testing.do_bench_cudagraph over 32 configs per shape); tools/bench/gemv_configs.py
+    sweeps others through the engine."""
+
+    wide: int = 8
+    narrow: int = 4
+    programs: int = 512
+    max_block_k: int = 1024
+    acc: int = 8192
+    warps: int = 4
+
+
+GEMV_LAUNCH = GemvLaunch()  # read at each launch (so at graph capture): a bench may swap it
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -383,12 +402,10 @@ def gemv(
     rows, n_in = x.shape
     n_out = weight.shape[0] // 2 if glu else weight.shape[0]
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    # H200, bf16, one row (triton.testing.do_bench_cudagraph over 32 configs per shape): 8 output
-    # rows per program where that still gives >= 512 programs, else 4; long K tiles
+    launch = GEMV_LAUNCH
     pad = triton.next_power_of_2(rows)
-    block_n = 8 if triton.cdiv(n_out, 8) >= 512 else 4
-    # a [rows, block_n, block_k] fp32 accumulator: 64 registers per thread at 4 warps
-    block_k = min(1024, triton.next_power_of_2(n_in), 8192 // (pad * block_n))
+    block_n = launch.wide if triton.cdiv(n_out, launch.wide) >= launch.programs else launch.narrow
+    block_k = min(launch.max_block_k, triton.next_power_of_2(n_in), launch.acc // (pad * block_n))
     nw, eps = norm if norm is not None else (weight, 0.0)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x,
@@ -409,6 +426,7 @@ def gemv(
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,
         GLU=glu,
+        num_warps=launch.warps,
         **pdl(),
     )
     return y

@@ -17,5 +17,7 @@ rm -rf "$docs_site"
 export OMP_NUM_THREADS=1
 # three workers on two cores: tests overlap their waits on Docker, subprocesses and sockets; one test
 # file per worker at a time (module fixtures run once; tests/conftest.py orders the long files
-# first; --no-loadscope-reorder keeps that order)
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder "$@"
+# first; --no-loadscope-reorder keeps that order); the 25 slowest tests are listed at the end, to
+# keep the suite within its time
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder \
+  --durations=25 "$@"

@@ -220,8 +220,11 @@ def test_a_terminus_2_episode_beside_a_basic_task(tmp_path: Path) -> None:
             str(TASK.parent),
             "--include",
             TASK.name,
+            # one of Terminus-2's episodes: the 135M model's replies are mostly cut at
+            # max-new-tokens, and Terminus-2 re-asks each cut reply within the episode (a dozen
+            # calls or more); a second episode adds its hand-off summary and another such chain
             "--max-turns",
-            "2",
+            "1",
             "--max-new-tokens",
             "64",
             "--episode-timeout",
@@ -301,6 +304,12 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
             "16",
             "--episode-timeout",
             "900",
+            # the paged KV cache keeps the system prompt's keys (~6.4k tokens: the SDK's prompt
+            # and tools) while the condenser's call runs, so the agent's call after it reuses them
+            # rather than prefilling them again (a minute on CPU); the slot cache on CPU gives
+            # the condenser's call the one row that holds them
+            "--set",
+            "engine.kv_cache='paged'",
             "--run-dir",
             str(run_dir),
         ],

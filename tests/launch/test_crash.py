@@ -1,6 +1,8 @@
 """Crash tests of the real thing: `stacx run` of the tiny GRPO recipe (the bundled model on CPU,
 Docker sandboxes, the real rollout manager, trainer and weight sync) is killed, then rerun with
-the same command until it completes; the log must end as an uninterrupted run's does.
+the same command until it completes; the log must end as an uninterrupted run's does (the
+recipe's arithmetic, `run_shape.recipe_shape`, which test_real.py checks on an uninterrupted run
+of the same recipe and settings).
 
 Kill points are random but reproducible in intent: a `random.Random(SEED)` (``SEED`` below, or
 ``STACX_CRASH_SEED``) draws each kill's delay after the attempt first records new work. The
@@ -35,11 +37,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from stacx.sandbox.images import bootstrap_base_image
 from stacx.store import db
+from tests.launch.run_shape import duplicates, recipe_shape, shape
 from tests.launch.test_real import TINY
 
 pytestmark = [pytest.mark.docker, pytest.mark.model, pytest.mark.slow]
@@ -114,103 +116,15 @@ def _sandboxes(run_dir: Path) -> str:
     return ps.stdout.strip()
 
 
-# Derived identities that must each have one row (the rest: one row per event id).
-KEYS = {
-    "task_scheduled": "group_id",
-    "episode_started": "episode_id",
-    "episode_finished": "episode_id",
-    "reward_assigned": "episode_id",
-    "turn_generated": "episode_id, turn",
-    "train_step_finished": "step",
-    "weights_published": "version",
-}
+# what an uninterrupted run ends with (test_real.py checks it on one)
+UNINTERRUPTED = recipe_shape(STEPS)
 
 
-def _value(con: duckdb.DuckDBPyConnection, sql: str) -> object:
-    row = con.execute(sql).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def duplicates(run_dir: Path) -> dict[str, int]:
-    """Rows recorded twice: per event id in `_events` and every per-kind table, per derived key."""
-    con = db.connect_run(run_dir)
-    try:
-        tables = [
-            r[0]
-            for r in con.execute(
-                "select table_name from information_schema.tables where table_type = 'BASE TABLE' "
-                "and table_name not like '\\_%' escape '\\' and table_name in ("
-                "select table_name from information_schema.columns where column_name = 'event_id')"
-            ).fetchall()
-        ]
-        out = {}
-        for t in ["_events", *tables]:
-            sql = f'select count(*) - count(distinct event_id) from "{t}"'
-            out[f"{t}.event_id"] = int(_value(con, sql))  # type: ignore[call-overload]
-        for t, key in KEYS.items():
-            sql = f"select count(*) from (select {key} from {t} group by all having count(*) > 1)"
-            out[f"{t}({key})"] = int(_value(con, sql))  # type: ignore[call-overload]
-    finally:
-        con.close()
-    return {k: v for k, v in out.items() if v}
-
-
-SHAPE_SQL = {
-    "versions": "select list(version order by version) from weights_published",
-    "steps": "select list(step order by step) from train_step_finished",
-    "groups_per_iteration": "select list([iteration, n] order by iteration) from "
-    "(select iteration, count(*) as n from task_scheduled group by 1)",
-    "scored_per_group": "select list([iteration, n, k] order by iteration) from ("
-    "select g.iteration, count(e.episode_id) as n, count(distinct e.sample_index) as k "
-    "from task_scheduled g left join episodes e on e.group_id = g.group_id "
-    "and e.status = 'scored' group by g.group_id, g.iteration)",
-    "trained_per_step": "select list([step, len(episode_ids)] order by step) "
-    "from train_step_finished",
-    # sync mode: step k trains on exactly the scored episodes of iteration k-1 ...
-    "step_k_trains_on_iteration_k_minus_1": """
-        select bool_and(coalesce(t.ids = s.ids, false)) from (
-            select step, list_sort(episode_ids) as ids from train_step_finished) t
-        left join (select iteration + 1 as step, list_sort(list(episode_id)) as ids
-                   from episodes where status = 'scored' group by iteration) s using (step)""",
-    # ... which version k-1 generated (the rollouts used the new weights)
-    "versions_per_iteration": "select list([iteration, lo, hi] order by iteration) from ("
-    "select e.iteration, min(t.weight_version) as lo, max(t.weight_version) as hi "
-    "from episodes e join turns t using (episode_id) where e.status = 'scored' group by 1)",
-}
-
-
-def shape(run_dir: Path) -> dict[str, object]:
-    """What the recipe determines about a finished run (see the module docstring)."""
-    con = db.connect_run(run_dir)
-    try:
-        return {k: _value(con, sql) for k, sql in SHAPE_SQL.items()}
-    finally:
-        con.close()
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    bootstrap_base_image()
-    run_dir = tmp_path_factory.mktemp("crash") / "uninterrupted"
-    _complete(run_dir)
-    got = shape(run_dir)
-    # the recipe's arithmetic, so that a broken baseline cannot make a crash look right
-    assert got["versions"] == got["steps"] == list(range(1, STEPS + 1))
-    assert got["groups_per_iteration"] == [[i, 1] for i in range(STEPS)]
-    assert got["scored_per_group"] == [[i, 2, 2] for i in range(STEPS)]
-    assert got["step_k_trains_on_iteration_k_minus_1"] is True
-    assert got["versions_per_iteration"] == [[i, i, i] for i in range(STEPS)]
-    assert duplicates(run_dir) == {}
-    return got
-
-
-@pytest.mark.timeout(1800)  # three or four runs of the recipe beside other workers
-def test_kill_9_and_rerun_matches_uninterrupted(
-    uninterrupted: dict[str, object], tmp_path: Path
-) -> None:
+@pytest.mark.timeout(1800)  # three runs of the recipe beside other workers
+def test_kill_9_and_rerun_matches_uninterrupted(tmp_path: Path) -> None:
     """Two kill -9s at seeded random points, then a rerun to the end: the shape of an
     uninterrupted run, nothing recorded twice, no sandbox or NATS server left behind."""
+    bootstrap_base_image()
     rng = random.Random(SEED)
     run_dir = tmp_path / "crashed"
     started, landed, delays = 0, 0, []
@@ -230,20 +144,19 @@ def test_kill_9_and_rerun_matches_uninterrupted(
     why = f"seed {SEED}, kill delays {delays}"
     assert landed >= 1, f"{why}: no kill landed while the run was live"
     assert "resumed" in out, why
-    assert shape(run_dir) == uninterrupted, why
+    assert shape(run_dir) == UNINTERRUPTED, why
     assert duplicates(run_dir) == {}, why
     assert _sandboxes(run_dir) == "", f"{why}: sandboxes left behind"
     meta = db.read_run_file(run_dir)
     assert meta["status"] == "completed" and meta["attempts"] == started + 1, (why, meta)
 
 
-@pytest.mark.timeout(1800)  # three or four runs of the recipe beside other workers
-def test_ctrl_c_then_sigterm_stop_cleanly_and_rerun_finishes(
-    uninterrupted: dict[str, object], tmp_path: Path
-) -> None:
+@pytest.mark.timeout(1800)  # three runs of the recipe beside other workers
+def test_ctrl_c_then_sigterm_stop_cleanly_and_rerun_finishes(tmp_path: Path) -> None:
     """A Ctrl-C, then a SIGTERM on the resumed run, each while episodes are in flight: each
     attempt exits 130, records RunFinished(interrupted), removes its sandboxes and its NATS
     server; the third attempt completes as an uninterrupted run does."""
+    bootstrap_base_image()
     run_dir = tmp_path / "r"
     for sig in (signal.SIGINT, signal.SIGTERM):
         proc = _start_until(run_dir, lambda state: "in_flight=0 " not in state)
@@ -263,5 +176,5 @@ def test_ctrl_c_then_sigterm_stop_cleanly_and_rerun_finishes(
         assert _nats_gone(run_dir, timeout=0), "nats-server outlived a clean stop"
         assert _sandboxes(run_dir) == "", f"{sig.name}: sandboxes left behind by a clean stop"
     _complete(run_dir)
-    assert shape(run_dir) == uninterrupted
+    assert shape(run_dir) == UNINTERRUPTED
     assert duplicates(run_dir) == {}

@@ -24,7 +24,7 @@ import pytest
 from stacx.store import db
 from stacx.view.load import load_page
 from stacx.view.source import Source
-from tests.launch.test_crash import duplicates
+from tests.launch.run_shape import duplicates
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

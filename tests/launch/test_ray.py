@@ -77,7 +77,9 @@ class Watcher(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(0.3):
+        # once a second: each look costs two or three CLI calls (~50 ms of CPU), and the role
+        # hosts live for the whole run, a sandbox for seconds (its episode and verifier)
+        while not self.stop.wait(1.0):
             ps = subprocess.run(["pgrep", "-f", "ray::RoleHost"], capture_output=True, text=True)
             for pid in map(int, ps.stdout.split()):
                 if pid not in self.hosts and _descends(pid, self.launcher):

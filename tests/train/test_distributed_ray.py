@@ -22,6 +22,8 @@ SETS = [
     "trainer.steps=1",
     "eval={}",  # the recipe's held-out eval has its own test (test_periodic_eval.py)
     "trainer.world_size=2",
+    # the final norm only: a two-rank step (FSDP2 over gloo) whose backward stops at the norm
+    r"trainer.trainable='^model\.norm\.weight$'",
     "tasks.per_iteration=1",
     "tasks.group_size=2",
     "agent.max_turns=1",

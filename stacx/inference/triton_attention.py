@@ -16,10 +16,12 @@ import triton.language as tl
 from stacx.inference.triton_kernels import INTERPRET, after_previous, pdl
 
 BLOCK_N = 64  # keys per attention tile
-# Split the keys until the grid has this many programs (~30 per SM on an H100/H200): rows of
-# uneven lengths then end together. tools/bench/decode_attention.py on an H200 (64 rows, 500 to
-# 5,000 keys): 1 split 0.78 of the copy bandwidth (paged) / 0.91 (slots), 8 splits 0.93 / 0.98
-TARGET_PROGRAMS = 4096
+# Split the keys until the grid has this many programs (~8 per SM on an H100): rows of uneven
+# lengths then end together, and few partials are merged. tools/bench/decode_attention.py on an
+# H100 (2026-12-07, paged, 64 rows): 500 to 5,000 keys 261 us (0.98 of the copy bandwidth) at
+# 1,024 (2 splits) against 266 us (0.97) at 4,096 (8 splits); 256 to 512 keys 42.1 us (0.80)
+# against 47.9 us (0.70)
+TARGET_PROGRAMS = 1024
 
 
 @triton.jit
@@ -202,9 +204,9 @@ def attention_splits(
 
 class DecodeLaunch(NamedTuple):
     """How `decode_attention` launches: keys per tile, warps, pipeline stages, target programs.
-    The default is within 1 % of the best of 33 swept on an H100 (64 rows of 500 to 5,000 keys,
-    docs/benchmarks.md; tools/bench/decode_attention.py ``--configs``); 8 warps, 1 stage: 25 %
-    slower."""
+    Keys, warps and stages: within 1 % of the best of 33 swept on an H100 (64 rows of 500 to
+    5,000 keys, docs/benchmarks.md; tools/bench/decode_attention.py ``--configs``); 8 warps,
+    1 stage: 25 % slower. Target programs: `TARGET_PROGRAMS`."""
 
     block: int = BLOCK_N
     warps: int = 4

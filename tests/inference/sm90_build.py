@@ -179,6 +179,11 @@ def _usage(cubin: bytes) -> dict[str, int]:
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
     triton.runtime.driver.set_active(BuildOnly())  # type: ignore[arg-type]
+    # an H100's driver: programmatic dependent launch where CUDA 12.3+ captures it in graphs
+    driver = triton_kernels.cuda_driver_version
+    triton_kernels.cuda_driver_version = lambda: 12020  # type: ignore[assignment]
+    pdl_on_12_2 = triton_kernels.pdl()["PDL"]
+    triton_kernels.cuda_driver_version = lambda: triton_kernels.PDL_DRIVER  # type: ignore[assignment]
     if sys.argv[1:] == ["--decode-grid"]:
         print(json.dumps(_decode_grid()))
         return
@@ -189,7 +194,8 @@ def main() -> None:
         for kernel in fn.device_caches[0][0].values() if fn.device_caches else ():
             usage = _usage(kernel.asm["cubin"])
             built.append({"kernel": name, "shared": kernel.metadata.shared, **usage})
-    print(json.dumps({"built": built}))
+    pdl = {"pdl": triton_kernels.pdl()["PDL"], "pdl_on_12_2": pdl_on_12_2, "host_driver": driver()}
+    print(json.dumps({"built": built, **pdl}))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,11 @@ def _build(arg: str) -> dict:
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_every_step_kernel_builds_for_sm90(family: str) -> None:
-    built = _build(family)["built"]
+    result = _build(family)
+    # the kernels launch under programmatic dependent launch on an sm90 with a CUDA 12.3+
+    # driver, not with an older one (its graph capture drops programmatic edges)
+    assert (result["pdl"], result["pdl_on_12_2"]) == (True, False)
+    built = result["built"]
     assert {k["kernel"] for k in built} == STEP_KERNELS
     # no kernel spills registers to local memory (a spill costs bandwidth on every step)
     assert [k for k in built if k["local"]] == []
@@ -60,4 +64,4 @@ def test_decode_steps_build_per_kernel_shape_not_per_batch_and_key_length() -> N
     builds = grid["builds"]
     assert builds["_decode_attn_kernel"] == 1, builds
     assert builds["_gemm_kernel"] == 3 * 4, builds  # row tiles x (qkv, o, gate_up, down)
-    assert sum(builds.values()) <= 34, builds
+    assert sum(builds.values()) <= 35, builds  # (the combine: one per power-of-two split count)

@@ -205,6 +205,53 @@ def profile_decode(engine: object, b: int) -> dict[str, object]:
     return out
 
 
+def profile_run(engine: object, ids: list[list[int]], new: int, sampling: tuple) -> dict:  # type: ignore[type-arg]
+    """Torch-profile one whole STACX generate (prefill, every replay, the host between them) as
+    a timeline: wall ms, GPU busy ms (the union of kernel and copy intervals), the idle time in
+    gaps over 20 us, and each kernel kind's share of the busy time (a kernel counted from the
+    previous one's end, so programmatic-dependent-launch overlap is not counted twice)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        stacx_generate(engine, ids, new, *sampling)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+    )
+    if not spans:
+        return {}
+    busy = 0.0
+    kinds: dict[str, float] = {}
+    gaps: list[float] = []
+    end = spans[0][0]
+    for start, stop, name in spans:
+        if start > end:
+            gaps.append(start - end)
+        own = max(0.0, stop - max(start, end))
+        busy += own
+        kind = name.split("<")[0].split("(")[0][:48]
+        kinds[kind] = kinds.get(kind, 0.0) + own
+        end = max(end, stop)
+    span_ms = (end - spans[0][0]) / 1e3
+    top = sorted(kinds.items(), key=lambda kv: -kv[1])[:10]
+    out = {
+        "wall_ms": round(wall_ms, 1),
+        "gpu_span_ms": round(span_ms, 1),
+        "gpu_busy_ms": round(busy / 1e3, 1),
+        "busy_of_span": round(busy / 1e3 / span_ms, 3),
+        "idle_gaps_over_20us": sum(1 for g in gaps if g > 20),
+        "idle_ms_in_gaps_over_20us": round(sum(g for g in gaps if g > 20) / 1e3, 1),
+        "largest_gap_ms": round(max(gaps, default=0.0) / 1e3, 2),
+        "busy_ms_by_kind": {k: round(v / 1e3, 1) for k, v in top},
+    }
+    print(f"timeline b={len(ids)}: {out}", file=sys.stderr)
+    return out
+
+
 def timed(fn, device: torch.device) -> float:  # type: ignore[no-untyped-def]
     sync(device)
     t0 = time.perf_counter()
@@ -272,7 +319,8 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         action="store_true",
-        help="CUDA: torch-profile one STACX generate per batch (kernel time vs host gaps)",
+        help="CUDA: torch-profile one STACX generate per batch as a timeline (GPU busy vs idle, "
+        "busy time by kernel kind) and one replay of its longest decode graph",
     )
     ap.add_argument(
         "--check-hf",
@@ -437,6 +485,7 @@ def main() -> None:
                 continue
             if args.profile and gpu:  # a failed profile keeps the rate measured above
                 try:
+                    result[f"timeline_b{b}"] = profile_run(engine, ids, new, sampling)
                     result[f"profile_b{b}"] = profile_decode(engine, b)
                 except Exception as e:
                     errors[f"profile_b{b}"] = f"{type(e).__name__}: {e}"

@@ -304,12 +304,6 @@ def test_an_openhands_condenser_rewrites_the_history_into_segments(tmp_path: Pat
             "16",
             "--episode-timeout",
             "900",
-            # the paged KV cache keeps the system prompt's keys (~6.4k tokens: the SDK's prompt
-            # and tools) while the condenser's call runs, so the agent's call after it reuses them
-            # rather than prefilling them again (a minute on CPU); the slot cache on CPU gives
-            # the condenser's call the one row that holds them
-            "--set",
-            "engine.kv_cache='paged'",
             "--run-dir",
             str(run_dir),
         ],

@@ -23,8 +23,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # its writes (`after_previous`), so a replay's ~200 short kernels no longer pay a launch and a
 # ramp each, and a projection reads its first weight tile before that wait
 PDL = os.environ.get("STACX_PDL", "1") != "0"
-
-
 PDL_DRIVER = 12030  # CUDA 12.3: stream capture keeps programmatic edges (graphs of PDL kernels)
 
 
@@ -32,7 +30,7 @@ PDL_DRIVER = 12030  # CUDA 12.3: stream capture keeps programmatic edges (graphs
 def cuda_driver_version() -> int:
     """The CUDA driver's version (12030 for 12.3; 0 where libcuda cannot be loaded)."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+        lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return 0
     version = ctypes.c_int(0)

@@ -76,9 +76,6 @@ def test_tiny_grpo_publishes_versions_and_rolls_out_with_them(tmp_path: Path) ->
                 "group by 1"
             ).fetchall()
         )
-        (dups,) = con.execute(
-            "select count(*) - count(distinct event_id) from _events"
-        ).fetchone() or (1,)
         (loaded,) = con.execute(
             "select count(*) from weights_loaded where version >= 1"
         ).fetchone() or (0,)
@@ -86,8 +83,9 @@ def test_tiny_grpo_publishes_versions_and_rolls_out_with_them(tmp_path: Path) ->
         con.close()
     assert version == 2
     assert by_iteration[0] == 0 and by_iteration[1] >= 1  # sync: iteration 1 ran on version 1
-    assert dups == 0 and loaded >= 1
-    # the shape a killed and resumed run must reproduce (test_crash.py), nothing recorded twice
+    assert loaded >= 1
+    # the shape a killed and resumed run must reproduce (test_crash.py); nothing recorded twice
+    # (per event id in `_events` and every table, and per derived key)
     assert shape(run_dir) == recipe_shape(2)
     assert duplicates(run_dir) == {}
     ps = subprocess.run(

@@ -63,8 +63,8 @@ class FailureKind(StrEnum):
     TASK_INVALID = "task_invalid"  # the task itself cannot be loaded (bad task.toml, files)
     SANDBOX_HOST_LOST = "sandbox_host_lost"  # the sandbox service holding it died or went silent
     JUDGE = "judge"  # the judge model erred or gave no usable score after its retries (JudgeScored)
-    # an installed scaffold exited non-zero before its first model call, or its process could
-    # not start (its ScaffoldExited has the exit code and stderr; view scaffold_failures)
+    # an installed scaffold exited non-zero before any model call was answered, or its process
+    # could not start (its ScaffoldExited has the exit code and stderr; view scaffold_failures)
     SCAFFOLD = "scaffold"
 
 

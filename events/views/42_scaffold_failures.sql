@@ -1,5 +1,5 @@
--- scaffold_failures: one row per attempt whose installed scaffold exited non-zero before its
--- first model call, or could not start (InfraFailed 'scaffold', never scored), with what the
+-- scaffold_failures: one row per attempt whose installed scaffold exited non-zero before any
+-- model call was answered, or could not start (InfraFailed 'scaffold', never scored), with what the
 -- scaffold said: its exit code and the tail of its stderr (ScaffoldExited), and that tail's
 -- last non-blank line (usually the error).
 CREATE OR REPLACE VIEW scaffold_failures AS

@@ -83,6 +83,7 @@ class GatewayRoute(Protocol):
 
     credential: str
     n_turns: int
+    n_calls: int
     transcript_ids: list[int]
 
 
@@ -181,7 +182,7 @@ class InstalledAgent:
                 raise
             stderr = await exited(done.exit_code, done.timed_out)
             if done.exit_code not in (0, None) and not done.timed_out and route.n_turns == 0:
-                raise _crashed(self.spec.name, done.exit_code, stderr)
+                raise _crashed(self.spec.name, done.exit_code, stderr, route.n_calls)
             stop = await self._stop_reason(where)
             return AgentResult(
                 stop_reason=stop,
@@ -211,13 +212,18 @@ class InstalledAgent:
         return self.spec.stops.get(status, StopReason.AGENT_DONE)
 
 
-def _crashed(scaffold: str, exit_code: int | None, stderr: str) -> InfraFailure:
-    """Exited non-zero before its first model call (127...): a SCAFFOLD failure, not a 0."""
+def _crashed(scaffold: str, exit_code: int | None, stderr: str, calls: int) -> InfraFailure:
+    """Exited non-zero before any model call was answered (127..., or a client that gave up on
+    its first call): a SCAFFOLD failure, not a 0. The message says which of the two it was."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = f": {lines[-1].strip()}" if lines else " (no stderr)"
+    when = (
+        "before its first model call"
+        if not calls
+        else f"before any of its {calls} model call(s) was answered"
+    )
     return InfraFailure(
-        FailureKind.SCAFFOLD,
-        f"scaffold {scaffold} exited with code {exit_code} before its first model call{last}",
+        FailureKind.SCAFFOLD, f"scaffold {scaffold} exited with code {exit_code} {when}{last}"
     )
 
 

@@ -186,7 +186,7 @@ def _report(result: EvalResult, run_dir: Path, wall: float) -> None:
     if crashed:
         n = sum(int(r[2]) for r in crashed)  # type: ignore[call-overload]
         click.echo(
-            f"the scaffold exited before its first model call in {n} episode(s) (table above; "
+            f"the scaffold exited before any model call was answered in {n} episode(s) (table above; "
             f"its stderr: stacx view {run_dir}, or stacx sql {run_dir} "
             '"select * from scaffold_failures")',
             err=True,

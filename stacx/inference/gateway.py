@@ -156,12 +156,12 @@ class Gateway:
         return str(name)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        ep = self._episode_of(request)
+        ep = self._counted(request)
         body = await request_body(request, CHAT_KEYS)
         return await self._answer(body, self.chat(body, ep, request))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        ep = self._episode_of(request)
+        ep = self._counted(request)
         body = await request_body(request, COMPLETION_KEYS)
         return await self._answer(body, self._completion(body, ep, request))
 
@@ -281,7 +281,7 @@ class Gateway:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages`` through the chat path (`anthropic_api` translates)."""
-        ep = self._episode_of(request)
+        ep = self._counted(request)
         raw = await json_object(request)
         out, _, _ = await self.chat(anthropic_api.chat_body(raw), ep, request)
         msg = anthropic_api.message(out, raw.get("stop_sequences") or [], self.tok.decode)
@@ -328,6 +328,13 @@ class Gateway:
         ]
         at = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": None, "text_offset": at}
+
+    def _counted(self, request: web.Request) -> GatewayEpisode | None:
+        """`_episode_of` a model call, counted as it arrives (answered or not)."""
+        ep = self._episode_of(request)
+        if ep is not None:
+            ep.n_calls += 1
+        return ep
 
     def _episode_of(self, request: web.Request) -> GatewayEpisode | None:
         ep = self._episodes.get(_credential(request))

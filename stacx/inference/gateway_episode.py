@@ -19,6 +19,7 @@ class GatewayEpisode:
         self.run_id, self.episode_id, self.emit = run_id, episode_id, emit
         self.credential = f"stacx-{new_id()}"
         self.n_turns = 0  # turns recorded so far (one per choice)
+        self.n_calls = 0  # model calls received so far, answered or not
         self.segment = 0
         self.transcript_ids: list[int] = []  # the last call's prompt + output (choice 0)
         self._ends: list[list[int]] = []  # prompt + output of each choice of the last call

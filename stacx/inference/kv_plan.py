@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from stacx.inference.decoder import Decoder
 
 MIN_PREFIX_REUSE = 16  # shorter shared prefixes are recomputed
+# slots: free rows kept for their cached prefixes before the least recently used one is reused,
+# where the cache would grow for a new row (CPU); a row the cache already holds (CUDA: all of
+# them) is always taken before a cached prefix is dropped
+KEEP_CACHED_ROWS = 4
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -180,12 +184,17 @@ class SlotKV(KVPlan):
         return place
 
     def _free_row(self, free: list[int], upcoming: list[list[int]]) -> int:
-        """An empty row (the lowest: keeps the decode batch compact), else the least recently
-        used cached prefix that no upcoming prompt starts with, else the least recently used."""
+        """An empty row (the lowest: keeps the decode batch compact), else a new row while the
+        table may grow (every cached prefix kept: an unrelated call, a condenser's or a judge's,
+        must not take the row an agent's next turn extends), else the least recently used cached
+        prefix that no upcoming prompt starts with, else the least recently used."""
         empty = [i for i in free if not self.tokens[i]]
         if empty:
             return empty[0]
-        if not free:
+        rows = len(self.live)
+        if not free or (
+            rows < self.max_rows and (rows < self.cache.slots or len(free) < KEEP_CACHED_ROWS)
+        ):
             return self._add_row()
 
         def wanted(i: int) -> bool:

@@ -61,7 +61,7 @@ GROUP BY failure_kind, will_retry ORDER BY failures DESC"""
 SCAFFOLD_SQL = """SELECT scaffold, exit_code, count(*) AS failures, any_value(stderr_last_line) AS stderr
 FROM scaffold_failures
 GROUP BY scaffold, exit_code ORDER BY failures DESC"""
-SCAFFOLD_TITLE = "Scaffold failures (exited before its first model call; never scored)"
+SCAFFOLD_TITLE = "Scaffold failures (exited before any model call was answered; never scored)"
 
 UNSCORED_SQL = "SELECT count(*) AS unscored_samples FROM samples WHERE NOT scored"
 

@@ -346,17 +346,57 @@ CRASHING_SPEC = """\
 name = "crashes-at-start"
 run = \"\"\"python3 -c 'import sys; sys.stderr.write("usage: agent [-h] --task TASK\\\\nagent: error: unrecognized arguments: --bogus\\\\n"); sys.exit(2)'\"\"\"
 """
+# its first call asks for 256 tokens (~100 ms each on CPU) and gives up after 5 s (no braces:
+# the spec's placeholders)
+IMPATIENT_SPEC = """\
+name = "gives-up-on-its-call"
+run = \'\'\'python3 -c '
+import json, sys, urllib.request
+url, key = sys.argv[1], sys.argv[2]
+body = dict(model="m", messages=[dict(role="user", content="Count.")], max_tokens=256, ignore_eos=True)
+head = dict(Authorization="Bearer " + key)
+head["Content-Type"] = "application/json"
+req = urllib.request.Request(url + "/chat/completions", json.dumps(body).encode(), head)
+try:
+    urllib.request.urlopen(req, timeout=5)
+except OSError as e:
+    sys.exit("agent: error: no reply in 5 s")
+' {base_url} {api_key}\'\'\'
+"""
 
 
-def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_path: Path) -> None:
-    """A user's spec whose `run` exits 2 at once (an argparse error): never scored as 0, but
-    InfraFailed 'scaffold' with its stderr, in the eval report, on stderr, in `stacx sql`'s
-    scaffold_failures and on the episode's page; `stacx eval` exits 1 (every sample failed)."""
+@pytest.mark.parametrize(
+    ("text", "name", "code", "last_line", "when"),
+    [
+        (
+            CRASHING_SPEC,
+            "crashes-at-start",
+            2,
+            "agent: error: unrecognized arguments: --bogus",
+            "before its first model call",
+        ),
+        (
+            IMPATIENT_SPEC,
+            "gives-up-on-its-call",
+            1,
+            "agent: error: no reply in 5 s",
+            "before any of its 1 model call(s) was answered",
+        ),
+    ],
+    ids=["exits-at-start", "gives-up-on-its-first-call"],
+)
+def test_a_scaffold_that_exits_before_its_first_reply_is_a_scaffold_failure(
+    tmp_path: Path, text: str, name: str, code: int, last_line: str, when: str
+) -> None:
+    """A user's spec whose `run` exits at once (an argparse error), or whose client gives up on
+    its first call: never scored as 0, but InfraFailed 'scaffold' with its stderr and what it
+    did (no call made, or calls made and none answered), in the eval report, on stderr, in
+    `stacx sql`'s scaffold_failures and on the episode's page; `stacx eval` exits 1."""
     from stacx.view.episode import episode_page
     from stacx.view.source import Source
 
     spec = tmp_path / "crashes.toml"
-    spec.write_text(CRASHING_SPEC)
+    spec.write_text(text)
     run_dir = tmp_path / "r"
     proc = subprocess.run(
         [
@@ -381,8 +421,8 @@ def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_p
         timeout=900,
     )
     assert proc.returncode == 1, proc.stderr[-4000:]
-    assert "Scaffold failures" in proc.stdout and "unrecognized arguments: --bogus" in proc.stdout
-    assert "the scaffold exited before its first model call in 1 episode(s)" in proc.stderr
+    assert "Scaffold failures" in proc.stdout and last_line in proc.stdout
+    assert "the scaffold exited before any model call was answered in 1 episode(s)" in proc.stderr
     sql = subprocess.run(
         [
             sys.executable,
@@ -404,17 +444,24 @@ def test_a_scaffold_that_exits_before_its_first_call_is_a_scaffold_failure(tmp_p
         "status": "failed",
         "reward": None,
         "failure_kind": "scaffold",
-        "scaffold": "crashes-at-start",
-        "exit_code": 2,
-        "stderr_last_line": "agent: error: unrecognized arguments: --bogus",
+        "scaffold": name,
+        "exit_code": code,
+        "stderr_last_line": last_line,
     }
+    sql_cmd = [sys.executable, "-m", "stacx", "sql", str(run_dir), "--format", "json"]
+    failed = subprocess.run(
+        [*sql_cmd, "select message from infra_failed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"exited with code {code} {when}: {last_line}" in json.loads(failed.stdout)["message"]
     source = Source([run_dir])
     try:
         [(episode,)] = source.query("select episode_id from episodes").rows
         html = episode_page(source, {"id": str(episode)})
     finally:
         source.close()
-    assert "scaffold crashes-at-start: exit code 2" in html
-    assert (
-        "usage: agent [-h] --task TASK" in html
-    )  # the stderr tail, not "No turns recorded." alone
+    assert f"scaffold {name}: exit code {code}" in html
+    assert last_line in html  # the stderr tail, not "No turns recorded." alone

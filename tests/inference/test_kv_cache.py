@@ -15,7 +15,7 @@ import transformers
 from stacx.errors import EngineError
 from stacx.inference.decoder import Decoder
 from stacx.inference.kv_cache import KVCache
-from stacx.inference.kv_plan import SlotKV, common_prefix
+from stacx.inference.kv_plan import KEEP_CACHED_ROWS, SlotKV, common_prefix
 from stacx.inference.torch_engine import TorchEngine
 from stacx.ports import SamplingParams
 
@@ -227,6 +227,47 @@ def test_slot_choice_spares_the_prefixes_waiting_prompts_extend() -> None:
     assert pc is not None and pc.row == 1 and pc.reuse == 0  # row 0 is wanted: row 1 goes
     pa2 = plan.place([*a, 1, 2, 3], len(a) + 3, [])
     assert pa2 is not None and (pa2.row, pa2.reuse) == (0, len(a))
+
+
+def test_an_unrelated_request_takes_a_new_row_not_a_cached_prefix() -> None:
+    """While the table may grow, a request that reuses nothing gets a new row: the agent's
+    cached turn survives a condenser's (or a judge's) call between two of its turns. With
+    KEEP_CACHED_ROWS free cached rows on a cache that would grow, the least recently used goes."""
+    cache = KVCache(1, 1, 4, torch.float32, torch.device("cpu"))
+    plan = SlotKV(cache, max_rows=8)
+    agent = list(range(100, 140))
+    pa = plan.place(agent, len(agent), [])
+    assert pa is not None
+    plan.release(pa.row, keep=True)
+    other = plan.place(list(range(500, 540)), 40, [])  # nothing waits that extends the agent's
+    assert other is not None and other.row != pa.row
+    plan.release(other.row, keep=True)
+    nxt = plan.place([*agent, 1, 2, 3], len(agent) + 3, [])
+    assert nxt is not None and (nxt.row, nxt.reuse) == (pa.row, len(agent))
+    plan.release(nxt.row, keep=True)
+    k = 2
+    while len(plan.live) < KEEP_CACHED_ROWS:  # a new row for each prefix, all kept
+        p = plan.place(list(range(1000 * k, 1000 * k + 40)), 40, [])
+        assert p is not None and p.row == len(plan.live) - 1
+        plan.release(p.row, keep=True)
+        k += 1
+    last = plan.place(list(range(9000, 9040)), 40, [])  # KEEP_CACHED_ROWS free rows: one goes
+    assert last is not None and last.row == other.row  # the least recently used
+    assert len(plan.live) == KEEP_CACHED_ROWS
+
+
+def test_a_cache_allocated_up_front_keeps_every_prefix_its_rows_hold() -> None:
+    """A cache already holding its rows (CUDA allocates them all up front) drops no cached
+    prefix while one of its rows is unused, KEEP_CACHED_ROWS or not."""
+    cache = KVCache(1, 1, 4, torch.float32, torch.device("cpu"))
+    cache.grow(KEEP_CACHED_ROWS + 3, 64)
+    plan = SlotKV(cache, max_rows=KEEP_CACHED_ROWS + 3)
+    for k in range(KEEP_CACHED_ROWS + 3):
+        p = plan.place(list(range(1000 * k, 1000 * k + 40)), 40, [])
+        assert p is not None and (p.row, p.reuse) == (k, 0)
+        plan.release(p.row, keep=True)
+    again = plan.place([*range(40), 7], 41, [])  # the first prefix is still there
+    assert again is not None and (again.row, again.reuse) == (0, 40)
 
 
 def test_common_prefix_equals_a_token_by_token_scan() -> None:

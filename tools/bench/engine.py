@@ -227,10 +227,13 @@ def profile_run(engine: object, ids: list[list[int]], new: int, sampling: tuple)
     busy = 0.0
     kinds: dict[str, float] = {}
     gaps: list[float] = []  # idle stretches over 20 us
-    end = spans[0][0]
+    where: list[tuple[float, str, str]] = []  # each gap with the kernels either side of it
+    end, last = spans[0][0], ""
     for start, stop, name in spans:
         if start - end > 20:
             gaps.append(start - end)
+            where.append((start - end, last[:40], name[:40]))
+        last = name if stop >= end else last
         own = max(0.0, stop - max(start, end))
         busy += own
         kind = name.split("<")[0].split("(")[0][:48]
@@ -247,6 +250,9 @@ def profile_run(engine: object, ids: list[list[int]], new: int, sampling: tuple)
         "idle_ms_in_gaps_over_20us": round(sum(gaps) / 1e3, 1),
         "largest_gap_ms": round(max(gaps, default=0.0) / 1e3, 2),
         "busy_ms_by_kind": {k: round(v / 1e3, 1) for k, v in top},
+        "largest_gaps_us": [
+            [round(g), before, after] for g, before, after in sorted(where, reverse=True)[:6]
+        ],
     }
     print(f"timeline b={len(ids)}: {out}", file=sys.stderr)
     return out

@@ -294,13 +294,24 @@ def decode_attention(
     return out
 
 
-PREFILL_ROWS = 64  # (token, head) pairs per prefill-attention program: 64 // rep tokens
+class PrefillLaunch(NamedTuple):
+    """How `prefill_attention` launches: (token, head) pairs per program (``rows // rep``
+    consecutive tokens of one row, each with the ``rep`` query heads of one kv head: a program
+    reads its row's keys once for all of them), keys per tile, warps, pipeline stages."""
+
+    rows: int = 64
+    block: int = BLOCK_N
+    warps: int = 4
+    stages: int = 3
 
 
-def prefill_tile_tokens(rep: int) -> int:
+PREFILL = PrefillLaunch()  # the engine's (its flat prefill pieces are tiled to match)
+
+
+def prefill_tile_tokens(rep: int, launch: PrefillLaunch = PREFILL) -> int:
     """Tokens per prefill-attention tile: a tile is at most this many consecutive new tokens of
-    one row, each with its ``rep`` query heads of one kv head (``PREFILL_ROWS`` pairs)."""
-    return max(1, PREFILL_ROWS // rep)
+    one row, each with its ``rep`` query heads of one kv head (``launch.rows`` pairs)."""
+    return max(1, launch.rows // rep)
 
 
 @triton.jit
@@ -360,11 +371,12 @@ def prefill_attention(
     scale: float,
     table: torch.Tensor | None = None,
     max_keys: int = 0,
+    launch: PrefillLaunch = PREFILL,
 ) -> torch.Tensor:
     """Many queries per row, ``q`` [T, H, D] -> [T, H, D]: token t attends to its row's keys
     ``[0, pos[t]]`` (its own and the earlier new tokens' already written). ``tiles`` [J, 3]
-    int: (row, first token, count) runs of at most `prefill_tile_tokens` consecutive tokens of
-    one row (count 0: an unused tile); a row is its slot, or its line of the paged ``table``.
+    int: (row, first token, count) runs of at most ``prefill_tile_tokens(rep, launch)``
+    consecutive tokens of one row (count 0: an unused tile); a row is its slot, or its line of the paged ``table``.
     Each program reads its row's keys once for all its queries. ``max_keys``: a bound on
     ``pos + 1`` (the interpreter's loop; compiled kernels read ``pos``)."""
     _, n_heads, dim = q.shape
@@ -387,11 +399,13 @@ def prefill_attention(
         N_HEADS=n_heads,
         REP=rep,
         DIM=dim,
-        ROWS=triton.next_power_of_2(prefill_tile_tokens(rep) * rep),
-        BLOCK=BLOCK_N,
+        ROWS=triton.next_power_of_2(prefill_tile_tokens(rep, launch) * rep),
+        BLOCK=launch.block,
         F32_DOT=q.dtype == torch.float32 or INTERPRET,
         INTERPRETED=INTERPRET,
-        MAX_KEYS=triton.cdiv(max(max_keys, 1), BLOCK_N) * BLOCK_N if INTERPRET else 0,
+        MAX_KEYS=triton.cdiv(max(max_keys, 1), launch.block) * launch.block if INTERPRET else 0,
         PAGE=0 if table is None else k_cache.shape[2],
+        num_warps=launch.warps,
+        num_stages=launch.stages,
     )
     return out

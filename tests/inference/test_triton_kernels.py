@@ -307,18 +307,26 @@ def test_sampled_pick_draws_from_softmax_over_temperature() -> None:
     assert first.tolist() == [12345, 3, 19999]
 
 
+@pytest.mark.parametrize(
+    "launch",
+    [triton_attention.PREFILL, triton_attention.PrefillLaunch(128, 32, 8, 2)],
+    ids=["engine", "128-pairs-32-keys"],
+)
 @pytest.mark.parametrize("paged", [False, True])
-def test_prefill_attention_is_causal_attention_over_each_rows_cache(paged: bool) -> None:
+def test_prefill_attention_is_causal_attention_over_each_rows_cache(
+    paged: bool, launch: triton_attention.PrefillLaunch
+) -> None:
     """`prefill_attention`: rows of ragged new tokens (one starting mid-row after cached keys,
     one longer than a tile, a 3:1 GQA ratio that leaves part of each tile's pairs unused) and
     an unused tile; each token's output is softmax attention over its row's keys up to its own
-    position, read from slots or from shuffled paged blocks."""
+    position, read from slots or from shuffled paged blocks; under the engine's launch and a
+    larger one (twice the tokens a tile, half the keys a step)."""
     gen = torch.Generator().manual_seed(5)
     heads, n_kv, dim, slots, cap, block = 6, 2, 16, 3, 200, 8
     kc, vc = (torch.randn(slots, n_kv, cap, dim, generator=gen) for _ in range(2))
-    tile = triton_attention.prefill_tile_tokens(heads // n_kv)
+    tile = triton_attention.prefill_tile_tokens(heads // n_kv, launch)
     pos, owner, tiles = [], [], []
-    for row, first, count in ((1, 50, 40), (2, 0, 10)):  # row 1: 50 cached keys, then 40 new
+    for row, first, count in ((1, 50, 50), (2, 0, 10)):  # row 1: 50 cached keys, then 50 new
         tiles += [(row, len(pos) + s, min(tile, count - s)) for s in range(0, count, tile)]
         pos += range(first, first + count)
         owner += [row] * count
@@ -356,6 +364,7 @@ def test_prefill_attention_is_causal_attention_over_each_rows_cache(paged: bool)
         0.25,
         None if table is None else table.to(**to),
         max_keys=max(pos) + 1,
+        launch=launch,
     )
     torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
 

@@ -10,6 +10,12 @@ read once (what the kernel must read); time: the median of CUDA-graph replays of
 splits, and with ``--configs`` other launch configurations (keys per tile, warps, stages, target
 programs: ``triton_attention.DecodeLaunch``). Every variant is first checked against a float32 reference on fresh random data.
 
+``--prefill LO,HI``: prefill attention instead (triton_attention.prefill_attention, as the
+engine's flat prefill calls it): each row's last LO..HI positions are new tokens (the agentic
+bench's observations: 150,350), each attending causally to its row's keys, in tiles of the
+engine's launch and, with ``--prefill-configs``, of others (ROWSxKEYSxWARPSxSTAGES:
+``triton_attention.PrefillLaunch``). Bytes: each row's keys and values once; also TFLOP/s.
+
 ``--tiny``: 3 rows of 1..130 keys, 4 heads of 32 dims, float32 (Triton's CPU interpreter where
 there is no GPU: checks the variants, times nothing). Prints ONE JSON line last.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -90,6 +97,13 @@ def main() -> None:
         help="more variants, the split rule's: launch configurations KEYSxWARPSxSTAGES[xPROGRAMS] "
         "(e.g. 32x4x2,64x8x1,128x4x3x8192; triton_attention.DecodeLaunch)",
     )
+    ap.add_argument("--prefill", default=None, help="lo,hi new tokens a row: prefill attention")
+    ap.add_argument(
+        "--prefill-configs",
+        default="",
+        help="with --prefill, more launch variants ROWSxKEYSxWARPSxSTAGES (e.g. 128x64x8x3; "
+        "triton_attention.PrefillLaunch)",
+    )
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
@@ -128,6 +142,11 @@ def main() -> None:
     if gpu:
         result["copy_gb_s"] = round(copy_bandwidth(dev) / 1e9, 1)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    if args.prefill:
+        new = map(int, args.prefill.split(","))
+        prefill(result, args.prefill_configs, new, lengths, caches, (k, v), heads, scale, tol, gen)
+        print(json.dumps(result))
+        return
     variants: list[tuple[str, int | None, tk.DecodeLaunch]] = [
         (name, None if name == "auto" else int(name), tk.DecodeLaunch())
         for name in args.splits.split(",")
@@ -153,6 +172,78 @@ def main() -> None:
             result[f"{layout}_{name}"] = entry
             print(f"{layout} {name}: {entry}", file=sys.stderr)
     print(json.dumps(result))
+
+
+def prefill(
+    result: dict[str, object],
+    configs: str,
+    new: Iterator[int],
+    lengths: list[int],
+    caches: dict[str, tuple],
+    kv: tuple[torch.Tensor, torch.Tensor],
+    heads: int,
+    scale: float,
+    tol: float,
+    gen: torch.Generator,
+) -> None:
+    """``--prefill``: each row's last n (drawn in lo..hi, at most its length) positions as new
+    tokens, tiled as the engine tiles a flat piece, per launch variant; checked, then timed."""
+    from stacx.inference import triton_attention as tk
+
+    k, v = kv
+    lo, hi = next(new), next(new)
+    rows, n_kv, _, dim = k.shape
+    dev, dtype = k.device, k.dtype
+    counts = [
+        min(n, int(c)) for n, c in zip(lengths, torch.randint(lo, hi + 1, (rows,)), strict=True)
+    ]
+    pos = [p for n, c in zip(lengths, counts, strict=True) for p in range(n - c, n)]
+    q = torch.randn(len(pos), heads, dim, generator=gen).to(dev, dtype)
+    rep = heads // n_kv
+    ref = torch.empty(len(pos), heads, dim, device=dev)
+    at = 0
+    for b, (n, c) in enumerate(zip(lengths, counts, strict=True)):  # causal, in float32
+        kb = k[b, :, :n].float().repeat_interleave(rep, 0)
+        vb = v[b, :, :n].float().repeat_interleave(rep, 0)
+        s = (q[at : at + c].float().transpose(0, 1) @ kb.transpose(1, 2)) * scale  # [H, c, n]
+        s = s.masked_fill(
+            torch.arange(n, device=dev) > torch.arange(n - c, n, device=dev)[:, None], float("-inf")
+        )
+        ref[at : at + c] = (torch.softmax(s, -1) @ vb).transpose(0, 1)
+        at += c
+    flops = sum((p + 1) for p in pos) * heads * dim * 4
+    read = sum(lengths) * n_kv * dim * 2 * torch.finfo(dtype).bits // 8
+    result |= {"prefill_tokens": len(pos), "new": [lo, hi], "read_mb": round(read / 1e6, 1)}
+    result["gflop"] = round(flops / 1e9, 1)
+    variants = {"engine": tk.PREFILL}
+    for spec in filter(None, configs.split(",")):
+        variants[spec] = tk.PrefillLaunch(*map(int, spec.split("x")))
+    pos_t = torch.tensor(pos, device=dev)
+    for layout, (kc, vc, table) in caches.items():
+        for name, launch in variants.items():
+            tile = tk.prefill_tile_tokens(rep, launch)
+            tiles, first = [], 0
+            for b, c in enumerate(counts):  # a flat piece's tiles: runs of one row's tokens
+                tiles += [(b, first + s, min(tile, c - s)) for s in range(0, c, tile)]
+                first += c
+            tiles_t = torch.tensor(tiles, dtype=torch.int32, device=dev)
+            args = (q, kc, vc, pos_t, tiles_t, scale, table, max(lengths), launch)
+            out = tk.prefill_attention(*args)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            if err > tol:
+                raise RuntimeError(f"prefill {layout} {name}: relative error {err:.2e} > {tol}")
+            entry: dict[str, float] = {"rel_err": float(f"{err:.2e}"), "tiles": len(tiles)}
+            if dev.type == "cuda":
+                import triton.testing
+
+                ms = triton.testing.do_bench_cudagraph(
+                    lambda args=args: tk.prefill_attention(*args), rep=200, return_mode="median"
+                )
+                entry |= {"us": round(ms * 1e3, 1), "gb_s": round(read / ms / 1e6, 1)}
+                entry["of_copy"] = round(entry["gb_s"] / result["copy_gb_s"], 3)  # type: ignore[operator]
+                entry["tflop_s"] = round(flops / ms / 1e9, 1)
+            result[f"prefill_{layout}_{name}"] = entry
+            print(f"prefill {layout} {name}: {entry}", file=sys.stderr)
 
 
 if __name__ == "__main__":

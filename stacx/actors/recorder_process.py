@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import time
 from pathlib import Path
 
-from stacx.bus.client import connect, ensure_stream, stream_replicas
+from stacx.bus.client import connect, drain_or_close, ensure_stream, stream_replicas
 from stacx.store.recorder import Recorder
 
 
@@ -39,8 +38,7 @@ async def main_async(a: argparse.Namespace) -> None:
         rec.stop()
     await task
     rec.close()
-    with contextlib.suppress(Exception):
-        await nc.drain()
+    await drain_or_close(nc)
 
 
 def main() -> None:

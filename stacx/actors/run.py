@@ -34,7 +34,7 @@ from stacx.actors.base import (
     causal_context,
     keep_running,
 )
-from stacx.bus.client import Publisher, connect, ensure_stream, stream_replicas
+from stacx.bus.client import Publisher, connect, drain_or_close, ensure_stream, stream_replicas
 from stacx.bus.server import EmbeddedNats, external_url
 from stacx.errors import StacxError
 from stacx.events import Event, RunFinished, RunStarted, RunStatus, stream_name
@@ -42,6 +42,8 @@ from stacx.store import db
 from stacx.store.recorder import Recorder
 
 log = logging.getLogger(__name__)
+STOP_GRACE_S = 30.0  # stopping actors finish what they hold this long, then are cancelled
+INTERRUPT_GRACE_S = 2.0  # the same after an interrupt: in-flight work is rerun on resume
 
 
 def new_run_id(run_dir: Path) -> str:
@@ -74,6 +76,8 @@ class RunContext:
         self._recorder_sup: asyncio.Task[None] | None = None
         self._published = 0  # newest stream sequence published through this context
         self.actors = Spawner(self.actor_context)
+        # how long stopping actors get to finish what they hold (`interrupted`: a moment)
+        self.stop_grace_s = STOP_GRACE_S
 
     @property
     def nats_url(self) -> str:
@@ -132,6 +136,8 @@ class RunContext:
         if et is not None:
             interrupted = et in (asyncio.CancelledError, KeyboardInterrupt)
             status = RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED
+            if interrupted:
+                self.interrupted()
         await self.stop_actors()
         crash = self.crashes[0] if self.crashes else None
         if crash is not None and status is RunStatus.COMPLETED:
@@ -148,8 +154,7 @@ class RunContext:
         if self.publisher is not None:
             await self.publisher.close()
         if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await drain_or_close(self.nc)
         if self.server is not None:
             await self.server.__aexit__(None, None, None)
         db.update_run_file(
@@ -256,8 +261,14 @@ class RunContext:
         """Start an actor here, as a supervised asyncio task (see ``Spawner.spawn``)."""
         return self.actors.spawn(actor, instance=instance)
 
-    async def stop_actors(self, timeout: float = 30.0) -> None:
-        await self.actors.stop(timeout)
+    def interrupted(self) -> None:
+        """The run was interrupted (Ctrl-C, SIGTERM): actors and role hosts stopped from now on
+        are cancelled after `INTERRUPT_GRACE_S`, not the graceful stop's `STOP_GRACE_S` (their
+        in-flight episodes are rerun on resume)."""
+        self.stop_grace_s = INTERRUPT_GRACE_S
+
+    async def stop_actors(self) -> None:
+        await self.actors.stop(self.stop_grace_s)
 
 
 class Spawner:
@@ -290,7 +301,7 @@ class Spawner:
         if not task.cancelled() and task.exception() is not None:
             self.crashes.append(task.exception())  # type: ignore[arg-type]
 
-    async def stop(self, timeout: float = 30.0) -> None:
+    async def stop(self, timeout: float = STOP_GRACE_S) -> None:
         """Ask every actor to stop, cancel those still running after ``timeout`` seconds."""
         for s in self._supervisors:
             s.stop.set()

@@ -30,6 +30,19 @@ __all__ = ["Publisher", "connect", "ensure_stream", "stream_replicas"]
 ENV_REPLICAS = "STACX_NATS_REPLICAS"
 
 
+DRAIN_S = 5.0  # a connection drains this long at most, then closes
+
+
+async def drain_or_close(nc: NATS) -> None:
+    """Drain `nc` (its subscriptions' pending messages handled, its publishes flushed) for at most
+    `DRAIN_S`, then close it: a subscriber whose task was cancelled mid-message never finishes its
+    drain, which nats-py would wait on for its own 30 s timeout."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.drain(), DRAIN_S)
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
 def stream_replicas(nc: NATS) -> int:
     """Copies of a new run stream: $STACX_NATS_REPLICAS, else 3 when the client knows of 3 or
     more servers (given or announced), else 1."""

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from stacx.cli._common import friendly_errors, option, render, run_dir_option
+from stacx.cli._common import (
+    friendly_errors,
+    option,
+    render,
+    run_dir_option,
+    run_interruptible,
+)
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily, so `stacx --help` stays fast
     from stacx.ports import Task
@@ -114,7 +120,11 @@ def build(source: Path, force: bool, concurrency: int, aliases_file: str | None)
 
     tasks, broken = load_task_set(source)
     aliases = AliasMap.from_env(aliases_file)
-    rows = asyncio.run(_build_all(tasks, aliases, force, concurrency))
+    try:
+        rows = run_interruptible(_build_all(tasks, aliases, force, concurrency))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted; images built so far are kept (a rerun skips them)", err=True)
+        sys.exit(130)
     rows += [(b.task_id, "not loaded", b.reason.splitlines()[0][:120]) for b in broken]
     rows.sort()
     click.echo(render(["task", "result", "image / reason"], rows, "table"))
@@ -177,16 +187,20 @@ def check(
     task meets the bar, 1 otherwise, 2 on bad input."""
     from stacx.launch.presets import check_tasks
 
-    run_dir, rows = asyncio.run(
-        check_tasks(
-            source,
-            agent,  # type: ignore[arg-type]  # click.Choice checked it
-            run_dir=run_dir,
-            concurrency=concurrency,
-            aliases=aliases_file or "",
-            progress="auto",
+    try:  # SIGTERM as Ctrl-C: the launcher stops its actors and removes the sandboxes
+        run_dir, rows = run_interruptible(
+            check_tasks(
+                source,
+                agent,  # type: ignore[arg-type]  # click.Choice checked it
+                run_dir=run_dir,
+                concurrency=concurrency,
+                aliases=aliases_file or "",
+                progress="auto",
+            )
         )
-    )
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted; actors stopped and sandboxes removed", err=True)
+        sys.exit(130)
     table = [
         (
             r.task_id,

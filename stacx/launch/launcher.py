@@ -228,6 +228,9 @@ async def _drive(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(scheduler.done.wait(), 2.0)
             await placement.check()
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        run.interrupted()  # the roles' in-flight work is cancelled, not waited for
+        raise
     finally:
         for t in background:
             t.cancel()

@@ -23,7 +23,8 @@ import msgspec
 
 from stacx.actors.base import Actor, ActorContext, Query, causal_context
 from stacx.actors.load import ProcessLoadWatch
-from stacx.actors.run import RunContext, Spawner
+from stacx.actors.run import INTERRUPT_GRACE_S, STOP_GRACE_S, RunContext, Spawner
+from stacx.bus.client import drain_or_close
 from stacx.bus.server import free_port
 from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
@@ -174,8 +175,7 @@ async def remote_run(
         yield Spawner(context), context()
     finally:
         await publisher.close()
-        with contextlib.suppress(Exception):
-            await nc.drain()
+        await drain_or_close(nc)
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -221,9 +221,12 @@ async def query_service(run: RunContext) -> QueryService:
     return service
 
 
-async def serve_role(spec: HostSpec, ready: Callable[[], None], stop: asyncio.Event) -> None:
+async def serve_role(
+    spec: HostSpec, ready: Callable[[], None], stop: asyncio.Event, hurry: asyncio.Event
+) -> None:
     """Every role host outside the launcher: build one instance, run its actors and publish its load
-    until ``stop``, stop them, then raise an actor's programming error (strict mode)."""
+    until ``stop``, stop them (``hurry`` set: the run was interrupted, in-flight work is cancelled
+    after `INTERRUPT_GRACE_S`), then raise an actor's programming error (strict mode)."""
     for p in reversed(spec.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -256,7 +259,7 @@ async def serve_role(spec: HostSpec, ready: Callable[[], None], stop: asyncio.Ev
         watch.start()
         ready()
         await stop.wait()
-        await spawner.stop()
+        await spawner.stop(INTERRUPT_GRACE_S if hurry.is_set() else STOP_GRACE_S)
         if spawner.crashes:  # strict mode: an actor died of a programming error
             raise spawner.crashes[0]
 
@@ -266,11 +269,12 @@ class RoleHost:
 
     def __init__(self) -> None:
         self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
         self._ready = asyncio.Event()
 
     async def serve(self, spec_json: bytes) -> str:
         spec = msgspec.json.decode(spec_json, type=HostSpec)
-        await serve_role(spec, self._ready.set, self._stop)
+        await serve_role(spec, self._ready.set, self._stop, self._hurry)
         return f"{spec.builder}[{spec.index}] stopped"
 
     async def ready(self) -> bool:
@@ -284,7 +288,9 @@ class RoleHost:
 
         return f"http://{ray.util.get_node_ip_address()}:{free_port()}"
 
-    async def stop(self) -> None:
+    async def stop(self, hurry: bool = False) -> None:
+        if hurry:
+            self._hurry.set()
         self._stop.set()
 
 
@@ -354,9 +360,10 @@ class RayPlacement:
     async def stop(self) -> None:
         import ray
 
+        hurry = self.run.stop_grace_s < STOP_GRACE_S
         for host, _ref in self._hosts:
             with contextlib.suppress(Exception):
-                host.stop.remote()  # type: ignore[attr-defined]
+                host.stop.remote(hurry)  # type: ignore[attr-defined]
         for host, ref in self._hosts:
             try:
                 await asyncio.to_thread(ray.get, ref, timeout=60)

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from stacx.actors.load import ProcessLoadWatch
-from stacx.actors.run import RunContext
+from stacx.actors.run import STOP_GRACE_S, RunContext
 from stacx.bus.server import free_port
 from stacx.errors import StacxError
 from stacx.launch.placement import HostSpec, host_specs, query_service, serve_role
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3
 READY = b"stacx-role-ready\n"
+HURRY = b"stacx-role-hurry\n"  # before its stdin closes: the run was interrupted
 START_TIMEOUT_S = 600.0  # a role builder loads models and builds sandboxes
 STOP_TIMEOUT_S = 60.0
 LAUNCHER_PID = "STACX_LAUNCHER_PID"  # the child's parent to watch, set before it can die
@@ -100,12 +101,16 @@ class RoleProcess:
             return None
         return self.proc.returncode
 
-    async def stop(self) -> None:
+    async def stop(self, hurry: bool = False) -> None:
+        """Stop the child (``hurry``: the run was interrupted; its actors get a moment)."""
         self.stopping = True
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
         assert proc.stdin is not None
+        if hurry:
+            with contextlib.suppress(OSError):
+                proc.stdin.write(HURRY)
         proc.stdin.close()  # the child's cue to stop its actors and release what it built
         try:
             await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
@@ -168,8 +173,9 @@ class ProcessPlacement:
     async def stop(self) -> None:
         # rollout workers and teachers first, the engine they use and the trainer last
         last = ("engine", "trainer")
-        await asyncio.gather(*(c.stop() for c in self.children if c.spec.role not in last))
-        await asyncio.gather(*(c.stop() for c in self.children if c.spec.role in last))
+        hurry = self.run.stop_grace_s < STOP_GRACE_S
+        await asyncio.gather(*(c.stop(hurry) for c in self.children if c.spec.role not in last))
+        await asyncio.gather(*(c.stop(hurry) for c in self.children if c.spec.role in last))
         await self._watch.stop()
         if self.service is not None:
             await self.service.stop()
@@ -202,14 +208,15 @@ async def _child_main() -> None:
     spec = msgspec.json.decode(await reader.readline(), type=HostSpec)
     control = os.fdopen(os.dup(1), "wb", buffering=0)  # the ready line; prints go to the log
     os.dup2(2, 1)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     launcher = int(os.environ.get(LAUNCHER_PID, os.getppid()))  # it may be gone already
     threading.Thread(target=_end_when_orphaned, args=(loop, stop, launcher), daemon=True).start()
 
     async def until_eof() -> None:
-        while await reader.read(1 << 12):
-            pass
+        while data := await reader.read(1 << 12):
+            if HURRY.strip() in data:
+                hurry.set()
         stop.set()
 
     watcher = asyncio.create_task(until_eof())
@@ -218,7 +225,7 @@ async def _child_main() -> None:
         control.write(READY)
 
     try:
-        await serve_role(spec, ready, stop)
+        await serve_role(spec, ready, stop, hurry)
     finally:
         watcher.cancel()
 

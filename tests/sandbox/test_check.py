@@ -157,3 +157,44 @@ async def test_a_limit_the_solution_hits_is_an_outcome_the_verifier_scores(
     assert rows_of(run_dir, "select count(*) from infra_failed") == [(0,)]
     (output,) = rows_of(run_dir, "select output from tool_returned where tool = 'bash'")
     assert "out of memory" in str(output[0])
+
+
+def test_sigterm_stops_a_check_and_removes_its_sandboxes(tmp_path: Path, base_image: str) -> None:
+    """`kill PID` on `stacx tasks check` while its oracle runs: exit 130, no sandbox left, the
+    run recorded as interrupted (before: killed where it stood, its containers left behind and
+    run.json still 'running')."""
+    import signal
+    import subprocess
+    import time
+
+    from stacx.store.db import read_run_file
+
+    make_task(tmp_path / "set", "slow", test_sh=GOOD_TEST, solve_sh="sleep 300\n")
+    run_dir = tmp_path / "r"
+    cmd = ["tasks", "check", str(tmp_path / "set"), "--agent", "oracle", "--run-dir"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stacx", *cmd, str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def sandboxes() -> str:
+        run_id = read_run_file(run_dir).get("run_id")
+        ps = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=stacx.run_id={run_id}"],
+            capture_output=True,
+            text=True,
+        )
+        return ps.stdout.strip() if run_id else ""
+
+    deadline = time.monotonic() + 300
+    while not sandboxes():  # the oracle's sandbox is up (its solve.sh sleeps)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted; actors stopped and sandboxes removed" in out
+    assert sandboxes() == ""
+    assert read_run_file(run_dir)["status"] == "interrupted"

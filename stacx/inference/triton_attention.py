@@ -308,10 +308,11 @@ class PrefillLaunch(NamedTuple):
 PREFILL = PrefillLaunch()  # the engine's (its flat prefill pieces are tiled to match)
 
 
-def prefill_tile_tokens(rep: int, launch: PrefillLaunch = PREFILL) -> int:
+def prefill_tile_tokens(rep: int, launch: PrefillLaunch | None = None) -> int:
     """Tokens per prefill-attention tile: a tile is at most this many consecutive new tokens of
-    one row, each with its ``rep`` query heads of one kv head (``launch.rows`` pairs)."""
-    return max(1, launch.rows // rep)
+    one row, each with its ``rep`` query heads of one kv head (``launch.rows`` pairs; None: the
+    module's `PREFILL`, read at the call)."""
+    return max(1, (launch or PREFILL).rows // rep)
 
 
 @triton.jit
@@ -371,7 +372,7 @@ def prefill_attention(
     scale: float,
     table: torch.Tensor | None = None,
     max_keys: int = 0,
-    launch: PrefillLaunch = PREFILL,
+    launch: PrefillLaunch | None = None,
 ) -> torch.Tensor:
     """Many queries per row, ``q`` [T, H, D] -> [T, H, D]: token t attends to its row's keys
     ``[0, pos[t]]`` (its own and the earlier new tokens' already written). ``tiles`` [J, 3]
@@ -379,6 +380,7 @@ def prefill_attention(
     consecutive tokens of one row (count 0: an unused tile); a row is its slot, or its line of the paged ``table``.
     Each program reads its row's keys once for all its queries. ``max_keys``: a bound on
     ``pos + 1`` (the interpreter's loop; compiled kernels read ``pos``)."""
+    launch = launch or PREFILL
     _, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv

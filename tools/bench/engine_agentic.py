@@ -393,6 +393,13 @@ def parse() -> argparse.Namespace:
         help="torch-profile the middle of one more warm pass: kernel "
         "ms per decode step by kind in the JSON line, the chrome trace to TRACE",
     )
+    ap.add_argument(
+        "--prefill-launch",
+        default=None,
+        metavar="ROWSxKEYSxWARPSxSTAGES",
+        help="the prefill attention's launch for this run (triton_attention.PrefillLaunch; "
+        "default: the engine's)",
+    )
     args = ap.parse_args()
     if args.tiny:
         args.device = "cpu" if args.device == "auto" else args.device
@@ -402,6 +409,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    if args.prefill_launch:  # before any engine tiles a prefill
+        from stacx.inference import triton_attention
+
+        launch = triton_attention.PrefillLaunch(*map(int, args.prefill_launch.split("x")))
+        triton_attention.PREFILL = launch
     device = torch.device(
         "cuda"
         if args.device == "auto" and torch.cuda.is_available()
@@ -441,6 +453,7 @@ def main() -> None:
         "start": start,
         "obs": list(obs),
         "reply": list(reply),
+        "prefill_launch": args.prefill_launch or "engine",
         "errors": {},
     }
     errors: dict[str, str] = result["errors"]  # type: ignore[assignment]

@@ -13,7 +13,9 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -281,6 +283,9 @@ class RoleHost:
         await self._ready.wait()
         return True
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def address(self) -> str:
         """A URL on this actor's node for the engine role to serve on: rollout workers on any node
         of the cluster reach it."""
@@ -294,6 +299,36 @@ class RoleHost:
         self._stop.set()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _reaped(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Wait until these processes are gone (Ray's shutdown ends its workers asynchronously);
+    SIGKILL those still there after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    left = list(pids)
+    while left:
+        left = [p for p in left if _alive(p)]
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "ray worker(s) %s still running %.0f s after shutdown; killed", left, timeout_s
+            )
+            for p in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            return
+        await asyncio.sleep(0.1)
+
+
 class RayPlacement:
     """Each role instance in a Ray actor with the role's ``num_cpus``/``num_gpus``."""
 
@@ -304,6 +339,7 @@ class RayPlacement:
         self.recipe = recipe
         self.service: QueryService | None = None
         self._hosts: list[tuple[Any, Any]] = []  # (ray actor handle, serve() ObjectRef)
+        self._pids: list[int] = []  # the hosts' worker processes (this node: Ray started here)
         self._started_ray = False
         self.engine_url = ""  # the engine role's, on its node; the rollout workers' server
 
@@ -339,6 +375,8 @@ class RayPlacement:
                 spec = msgspec.structs.replace(spec, engine_url=self.engine_url)
             ref = host.serve.remote(msgspec.json.encode(spec))
             self._hosts.append((host, ref))
+            if self._started_ray:
+                self._pids.append(await asyncio.to_thread(ray.get, host.pid.remote()))
             ready = host.ready.remote()
             done, _ = await asyncio.to_thread(ray.wait, [ready, ref], num_returns=1)
             if ref in done:  # serve() returned or raised before the actors were up
@@ -376,4 +414,6 @@ class RayPlacement:
             await self.service.stop()
         if self._started_ray:
             await asyncio.to_thread(ray.shutdown)
+            await _reaped(self._pids)  # the cluster it started ends with the run, workers too
+            self._pids.clear()
         await self.run.stop_actors()

@@ -32,6 +32,7 @@ from stacx.errors import ConfigError
 from stacx.events import Emit, Event, stream_name
 from stacx.launch.plan import RoleSpec
 from stacx.launch.recipe import Recipe
+from stacx.launch.resume import pid_alive
 from stacx.store.query import QueryService, remote_query
 
 if TYPE_CHECKING:
@@ -299,23 +300,13 @@ class RoleHost:
         self._stop.set()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _reaped(pids: list[int], timeout_s: float = 10.0) -> None:
     """Wait until these processes are gone (Ray's shutdown ends its workers asynchronously);
     SIGKILL those still there after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     left = list(pids)
     while left:
-        left = [p for p in left if _alive(p)]
+        left = [p for p in left if pid_alive(p)]
         if not left:
             return
         if time.monotonic() >= deadline:

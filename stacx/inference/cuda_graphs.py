@@ -8,7 +8,10 @@ Design: docs/engine.md#cuda-graphs
 
 from __future__ import annotations
 
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -77,6 +80,18 @@ class GraphedDecode:
         self._uncaptured: set[int] = set()  # prefill buckets whose capture failed: eager
         self._piece: FlatPiece | None = None  # the static inputs of the prefill graphs
         self._host: dict[tuple[int, int], list[torch.Tensor]] = {}  # pinned outputs, 2 per shape
+        # graphs captured and their time (with the Triton builds a first capture runs): the
+        # engine shares its stats dict, so a pass that meets an uncaptured shape shows it
+        self.stats: dict[str, int] = {"graph_captures": 0, "capture_us": 0}
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats["graph_captures"] += 1
+            self.stats["capture_us"] += int((time.perf_counter() - t0) * 1e6)
 
     @torch.inference_mode()
     def prefill_piece(self, piece: FlatPiece) -> torch.Tensor:
@@ -138,7 +153,7 @@ class GraphedDecode:
         """A graph of `KernelStep.prefill_tokens` over the static inputs (which hold a real piece:
         the warm-up writes its keys, as the replay will); None if it cannot be captured."""
         try:
-            with CUDA_EXCLUSIVE.capture():
+            with self._counted(), CUDA_EXCLUSIVE.capture():
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
@@ -266,9 +281,8 @@ class GraphedDecode:
     def _capture_greedy(
         self, b: int, t: int, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with (
-            CUDA_EXCLUSIVE.capture()
-        ):  # a trainer thread sharing the GPU must not run beside a capture
+        # a trainer thread sharing the GPU must not run beside a capture
+        with self._counted(), CUDA_EXCLUSIVE.capture():
             return self._capture_greedy_once(b, t, steps, sampled)
 
     def _capture_greedy_once(
@@ -299,9 +313,8 @@ class GraphedDecode:
             return self._capture_once(b, t)
 
     def _capture_once(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        with (
-            CUDA_EXCLUSIVE.capture()
-        ):  # a trainer thread sharing the GPU must not run beside a capture
+        # a trainer thread sharing the GPU must not run beside a capture
+        with self._counted(), CUDA_EXCLUSIVE.capture():
             return self._capture_locked(b, t)
 
     def _capture_locked(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -225,6 +225,32 @@ class KernelStep:
         return x if residual is None else x + residual
 
 
+def triton_functions() -> list[tuple[str, Any]]:
+    """The Triton step's kernels (``triton.runtime.jit.JITFunction``), by name; none without
+    triton or under its interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return []
+    from triton.runtime.jit import JITFunction
+
+    from stacx.inference import triton_attention, triton_kernels, triton_pick
+
+    return [
+        (name, fn)
+        for module in (triton_kernels, triton_attention, triton_pick)
+        for name, fn in vars(module).items()
+        if isinstance(fn, JITFunction)
+    ]
+
+
+def triton_builds() -> dict[str, int]:
+    """How many builds (one per specialization and device) of each Triton step kernel this
+    process holds: a pass that raises a count paid Triton's JIT for it."""
+    return {
+        name: sum(len(caches[0]) for caches in fn.device_caches.values())
+        for name, fn in triton_functions()
+    }
+
+
 def _is_rmsnorm(module: Any) -> bool:
     """transformers' Llama-style RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``."""
     return (

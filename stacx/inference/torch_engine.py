@@ -164,6 +164,9 @@ class TorchEngine(MultiStepReplays):
             "admit_rounds": 0,
             "admit_us": 0,
         }
+        if self._graphed is not None:  # graph_captures, capture_us: counted where they happen
+            self.stats.update(self._graphed.stats)
+            self._graphed.stats = self.stats
         self._thread = threading.Thread(target=self._run, name="stacx-engine", daemon=True)
         self._thread.start()
 

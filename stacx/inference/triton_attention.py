@@ -172,25 +172,59 @@ def _decode_attn_kernel(
         tl.store(PL + part, l_i, mask=r < REP)
 
 
-@triton.jit(do_not_specialize=["splits"])
-def _combine_kernel(
-    PO, PM, PL, OUT, splits, SPLITS_PAD: tl.constexpr, DIM: tl.constexpr, PDL: tl.constexpr
-):
-    after_previous(PDL)
-    bh = tl.program_id(0)
-    sp = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, DIM)
+COMBINE_TILE = 16  # partials the combine reads per iteration: one build for every split count
+
+
+@triton.jit
+def _merge_tile(PO, PM, PL, bh, splits, first, state, d, TILE: tl.constexpr, DIM: tl.constexpr):
+    """Fold partials ``[first, first + TILE)`` of (row, head) ``bh`` into the running (max, sum,
+    output) ``state``."""
+    top, total, acc = state
+    sp = first + tl.arange(0, TILE)
     live = sp < splits
     m = tl.load(PM + bh * splits + sp, mask=live, other=float("-inf"))
-    l_s = tl.load(PL + bh * splits + sp, mask=live, other=0.0)
-    top = tl.max(m, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys (a padded row): zeros
-    w = tl.exp(m - top)
-    total = tl.sum(l_s * w, axis=0)
-    acc = tl.load(
+    new_top = tl.maximum(top, tl.max(m, axis=0))
+    keep = tl.exp(top - new_top)
+    w = tl.exp(m - new_top)
+    total = total * keep + tl.sum(tl.load(PL + bh * splits + sp, mask=live, other=0.0) * w)
+    part = tl.load(
         PO + (bh * splits + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
     )
-    out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    return new_top, total, acc * keep + tl.sum(part * w[:, None], axis=0)
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _combine_kernel(
+    PO,
+    PM,
+    PL,
+    OUT,
+    splits,
+    TILE: tl.constexpr,
+    DIM: tl.constexpr,
+    LIMIT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Merge a (row, head)'s `splits` partials, `TILE` at a time with a running max, so the split
+    count is a runtime argument (a cold engine builds this once, not once per power of two it
+    meets). ``LIMIT``: the split count, the interpreter's loop bound (it takes no tensor one)."""
+    after_previous(PDL)
+    bh = tl.program_id(0)
+    d = tl.arange(0, DIM)
+    state = (  # the max starts finite: a row with no keys (padded) sums to zeros
+        tl.full((), -1.0e30, tl.float32),
+        tl.zeros((), tl.float32),
+        tl.zeros((DIM,), tl.float32),
+    )
+    if INTERPRETED:
+        for first in range(0, LIMIT, TILE):
+            state = _merge_tile(PO, PM, PL, bh, splits, first, state, d, TILE, DIM)
+    else:
+        for first in range(0, splits, TILE):
+            state = _merge_tile(PO, PM, PL, bh, splits, first, state, d, TILE, DIM)
+    _, total, acc = state
+    out = acc / tl.where(total > 0, total, 1.0)
     tl.store(OUT + bh * DIM + d, out.to(OUT.dtype.element_ty))
 
 
@@ -287,8 +321,10 @@ def decode_attention(
             pl,
             out,
             splits,
-            SPLITS_PAD=triton.next_power_of_2(splits),
+            TILE=COMBINE_TILE,
             DIM=dim,
+            LIMIT=splits if INTERPRET else 0,
+            INTERPRETED=INTERPRET,
             **pdl(),
         )
     return out

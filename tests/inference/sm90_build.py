@@ -26,11 +26,10 @@ import torch
 import transformers
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.runtime.jit import JITFunction
 
-from stacx.inference import triton_attention, triton_kernels, triton_pick
+from stacx.inference import triton_kernels, triton_pick
 from stacx.inference.decoder import Decoder
-from stacx.inference.decoder_kernels import enable_kernels
+from stacx.inference.decoder_kernels import enable_kernels, triton_builds, triton_functions
 
 H100_SHARED = 232448  # bytes of shared memory one block may opt in to on an H100
 
@@ -147,19 +146,8 @@ def _decode_grid() -> dict[str, Any]:
     return {
         "shapes": len(keys) * len(batches),
         "seconds": round(time.perf_counter() - t0, 1),
-        "builds": {
-            name: len(fn.device_caches[0][0]) for name, fn in _kernels() if fn.device_caches
-        },
+        "builds": {name: n for name, n in triton_builds().items() if n},
     }
-
-
-def _kernels() -> list[tuple[str, JITFunction]]:
-    return [
-        (name, fn)
-        for module in (triton_kernels, triton_attention, triton_pick)
-        for name, fn in vars(module).items()
-        if isinstance(fn, JITFunction)
-    ]
 
 
 def _usage(cubin: bytes) -> dict[str, int]:
@@ -190,7 +178,7 @@ def main() -> None:
     for family in sys.argv[1:] or ["llama", "qwen3"]:
         _engine_steps(family)
     built = []
-    for name, fn in _kernels():
+    for name, fn in triton_functions():
         for kernel in fn.device_caches[0][0].values() if fn.device_caches else ():
             usage = _usage(kernel.asm["cubin"])
             built.append({"kernel": name, "shared": kernel.metadata.shared, **usage})

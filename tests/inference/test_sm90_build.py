@@ -56,12 +56,14 @@ def test_every_step_kernel_builds_for_sm90(family: str) -> None:
 
 def test_decode_steps_build_per_kernel_shape_not_per_batch_and_key_length() -> None:
     """The 90 (batch bucket, key-length bucket) decode steps a cold engine meets up to 6,144
-    keys: the attention's split count and key range, and a GEMM's row count, are runtime
-    arguments, so the attention builds once and each Triton GEMM once per row tile (16/32/64) and
-    projection (as specialized arguments: 31 attention and 20 GEMM builds, 78 in all)."""
+    keys: the attention's split count and key range, the combine's split count and a GEMM's row
+    count are runtime arguments, so the attention and the combine build once and each Triton GEMM
+    once per row tile (16/32/64) and projection (as specialized arguments: 31 attention and 20
+    GEMM builds; the combine built once per power of two of its split count, 7 here)."""
     grid = _build("--decode-grid")
     assert grid["shapes"] == 90
     builds = grid["builds"]
     assert builds["_decode_attn_kernel"] == 1, builds
     assert builds["_gemm_kernel"] == 3 * 4, builds  # row tiles x (qkv, o, gate_up, down)
-    assert sum(builds.values()) <= 35, builds  # (the combine: one per power-of-two split count)
+    assert builds["_combine_kernel"] == 1, builds  # its split count too (was one per power of 2)
+    assert sum(builds.values()) <= 29, builds

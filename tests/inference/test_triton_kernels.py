@@ -307,6 +307,28 @@ def test_sampled_pick_draws_from_softmax_over_temperature() -> None:
     assert first.tolist() == [12345, 3, 19999]
 
 
+@pytest.mark.parametrize("splits", [1, 3, 16, 40])
+def test_decode_attention_merges_any_number_of_key_splits(splits: int) -> None:
+    """`decode_attention` with its keys split in 1 to 40 ranges (40: the combine merges the
+    partials over three of its tiles, with running maxima): softmax attention over each row's
+    keys ``[0, pos]``; a row at the scratch cell (no keys) gives zeros, and a row with fewer keys
+    than ranges leaves some ranges empty."""
+    gen = torch.Generator().manual_seed(7)
+    heads, n_kv, dim, rows, keys = 4, 2, 16, 4, 320
+    kc, vc = (torch.randn(rows, n_kv, keys + 1, dim, generator=gen) for _ in range(2))
+    q = torch.randn(rows, heads, dim, generator=gen)
+    pos = [319, 100, 3, keys]  # the last: the scratch cell, past `keys`
+    to = {"device": DEVICE}
+    out = triton_attention.decode_attention(
+        q.to(**to), kc.to(**to), vc.to(**to), torch.tensor(pos, **to), keys, 0.25, splits=splits
+    ).cpu()
+    for r, p in enumerate(pos[:-1]):
+        k, v = kc[r, :, : p + 1].repeat_interleave(2, 0), vc[r, :, : p + 1].repeat_interleave(2, 0)
+        ref = (torch.softmax(q[r][:, None, :] @ k.transpose(1, 2) * 0.25, -1) @ v)[:, 0]
+        torch.testing.assert_close(out[r], ref, atol=1e-5, rtol=1e-5)
+    assert out[-1].abs().max() == 0
+
+
 @pytest.mark.parametrize(
     "launch",
     [triton_attention.PREFILL, triton_attention.PrefillLaunch(128, 32, 8, 2)],

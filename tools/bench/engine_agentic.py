@@ -47,7 +47,9 @@ context, ``decode_kv_tokens``), ``bound_tok_s`` (its tokens over that read at th
 bandwidth) and ``fraction_of_bound`` (tok_s over it), ``prefill_s`` (the engine's time in
 admission rounds: prefills and their first tokens) and ``fraction_of_bound_outside_prefill``
 (the bound's time over the pass's time outside them), and ``ttft_ms_p50_after_first`` (turns
-2..T). ``--profile [TRACE]``: one more warm pass, torch-profiled over the middle fifth of its
+2..T). What a pass paid to meet new shapes: ``graph_captures`` and ``capture_s`` (CUDA graphs
+captured during it, with the Triton builds their first launches ran) and ``triton_builds`` (the
+builds each kernel gained in it: a cold pass after a complete warm-up shows none). ``--profile [TRACE]``: one more warm pass, torch-profiled over the middle fifth of its
 time: kernel (CPU: op) ms per decode step by kind (attention, gemm, sampling, other, host gaps)
 under "profile", the chrome trace at TRACE.
 
@@ -83,6 +85,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from stacx.inference.decoder_kernels import triton_builds  # noqa: E402
 from tools.bench.decode_bound import Bound, Window, reply_kv_tokens  # noqa: E402
 from tools.bench.engine import QWEN3_SHAPE, build_model, sync, triton_pdl  # noqa: E402
 
@@ -199,6 +202,7 @@ async def stacx_pass(
         return sum([await turn(e, t) for t in range(turns)])
 
     before = dict(engine.stats)  # type: ignore[attr-defined]
+    built = triton_builds()
     t0 = time.perf_counter()
     if together:
         made = 0
@@ -208,6 +212,7 @@ async def stacx_pass(
         made = sum(await asyncio.gather(*(episode(e) for e in range(n))))
     wall = time.perf_counter() - t0
     stats = {k: v - before[k] for k, v in engine.stats.items()}  # type: ignore[attr-defined]
+    builds = {k: n - built.get(k, 0) for k, n in triton_builds().items() if n > built.get(k, 0)}
     first, later, ideal = wl.prompt_tokens(n, turns)
     # a group's other samples reuse all of its prompt but the last token
     ideal += (group - 1) * (first + later - n * turns)
@@ -241,6 +246,9 @@ async def stacx_pass(
         "admit_rounds": stats["admit_rounds"],
         "prefill_s": round(stats["admit_us"] / 1e6, 2),
         "preempted": stats["preempted"],
+        "graph_captures": stats.get("graph_captures", 0),
+        "capture_s": round(stats.get("capture_us", 0) / 1e6, 2),
+        "triton_builds": builds,
     }
 
 

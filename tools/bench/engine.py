@@ -140,7 +140,10 @@ def stacx_generate(
     return sum(len(g.output_ids) for g in gens)
 
 
-def hf_tokens(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> list[list[int]]:
+def hf_tokens(
+    model: torch.nn.Module, prompts: torch.Tensor, new: int
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """HF greedy ``generate``'s tokens per row, and its logits per step ([rows, vocab], float)."""
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(
@@ -148,9 +151,43 @@ def hf_tokens(model: torch.nn.Module, prompts: torch.Tensor, new: int) -> list[l
     )
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
-            input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=cfg
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            generation_config=cfg,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-    return [row[prompts.shape[1] :].tolist() for row in out]
+    tokens = [row[prompts.shape[1] :].tolist() for row in out.sequences]
+    return tokens, [step.float().cpu() for step in out.logits]
+
+
+TIE_ULPS = 4  # a near tie: HF's two candidates within 4 bf16 ulps of the larger logit
+
+
+def compare_greedy(
+    got: list[list[int]], ref: list[list[int]], logits: list[torch.Tensor]
+) -> dict[str, object]:
+    """STACX's greedy rows against HF's: equal rows, and for each other row its first differing
+    step and HF's logit margin there between its token and STACX's. A difference at a near tie
+    (margin <= `TIE_ULPS` bf16 ulps of the logit: the reduction order decides it, as on random
+    weights) is not a disagreement; any other is."""
+    rows = []
+    for r, (a, b) in enumerate(zip(got, ref, strict=True)):
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        if at is None:
+            continue
+        step = logits[at][r]
+        margin = float(step[b[at]] - step[a[at]])
+        ulp = 2.0**-7 * max(1.0, abs(float(step[b[at]])))  # bf16: 8 significant bits
+        rows.append(
+            {"row": r, "step": at, "margin": round(margin, 5), "tie": margin <= TIE_ULPS * ulp}
+        )
+    return {
+        "rows": len(ref),
+        "equal": len(ref) - len(rows),
+        "differ": rows,
+        "greedy_equals_hf": all(d["tie"] for d in rows),
+    }
 
 
 @torch.inference_mode()  # the graphs' input buffers are inference tensors
@@ -331,7 +368,8 @@ def main() -> None:
     ap.add_argument(
         "--check-hf",
         action="store_true",
-        help="assert STACX greedy tokens equal HF generate's (first 32 tokens, batch 4)",
+        help="compare STACX greedy tokens with HF generate's (first 32 tokens, batch 4): "
+        "greedy_equals_hf fails only on a difference that is not a near tie of HF's logits",
     )
     ap.add_argument(
         "--kv-cache",
@@ -503,18 +541,21 @@ def main() -> None:
             result["stacx_compiled"] = compiled
         if args.check_hf:
             ids = all_prompts[:4].tolist()
-            ref = hf_tokens(model, all_prompts[:4].to(device), 32)
+            check_new = min(32, new)  # the engine's rows hold prompt_len + new tokens
+            ref, logits = hf_tokens(model, all_prompts[:4].to(device), check_new)
             got = [
                 g.output_ids
                 for g in asyncio.run(
                     engine.generate(
-                        ids, SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
+                        ids,
+                        SamplingParams(max_new_tokens=check_new, temperature=0.0, ignore_eos=True),
                     )
                 )
             ]
-            same = sum(a == b for a, b in zip(got, ref, strict=True))
-            result["greedy_equals_hf"] = same == len(ref)
-            print(f"greedy == HF generate: {same}/{len(ref)} rows", file=sys.stderr)
+            check = compare_greedy(got, ref, logits)
+            result["greedy_equals_hf"] = check.pop("greedy_equals_hf")
+            result["check_hf"] = check
+            print(f"greedy vs HF generate: {check}", file=sys.stderr)
         asyncio.run(engine.close())
     except Exception as e:
         errors["stacx"] = f"{type(e).__name__}: {e}"

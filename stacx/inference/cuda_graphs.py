@@ -1,5 +1,5 @@
-"""CUDA-graph replay of the decode step, captured once per (batch bucket, key-length bucket),
-and multi-step replays (``launch_chunk``) that pick each step's token on the GPU.
+"""CUDA-graph replay of the decode step, captured once per (batch bucket, `Span`), and
+multi-step replays (``launch_chunk``) that pick each step's token on the GPU.
 
 A graph reads static buffers and the cache's fixed tensors: the cache must never be reallocated
 after capture and weights must load in place (``copy_``). Padded rows write the scratch cell.
@@ -43,6 +43,16 @@ def kv_bucket(kv_len: int, capacity: int) -> int:
     return min(b, capacity)
 
 
+class Span(NamedTuple):
+    """A decode graph's key arguments (`Decoder.decode`): the Triton step's are the cache's
+    capacity less the scratch cell and the attention's split count, which each row applies to
+    its own keys, so one graph serves a batch bucket's every context length with that count (a
+    handful: `triton_attention.attention_splits`); the torch step's, the key-length bucket."""
+
+    keys: int
+    splits: int = 0
+
+
 class Chunk(NamedTuple):
     """A launched multi-step replay: its [2, steps, rows] tokens and logprobs land in
     ``host`` (pinned) once ``done`` has completed; ``sampled``: drawn at the rows' temperatures."""
@@ -70,10 +80,10 @@ class GraphedDecode:
         self.last = torch.zeros_like(self.ids)  # each multi-step replay's last token per row
         self.temp = torch.zeros(cache.slots, dtype=torch.float32, device=dev)  # sampled replays'
         self.seed = torch.zeros(cache.slots, dtype=torch.int64, device=dev)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # (batch, keys, steps, sampled) -> graph
+        self.graphs: dict[tuple[int, Span], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (batch, span, steps, sampled) -> graph
         self.greedy: dict[
-            tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]
+            tuple[int, Span, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]
         ] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.prefills: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -175,7 +185,7 @@ class GraphedDecode:
     def run(self, ids: list[int], pos: list[int], kv_len: int) -> torch.Tensor:
         n = len(ids)
         b = min(bucket(n, BATCH_BUCKETS), self.cache.slots)
-        t = kv_bucket(kv_len, self.cache.capacity)
+        t = self._span(b, kv_len)
         self._load_inputs(ids, pos, n, b)
         key = (b, t)
         if key not in self.graphs:
@@ -226,15 +236,19 @@ class GraphedDecode:
 
     def _chunk_key(
         self, n: int, kv_len: int, steps: int, sampled: bool
-    ) -> tuple[int, int, int, bool]:
-        return (
-            min(bucket(n, BATCH_BUCKETS), self.cache.slots),
-            kv_bucket(kv_len, self.cache.capacity),
-            steps,
-            sampled,
-        )
+    ) -> tuple[int, Span, int, bool]:
+        b = min(bucket(n, BATCH_BUCKETS), self.cache.slots)
+        return b, self._span(b, kv_len), steps, sampled
 
-    def _replay(self, key: tuple[int, int, int, bool], n: int) -> Chunk:
+    def _span(self, b: int, kv_len: int) -> Span:
+        """The graph arguments for `b` rows reading at most `kv_len` keys (see `Span`)."""
+        if self.decoder.kernels:
+            from stacx.inference.triton_attention import attention_splits
+
+            return Span(self.cache.capacity - 1, attention_splits(b, self.decoder.n_kv, kv_len))
+        return Span(kv_bucket(kv_len, self.cache.capacity))
+
+    def _replay(self, key: tuple[int, Span, int, bool], n: int) -> Chunk:
         b, _, steps, sampled = key
         graph, out = self.greedy[key]
         graph.replay()
@@ -257,14 +271,14 @@ class GraphedDecode:
         self.ids[n:b].zero_()
         self.pos[n:b].fill_(self.cache.capacity - 1)
 
-    def _chunk_steps(self, b: int, t: int, steps: int, sampled: bool) -> torch.Tensor:
+    def _chunk_steps(self, b: int, t: Span, steps: int, sampled: bool) -> torch.Tensor:
         ids, pos0 = self.ids[:b], self.pos[:b]
         scratch = self.cache.capacity - 1
         out = torch.empty(2, steps, b, dtype=torch.float32, device=ids.device)
         tok = ids.clone()
         for i in range(steps):
             pos = torch.clamp(pos0 + i, max=scratch)
-            logits = self.decoder.decode(self.cache, tok, pos, t)
+            logits = self.decoder.decode(self.cache, tok, pos, *t)
             if self.decoder.kernels:  # the pick and its logprob in one pass over the logits
                 from stacx.inference.triton_pick import pick
 
@@ -279,14 +293,14 @@ class GraphedDecode:
         return out
 
     def _capture_greedy(
-        self, b: int, t: int, steps: int, sampled: bool
+        self, b: int, t: Span, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # a trainer thread sharing the GPU must not run beside a capture
         with self._counted(), CUDA_EXCLUSIVE.capture():
             return self._capture_greedy_once(b, t, steps, sampled)
 
     def _capture_greedy_once(
-        self, b: int, t: int, steps: int, sampled: bool
+        self, b: int, t: Span, steps: int, sampled: bool
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -298,7 +312,7 @@ class GraphedDecode:
             out = self._chunk_steps(b, t, steps, sampled)
         return graph, out
 
-    def _capture(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, b: int, t: Span) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         try:
             return self._capture_once(b, t)
         except Exception as e:  # torch.compile or Triton failing on this GPU: eager still works
@@ -312,22 +326,22 @@ class GraphedDecode:
             self.decoder.disable_compile()
             return self._capture_once(b, t)
 
-    def _capture_once(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_once(self, b: int, t: Span) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # a trainer thread sharing the GPU must not run beside a capture
         with self._counted(), CUDA_EXCLUSIVE.capture():
             return self._capture_locked(b, t)
 
-    def _capture_locked(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_locked(self, b: int, t: Span) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         ids, pos = self.ids[:b], self.pos[:b]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm up allocator and kernels outside the capture
-                self.decoder.decode(self.cache, ids, pos, t)
+                self.decoder.decode(self.cache, ids, pos, *t)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the capture is this thread's; stacx.device_lock keeps a trainer
         # sharing the process from running CUDA work beside it
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self.decoder.decode(self.cache, ids, pos, t)
+            out = self.decoder.decode(self.cache, ids, pos, *t)
         return graph, out

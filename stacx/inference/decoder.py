@@ -36,6 +36,7 @@ class KernelPath(Protocol):
         pos_B: torch.Tensor,
         kv_len: int,
         table_B_W: torch.Tensor | None = None,
+        splits: int = 0,
     ) -> torch.Tensor: ...
 
     def prefill(
@@ -211,13 +212,19 @@ class Decoder:
 
     @torch.inference_mode()
     def decode(
-        self, cache: KVCache, ids_B: torch.Tensor, pos_B: torch.Tensor, kv_len: int
+        self,
+        cache: KVCache,
+        ids_B: torch.Tensor,
+        pos_B: torch.Tensor,
+        kv_len: int,
+        splits: int = 0,
     ) -> torch.Tensor:
         """One token for each of rows ``[0, B)``: writes its k/v at ``pos``, returns logits [B, V].
-        Reads keys ``[0, kv_len)`` (``pos < kv_len <= capacity``); graph-capturable shapes."""
+        Reads keys ``[0, kv_len)`` (``pos < kv_len <= capacity``); graph-capturable shapes. The
+        Triton step splits each row's keys into ``splits`` ranges (0: its rule for ``kv_len``)."""
         table = None if cache.table is None else cache.table[: ids_B.shape[0]]  # paged: row r's
         if self.kernel_step is not None:
-            return self.kernel_step.decode(cache.k, cache.v, ids_B, pos_B, kv_len, table)
+            return self.kernel_step.decode(cache.k, cache.v, ids_B, pos_B, kv_len, table, splits)
         small = ids_B.shape[0] <= self.gemv_rows
         fn = getattr(self, "_decode_small" if small else "_decode_fn", self._decode_impl)
         visible = torch.arange(kv_len, device=ids_B.device)[None, :] <= pos_B[:, None]

@@ -111,8 +111,10 @@ class KernelStep:
         pos_B: torch.Tensor,
         kv_len: int,
         table_B_W: torch.Tensor | None = None,
+        splits: int = 0,
     ) -> torch.Tensor:
-        """`Decoder._decode_impl` as Triton kernels (projections as chosen in `enable_kernels`)."""
+        """`Decoder._decode_impl` as Triton kernels (projections as chosen in `enable_kernels`);
+        ``splits``: the attention's key ranges per row (0: `attention_splits` for ``kv_len``)."""
         from stacx.inference import triton_attention as ta
         from stacx.inference import triton_kernels as tk
 
@@ -147,7 +149,7 @@ class KernelStep:
                 cell=cell_B,
             )
             out = ta.decode_attention(
-                q, k_cache[i], v_cache[i], pos_B, kv_len, dec.scaling, table_B_W
+                q, k_cache[i], v_cache[i], pos_B, kv_len, dec.scaling, table_B_W, splits or None
             )
             x, residual = _kernel_mlp(w, x, residual, out.view(n, -1), small, mid)
         if small and type(dec.lm_head) is nn.Linear:

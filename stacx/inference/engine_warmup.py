@@ -6,6 +6,7 @@ Design: docs/engine.md#the-gpu-decode-step
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import NamedTuple
 
 import msgspec
@@ -23,14 +24,21 @@ class WarmUp(NamedTuple):
 
 
 def warm_up_plan(
-    max_batch: int, max_len: int, decode_steps: int, vocab: int, pool_tokens: int = 0
+    max_batch: int,
+    max_len: int,
+    decode_steps: int,
+    vocab: int,
+    pool_tokens: int = 0,
+    long_keys: Callable[[int], int] | None = None,
 ) -> list[tuple[list[list[int]], SamplingParams]]:
     """`TorchEngine.warm_up`'s generate calls, in order: one prompt per prefill piece bucket (its
     graph and the prefill kernels), then at every batch bucket up to `max_batch` rows of short
     prompts, greedy and sampled, each reply two multi-step replays long (the decode graphs and
-    every row tile's kernels), then one row and the most rows that fit half of a `pool_tokens`
-    pool (0: no pool) at a long context (the attention's split path). No row is longer than half
-    that pool. Random prompts (seeded), so no row reuses another's prefix."""
+    every row tile's kernels), and the same at ``long_keys(b)`` keys, where b rows' decode graphs
+    take the shape every longer context shares (the Triton step's most key splits,
+    `triton_attention.most_splits_keys`; None: no long prompts). No row is longer than the
+    context limit allows, and the rows of a call hold at most half of a `pool_tokens` pool (0:
+    no pool). Random prompts (seeded), so no row reuses another's prefix."""
     steps = 2 * decode_steps
     draw = random.Random(0)
 
@@ -46,11 +54,10 @@ def warm_up_plan(
         for n in PREFILL_BUCKETS
         if n <= most - 2
     ]
-    batches = [b for b in BATCH_BUCKETS if b <= max_batch]
-    for b in batches:
+    for b in (b for b in BATCH_BUCKETS if b <= max_batch):
         plan += [(prompts(b, 16), greedy), (prompts(b, 16), sampled)]
-    long = min(PREFILL_BUCKETS[-1], most - steps - 1)  # a prompt that leaves the reply room
-    if long > 16:
-        fit = [b for b in batches if not pool_tokens or b * (long + steps) <= pool_tokens // 2]
-        plan += [(prompts(b, long), greedy) for b in sorted({1, fit[-1] if fit else 1})]
+        room = (pool_tokens // 2 // b if pool_tokens else max_len) - steps - 1
+        long = min(long_keys(b) if long_keys else 0, most - steps - 1, room)
+        if long > 16:
+            plan += [(prompts(b, long), greedy), (prompts(b, long), sampled)]
     return plan

@@ -294,7 +294,14 @@ class TorchEngine(MultiStepReplays):
         (a CPU engine builds nothing ahead)."""
         t0 = time.perf_counter()
         pool = self._kv.usage()["pool_tokens"]
-        plan = warm_up_plan(self.max_batch, self.max_len, self.decode_steps, self.vocab_size, pool)
+        long_keys = None
+        if self.decoder.kernels:  # where each batch bucket's decode graphs stop changing
+            from stacx.inference.triton_attention import most_splits_keys
+
+            long_keys = functools.partial(most_splits_keys, n_kv=self.decoder.n_kv)
+        plan = warm_up_plan(
+            self.max_batch, self.max_len, self.decode_steps, self.vocab_size, pool, long_keys
+        )
         tokens = 0
         hold_s, self._holds.hold_s = self._holds.hold_s, 0.0  # no next turns: hold no rows for any
         try:

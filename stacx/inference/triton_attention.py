@@ -111,7 +111,7 @@ def _attend_keys(
     return state
 
 
-@triton.jit(do_not_specialize=["keys", "splits", "chunk"])  # one compile for every length
+@triton.jit(do_not_specialize=["keys", "splits"])  # one compile for every length
 def _decode_attn_kernel(
     Q,
     KC,
@@ -129,7 +129,6 @@ def _decode_attn_kernel(
     kc_pos,
     table_stride,
     splits,
-    chunk,
     N_HEADS: tl.constexpr,
     REP: tl.constexpr,
     REP_PAD: tl.constexpr,
@@ -154,6 +153,7 @@ def _decode_attn_kernel(
     )
     pos = tl.load(POS + b)
     length = tl.where(pos < keys, pos + 1, 0)  # a padded row sits at the scratch cell: no keys
+    chunk = tl.cdiv(tl.cdiv(length, splits), BLOCK) * BLOCK  # this row's keys, split evenly
     lo = s * chunk
     hi = tl.minimum(lo + chunk, length)
     at = (b * kc_slot if PAGE == 0 else 0) + g * kc_head  # paged: blocks from row b's table
@@ -167,7 +167,8 @@ def _decode_attn_kernel(
         tl.store(OUT + (b * N_HEADS + heads)[:, None] * DIM + d[None, :], out, mask=rmask)
     else:
         part = (b * N_HEADS + heads) * splits + s  # [B, H, splits] partials
-        tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask)
+        # a range past the row's keys stores its max (-inf) and sum (0) only: never merged
+        tl.store(PO + part[:, None] * DIM + d[None, :], acc, mask=rmask & (lo < hi))
         tl.store(PM + part, m_i, mask=r < REP)
         tl.store(PL + part, l_i, mask=r < REP)
 
@@ -187,9 +188,8 @@ def _merge_tile(PO, PM, PL, bh, splits, first, state, d, TILE: tl.constexpr, DIM
     keep = tl.exp(top - new_top)
     w = tl.exp(m - new_top)
     total = total * keep + tl.sum(tl.load(PL + bh * splits + sp, mask=live, other=0.0) * w)
-    part = tl.load(
-        PO + (bh * splits + sp)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0
-    )
+    used = (live & (m > float("-inf")))[:, None]  # an empty range wrote no output
+    part = tl.load(PO + (bh * splits + sp)[:, None] * DIM + d[None, :], mask=used, other=0.0)
     return new_top, total, acc * keep + tl.sum(part * w[:, None], axis=0)
 
 
@@ -232,8 +232,20 @@ def attention_splits(
     batch: int, n_kv: int, keys: int, block: int = BLOCK_N, target: int = TARGET_PROGRAMS
 ) -> int:
     """How many key ranges each (row, kv head) is split into for a step reading at most `keys`
-    keys: enough for ~`target` programs, at least one tile of `block` keys each."""
-    return max(1, min(triton.cdiv(target, batch * n_kv), triton.cdiv(keys, block)))
+    keys: enough for ~`target` programs, and no more than the power of two at or above the keys'
+    tiles of `block` (so the counts a batch meets as its contexts grow are few: each is a CUDA
+    graph). Each row splits its own keys evenly over them, whole tiles each."""
+    tiles = triton.next_power_of_2(triton.cdiv(keys, block))
+    return max(1, min(triton.cdiv(target, batch * n_kv), tiles))
+
+
+def most_splits_keys(
+    batch: int, n_kv: int, block: int = BLOCK_N, target: int = TARGET_PROGRAMS
+) -> int:
+    """The fewest keys at which `attention_splits` gives `batch` rows its most splits: past it,
+    one decode graph per batch bucket serves every context length (the engine's warm-up
+    captures it there)."""
+    return block * triton.cdiv(target, batch * n_kv)
 
 
 class DecodeLaunch(NamedTuple):
@@ -273,13 +285,13 @@ def decode_attention(
     launch: DecodeLaunch = DecodeLaunch(),
 ) -> torch.Tensor:
     """One query per row, ``q`` [B, H, D] -> [B, H, D]: row b attends to slot b's keys
-    ``[0, pos[b]]`` (none, zeros, if ``pos[b] >= keys``: ``keys`` bounds the grid, not the
-    reads); ``table``: a paged cache's block tables; ``splits``: default `attention_splits`."""
+    ``[0, pos[b]]`` (none, zeros, if ``pos[b] >= keys``); ``table``: a paged cache's block
+    tables; ``splits``: the ranges each row's keys are split into, evenly, whatever its length
+    (default `attention_splits`; a CUDA graph fixes them while its rows' contexts grow)."""
     batch, n_heads, dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
     splits = splits or attention_splits(batch, n_kv, keys, launch.block, launch.target)
-    chunk = triton.cdiv(triton.cdiv(keys, splits), launch.block) * launch.block
     out = torch.empty_like(q)
     po, pm, pl = _split_partials(out, splits)
     _decode_attn_kernel[(batch, n_kv, splits)](
@@ -299,14 +311,16 @@ def decode_attention(
         k_cache.stride(2),
         0 if table is None else table.stride(0),
         splits,
-        chunk,
         N_HEADS=n_heads,
         REP=rep,
         REP_PAD=max(16, triton.next_power_of_2(rep)),
         DIM=dim,
         BLOCK=launch.block,
         ONE_SPLIT=splits == 1,
-        LIMIT=chunk if INTERPRET else 0,  # compiled: one kernel for every key count and split
+        # the interpreter's bound on a range's keys; compiled: one kernel for every count
+        LIMIT=triton.cdiv(triton.cdiv(keys, splits), launch.block) * launch.block
+        if INTERPRET
+        else 0,
         F32_DOT=q.dtype == torch.float32 or INTERPRET,
         INTERPRETED=INTERPRET,
         PAGE=0 if table is None else k_cache.shape[2],

@@ -14,6 +14,17 @@ from stacx.inference.triton_attention import TARGET_PROGRAMS
 PICK_BLOCK = 1024
 
 
+def pick_splits(rows: int, vocab: int) -> int:
+    """Vocabulary ranges per row: ~2 x `TARGET_PROGRAMS` programs, at most 64, each at least four
+    blocks; a power of two, since the split count specializes the kernels (a first pick of a new
+    row count would otherwise build them again: rows 54 to 64 give seven counts at Qwen3's
+    vocabulary, all 32 as powers of two)."""
+    most = max(
+        1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows))
+    )
+    return 1 << (most.bit_length() - 1)
+
+
 @triton.jit
 def _pick_partial_kernel(
     LOGITS,
@@ -114,9 +125,7 @@ def pick(
     ``out_tok`` (float32) and ``out_lp``, returned as int64 [B]. Greedy (``sample`` None or T 0):
     the argmax, first index of a tie. ``sample`` = (temperature, seed, position) per row."""
     rows, vocab = logits.shape
-    splits = max(
-        1, min(64, triton.cdiv(vocab, 4 * PICK_BLOCK), triton.cdiv(2 * TARGET_PROGRAMS, rows))
-    )
+    splits = pick_splits(rows, vocab)
     chunk = triton.cdiv(triton.cdiv(vocab, splits), PICK_BLOCK) * PICK_BLOCK
     dev = logits.device
     pmax, psum, pbest, pval = (

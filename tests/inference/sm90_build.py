@@ -132,7 +132,8 @@ def _engine_steps(family: str) -> None:
 def _decode_grid() -> dict[str, Any]:
     """The decode step launched as the CUDA graphs capture it: every batch bucket up to 64 rows
     at every key-length bucket up to 6,144 keys (two Qwen3-0.6B layers over a paged cache of
-    64-position blocks, bf16); the builds of each kernel and their time."""
+    64-position blocks, bf16), then the greedy token pick over 1 to 64 rows of Qwen3's
+    vocabulary (as after prefills); the builds of each kernel and their time."""
     from stacx.inference.cuda_graphs import BATCH_BUCKETS, kv_bucket
 
     dec = _kernel_decoder("qwen3", 6200)
@@ -143,6 +144,9 @@ def _decode_grid() -> dict[str, Any]:
     for b in batches:
         for n in keys:
             dec.decode(paged, torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long), n)
+    for rows in range(1, 65):  # the first tokens after a prefill: any row count (Qwen3's vocab)
+        logits = torch.zeros(rows, 151936, dtype=torch.bfloat16)
+        triton_pick.pick(logits, torch.empty(rows), torch.empty(rows))
     return {
         "shapes": len(keys) * len(batches),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -56,7 +56,7 @@ def test_every_step_kernel_builds_for_sm90(family: str) -> None:
 
 def test_decode_steps_build_per_kernel_shape_not_per_batch_and_key_length() -> None:
     """The 90 (batch bucket, key-length bucket) decode steps a cold engine meets up to 6,144
-    keys: the attention's split count and key range, the combine's split count and a GEMM's row
+    keys, and the token pick after prefills of 1 to 64 rows: the attention's split count and key range, the combine's split count and a GEMM's row
     count are runtime arguments, so the attention and the combine build once and each Triton GEMM
     once per row tile (16/32/64) and projection (as specialized arguments: 31 attention and 20
     GEMM builds; the combine built once per power of two of its split count, 7 here)."""
@@ -66,4 +66,6 @@ def test_decode_steps_build_per_kernel_shape_not_per_batch_and_key_length() -> N
     assert builds["_decode_attn_kernel"] == 1, builds
     assert builds["_gemm_kernel"] == 3 * 4, builds  # row tiles x (qkv, o, gate_up, down)
     assert builds["_combine_kernel"] == 1, builds  # its split count too (was one per power of 2)
-    assert sum(builds.values()) <= 29, builds
+    # the pick's vocabulary split is a power of two: 1 to 64 rows, one count (was seven)
+    assert builds["_pick_partial_kernel"] == builds["_pick_combine_kernel"] == 1, builds
+    assert sum(builds.values()) <= 31, builds

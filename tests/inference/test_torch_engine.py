@@ -129,20 +129,28 @@ async def test_seeded_sampling_reproduces_and_seeds_differ(torch_engine, chat_pr
 
 
 def test_the_warm_up_plan_covers_every_prefill_piece_and_batch_bucket() -> None:
-    plan = warm_up_plan(max_batch=48, max_len=1200, decode_steps=16, vocab=500, pool_tokens=40_000)
+    """Short prompts at every batch bucket, and long ones where the bucket's decode graphs stop
+    changing (`long_keys`: the Triton step's most key splits, 64 keys a tile over 8 kv heads)."""
+    most_splits = lambda b: 64 * -(-1024 // (8 * b))  # noqa: E731 (most_splits_keys' rule)
+    plan = warm_up_plan(48, 1200, 16, 500, pool_tokens=40_000, long_keys=most_splits)
     shapes = [(len(p), len(p[0]), params.max_new_tokens, params.temperature) for p, params in plan]
     prefills = [(1, n, 1, 0.0) for n in (32, 64, 128, 256, 512, 1024)]  # pieces up to max_len
-    decodes = [(b, 16, 32, t) for b in (1, 2, 4, 8, 16, 24, 32, 48) for t in (0.0, 1.0)]
-    # long contexts: one row and the most rows whose replies fit half the pool (16 x 1,199)
-    assert shapes == prefills + decodes + [(1, 1167, 32, 0.0), (16, 1167, 32, 0.0)]
+    # long: to the context limit (1,199 less the 32 replied) for 1 to 4 rows, then 8,192 / rows
+    long = {1: 1167, 2: 1167, 4: 1167, 8: 1024, 16: 512, 24: 384, 32: 256, 48: 192}
+    decodes = [(b, n, 32, t) for b in long for n in (16, long[b]) for t in (0.0, 1.0)]
+    assert shapes == prefills + decodes
     starts = [tuple(p[:4]) for prompts, _ in plan for p in prompts]
-    assert len(set(starts)) == len(starts) == 293  # no prompt shares another's prefix: no reuse
+    assert len(set(starts)) == len(starts) == 546  # no prompt shares another's prefix: no reuse
     assert all(0 < t < 500 for prompts, _ in plan for p in prompts for t in p)
-    # a paged pool smaller than the context limit bounds every row (else a prompt is refused)
-    small = warm_up_plan(max_batch=8, max_len=4096, decode_steps=16, vocab=500, pool_tokens=600)
+    # a paged pool smaller than the context limit bounds every row (else a prompt is refused),
+    # and a long call's rows hold at most half of it
+    small = warm_up_plan(8, 4096, 16, 500, pool_tokens=600, long_keys=most_splits)
     assert max(len(p[0]) + q.max_new_tokens for p, q in small) <= 300
+    assert max(len(p) * (len(p[0]) + 32) for p, _ in small if len(p[0]) > 16) <= 300
     lengths = [len(p[0]) for p, _ in small]
-    assert lengths[:5] == [32, 64, 128, 256, 16] and lengths[-1] == 267  # 300 - 32 replied - 1
+    assert lengths[:8] == [32, 64, 128, 256, 16, 16, 267, 267]  # 300 - 32 replied - 1
+    # the torch step (no long_keys): short prompts only
+    assert {len(p[0]) for p, q in warm_up_plan(8, 4096, 16, 500) if q.max_new_tokens > 1} == {16}
 
 
 async def test_a_warmed_up_engine_serves_as_a_fresh_one(model_dir, chat_prompt) -> None:

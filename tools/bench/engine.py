@@ -191,7 +191,7 @@ def compare_greedy(
 
 
 @torch.inference_mode()  # the graphs' input buffers are inference tensors
-def profile_decode(engine: object, b: int) -> dict[str, object]:
+def profile_decode(engine: object, b: int, end: int) -> dict[str, object]:
     """Replay the decode graphs the timed run used for batch `b` (CUDA events, no host in the
     loop) and torch-profile one replay of the longest: GPU ms per decode step, kernels per
     step, summed kernel ms per step (the difference is the gaps between kernels) and the top
@@ -208,9 +208,9 @@ def profile_decode(engine: object, b: int) -> dict[str, object]:
         return {}
     key, graph = max(mine, key=lambda kg: (kg[0][2], kg[0][1]))  # most steps, longest keys
     steps = key[2]
-    # real rows whose steps end at the graph's last key (the inputs the timed run left behind
+    # real rows whose steps end where the timed run's did, `end` (the inputs it left behind
     # may be padded rows at the scratch cell, which the kernel step's attention skips)
-    pos0 = key[1] - steps
+    pos0 = end - steps
     graphed._load_inputs([1] * b, [pos0] * b, b, rows)
     graph.replay()
     torch.cuda.synchronize()
@@ -530,7 +530,7 @@ def main() -> None:
             if args.profile and gpu:  # a failed profile keeps the rate measured above
                 try:
                     result[f"timeline_b{b}"] = profile_run(engine, ids, new, sampling)
-                    result[f"profile_b{b}"] = profile_decode(engine, b)
+                    result[f"profile_b{b}"] = profile_decode(engine, b, prompt_len + new)
                 except Exception as e:
                     errors[f"profile_b{b}"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()

@@ -38,7 +38,10 @@ prefixes not counted; slots, the whole cache); on CUDA also the peak
 (``--kv-tokens``: the pool; ``--kv-block``: positions per block); ``preempted`` counts rows
 recomputed because the pool was full. ``--group N`` adds a pass where every turn is N sampled
 replies to its prompt in one call (a GRPO group; the episode goes on with the first):
-``reuse_ideal`` then counts the other samples reusing the prompt but its last token.
+``reuse_ideal`` then counts the other samples reusing the prompt but its last token. Its bound
+counts every row's keys, as for the other passes; over a paged cache, whose group rows share
+their prompt's blocks, ``fraction_of_unique_bound`` also counts a shared prompt's keys once a
+step (what a step must read at least).
 
 The memory-bandwidth bound (tools/bench/decode_bound.py): the device's copy bandwidth is
 measured in the run (``copy_gb_s``); every STACX pass reports the bytes its decode had to read
@@ -163,21 +166,30 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 async def stacx_pass(
-    engine: object, wl: Workload, *, reuse: bool, together: bool, group: int = 1
+    engine: object,
+    wl: Workload,
+    *,
+    reuse: bool,
+    together: bool,
+    group: int = 1,
+    shared_prompt: bool = False,
 ) -> dict[str, object]:
     """Run the whole workload once; tokens/s, prefill counts and TTFT per turn (ms). `group`
     > 1: each turn is `group` samples of its prompt in one call (a GRPO group: temperature 1,
-    seeded), the episode going on with the first."""
+    seeded), the episode going on with the first. ``shared_prompt``: the samples' rows share
+    their prompt's keys (a paged cache's blocks): ``decode_unique_kv_tokens`` counts them once a
+    step, the least a step must read (slots: each row holds its own copy)."""
     from stacx.ports import SamplingParams
 
     n, turns = len(wl.starts), wl.turns
     ttft: list[list[float]] = [[] for _ in range(turns)]
     prompts = [list(s) for s in wl.starts]
     kv_tokens = 0  # keys the decode steps of every reply read (decode_bound.reply_kv_tokens)
+    unique = 0  # the same, a shared prompt's keys counted once a step
     await engine.flush_cache()  # type: ignore[attr-defined]
 
     async def turn(e: int, t: int) -> int:
-        nonlocal kv_tokens
+        nonlocal kv_tokens, unique
         if not reuse:
             await engine.flush_cache()  # type: ignore[attr-defined]
         prompts[e] += wl.obs[e][t]
@@ -194,7 +206,11 @@ async def stacx_pass(
             raise RuntimeError(
                 f"episode {e} turn {t}: {[len(o) for o in outs]} tokens, expected {wl.replies[e][t]}"
             )
-        kv_tokens += group * reply_kv_tokens(len(prompts[e]), wl.replies[e][t])
+        reply = wl.replies[e][t]
+        kv_tokens += group * reply_kv_tokens(len(prompts[e]), reply)
+        copies = 1 if shared_prompt else group  # of the prompt's keys; each reads its own reply's
+        unique += copies * reply_kv_tokens(len(prompts[e]), reply)
+        unique += (group - copies) * reply_kv_tokens(0, reply)
         prompts[e] += outs[0]
         return sum(map(len, outs))
 
@@ -243,6 +259,7 @@ async def stacx_pass(
         "ttft_ms_p99_per_turn": [pct(row, 0.99) for row in ttft],
         "decode_steps": stats["decode_steps"],
         "decode_kv_tokens": kv_tokens,
+        **({"decode_unique_kv_tokens": unique} if unique != kv_tokens else {}),
         "admit_rounds": stats["admit_rounds"],
         "prefill_s": round(stats["admit_us"] / 1e6, 2),
         "preempted": stats["preempted"],
@@ -567,13 +584,23 @@ def run_stacx(
             engine.reset_kv_peak()
             group = args.group if name.startswith("stacx_group") else 1
             engine._holds.hold_s = 0.0 if name.endswith("_fifo") else args.hold  # (a bench's reach)
-            r = asyncio.run(stacx_pass(engine, wl, reuse=reuse, together=together, group=group))
+            shared = args.kv_cache == "paged"  # a group's samples share their prompt's blocks
+            r = asyncio.run(
+                stacx_pass(
+                    engine, wl, reuse=reuse, together=together, group=group, shared_prompt=shared
+                )
+            )
             usage = engine.kv_usage()
             # the KV positions running rows held at the peak (paged: their blocks; slots: the
             # whole cache) and their bytes
             r["kv_peak_tokens"] = usage["peak_tokens"]
             r["kv_peak_gib"] = round(usage["peak_tokens"] * usage["token_bytes"] / 2**30, 3)
             r.update(bound.of(r["generated"], r["tok_s"], r["decode_steps"], r["decode_kv_tokens"]))  # type: ignore[arg-type]
+            if "decode_unique_kv_tokens" in r:  # rows sharing keys: the bound of unique reads
+                least = bound.of(
+                    r["generated"], r["tok_s"], r["decode_steps"], r["decode_unique_kv_tokens"]
+                )  # type: ignore[arg-type]
+                r["fraction_of_unique_bound"] = least["fraction_of_bound"]
             # the same over the time outside admission rounds (prefills): decode's own efficiency
             outside = max(r["wall_s"] - r["prefill_s"], 1e-3)  # type: ignore[operator]
             r["fraction_of_bound_outside_prefill"] = round(  # type: ignore[operator]

@@ -56,8 +56,8 @@ def warm_up_plan(
     ]
     for b in (b for b in BATCH_BUCKETS if b <= max_batch):
         plan += [(prompts(b, 16), greedy), (prompts(b, 16), sampled)]
-        room = (pool_tokens // 2 // b if pool_tokens else max_len) - steps - 1
-        long = min(long_keys(b) if long_keys else 0, most - steps - 1, room)
+        share = min(most, pool_tokens // 2 // b) if pool_tokens else most  # a row's positions
+        long = min(long_keys(b) if long_keys else 0, share - steps - 1)
         if long > 16:
             plan += [(prompts(b, long), greedy), (prompts(b, long), sampled)]
     return plan

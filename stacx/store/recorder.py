@@ -438,9 +438,12 @@ class Recorder:
                         k: t.filter(pc.invert(pc.is_in(t["event_id"], value_set=old)))
                         for k, t in tables.items()
                     }
+            # BY NAME: in a file older than a field, its column came after `_seq` (ALTER TABLE)
             for name, rows in tables.items():
                 _from_arrow(
-                    con, f"INSERT INTO {db.quote_ident(name)} SELECT * FROM arrow_rows", rows
+                    con,
+                    f"INSERT INTO {db.quote_ident(name)} BY NAME SELECT * FROM arrow_rows",
+                    rows,
                 )
             if batch.dead:
                 _from_arrow(

@@ -23,6 +23,7 @@ from stacx.bus.server import EmbeddedNats
 from stacx.events import stream_name
 from stacx.store import db
 from stacx.store.recorder import Recorder
+from stacx.store.schema import TABLES
 from stacx.store.seen_ids import SeenIds
 from tests.backbone.factory import episode_events
 
@@ -138,6 +139,40 @@ async def _record_until(
     await task
     rec.close()
     return rec
+
+
+async def test_a_file_older_than_a_field_is_appended_to_column_by_column(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # a run resumed on a file made before `prefix_len` and `versions` existed: opening it adds
+    # them after `_seq`, so rows go in by column name, never by position
+    run_id, run_dir = "r-old", tmp_path / "run"
+    run_dir.mkdir()
+    cols = ", ".join(
+        f'"{c.name}" {c.sql_type}'
+        for c in TABLES["TurnGenerated"].columns
+        if c.name not in ("prefix_len", "versions")
+    )
+    con = duckdb.connect(str(db.db_path(run_dir)))
+    con.execute(f"CREATE TABLE turn_generated ({cols})")
+    con.close()
+    turn = ev.TurnGenerated(
+        run_id=run_id,
+        episode_id="e",
+        turn=1,
+        prompt_ids=[5],
+        output_ids=[6, 7],
+        prefix_len=4,
+        version_starts=[0, 1],
+        versions=[2, 3],
+    )
+    last = await _publish_all(nats_server.url, run_id, [turn])
+    nc = await connect(nats_server.url)
+    await _record_until(nc.jetstream(), run_id, run_dir, last)
+    await nc.drain()
+    con = duckdb.connect(str(db.db_path(run_dir)), read_only=True)
+    row = con.execute("select _seq, prefix_len, version_starts, versions from turn_generated")
+    assert row.fetchall() == [(last, 4, [0, 1], [2, 3])]
 
 
 async def test_a_repeated_event_id_is_recorded_once_whenever_it_arrives(

@@ -9,6 +9,8 @@ roles (test_crash.py, test_ray.py).
   ids derived like the real rollout manager's; reward = 1 with probability rising with the version.
 - trainer: when every group of iteration `v` (v = latest version) is scored, publishes
   TrainStepFinished(step v+1) and WeightsPublished(v+1), ids derived from the step.
+- holding_rollout (test_interrupt.py): holds each TaskScheduled for `HOLD_S` and records in the
+  run directory's `HELD` file whether it finished that work or was cancelled first.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import ClassVar
 
 from stacx import events as ev
@@ -25,6 +28,8 @@ from stacx.launch.placement import ActorEnv
 from stacx.launch.recipe import Recipe
 
 DELAY_S = 0.05  # EpisodeStarted to its turn: briefly in flight, as real episodes are
+HOLD_S = 8.0  # far past INTERRUPT_GRACE_S (2 s), far short of STOP_GRACE_S (30 s)
+HELD = "held.txt"  # holding_rollout's record, in the run directory
 
 
 class FakeRollout(Actor):
@@ -162,3 +167,29 @@ class BuggyRollout(FakeRollout):
 @contextlib.asynccontextmanager
 async def buggy_rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
     yield [BuggyRollout()]
+
+
+class HoldingRollout(Actor):
+    """A rollout worker whose every task takes `HOLD_S`: `record` says "holding", then "finished",
+    or "cancelled" when its stop cancelled the work first."""
+
+    name: ClassVar[str] = "rollout"
+    kinds: ClassVar[tuple[type[ev.Event], ...]] = (ev.TaskScheduled,)
+    shared: ClassVar[bool] = True
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+
+    async def handle(self, event: ev.Event) -> None:
+        self.record.write_text("holding")
+        try:
+            await asyncio.sleep(HOLD_S)
+        except asyncio.CancelledError:
+            self.record.write_text("cancelled")
+            raise
+        self.record.write_text("finished")
+
+
+@contextlib.asynccontextmanager
+async def holding_rollout(recipe: Recipe, env: ActorEnv, index: int) -> AsyncIterator[list[Actor]]:
+    yield [HoldingRollout(Path(env.run_dir) / HELD)]

@@ -154,7 +154,7 @@ class RunContext:
         if self.publisher is not None:
             await self.publisher.close()
         if self.nc is not None:
-            await drain_or_close(self.nc)
+            await drain_or_close(self.nc, drain=not self.actors.cancelled)
         if self.server is not None:
             await self.server.__aexit__(None, None, None)
         db.update_run_file(
@@ -274,11 +274,13 @@ class RunContext:
 class Spawner:
     """Actors as supervised asyncio tasks of this process, the one spawn routine of every placement:
     a fresh context each, instance numbers in spawn order (or the caller's ``instance``; shared: 0);
-    ``crashes`` collects strict-mode programming errors, which ``stop`` never raises."""
+    ``crashes`` collects strict-mode programming errors, which ``stop`` never raises;
+    ``cancelled``: a ``stop`` cancelled actors still running at its timeout."""
 
     def __init__(self, context: Callable[[], ActorContext]) -> None:
         self.context = context
         self.crashes: list[BaseException] = []
+        self.cancelled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[Supervisor] = []
         self._instances: dict[str, int] = {}  # actor name -> next automatic instance number
@@ -309,6 +311,7 @@ class Spawner:
             _done, pending = await asyncio.wait(self._tasks, timeout=timeout)
             for t in pending:
                 t.cancel()
+            self.cancelled = self.cancelled or bool(pending)
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._supervisors.clear()

@@ -33,12 +33,15 @@ ENV_REPLICAS = "STACX_NATS_REPLICAS"
 DRAIN_S = 5.0  # a connection drains this long at most, then closes
 
 
-async def drain_or_close(nc: NATS) -> None:
+async def drain_or_close(nc: NATS, drain: bool = True) -> None:
     """Drain `nc` (its subscriptions' pending messages handled, its publishes flushed) for at most
     `DRAIN_S`, then close it: a subscriber whose task was cancelled mid-message never finishes its
-    drain, which nats-py would wait on for its own 30 s timeout."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.drain(), DRAIN_S)
+    drain, which nats-py would wait on for its own 30 s timeout. ``drain=False``: close at once
+    (actors were cancelled mid-message, so the drain would only wait out `DRAIN_S`; what they
+    had not acknowledged is delivered again on resume)."""
+    if drain:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), DRAIN_S)
     with contextlib.suppress(Exception):
         await nc.close()
 

@@ -155,6 +155,7 @@ async def remote_run(
     nc = await connect(nats_url, name=name)
     js = nc.jetstream(timeout=10.0)
     publisher = Publisher(js, run_id)
+    spawner: Spawner | None = None
     try:
         query = remote_query(nc, run_id)
 
@@ -175,10 +176,11 @@ async def remote_run(
                 start=start,
             )
 
-        yield Spawner(context), context()
+        spawner = Spawner(context)
+        yield spawner, context()
     finally:
         await publisher.close()
-        await drain_or_close(nc)
+        await drain_or_close(nc, drain=spawner is None or not spawner.cancelled)
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -389,14 +389,16 @@ class GemvLaunch(NamedTuple):
     """How `gemv` launches: ``wide`` output rows per program where that still gives at least
     ``programs`` programs, else ``narrow``; key tiles of at most ``max_block_k``, bounded so the
     fp32 accumulator [rows, block_n, block_k] holds at most ``acc`` values (64 registers per thread
-    at 4 warps); ``warps`` warps. The default: 4 output rows per program, a one-row step's
-    whole key range in one tile (read before `after_previous`), 8 warps: the best of 7 that
-    tools/bench/gemv_configs.py ran through the engine at batch 1 on an H100 (2026-12-07),
-    1,085 tok/s against 1,049 for the earlier 8/4/512/1024/8192/4 (same greedy tokens)."""
+    at 4 warps); ``warps`` warps. The default: 4 output rows per program (16 for an lm_head of
+    128k+ rows), a one-row step's whole key range in one tile (read before `after_previous`),
+    8 warps: the best of the configurations tools/bench/gemv_configs.py ran through the engine
+    at batch 1 on an H100: 1,085 tok/s against 1,049 for the earlier 8/4/512/1024/8192/4
+    (2026-12-07), and 16 rows for Qwen3's lm_head 1,141 against 1,123 (2026-12-08; 8 rows:
+    1,137; same greedy tokens)."""
 
-    wide: int = 4
+    wide: int = 16
     narrow: int = 4
-    programs: int = 1
+    programs: int = 8192
     max_block_k: int = 4096
     acc: int = 16384
     warps: int = 8
@@ -450,6 +452,29 @@ def gemv(
 
 
 GEMM_ROWS = 64  # the Triton GEMM's one tile of rows; more rows: cuBLAS
+
+
+class GemmLaunch(NamedTuple):
+    """How `gemm` launches: ``wide`` output columns per program where that still gives at least
+    ``programs`` programs, else ``narrow``; `gemm_partials` then splits the keys across programs
+    (halving while under ``programs`` and each range keeps >= 256 keys); key tiles of
+    ``block_k`` (``split_block_k`` when split), ``stages`` pipeline stages (bf16), ``warps``.
+    The default: the best of ~50 per Qwen3-0.6B projection on an H200 (bf16, 64 rows, weights
+    rotated out of L2), and of 10 that ``tools/bench/gemv_configs.py --kernel gemm`` ran through
+    the engine at 64 rows on an H100 (2026-12-08: 27,079 tok/s; narrower tiles, more key splits,
+    3 stages or 8 warps 23,839-26,546; each program asking L2 for its weights before
+    `after_previous` 26,206)."""
+
+    programs: int = 96
+    wide: int = 64
+    narrow: int = 32
+    block_k: int = 128
+    split_block_k: int = 64
+    stages: int = 5
+    warps: int = 4
+
+
+GEMM_LAUNCH = GemmLaunch()  # read at each launch (so at graph capture): a bench may swap it
 
 
 @triton.jit(do_not_specialize=["rows"])  # one build per BLOCK_M, not per batch bucket
@@ -522,14 +547,16 @@ def _gemm(
     if rows > GEMM_ROWS:
         raise ValueError(f"gemm: {rows} rows, at most {GEMM_ROWS}")
     n_out = weight.shape[0] // 2 if glu else weight.shape[0]
-    # H200, bf16, 64 rows (triton.testing.do_bench_cudagraph over ~50 configs per Qwen3-0.6B
-    # projection, weights rotated out of L2): ~100+ programs, by 32 or 64 output columns
-    # and, for a narrow output, key ranges split across programs
-    block_n = 64 if triton.cdiv(n_out, 64) >= 96 else 32
+    launch = GEMM_LAUNCH
+    block_n = launch.wide if triton.cdiv(n_out, launch.wide) >= launch.programs else launch.narrow
     split = 1
-    while split_k and triton.cdiv(n_out, block_n) * split < 96 and n_in // (2 * split) >= 256:
+    while (
+        split_k
+        and triton.cdiv(n_out, block_n) * split < launch.programs
+        and n_in // (2 * split) >= 256
+    ):
         split *= 2
-    block_k = 128 if split == 1 else 64
+    block_k = launch.block_k if split == 1 else launch.split_block_k
     k_split = triton.cdiv(triton.cdiv(n_in, split), block_k) * block_k
     split = triton.cdiv(n_in, k_split)
     f32 = x.dtype == torch.float32
@@ -554,7 +581,8 @@ def _gemm(
         GLU=glu,
         HAS_BIAS=bias is not None and split == 1,
         F32_DOT=f32 or INTERPRET,
-        num_stages=3 if f32 else 5,
+        num_stages=3 if f32 else launch.stages,
+        num_warps=launch.warps,
         **pdl(),
     )
     return y

@@ -201,12 +201,14 @@ class Window:
         per_kind = {"attention": 0.0, "gemm": 0.0, "sampling": 0.0, "other": 0.0}
         kernels = 0
         want = "CUDA" if self.gpu else "CPU"
+        named: list[tuple[float, int, str]] = []
         for e in self.prof.key_averages():
             if e.device_type.name != want:
                 continue
             us = e.self_device_time_total if self.gpu else e.self_cpu_time_total
             per_kind[kind_of(e.key)] += us / 1e3
             kernels += e.count
+            named.append((us / 1e3, e.count, e.key))
         steps = max(self.n_steps, 1)
         busy = sum(per_kind.values())
         out: dict[str, object] = {
@@ -215,6 +217,11 @@ class Window:
             "ms_per_step": {k: round(v / steps, 3) for k, v in per_kind.items()}
             | {"host_gaps": round(max(self.wall * 1e3 - busy, 0.0) / steps, 3)},
             "kernels_per_step" if self.gpu else "ops_per_step": round(kernels / steps, 1),
+            # the ten costliest kernels (ops): [name, ms per step, launches per step]
+            "top": [
+                [key[:60], round(ms / steps, 3), round(count / steps, 1)]
+                for ms, count, key in sorted(named, reverse=True)[:10]
+            ],
         }
         if trace is not None:
             self.prof.export_chrome_trace(str(trace))

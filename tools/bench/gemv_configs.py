@@ -1,22 +1,26 @@
-"""Small-batch decode through the engine with the GEMV's launch configuration swept
-(``triton_kernels.GemvLaunch``): which one a batch-1 step runs fastest with, programmatic
+"""Decode through the engine with a projection kernel's launch configuration swept: the GEMV's
+(``triton_kernels.GemvLaunch``, batch 1-4) or, with ``--kernel gemm``, the Triton GEMM's
+(``triton_kernels.GemmLaunch``, 5-64 rows): which one a step runs fastest with, programmatic
 dependent launch as the engine uses it.
 
 At batch 1-4 the CUDA decode step is ~200 short kernels, 113 of them GEMVs that each read 4-13 MB
-of weights (Qwen3-0.6B shape), so their block sizes and warps decide how close the step gets to
-the bandwidth bound. For each configuration the script builds a `TorchEngine` (paged cache, CUDA
-graphs captured with that configuration), generates ``--new`` greedy tokens from a ``--prompt``
-token prompt once to warm up, then times ``--repeats`` runs (the best is reported, with the
-bound of ``tools/bench/engine.py``: weights plus the row's keys and values per step). The first
+of weights (Qwen3-0.6B shape); at 64 rows the projections are ~110 Triton GEMMs; so their block
+sizes, stages and warps decide how close the step gets to the bandwidth bound. For each
+configuration the script builds a `TorchEngine` (paged cache, CUDA graphs captured with that
+configuration), generates ``--new`` greedy tokens from a ``--prompt`` token prompt once to warm
+up, then times ``--repeats`` runs (the best is reported, with the bound of
+``tools/bench/engine.py``: weights plus the rows' keys and values per step). The first
 configuration is the default (the baseline, same run); every other one is also checked to give
 the default's greedy tokens (``same``: a different key tiling sums in another order, so a
 differing token is possible, not an error).
 
     python tools/bench/gemv_configs.py                   # batch 1, the built-in grid
     python tools/bench/gemv_configs.py --batch 4 --configs 8/4/512/1024/8192/4,2/2/1/4096/8192/4
+    python tools/bench/gemv_configs.py --kernel gemm     # batch 64, the GEMM's grid
 
-A configuration is ``wide/narrow/programs/max_block_k/acc/warps`` (GemvLaunch's fields). Needs
-a CUDA device (the engine runs these kernels on CUDA only). Prints ONE JSON line last.
+A configuration is ``wide/narrow/programs/max_block_k/acc/warps`` (GemvLaunch's fields) or
+``programs/wide/narrow/block_k/split_block_k/stages/warps`` (GemmLaunch's). Needs a CUDA device
+(the engine runs these kernels on CUDA only). Prints ONE JSON line last.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from tools.bench.engine import build_model, stacx_generate, sync  # noqa: E402
 
 MODEL = "qwen3-0.6b-shape"
 
-GRID = [  # the default first, the earlier default; then wider/narrower tiles, more warps
+GRID = [  # the default first, the earlier defaults; then wider/narrower tiles, more warps
+    "16/4/8192/4096/16384/8",
     "4/4/1/4096/16384/8",
     "8/4/512/1024/8192/4",
     "2/2/1/4096/8192/4",
@@ -51,29 +56,53 @@ GRID = [  # the default first, the earlier default; then wider/narrower tiles, m
 ]
 
 
-def parse(spec: str) -> object:
-    from stacx.inference.triton_kernels import GemvLaunch
+GEMM_GRID = [  # the default first; then narrower tiles, more key splits, fewer stages, 8 warps
+    "96/64/32/128/64/5/4",
+    "96/64/16/128/64/5/4",
+    "264/64/16/128/64/5/4",
+    "264/64/16/64/64/4/4",
+    "264/64/32/128/64/5/4",
+    "96/64/16/128/64/3/4",
+    "96/64/32/128/64/3/4",
+    "96/64/32/128/64/5/8",
+]
 
+
+def parse(spec: str, kernel: str) -> object:
+    from stacx.inference.triton_kernels import GemmLaunch, GemvLaunch
+
+    kind = GemvLaunch if kernel == "gemv" else GemmLaunch
     fields = spec.split("/")
-    if len(fields) != len(GemvLaunch._fields):
+    if len(fields) != len(kind._fields):
         raise SystemExit(
-            f"--configs: {spec!r} is not {'/'.join(GemvLaunch._fields)} (six integers)"
+            f"--configs: {spec!r} is not {'/'.join(kind._fields)} "
+            f"({len(kind._fields)} integers for --kernel {kernel})"
         )
-    return GemvLaunch(*(int(f) for f in fields))
+    return kind(*(int(f) for f in fields))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--batch", type=int, default=1, help="rows (1-4: the GEMV path)")
+    ap.add_argument(
+        "--kernel",
+        choices=("gemv", "gemm"),
+        default="gemv",
+        help="which launch to sweep: the GEMV's (GemvLaunch, batch 1-4) or the Triton "
+        "GEMM's (GemmLaunch, batch 5-64)",
+    )
+    ap.add_argument("--batch", type=int, default=None, help="rows (default 1 gemv, 64 gemm)")
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--configs", default=",".join(GRID), help="comma-separated configurations")
+    ap.add_argument("--configs", default=None, help="comma-separated configurations")
     args = ap.parse_args()
-    launches = [parse(c) for c in args.configs.split(",")]
-    result: dict[str, object] = {"batch": args.batch, "model": MODEL}
+    args.batch = args.batch or (1 if args.kernel == "gemv" else 64)
+    grid = args.configs or ",".join(GRID if args.kernel == "gemv" else GEMM_GRID)
+    launches = [parse(c, args.kernel) for c in grid.split(",")]
+    attr = "GEMV_LAUNCH" if args.kernel == "gemv" else "GEMM_LAUNCH"
+    result: dict[str, object] = {"kernel": args.kernel, "batch": args.batch, "model": MODEL}
     if not torch.cuda.is_available():
         result["error"] = "needs a CUDA device: the engine runs its Triton kernels on CUDA only"
         print(json.dumps(result))
@@ -94,11 +123,11 @@ def main() -> None:
     greedy = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
     rows: dict[str, dict[str, object]] = {}
     reference = None
-    default = triton_kernels.GEMV_LAUNCH
+    default = getattr(triton_kernels, attr)
     try:
         for launch in launches:
             name = "/".join(str(v) for v in launch)  # type: ignore[attr-defined]
-            triton_kernels.GEMV_LAUNCH = launch  # type: ignore[assignment]
+            setattr(triton_kernels, attr, launch)
             engine = TorchEngine(
                 model,
                 device="cuda",
@@ -136,7 +165,7 @@ def main() -> None:
             print(name, rows[name], file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
     finally:
-        triton_kernels.GEMV_LAUNCH = default
+        setattr(triton_kernels, attr, default)
     result["configs"] = rows
     base = rows[next(iter(rows))]["tok_s"]
     best = max(rows, key=lambda k: rows[k]["tok_s"])  # type: ignore[arg-type,return-value]

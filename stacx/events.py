@@ -32,6 +32,14 @@ def derive_id(*parts: object) -> str:
     return uuid.uuid5(_NAMESPACE, "\x1f".join(map(str, parts))).hex
 
 
+TEXT_CHARS = 4000  # characters of a message or an output an event keeps
+
+
+def clipped(text: str) -> str:
+    """What an event keeps of a message or an output: its first `TEXT_CHARS` characters."""
+    return text[:TEXT_CHARS]
+
+
 class StopReason(StrEnum):
     """Why an episode's agent loop ended (the verifier runs after any of them)."""
 

@@ -31,6 +31,7 @@ from stacx.events import (
     RollIn,
     ToolReturned,
     TurnActor,
+    clipped,
     derive_id,
 )
 from stacx.imitation.config import ImitationConfig
@@ -220,7 +221,7 @@ async def run_branch(
                 run_id=setup.run_id,
                 event_id=derive_id(spec.episode_id, "InfraFailed"),
                 failure_kind=failure.kind,
-                message=failure.message[:4000],
+                message=clipped(failure.message),
                 episode_id=spec.episode_id,
                 task_id=setup.task.task_id,
                 will_retry=False,

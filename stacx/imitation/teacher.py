@@ -24,6 +24,7 @@ from stacx.events import (
     TeacherScored,
     TurnActor,
     TurnGenerated,
+    clipped,
     derive_id,
 )
 from stacx.imitation.config import TeacherConfig
@@ -192,7 +193,7 @@ class TeacherActor(Actor):
                 run_id=self.run_id,
                 event_id=derive_id(turn.episode_id, turn.turn, "InfraFailed", "teacher", what),
                 failure_kind=FailureKind.ENGINE,
-                message=f"teacher {what} of turn {turn.turn}: {message}"[:4000],
+                message=clipped(f"teacher {what} of turn {turn.turn}: {message}"),
                 # The visited state (episode_id, turn), so readiness knows this state's label
                 # will never come; `turn` set: the episode itself is fine and is not marked
                 # failed in the `episodes` view.

@@ -23,7 +23,14 @@ from stacx.agents.loop import Tools
 from stacx.agents.swe import SweTools
 from stacx.agents.tools import Observation, execute
 from stacx.errors import ConfigError, EngineError, SandboxError, StacxError, TaskError
-from stacx.events import Emit, EpisodeNotRegraded, RegradeIssue, RewardAssigned, derive_id
+from stacx.events import (
+    Emit,
+    EpisodeNotRegraded,
+    RegradeIssue,
+    RewardAssigned,
+    clipped,
+    derive_id,
+)
 from stacx.harbor.tasks import load_task, load_task_set
 from stacx.launch.launcher import open_run
 from stacx.launch.loader import ConfigDict, convert
@@ -294,8 +301,8 @@ class Regrader:
                     tool=c.tool,
                     recorded_exit_code=c.exit_code,
                     replayed_exit_code=got.exit_code,
-                    recorded_output=(c.output or "")[:4000],
-                    replayed_output=got.output[:4000],
+                    recorded_output=clipped(c.output or ""),
+                    replayed_output=clipped(got.output),
                 )
             return await self.grader.grade(
                 Replayed(record=record, task=task, sandbox=sandbox, sandbox_id=sandbox_id)
@@ -314,7 +321,7 @@ class Regrader:
                 episode_id=base.episode_id,
                 grader=base.grader,
                 issue=issue,
-                message=message[:4000],
+                message=clipped(message),
                 **diverged,
             )
         )

@@ -16,7 +16,15 @@ import msgspec
 
 from stacx.actors.base import Actor
 from stacx.errors import TaskError
-from stacx.events import Event, FailureKind, InfraFailed, RollIn, TaskScheduled, derive_id
+from stacx.events import (
+    Event,
+    FailureKind,
+    InfraFailed,
+    RollIn,
+    TaskScheduled,
+    clipped,
+    derive_id,
+)
 from stacx.judge import JudgeModel
 from stacx.ports import Environments, InfraFailure, MakeAgent, Task
 from stacx.rollout.episode import EpisodeSpec, episode_id_for, run_episode
@@ -171,7 +179,7 @@ class RolloutManager(Actor):
                 run_id=self.run_id,
                 event_id=derive_id(episode_id, "InfraFailed"),
                 failure_kind=kind,
-                message=message[:4000],
+                message=clipped(message),
                 episode_id=episode_id,
                 task_id=event.task_id,
                 attempt=attempt,

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from stacx.errors import StacxError
+from stacx.events import clipped
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class QueryService:
             )
             data = to_ipc(table)
         except Exception as exc:  # the caller must see why; the service keeps serving
-            error = " ".join(repr(exc).split())[:4000]  # one line
+            error = clipped(" ".join(repr(exc).split()))  # one line
             await self.nc.publish(msg.reply, b"", headers={"Stacx-Error": error})
             return
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]

@@ -34,14 +34,17 @@ def identity(config: ConfigDict) -> ConfigDict:
 
 
 def pid_alive(pid: object) -> bool:
-    """Whether `pid` (a run file's) is a live process on this host other than this one."""
+    """Whether `pid` (a run file's) is a live process on this host other than this one (one of
+    another user's counts: signalling it is refused, not unknown)."""
     if not isinstance(pid, int) or pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)
-        return True
-    except OSError:
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    return True
 
 
 def read_previous(run_dir: Path) -> Previous | None:

@@ -90,6 +90,10 @@ def test_tiny_agentic_bench_reports_reuse_and_its_bound(kv_cache: str, tmp_path:
         prof = result["profile"]
         assert prof["decode_steps"] > 0 and prof["ms_per_step"]["gemm"] > 0
         assert set(prof["ms_per_step"]) == {"attention", "gemm", "sampling", "other", "host_gaps"}
+        top = [ms for _, ms, _ in prof["top"]]  # the costliest ops: [name, ms, launches] a step
+        assert 0 < len(top) <= 10 and top == sorted(top, reverse=True)
+        busy = sum(v for k, v in prof["ms_per_step"].items() if k != "host_gaps")
+        assert sum(top) <= busy + 0.01
         assert json.loads(trace.read_text())["traceEvents"]
     if kv_cache == "paged":
         for name in ("stacx_group", "stacx_group_fifo"):

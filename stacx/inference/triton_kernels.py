@@ -461,9 +461,9 @@ class GemmLaunch(NamedTuple):
     ``block_k`` (``split_block_k`` when split), ``stages`` pipeline stages (bf16), ``warps``.
     The default: the best of ~50 per Qwen3-0.6B projection on an H200 (bf16, 64 rows, weights
     rotated out of L2), and of 10 that ``tools/bench/gemv_configs.py --kernel gemm`` ran through
-    the engine at 64 rows on an H100 (2026-12-08: 27,079 tok/s; narrower tiles, more key splits,
-    3 stages or 8 warps 23,839-26,546; each program asking L2 for its weights before
-    `after_previous` 26,206)."""
+    the engine at 64 rows on an H100 (2026-12-08: 27,079 tok/s; narrower tiles, more key splits
+    or 3 stages 23,839-26,546; each program asking L2 for its weights before `after_previous`,
+    four variants, 24,125-26,206)."""
 
     programs: int = 96
     wide: int = 64

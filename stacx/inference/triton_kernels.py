@@ -390,11 +390,9 @@ class GemvLaunch(NamedTuple):
     ``programs`` programs, else ``narrow``; key tiles of at most ``max_block_k``, bounded so the
     fp32 accumulator [rows, block_n, block_k] holds at most ``acc`` values (64 registers per thread
     at 4 warps); ``warps`` warps. The default: 4 output rows per program (16 for an lm_head of
-    128k+ rows), a one-row step's whole key range in one tile (read before `after_previous`),
-    8 warps: the best of the configurations tools/bench/gemv_configs.py ran through the engine
-    at batch 1 on an H100: 1,085 tok/s against 1,049 for the earlier 8/4/512/1024/8192/4
-    (2026-12-07), and 16 rows for Qwen3's lm_head 1,141 against 1,123 (2026-12-08; 8 rows:
-    1,137; same greedy tokens)."""
+    128k+ rows: 1.016x), a one-row step's whole key range in one tile (read before
+    `after_previous`), 8 warps: the best that tools/bench/gemv_configs.py ran through the engine
+    at batch 1 on H100s (docs/benchmarks.md)."""
 
     wide: int = 16
     narrow: int = 4
@@ -456,14 +454,10 @@ GEMM_ROWS = 64  # the Triton GEMM's one tile of rows; more rows: cuBLAS
 
 class GemmLaunch(NamedTuple):
     """How `gemm` launches: ``wide`` output columns per program where that still gives at least
-    ``programs`` programs, else ``narrow``; `gemm_partials` then splits the keys across programs
-    (halving while under ``programs`` and each range keeps >= 256 keys); key tiles of
-    ``block_k`` (``split_block_k`` when split), ``stages`` pipeline stages (bf16), ``warps``.
-    The default: the best of ~50 per Qwen3-0.6B projection on an H200 (bf16, 64 rows, weights
-    rotated out of L2), and of 10 that ``tools/bench/gemv_configs.py --kernel gemm`` ran through
-    the engine at 64 rows on an H100 (2026-12-08: 27,079 tok/s; narrower tiles, more key splits
-    or 3 stages 23,839-26,546; each program asking L2 for its weights before `after_previous`,
-    four variants, 24,125-26,206)."""
+    ``programs`` programs, else ``narrow``; `gemm_partials` then splits the keys (halving while
+    under ``programs``, >= 256 keys a range); key tiles of ``block_k`` (``split_block_k`` when
+    split); ``stages`` (bf16); ``warps``. The default: the best on an H200 (~50 per projection)
+    and an H100 (10 through the engine, docs/benchmarks.md; `gemv_configs.py --kernel gemm`)."""
 
     programs: int = 96
     wide: int = 64
